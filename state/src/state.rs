@@ -1,0 +1,590 @@
+//! [`State`]: the cluster state every node folds from the indexed event log.
+
+use std::fmt;
+use std::ops::Deref;
+
+use prost::Message;
+use tessera_protos::v1::{self, event::Kind, ClusterState, IndexedEvent, SessionId};
+
+/// The cluster state at some index of the event log.
+///
+/// It wraps the protocol's [`ClusterState`] (readable through `Deref`) so that
+/// the only way to change it is [`State::apply`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct State {
+    inner: ClusterState,
+}
+
+/// What applying a well-ordered event did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// The event changed the state.
+    Changed,
+    /// The event was consumed (the index advanced) but changed nothing else.
+    Ignored(Ignored),
+}
+
+/// Why an in-order event changed nothing but the last index.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Ignored {
+    #[error("event has no body")]
+    EmptyEvent,
+    #[error("{event} lacks its {field}")]
+    MissingField { event: &'static str, field: &'static str },
+    #[error("{event} names unknown {kind} {id:?}")]
+    Unknown { event: &'static str, kind: &'static str, id: String },
+    #[error("{event} names {kind} {id:?} which already exists")]
+    AlreadyExists { event: &'static str, kind: &'static str, id: String },
+}
+
+/// An event that cannot be applied at all: the state is left unchanged.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ApplyError {
+    #[error("event index {got} is out of order: the next index is {expected}")]
+    OutOfOrder { expected: u64, got: u64 },
+    #[error("event {index} is malformed: {reason}")]
+    Invalid { index: u64, reason: InvalidEvent },
+    #[error(
+        "event {index} comes from master {master:?} at election clock {clock}, \
+         older than the current clock {current_clock}"
+    )]
+    StaleSession { index: u64, master: String, clock: u64, current_clock: u64 },
+    #[error(
+        "event {index} comes from master {master:?} at election clock {clock}, \
+         but that clock belongs to master {current_master:?}"
+    )]
+    ConflictingSession { index: u64, master: String, current_master: String, clock: u64 },
+}
+
+/// Structural problems that make bytes that decode as an `IndexedEvent`
+/// still not an event.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidEvent {
+    #[error("index 0 is not a valid event index (indices start at 1)")]
+    ZeroIndex,
+    #[error("it has no session")]
+    MissingSession,
+    #[error("its session has no master node id")]
+    EmptyMaster,
+}
+
+/// Checks what every indexed event must have, whatever the state.
+pub fn validate_event(event: &IndexedEvent) -> Result<(), InvalidEvent> {
+    if event.index == 0 {
+        return Err(InvalidEvent::ZeroIndex);
+    }
+    let session = event.session.as_ref().ok_or(InvalidEvent::MissingSession)?;
+    if session.master_node_id.is_empty() {
+        return Err(InvalidEvent::EmptyMaster);
+    }
+    Ok(())
+}
+
+impl Deref for State {
+    type Target = ClusterState;
+    fn deref(&self) -> &ClusterState {
+        &self.inner
+    }
+}
+
+impl State {
+    /// The empty state, before any event.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Rebuilds a state from its protocol form (a snapshot, an admin reply).
+    pub fn from_proto(inner: ClusterState) -> Self {
+        Self { inner }
+    }
+
+    pub fn as_proto(&self) -> &ClusterState {
+        &self.inner
+    }
+
+    pub fn into_proto(self) -> ClusterState {
+        self.inner
+    }
+
+    /// The index of the last event folded in; 0 before any.
+    pub fn last_index(&self) -> u64 {
+        self.inner.last_index
+    }
+
+    /// The canonical encoding: the protobuf encoding of [`ClusterState`],
+    /// whose maps are ordered and whose topology list is kept sorted.
+    pub fn canonical_bytes(&self) -> Vec<u8> {
+        self.inner.encode_to_vec()
+    }
+
+    /// A hash of the canonical encoding: equal states have equal digests.
+    pub fn digest(&self) -> Digest {
+        Digest(*blake3::hash(&self.canonical_bytes()).as_bytes())
+    }
+
+    /// Whether `event` may be applied next: the right index, a well-formed
+    /// event, a session no older than the current one. A node calls this
+    /// before persisting an event so that it never logs one it cannot apply.
+    pub fn check(&self, event: &IndexedEvent) -> Result<(), ApplyError> {
+        let expected = self.inner.last_index + 1;
+        if event.index != expected {
+            return Err(ApplyError::OutOfOrder { expected, got: event.index });
+        }
+        validate_event(event).map_err(|reason| ApplyError::Invalid { index: event.index, reason })?;
+        let (Some(session), Some(current)) = (&event.session, &self.inner.session) else {
+            return Ok(());
+        };
+        if session.election_clock < current.election_clock {
+            return Err(ApplyError::StaleSession {
+                index: event.index,
+                master: session.master_node_id.clone(),
+                clock: session.election_clock,
+                current_clock: current.election_clock,
+            });
+        }
+        if session.election_clock == current.election_clock
+            && session.master_node_id != current.master_node_id
+        {
+            return Err(ApplyError::ConflictingSession {
+                index: event.index,
+                master: session.master_node_id.clone(),
+                current_master: current.master_node_id.clone(),
+                clock: session.election_clock,
+            });
+        }
+        Ok(())
+    }
+
+    /// Folds one indexed event into the state.
+    ///
+    /// Pure, total and deterministic. An event that fails [`State::check`]
+    /// is an error and changes nothing. Any other event advances the last
+    /// index; one that names something unknown, or lacks a field it needs,
+    /// changes nothing else and is reported as [`Applied::Ignored`].
+    pub fn apply(&mut self, event: &IndexedEvent) -> Result<Applied, ApplyError> {
+        self.check(event)?;
+        let outcome = match event.event.as_ref().and_then(|e| e.kind.as_ref()) {
+            None => Err(Ignored::EmptyEvent),
+            Some(kind) => self.apply_kind(kind, event.index),
+        };
+        self.inner.last_index = event.index;
+        if self.inner.session != event.session {
+            self.inner.session = event.session.clone();
+        }
+        Ok(match outcome {
+            Ok(()) => Applied::Changed,
+            Err(ignored) => Applied::Ignored(ignored),
+        })
+    }
+
+    fn apply_kind(&mut self, kind: &Kind, index: u64) -> Result<(), Ignored> {
+        let s = &mut self.inner;
+        match kind {
+            Kind::NodeGatheredInfo(e) => {
+                const EV: &str = "NodeGatheredInfo";
+                require(!e.node_id.is_empty(), EV, "node_id")?;
+                let info = e.info.clone().ok_or(Ignored::MissingField { event: EV, field: "info" })?;
+                s.nodes.insert(
+                    e.node_id.clone(),
+                    v1::NodeState { info: Some(info), updated_at_index: index },
+                );
+            }
+            Kind::NodeTimedOut(e) => {
+                known(s.nodes.remove(&e.node_id).is_some(), "NodeTimedOut", "node", &e.node_id)?;
+                s.topology.retain(|edge| edge.source_node_id != e.node_id && edge.sink_node_id != e.node_id);
+                s.downloads.remove(&e.node_id);
+            }
+            Kind::TopologyEdgeCreated(e) => {
+                const EV: &str = "TopologyEdgeCreated";
+                let edge = e.edge.as_ref().ok_or(Ignored::MissingField { event: EV, field: "edge" })?;
+                known(s.nodes.contains_key(&edge.source_node_id), EV, "node", &edge.source_node_id)?;
+                known(s.nodes.contains_key(&edge.sink_node_id), EV, "node", &edge.sink_node_id)?;
+                match s.topology.binary_search_by(|probe| edge_key(probe).cmp(&edge_key(edge))) {
+                    Ok(at) => s.topology[at] = edge.clone(),
+                    Err(at) => s.topology.insert(at, edge.clone()),
+                }
+            }
+            Kind::TopologyEdgeDeleted(e) => {
+                const EV: &str = "TopologyEdgeDeleted";
+                let edge = e.edge.as_ref().ok_or(Ignored::MissingField { event: EV, field: "edge" })?;
+                let at = s
+                    .topology
+                    .binary_search_by(|probe| edge_key(probe).cmp(&edge_key(edge)))
+                    .map_err(|_| Ignored::Unknown {
+                        event: EV,
+                        kind: "edge",
+                        id: format!("{}->{}", edge.source_node_id, edge.sink_node_id),
+                    })?;
+                s.topology.remove(at);
+            }
+            Kind::InstanceCreated(e) => {
+                const EV: &str = "InstanceCreated";
+                let instance = e.instance.as_ref().ok_or(Ignored::MissingField { event: EV, field: "instance" })?;
+                require(!instance.instance_id.is_empty(), EV, "instance_id")?;
+                require(!instance.ranks.is_empty(), EV, "ranks")?;
+                fresh(!s.instances.contains_key(&instance.instance_id), EV, "instance", &instance.instance_id)?;
+                for rank in &instance.ranks {
+                    known(s.nodes.contains_key(&rank.node_id), EV, "node", &rank.node_id)?;
+                }
+                s.instances.insert(instance.instance_id.clone(), instance.clone());
+            }
+            Kind::InstanceDeleted(e) => {
+                known(s.instances.remove(&e.instance_id).is_some(), "InstanceDeleted", "instance", &e.instance_id)?;
+            }
+            Kind::RunnerStatusUpdated(e) => {
+                const EV: &str = "RunnerStatusUpdated";
+                let status = e.status.as_ref().ok_or(Ignored::MissingField { event: EV, field: "status" })?;
+                let is_known = s.runners.contains_key(&e.runner_id)
+                    || s.instances.values().any(|i| i.ranks.iter().any(|r| r.runner_id == e.runner_id));
+                known(is_known, EV, "runner", &e.runner_id)?;
+                require(status.state.is_some(), EV, "status.state")?;
+                // A runner that has shut down is gone: it leaves the state.
+                if matches!(status.state, Some(v1::runner_status::State::Shutdown(_))) {
+                    s.runners.remove(&e.runner_id);
+                } else {
+                    s.runners.insert(e.runner_id.clone(), status.clone());
+                }
+            }
+            Kind::RunnerDeleted(e) => {
+                known(s.runners.remove(&e.runner_id).is_some(), "RunnerDeleted", "runner", &e.runner_id)?;
+            }
+            Kind::TaskCreated(e) => {
+                const EV: &str = "TaskCreated";
+                let task = e.task.as_ref().ok_or(Ignored::MissingField { event: EV, field: "task" })?;
+                require(!task.task_id.is_empty(), EV, "task_id")?;
+                require(task.kind.is_some(), EV, "kind")?;
+                fresh(!s.tasks.contains_key(&task.task_id), EV, "task", &task.task_id)?;
+                known(s.instances.contains_key(&task.instance_id), EV, "instance", &task.instance_id)?;
+                s.tasks.insert(task.task_id.clone(), task.clone());
+            }
+            Kind::TaskAcknowledged(e) => {
+                let task = s.tasks.get_mut(&e.task_id);
+                known(task.is_some(), "TaskAcknowledged", "task", &e.task_id)?;
+                if let Some(task) = task {
+                    task.acknowledged = true;
+                }
+            }
+            Kind::TaskStatusUpdated(e) => {
+                let task = s.tasks.get_mut(&e.task_id);
+                known(task.is_some(), "TaskStatusUpdated", "task", &e.task_id)?;
+                if let Some(task) = task {
+                    task.status = e.status;
+                    task.error.clone_from(&e.error);
+                }
+            }
+            Kind::TaskDeleted(e) => {
+                known(s.tasks.remove(&e.task_id).is_some(), "TaskDeleted", "task", &e.task_id)?;
+            }
+            Kind::NodeDownloadProgress(e) => {
+                const EV: &str = "NodeDownloadProgress";
+                let progress = e.progress.as_ref().ok_or(Ignored::MissingField { event: EV, field: "progress" })?;
+                require(!progress.model_id.is_empty(), EV, "progress.model_id")?;
+                known(s.nodes.contains_key(&e.node_id), EV, "node", &e.node_id)?;
+                s.downloads
+                    .entry(e.node_id.clone())
+                    .or_default()
+                    .models
+                    .insert(progress.model_id.clone(), progress.clone());
+            }
+        }
+        Ok(())
+    }
+
+    /// The session of the last applied event, if any.
+    pub fn session(&self) -> Option<&SessionId> {
+        self.inner.session.as_ref()
+    }
+}
+
+/// The order the topology list is kept in, and its identity: one edge per
+/// (source, sink, address).
+fn edge_key(edge: &v1::TopologyEdge) -> (&str, &str, &str) {
+    (&edge.source_node_id, &edge.sink_node_id, &edge.address)
+}
+
+fn require(present: bool, event: &'static str, field: &'static str) -> Result<(), Ignored> {
+    if present {
+        Ok(())
+    } else {
+        Err(Ignored::MissingField { event, field })
+    }
+}
+
+fn known(present: bool, event: &'static str, kind: &'static str, id: &str) -> Result<(), Ignored> {
+    if present {
+        Ok(())
+    } else {
+        Err(Ignored::Unknown { event, kind, id: id.to_owned() })
+    }
+}
+
+fn fresh(absent: bool, event: &'static str, kind: &'static str, id: &str) -> Result<(), Ignored> {
+    if absent {
+        Ok(())
+    } else {
+        Err(Ignored::AlreadyExists { event, kind, id: id.to_owned() })
+    }
+}
+
+/// A 32-byte BLAKE3 digest of a state's canonical encoding; shown as hex.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Digest(pub [u8; 32]);
+
+impl fmt::Display for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for byte in self.0 {
+            write!(f, "{byte:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use v1::event::Kind as K;
+
+    fn session(master: &str, clock: u64) -> Option<SessionId> {
+        Some(SessionId { master_node_id: master.into(), election_clock: clock })
+    }
+
+    fn indexed(index: u64, kind: K) -> IndexedEvent {
+        IndexedEvent { index, session: session("m", 1), event: Some(v1::Event { kind: Some(kind) }) }
+    }
+
+    fn node(id: &str) -> K {
+        K::NodeGatheredInfo(v1::NodeGatheredInfo {
+            node_id: id.into(),
+            info: Some(v1::NodeInfo { hostname: id.into(), ..Default::default() }),
+        })
+    }
+
+    fn instance(id: &str, nodes: &[&str]) -> K {
+        K::InstanceCreated(v1::InstanceCreated {
+            instance: Some(v1::Instance {
+                instance_id: id.into(),
+                ranks: nodes
+                    .iter()
+                    .enumerate()
+                    .map(|(rank, n)| v1::InstanceRank {
+                        rank: rank as u32,
+                        node_id: (*n).into(),
+                        runner_id: format!("{id}-r{rank}"),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }),
+        })
+    }
+
+    fn runner(id: &str, state: v1::runner_status::State) -> K {
+        K::RunnerStatusUpdated(v1::RunnerStatusUpdated {
+            runner_id: id.into(),
+            status: Some(v1::RunnerStatus { state: Some(state) }),
+        })
+    }
+
+    fn task(id: &str, instance: &str) -> K {
+        K::TaskCreated(v1::TaskCreated {
+            task: Some(v1::Task {
+                task_id: id.into(),
+                instance_id: instance.into(),
+                kind: Some(v1::task::Kind::Shutdown(v1::ShutdownTask::default())),
+                ..Default::default()
+            }),
+        })
+    }
+
+    /// Applies `kinds` as events 1, 2, ... and checks each outcome, written
+    /// as "changed" or the reason it was ignored.
+    fn check(kinds: Vec<K>, expected: &[&str]) -> State {
+        let mut state = State::new();
+        let outcomes: Vec<String> = kinds
+            .into_iter()
+            .enumerate()
+            .map(|(i, kind)| match state.apply(&indexed(i as u64 + 1, kind)) {
+                Ok(Applied::Changed) => "changed".to_string(),
+                Ok(Applied::Ignored(why)) => why.to_string(),
+                Err(e) => format!("error: {e}"),
+            })
+            .collect();
+        assert_eq!(outcomes, expected);
+        state
+    }
+
+    #[test]
+    fn nodes_edges_and_timeouts() {
+        let edge = |a: &str, b: &str| v1::TopologyEdge {
+            source_node_id: a.into(),
+            sink_node_id: b.into(),
+            address: "x".into(),
+            ..Default::default()
+        };
+        let state = check(
+            vec![
+                node("a"),
+                node("b"),
+                K::TopologyEdgeCreated(v1::TopologyEdgeCreated { edge: Some(edge("b", "a")) }),
+                K::TopologyEdgeCreated(v1::TopologyEdgeCreated { edge: Some(edge("a", "b")) }),
+                K::TopologyEdgeCreated(v1::TopologyEdgeCreated { edge: Some(edge("a", "zz")) }),
+                K::NodeTimedOut(v1::NodeTimedOut { node_id: "b".into() }),
+                K::NodeTimedOut(v1::NodeTimedOut { node_id: "b".into() }),
+                K::TopologyEdgeDeleted(v1::TopologyEdgeDeleted { edge: Some(edge("a", "b")) }),
+            ],
+            &[
+                "changed",
+                "changed",
+                "changed",
+                "changed",
+                "TopologyEdgeCreated names unknown node \"zz\"",
+                "changed",
+                "NodeTimedOut names unknown node \"b\"",
+                "TopologyEdgeDeleted names unknown edge \"a->b\"",
+            ],
+        );
+        assert_eq!(state.last_index(), 8);
+        assert_eq!(state.nodes.keys().collect::<Vec<_>>(), ["a"]);
+        assert!(state.topology.is_empty(), "edges of a timed-out node go with it");
+    }
+
+    #[test]
+    fn instance_runner_and_task_lifecycle() {
+        use v1::runner_status::State as R;
+        let state = check(
+            vec![
+                node("a"),
+                instance("i", &["a", "ghost"]),
+                instance("i", &["a"]),
+                instance("i", &["a"]),
+                runner("i-r0", R::Loading(v1::RunnerLoading { layers_loaded: 3, layers_total: 30, bytes_loaded: 0 })),
+                runner("nobody", R::Ready(v1::RunnerReady {})),
+                task("t", "i"),
+                task("t2", "no-such-instance"),
+                K::TaskAcknowledged(v1::TaskAcknowledged { task_id: "t".into() }),
+                K::TaskStatusUpdated(v1::TaskStatusUpdated {
+                    task_id: "t".into(),
+                    status: v1::TaskStatus::Failed as i32,
+                    error: "boom".into(),
+                }),
+                K::InstanceDeleted(v1::InstanceDeleted { instance_id: "i".into() }),
+                runner("i-r0", R::Shutdown(v1::RunnerShutdown {})),
+                K::TaskDeleted(v1::TaskDeleted { task_id: "t".into() }),
+            ],
+            &[
+                "changed",
+                "InstanceCreated names unknown node \"ghost\"",
+                "changed",
+                "InstanceCreated names instance \"i\" which already exists",
+                "changed",
+                "RunnerStatusUpdated names unknown runner \"nobody\"",
+                "changed",
+                "TaskCreated names unknown instance \"no-such-instance\"",
+                "changed",
+                "changed",
+                "changed",
+                "changed",
+                "changed",
+            ],
+        );
+        assert!(state.instances.is_empty());
+        assert!(state.runners.is_empty(), "a runner that shut down leaves the state");
+        assert!(state.tasks.is_empty());
+    }
+
+    #[test]
+    fn task_fields_follow_their_events() {
+        let mut state = State::new();
+        for (i, kind) in [node("a"), instance("i", &["a"]), task("t", "i")].into_iter().enumerate() {
+            state.apply(&indexed(i as u64 + 1, kind)).ok();
+        }
+        let ack = indexed(4, K::TaskAcknowledged(v1::TaskAcknowledged { task_id: "t".into() }));
+        assert_eq!(state.apply(&ack), Ok(Applied::Changed));
+        let failed = indexed(
+            5,
+            K::TaskStatusUpdated(v1::TaskStatusUpdated {
+                task_id: "t".into(),
+                status: v1::TaskStatus::Failed as i32,
+                error: "out of memory".into(),
+            }),
+        );
+        assert_eq!(state.apply(&failed), Ok(Applied::Changed));
+        let task = &state.tasks["t"];
+        assert!(task.acknowledged);
+        assert_eq!(task.status(), v1::TaskStatus::Failed);
+        assert_eq!(task.error, "out of memory");
+    }
+
+    #[test]
+    fn downloads_need_a_known_node_and_a_model() {
+        let progress = |node: &str, model: &str| {
+            K::NodeDownloadProgress(v1::NodeDownloadProgress {
+                node_id: node.into(),
+                progress: Some(v1::DownloadProgress {
+                    model_id: model.into(),
+                    state: Some(v1::download_progress::State::Pending(v1::DownloadPending { total_bytes: 1 })),
+                }),
+            })
+        };
+        let state = check(
+            vec![node("a"), progress("a", "m"), progress("b", "m"), progress("a", "")],
+            &[
+                "changed",
+                "changed",
+                "NodeDownloadProgress names unknown node \"b\"",
+                "NodeDownloadProgress lacks its progress.model_id",
+            ],
+        );
+        assert!(state.downloads["a"].models.contains_key("m"));
+    }
+
+    #[test]
+    fn out_of_order_and_malformed_events_change_nothing() {
+        let mut state = State::new();
+        assert_eq!(state.apply(&indexed(1, node("a"))), Ok(Applied::Changed));
+        let before = state.clone();
+        assert_eq!(state.apply(&indexed(3, node("b"))), Err(ApplyError::OutOfOrder { expected: 2, got: 3 }));
+        assert_eq!(state.apply(&indexed(1, node("b"))), Err(ApplyError::OutOfOrder { expected: 2, got: 1 }));
+        let no_session = IndexedEvent { session: None, ..indexed(2, node("b")) };
+        assert_eq!(
+            state.apply(&no_session),
+            Err(ApplyError::Invalid { index: 2, reason: InvalidEvent::MissingSession })
+        );
+        assert_eq!(state, before);
+        let empty = IndexedEvent { event: None, ..indexed(2, node("b")) };
+        assert_eq!(state.apply(&empty), Ok(Applied::Ignored(Ignored::EmptyEvent)));
+        assert_eq!(state.last_index(), 2);
+    }
+
+    #[test]
+    fn sessions_only_move_forward() {
+        let mut state = State::new();
+        let at = |index, master: &str, clock| IndexedEvent { session: session(master, clock), ..indexed(index, node("a")) };
+        assert!(state.apply(&at(1, "m", 2)).is_ok());
+        assert!(matches!(state.apply(&at(2, "old", 1)), Err(ApplyError::StaleSession { .. })));
+        assert!(matches!(state.apply(&at(2, "rival", 2)), Err(ApplyError::ConflictingSession { .. })));
+        // A new master continues the same log at the next index.
+        assert!(state.apply(&at(2, "new", 3)).is_ok());
+        assert_eq!(state.session().map(|s| s.master_node_id.as_str()), Some("new"));
+    }
+
+    #[test]
+    fn digest_depends_on_content_not_insertion_order() {
+        let mut one = State::new();
+        let mut two = State::new();
+        for (i, n) in ["a", "b"].iter().enumerate() {
+            one.apply(&indexed(i as u64 + 1, node(n))).ok();
+        }
+        for (i, n) in ["b", "a"].iter().enumerate() {
+            two.apply(&indexed(i as u64 + 1, node(n))).ok();
+        }
+        // Same nodes, but each node's updated_at_index differs.
+        assert_ne!(one.digest(), two.digest());
+        let mut three = State::new();
+        for (i, n) in ["a", "b"].iter().enumerate() {
+            three.apply(&indexed(i as u64 + 1, node(n))).ok();
+        }
+        assert_eq!(one.digest(), three.digest());
+        assert_eq!(one.digest().to_string().len(), 64);
+    }
+}
