@@ -53,12 +53,18 @@ mod tests {
     use prost::Message;
 
     #[test]
-    fn indexed_event_round_trips_through_bytes_and_json() -> Result<(), Box<dyn std::error::Error>> {
+    fn indexed_event_round_trips_through_bytes_and_json() -> Result<(), Box<dyn std::error::Error>>
+    {
         let event = v1::IndexedEvent {
             index: 7,
-            session: Some(v1::SessionId { master_node_id: "n1".into(), election_clock: 3 }),
+            session: Some(v1::SessionId {
+                master_node_id: "n1".into(),
+                election_clock: 3,
+            }),
             event: Some(v1::Event {
-                kind: Some(v1::event::Kind::TaskDeleted(v1::TaskDeleted { task_id: "t".into() })),
+                kind: Some(v1::event::Kind::TaskDeleted(v1::TaskDeleted {
+                    task_id: "t".into(),
+                })),
             }),
         };
         let bytes = event.encode_to_vec();
@@ -80,8 +86,15 @@ mod tests {
     #[test]
     fn descriptor_set_names_every_file() -> Result<(), prost::DecodeError> {
         let set = prost_types_lite::decode_names(super::FILE_DESCRIPTOR_SET)?;
-        for file in ["common", "node", "model", "instance", "runner", "task", "command", "event", "chunk", "election", "state", "admin", "download"] {
-            assert!(set.iter().any(|name| name == &format!("tessera/v1/{file}.proto")), "{file} missing from {set:?}");
+        for file in [
+            "common", "node", "model", "instance", "runner", "task", "command", "event", "chunk",
+            "election", "state", "admin", "download",
+        ] {
+            assert!(
+                set.iter()
+                    .any(|name| name == &format!("tessera/v1/{file}.proto")),
+                "{file} missing from {set:?}"
+            );
         }
         Ok(())
     }

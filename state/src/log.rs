@@ -50,20 +50,34 @@ impl EventLog {
     /// Opens the log in `dir`, creating it if needed.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, LogError> {
         let dir = dir.as_ref();
-        let db = sled::Config::new()
+        let db = Self::sled_config(dir)
+            .open()
+            .map_err(|source| LogError::Open {
+                path: dir.to_owned(),
+                source,
+            })?;
+        Self::from_db(db)
+    }
+
+    /// The sled settings of every event log (public so that benchmarks can
+    /// compare against raw sled under the very same settings).
+    pub fn sled_config(dir: &Path) -> sled::Config {
+        sled::Config::new()
             .path(dir)
             // Events are small and written in bulk: favour throughput.
             .mode(sled::Mode::HighThroughput)
-            .open()
-            .map_err(|source| LogError::Open { path: dir.to_owned(), source })?;
-        Self::from_db(db)
+            // The owner flushes explicitly (after each batch of events); a
+            // background flusher would only compete for the CPU.
+            .flush_every_ms(None)
     }
 
     /// Opens an existing log; a missing directory is an error, not a new log.
     pub fn open_existing(dir: impl AsRef<Path>) -> Result<Self, LogError> {
         let dir = dir.as_ref();
         if !dir.is_dir() {
-            return Err(LogError::Missing { path: dir.to_owned() });
+            return Err(LogError::Missing {
+                path: dir.to_owned(),
+            });
         }
         Self::open(dir)
     }
@@ -75,7 +89,13 @@ impl EventLog {
             Some((key, _)) => decode_key(&key)?,
             None => 0,
         };
-        Ok(Self { db, events, snapshots, last_index, buf: Vec::with_capacity(256) })
+        Ok(Self {
+            db,
+            events,
+            snapshots,
+            last_index,
+            buf: Vec::with_capacity(256),
+        })
     }
 
     /// The index of the last stored event; 0 when the log is empty.
@@ -85,7 +105,10 @@ impl EventLog {
 
     /// The index of the first stored event; `None` when the log is empty.
     pub fn first_index(&self) -> Result<Option<u64>, LogError> {
-        self.events.first()?.map(|(key, _)| decode_key(&key)).transpose()
+        self.events
+            .first()?
+            .map(|(key, _)| decode_key(&key))
+            .transpose()
     }
 
     /// Appends one event. Its index must be exactly `last_index() + 1`.
@@ -93,10 +116,14 @@ impl EventLog {
     pub fn append(&mut self, event: &IndexedEvent) -> Result<(), LogError> {
         let expected = self.last_index + 1;
         if event.index != expected {
-            return Err(LogError::OutOfOrder { expected, got: event.index });
+            return Err(LogError::OutOfOrder {
+                expected,
+                got: event.index,
+            });
         }
         encode_entry(event, &mut self.buf);
-        self.events.insert(event.index.to_be_bytes(), self.buf.as_slice())?;
+        self.events
+            .insert(event.index.to_be_bytes(), self.buf.as_slice())?;
         self.last_index = event.index;
         Ok(())
     }
@@ -107,7 +134,10 @@ impl EventLog {
         let mut next = self.last_index + 1;
         for event in events {
             if event.index != next {
-                return Err(LogError::OutOfOrder { expected: next, got: event.index });
+                return Err(LogError::OutOfOrder {
+                    expected: next,
+                    got: event.index,
+                });
             }
             encode_entry(event, &mut self.buf);
             batch.insert(&event.index.to_be_bytes(), self.buf.as_slice());
@@ -133,31 +163,45 @@ impl EventLog {
     }
 
     /// The stored events with indices in `from..=to`, in order, each checked.
-    pub fn range(&self, from: u64, to: u64) -> impl Iterator<Item = Result<IndexedEvent, LogError>> + '_ {
-        self.events.range(from.to_be_bytes()..=to.to_be_bytes()).map(|item| {
-            let (key, value) = item?;
-            let index = decode_key(&key)?;
-            decode_entry(index, &value)
-        })
+    pub fn range(
+        &self,
+        from: u64,
+        to: u64,
+    ) -> impl Iterator<Item = Result<IndexedEvent, LogError>> + '_ {
+        self.events
+            .range(from.to_be_bytes()..=to.to_be_bytes())
+            .map(|item| {
+                let (key, value) = item?;
+                let index = decode_key(&key)?;
+                decode_entry(index, &value)
+            })
     }
 
     /// Stores `state` as the snapshot at its last index.
     pub fn write_snapshot(&mut self, state: &State) -> Result<(), LogError> {
         self.buf.clear();
         self.buf.extend_from_slice(&[0; CRC_LEN]);
-        state.as_proto().encode(&mut self.buf).map_err(|e| LogError::CorruptedSnapshot {
-            index: state.last_index(),
-            reason: e.to_string(),
-        })?;
+        state
+            .as_proto()
+            .encode(&mut self.buf)
+            .map_err(|e| LogError::CorruptedSnapshot {
+                index: state.last_index(),
+                reason: e.to_string(),
+            })?;
         let crc = crc32fast::hash(&self.buf[CRC_LEN..]);
         self.buf[..CRC_LEN].copy_from_slice(&crc.to_be_bytes());
-        self.snapshots.insert(state.last_index().to_be_bytes(), self.buf.as_slice())?;
+        self.snapshots
+            .insert(state.last_index().to_be_bytes(), self.buf.as_slice())?;
         Ok(())
     }
 
     /// Indices that have a snapshot, ascending.
     pub fn snapshot_indices(&self) -> Result<Vec<u64>, LogError> {
-        self.snapshots.iter().keys().map(|key| decode_key(&key?)).collect()
+        self.snapshots
+            .iter()
+            .keys()
+            .map(|key| decode_key(&key?))
+            .collect()
     }
 
     /// The latest snapshot at or before `until`, newest first among those that
@@ -169,11 +213,19 @@ impl EventLog {
             let (key, value) = item?;
             let index = decode_key(&key)?;
             match decode_snapshot(index, &value) {
-                Ok(state) => return Ok(SnapshotLookup { state: Some(state), skipped }),
+                Ok(state) => {
+                    return Ok(SnapshotLookup {
+                        state: Some(state),
+                        skipped,
+                    })
+                }
                 Err(error) => skipped.push(error),
             }
         }
-        Ok(SnapshotLookup { state: None, skipped })
+        Ok(SnapshotLookup {
+            state: None,
+            skipped,
+        })
     }
 
     /// Rewrites the stored bytes of entry `index`, bypassing every check.
@@ -213,9 +265,13 @@ pub fn encode_entry(event: &IndexedEvent, buf: &mut Vec<u8>) {
 pub fn decode_entry(index: u64, bytes: &[u8]) -> Result<IndexedEvent, LogError> {
     let corrupted = |reason: String| LogError::Corrupted { index, reason };
     let payload = checked_payload(bytes).map_err(corrupted)?;
-    let event = IndexedEvent::decode(payload).map_err(|e| corrupted(format!("undecodable event: {e}")))?;
+    let event =
+        IndexedEvent::decode(payload).map_err(|e| corrupted(format!("undecodable event: {e}")))?;
     if event.index != index {
-        return Err(corrupted(format!("stored under index {index} but carries index {}", event.index)));
+        return Err(corrupted(format!(
+            "stored under index {index} but carries index {}",
+            event.index
+        )));
     }
     validate_event(&event).map_err(|e| corrupted(e.to_string()))?;
     Ok(event)
@@ -224,27 +280,38 @@ pub fn decode_entry(index: u64, bytes: &[u8]) -> Result<IndexedEvent, LogError> 
 fn decode_snapshot(index: u64, bytes: &[u8]) -> Result<State, LogError> {
     let corrupted = |reason: String| LogError::CorruptedSnapshot { index, reason };
     let payload = checked_payload(bytes).map_err(corrupted)?;
-    let state = ClusterState::decode(payload).map_err(|e| corrupted(format!("undecodable state: {e}")))?;
+    let state =
+        ClusterState::decode(payload).map_err(|e| corrupted(format!("undecodable state: {e}")))?;
     if state.last_index != index {
-        return Err(corrupted(format!("stored under index {index} but is at index {}", state.last_index)));
+        return Err(corrupted(format!(
+            "stored under index {index} but is at index {}",
+            state.last_index
+        )));
     }
     Ok(State::from_proto(state))
 }
 
 fn checked_payload(bytes: &[u8]) -> Result<&[u8], String> {
     if bytes.len() < CRC_LEN {
-        return Err(format!("entry of {} bytes is shorter than its checksum", bytes.len()));
+        return Err(format!(
+            "entry of {} bytes is shorter than its checksum",
+            bytes.len()
+        ));
     }
     let (crc, payload) = bytes.split_at(CRC_LEN);
     let stored = u32::from_be_bytes([crc[0], crc[1], crc[2], crc[3]]);
     let actual = crc32fast::hash(payload);
     if stored != actual {
-        return Err(format!("checksum mismatch (stored {stored:08x}, computed {actual:08x})"));
+        return Err(format!(
+            "checksum mismatch (stored {stored:08x}, computed {actual:08x})"
+        ));
     }
     Ok(payload)
 }
 
 fn decode_key(key: &[u8]) -> Result<u64, LogError> {
-    let bytes: [u8; 8] = key.try_into().map_err(|_| LogError::BadKey { len: key.len() })?;
+    let bytes: [u8; 8] = key
+        .try_into()
+        .map_err(|_| LogError::BadKey { len: key.len() })?;
     Ok(u64::from_be_bytes(bytes))
 }

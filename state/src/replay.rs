@@ -31,7 +31,10 @@ pub struct ReplayOptions {
 
 impl Default for ReplayOptions {
     fn default() -> Self {
-        Self { until: None, use_snapshots: true }
+        Self {
+            until: None,
+            use_snapshots: true,
+        }
     }
 }
 
@@ -73,16 +76,28 @@ pub fn replay(log: &EventLog, options: ReplayOptions) -> Result<Replayed, Replay
             Ok(Applied::Changed) => {}
             Ok(Applied::Ignored(_)) => events_ignored += 1,
             Err(ApplyError::OutOfOrder { expected, .. }) => {
-                return Err(ReplayError::Gap { index: expected, last })
+                return Err(ReplayError::Gap {
+                    index: expected,
+                    last,
+                })
             }
             Err(source) => return Err(ReplayError::Apply { index, source }),
         }
         events_applied += 1;
     }
     if state.last_index() != until {
-        return Err(ReplayError::Gap { index: state.last_index() + 1, last });
+        return Err(ReplayError::Gap {
+            index: state.last_index() + 1,
+            last,
+        });
     }
-    Ok(Replayed { state, from_snapshot, events_applied, events_ignored, skipped_snapshots })
+    Ok(Replayed {
+        state,
+        from_snapshot,
+        events_applied,
+        events_ignored,
+        skipped_snapshots,
+    })
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -116,7 +131,11 @@ impl Journal {
         for skipped in &replayed.skipped_snapshots {
             tracing::warn!(%skipped, "passed over a corrupted snapshot");
         }
-        Ok(Self { log, state: replayed.state, snapshot_every: snapshot_every.max(1) })
+        Ok(Self {
+            log,
+            state: replayed.state,
+            snapshot_every: snapshot_every.max(1),
+        })
     }
 
     pub fn state(&self) -> &State {
@@ -133,12 +152,18 @@ impl Journal {
     pub fn commit(&mut self, event: &IndexedEvent) -> Result<Applied, JournalError> {
         self.state
             .check(event)
-            .map_err(|source| JournalError::Rejected { index: event.index, source })?;
+            .map_err(|source| JournalError::Rejected {
+                index: event.index,
+                source,
+            })?;
         self.log.append(event)?;
         let applied = self
             .state
             .apply(event)
-            .map_err(|source| JournalError::Rejected { index: event.index, source })?;
+            .map_err(|source| JournalError::Rejected {
+                index: event.index,
+                source,
+            })?;
         if let Applied::Ignored(reason) = &applied {
             tracing::debug!(index = event.index, %reason, "event changed nothing");
         }

@@ -30,11 +30,22 @@ pub enum Ignored {
     #[error("event has no body")]
     EmptyEvent,
     #[error("{event} lacks its {field}")]
-    MissingField { event: &'static str, field: &'static str },
+    MissingField {
+        event: &'static str,
+        field: &'static str,
+    },
     #[error("{event} names unknown {kind} {id:?}")]
-    Unknown { event: &'static str, kind: &'static str, id: String },
+    Unknown {
+        event: &'static str,
+        kind: &'static str,
+        id: String,
+    },
     #[error("{event} names {kind} {id:?} which already exists")]
-    AlreadyExists { event: &'static str, kind: &'static str, id: String },
+    AlreadyExists {
+        event: &'static str,
+        kind: &'static str,
+        id: String,
+    },
 }
 
 /// An event that cannot be applied at all: the state is left unchanged.
@@ -48,12 +59,22 @@ pub enum ApplyError {
         "event {index} comes from master {master:?} at election clock {clock}, \
          older than the current clock {current_clock}"
     )]
-    StaleSession { index: u64, master: String, clock: u64, current_clock: u64 },
+    StaleSession {
+        index: u64,
+        master: String,
+        clock: u64,
+        current_clock: u64,
+    },
     #[error(
         "event {index} comes from master {master:?} at election clock {clock}, \
          but that clock belongs to master {current_master:?}"
     )]
-    ConflictingSession { index: u64, master: String, current_master: String, clock: u64 },
+    ConflictingSession {
+        index: u64,
+        master: String,
+        current_master: String,
+        clock: u64,
+    },
 }
 
 /// Structural problems that make bytes that decode as an `IndexedEvent`
@@ -128,9 +149,15 @@ impl State {
     pub fn check(&self, event: &IndexedEvent) -> Result<(), ApplyError> {
         let expected = self.inner.last_index + 1;
         if event.index != expected {
-            return Err(ApplyError::OutOfOrder { expected, got: event.index });
+            return Err(ApplyError::OutOfOrder {
+                expected,
+                got: event.index,
+            });
         }
-        validate_event(event).map_err(|reason| ApplyError::Invalid { index: event.index, reason })?;
+        validate_event(event).map_err(|reason| ApplyError::Invalid {
+            index: event.index,
+            reason,
+        })?;
         let (Some(session), Some(current)) = (&event.session, &self.inner.session) else {
             return Ok(());
         };
@@ -183,30 +210,62 @@ impl State {
             Kind::NodeGatheredInfo(e) => {
                 const EV: &str = "NodeGatheredInfo";
                 require(!e.node_id.is_empty(), EV, "node_id")?;
-                let info = e.info.clone().ok_or(Ignored::MissingField { event: EV, field: "info" })?;
+                let info = e.info.clone().ok_or(Ignored::MissingField {
+                    event: EV,
+                    field: "info",
+                })?;
                 s.nodes.insert(
                     e.node_id.clone(),
-                    v1::NodeState { info: Some(info), updated_at_index: index },
+                    v1::NodeState {
+                        info: Some(info),
+                        updated_at_index: index,
+                    },
                 );
             }
             Kind::NodeTimedOut(e) => {
-                known(s.nodes.remove(&e.node_id).is_some(), "NodeTimedOut", "node", &e.node_id)?;
-                s.topology.retain(|edge| edge.source_node_id != e.node_id && edge.sink_node_id != e.node_id);
+                known(
+                    s.nodes.remove(&e.node_id).is_some(),
+                    "NodeTimedOut",
+                    "node",
+                    &e.node_id,
+                )?;
+                s.topology.retain(|edge| {
+                    edge.source_node_id != e.node_id && edge.sink_node_id != e.node_id
+                });
                 s.downloads.remove(&e.node_id);
             }
             Kind::TopologyEdgeCreated(e) => {
                 const EV: &str = "TopologyEdgeCreated";
-                let edge = e.edge.as_ref().ok_or(Ignored::MissingField { event: EV, field: "edge" })?;
-                known(s.nodes.contains_key(&edge.source_node_id), EV, "node", &edge.source_node_id)?;
-                known(s.nodes.contains_key(&edge.sink_node_id), EV, "node", &edge.sink_node_id)?;
-                match s.topology.binary_search_by(|probe| edge_key(probe).cmp(&edge_key(edge))) {
+                let edge = e.edge.as_ref().ok_or(Ignored::MissingField {
+                    event: EV,
+                    field: "edge",
+                })?;
+                known(
+                    s.nodes.contains_key(&edge.source_node_id),
+                    EV,
+                    "node",
+                    &edge.source_node_id,
+                )?;
+                known(
+                    s.nodes.contains_key(&edge.sink_node_id),
+                    EV,
+                    "node",
+                    &edge.sink_node_id,
+                )?;
+                match s
+                    .topology
+                    .binary_search_by(|probe| edge_key(probe).cmp(&edge_key(edge)))
+                {
                     Ok(at) => s.topology[at] = edge.clone(),
                     Err(at) => s.topology.insert(at, edge.clone()),
                 }
             }
             Kind::TopologyEdgeDeleted(e) => {
                 const EV: &str = "TopologyEdgeDeleted";
-                let edge = e.edge.as_ref().ok_or(Ignored::MissingField { event: EV, field: "edge" })?;
+                let edge = e.edge.as_ref().ok_or(Ignored::MissingField {
+                    event: EV,
+                    field: "edge",
+                })?;
                 let at = s
                     .topology
                     .binary_search_by(|probe| edge_key(probe).cmp(&edge_key(edge)))
@@ -219,23 +278,47 @@ impl State {
             }
             Kind::InstanceCreated(e) => {
                 const EV: &str = "InstanceCreated";
-                let instance = e.instance.as_ref().ok_or(Ignored::MissingField { event: EV, field: "instance" })?;
+                let instance = e.instance.as_ref().ok_or(Ignored::MissingField {
+                    event: EV,
+                    field: "instance",
+                })?;
                 require(!instance.instance_id.is_empty(), EV, "instance_id")?;
                 require(!instance.ranks.is_empty(), EV, "ranks")?;
-                fresh(!s.instances.contains_key(&instance.instance_id), EV, "instance", &instance.instance_id)?;
+                fresh(
+                    !s.instances.contains_key(&instance.instance_id),
+                    EV,
+                    "instance",
+                    &instance.instance_id,
+                )?;
                 for rank in &instance.ranks {
-                    known(s.nodes.contains_key(&rank.node_id), EV, "node", &rank.node_id)?;
+                    known(
+                        s.nodes.contains_key(&rank.node_id),
+                        EV,
+                        "node",
+                        &rank.node_id,
+                    )?;
                 }
-                s.instances.insert(instance.instance_id.clone(), instance.clone());
+                s.instances
+                    .insert(instance.instance_id.clone(), instance.clone());
             }
             Kind::InstanceDeleted(e) => {
-                known(s.instances.remove(&e.instance_id).is_some(), "InstanceDeleted", "instance", &e.instance_id)?;
+                known(
+                    s.instances.remove(&e.instance_id).is_some(),
+                    "InstanceDeleted",
+                    "instance",
+                    &e.instance_id,
+                )?;
             }
             Kind::RunnerStatusUpdated(e) => {
                 const EV: &str = "RunnerStatusUpdated";
-                let status = e.status.as_ref().ok_or(Ignored::MissingField { event: EV, field: "status" })?;
+                let status = e.status.as_ref().ok_or(Ignored::MissingField {
+                    event: EV,
+                    field: "status",
+                })?;
                 let is_known = s.runners.contains_key(&e.runner_id)
-                    || s.instances.values().any(|i| i.ranks.iter().any(|r| r.runner_id == e.runner_id));
+                    || s.instances
+                        .values()
+                        .any(|i| i.ranks.iter().any(|r| r.runner_id == e.runner_id));
                 known(is_known, EV, "runner", &e.runner_id)?;
                 require(status.state.is_some(), EV, "status.state")?;
                 // A runner that has shut down is gone: it leaves the state.
@@ -246,15 +329,33 @@ impl State {
                 }
             }
             Kind::RunnerDeleted(e) => {
-                known(s.runners.remove(&e.runner_id).is_some(), "RunnerDeleted", "runner", &e.runner_id)?;
+                known(
+                    s.runners.remove(&e.runner_id).is_some(),
+                    "RunnerDeleted",
+                    "runner",
+                    &e.runner_id,
+                )?;
             }
             Kind::TaskCreated(e) => {
                 const EV: &str = "TaskCreated";
-                let task = e.task.as_ref().ok_or(Ignored::MissingField { event: EV, field: "task" })?;
+                let task = e.task.as_ref().ok_or(Ignored::MissingField {
+                    event: EV,
+                    field: "task",
+                })?;
                 require(!task.task_id.is_empty(), EV, "task_id")?;
                 require(task.kind.is_some(), EV, "kind")?;
-                fresh(!s.tasks.contains_key(&task.task_id), EV, "task", &task.task_id)?;
-                known(s.instances.contains_key(&task.instance_id), EV, "instance", &task.instance_id)?;
+                fresh(
+                    !s.tasks.contains_key(&task.task_id),
+                    EV,
+                    "task",
+                    &task.task_id,
+                )?;
+                known(
+                    s.instances.contains_key(&task.instance_id),
+                    EV,
+                    "instance",
+                    &task.instance_id,
+                )?;
                 s.tasks.insert(task.task_id.clone(), task.clone());
             }
             Kind::TaskAcknowledged(e) => {
@@ -273,11 +374,19 @@ impl State {
                 }
             }
             Kind::TaskDeleted(e) => {
-                known(s.tasks.remove(&e.task_id).is_some(), "TaskDeleted", "task", &e.task_id)?;
+                known(
+                    s.tasks.remove(&e.task_id).is_some(),
+                    "TaskDeleted",
+                    "task",
+                    &e.task_id,
+                )?;
             }
             Kind::NodeDownloadProgress(e) => {
                 const EV: &str = "NodeDownloadProgress";
-                let progress = e.progress.as_ref().ok_or(Ignored::MissingField { event: EV, field: "progress" })?;
+                let progress = e.progress.as_ref().ok_or(Ignored::MissingField {
+                    event: EV,
+                    field: "progress",
+                })?;
                 require(!progress.model_id.is_empty(), EV, "progress.model_id")?;
                 known(s.nodes.contains_key(&e.node_id), EV, "node", &e.node_id)?;
                 s.downloads
@@ -314,7 +423,11 @@ fn known(present: bool, event: &'static str, kind: &'static str, id: &str) -> Re
     if present {
         Ok(())
     } else {
-        Err(Ignored::Unknown { event, kind, id: id.to_owned() })
+        Err(Ignored::Unknown {
+            event,
+            kind,
+            id: id.to_owned(),
+        })
     }
 }
 
@@ -322,7 +435,11 @@ fn fresh(absent: bool, event: &'static str, kind: &'static str, id: &str) -> Res
     if absent {
         Ok(())
     } else {
-        Err(Ignored::AlreadyExists { event, kind, id: id.to_owned() })
+        Err(Ignored::AlreadyExists {
+            event,
+            kind,
+            id: id.to_owned(),
+        })
     }
 }
 
@@ -345,17 +462,27 @@ mod tests {
     use v1::event::Kind as K;
 
     fn session(master: &str, clock: u64) -> Option<SessionId> {
-        Some(SessionId { master_node_id: master.into(), election_clock: clock })
+        Some(SessionId {
+            master_node_id: master.into(),
+            election_clock: clock,
+        })
     }
 
     fn indexed(index: u64, kind: K) -> IndexedEvent {
-        IndexedEvent { index, session: session("m", 1), event: Some(v1::Event { kind: Some(kind) }) }
+        IndexedEvent {
+            index,
+            session: session("m", 1),
+            event: Some(v1::Event { kind: Some(kind) }),
+        }
     }
 
     fn node(id: &str) -> K {
         K::NodeGatheredInfo(v1::NodeGatheredInfo {
             node_id: id.into(),
-            info: Some(v1::NodeInfo { hostname: id.into(), ..Default::default() }),
+            info: Some(v1::NodeInfo {
+                hostname: id.into(),
+                ..Default::default()
+            }),
         })
     }
 
@@ -403,11 +530,13 @@ mod tests {
         let outcomes: Vec<String> = kinds
             .into_iter()
             .enumerate()
-            .map(|(i, kind)| match state.apply(&indexed(i as u64 + 1, kind)) {
-                Ok(Applied::Changed) => "changed".to_string(),
-                Ok(Applied::Ignored(why)) => why.to_string(),
-                Err(e) => format!("error: {e}"),
-            })
+            .map(
+                |(i, kind)| match state.apply(&indexed(i as u64 + 1, kind)) {
+                    Ok(Applied::Changed) => "changed".to_string(),
+                    Ok(Applied::Ignored(why)) => why.to_string(),
+                    Err(e) => format!("error: {e}"),
+                },
+            )
             .collect();
         assert_eq!(outcomes, expected);
         state
@@ -425,12 +554,24 @@ mod tests {
             vec![
                 node("a"),
                 node("b"),
-                K::TopologyEdgeCreated(v1::TopologyEdgeCreated { edge: Some(edge("b", "a")) }),
-                K::TopologyEdgeCreated(v1::TopologyEdgeCreated { edge: Some(edge("a", "b")) }),
-                K::TopologyEdgeCreated(v1::TopologyEdgeCreated { edge: Some(edge("a", "zz")) }),
-                K::NodeTimedOut(v1::NodeTimedOut { node_id: "b".into() }),
-                K::NodeTimedOut(v1::NodeTimedOut { node_id: "b".into() }),
-                K::TopologyEdgeDeleted(v1::TopologyEdgeDeleted { edge: Some(edge("a", "b")) }),
+                K::TopologyEdgeCreated(v1::TopologyEdgeCreated {
+                    edge: Some(edge("b", "a")),
+                }),
+                K::TopologyEdgeCreated(v1::TopologyEdgeCreated {
+                    edge: Some(edge("a", "b")),
+                }),
+                K::TopologyEdgeCreated(v1::TopologyEdgeCreated {
+                    edge: Some(edge("a", "zz")),
+                }),
+                K::NodeTimedOut(v1::NodeTimedOut {
+                    node_id: "b".into(),
+                }),
+                K::NodeTimedOut(v1::NodeTimedOut {
+                    node_id: "b".into(),
+                }),
+                K::TopologyEdgeDeleted(v1::TopologyEdgeDeleted {
+                    edge: Some(edge("a", "b")),
+                }),
             ],
             &[
                 "changed",
@@ -445,7 +586,10 @@ mod tests {
         );
         assert_eq!(state.last_index(), 8);
         assert_eq!(state.nodes.keys().collect::<Vec<_>>(), ["a"]);
-        assert!(state.topology.is_empty(), "edges of a timed-out node go with it");
+        assert!(
+            state.topology.is_empty(),
+            "edges of a timed-out node go with it"
+        );
     }
 
     #[test]
@@ -457,19 +601,32 @@ mod tests {
                 instance("i", &["a", "ghost"]),
                 instance("i", &["a"]),
                 instance("i", &["a"]),
-                runner("i-r0", R::Loading(v1::RunnerLoading { layers_loaded: 3, layers_total: 30, bytes_loaded: 0 })),
+                runner(
+                    "i-r0",
+                    R::Loading(v1::RunnerLoading {
+                        layers_loaded: 3,
+                        layers_total: 30,
+                        bytes_loaded: 0,
+                    }),
+                ),
                 runner("nobody", R::Ready(v1::RunnerReady {})),
                 task("t", "i"),
                 task("t2", "no-such-instance"),
-                K::TaskAcknowledged(v1::TaskAcknowledged { task_id: "t".into() }),
+                K::TaskAcknowledged(v1::TaskAcknowledged {
+                    task_id: "t".into(),
+                }),
                 K::TaskStatusUpdated(v1::TaskStatusUpdated {
                     task_id: "t".into(),
                     status: v1::TaskStatus::Failed as i32,
                     error: "boom".into(),
                 }),
-                K::InstanceDeleted(v1::InstanceDeleted { instance_id: "i".into() }),
+                K::InstanceDeleted(v1::InstanceDeleted {
+                    instance_id: "i".into(),
+                }),
                 runner("i-r0", R::Shutdown(v1::RunnerShutdown {})),
-                K::TaskDeleted(v1::TaskDeleted { task_id: "t".into() }),
+                K::TaskDeleted(v1::TaskDeleted {
+                    task_id: "t".into(),
+                }),
             ],
             &[
                 "changed",
@@ -488,17 +645,28 @@ mod tests {
             ],
         );
         assert!(state.instances.is_empty());
-        assert!(state.runners.is_empty(), "a runner that shut down leaves the state");
+        assert!(
+            state.runners.is_empty(),
+            "a runner that shut down leaves the state"
+        );
         assert!(state.tasks.is_empty());
     }
 
     #[test]
     fn task_fields_follow_their_events() {
         let mut state = State::new();
-        for (i, kind) in [node("a"), instance("i", &["a"]), task("t", "i")].into_iter().enumerate() {
+        for (i, kind) in [node("a"), instance("i", &["a"]), task("t", "i")]
+            .into_iter()
+            .enumerate()
+        {
             state.apply(&indexed(i as u64 + 1, kind)).ok();
         }
-        let ack = indexed(4, K::TaskAcknowledged(v1::TaskAcknowledged { task_id: "t".into() }));
+        let ack = indexed(
+            4,
+            K::TaskAcknowledged(v1::TaskAcknowledged {
+                task_id: "t".into(),
+            }),
+        );
         assert_eq!(state.apply(&ack), Ok(Applied::Changed));
         let failed = indexed(
             5,
@@ -522,12 +690,19 @@ mod tests {
                 node_id: node.into(),
                 progress: Some(v1::DownloadProgress {
                     model_id: model.into(),
-                    state: Some(v1::download_progress::State::Pending(v1::DownloadPending { total_bytes: 1 })),
+                    state: Some(v1::download_progress::State::Pending(v1::DownloadPending {
+                        total_bytes: 1,
+                    })),
                 }),
             })
         };
         let state = check(
-            vec![node("a"), progress("a", "m"), progress("b", "m"), progress("a", "")],
+            vec![
+                node("a"),
+                progress("a", "m"),
+                progress("b", "m"),
+                progress("a", ""),
+            ],
             &[
                 "changed",
                 "changed",
@@ -543,29 +718,65 @@ mod tests {
         let mut state = State::new();
         assert_eq!(state.apply(&indexed(1, node("a"))), Ok(Applied::Changed));
         let before = state.clone();
-        assert_eq!(state.apply(&indexed(3, node("b"))), Err(ApplyError::OutOfOrder { expected: 2, got: 3 }));
-        assert_eq!(state.apply(&indexed(1, node("b"))), Err(ApplyError::OutOfOrder { expected: 2, got: 1 }));
-        let no_session = IndexedEvent { session: None, ..indexed(2, node("b")) };
+        assert_eq!(
+            state.apply(&indexed(3, node("b"))),
+            Err(ApplyError::OutOfOrder {
+                expected: 2,
+                got: 3
+            })
+        );
+        assert_eq!(
+            state.apply(&indexed(1, node("b"))),
+            Err(ApplyError::OutOfOrder {
+                expected: 2,
+                got: 1
+            })
+        );
+        let no_session = IndexedEvent {
+            session: None,
+            ..indexed(2, node("b"))
+        };
         assert_eq!(
             state.apply(&no_session),
-            Err(ApplyError::Invalid { index: 2, reason: InvalidEvent::MissingSession })
+            Err(ApplyError::Invalid {
+                index: 2,
+                reason: InvalidEvent::MissingSession
+            })
         );
         assert_eq!(state, before);
-        let empty = IndexedEvent { event: None, ..indexed(2, node("b")) };
-        assert_eq!(state.apply(&empty), Ok(Applied::Ignored(Ignored::EmptyEvent)));
+        let empty = IndexedEvent {
+            event: None,
+            ..indexed(2, node("b"))
+        };
+        assert_eq!(
+            state.apply(&empty),
+            Ok(Applied::Ignored(Ignored::EmptyEvent))
+        );
         assert_eq!(state.last_index(), 2);
     }
 
     #[test]
     fn sessions_only_move_forward() {
         let mut state = State::new();
-        let at = |index, master: &str, clock| IndexedEvent { session: session(master, clock), ..indexed(index, node("a")) };
+        let at = |index, master: &str, clock| IndexedEvent {
+            session: session(master, clock),
+            ..indexed(index, node("a"))
+        };
         assert!(state.apply(&at(1, "m", 2)).is_ok());
-        assert!(matches!(state.apply(&at(2, "old", 1)), Err(ApplyError::StaleSession { .. })));
-        assert!(matches!(state.apply(&at(2, "rival", 2)), Err(ApplyError::ConflictingSession { .. })));
+        assert!(matches!(
+            state.apply(&at(2, "old", 1)),
+            Err(ApplyError::StaleSession { .. })
+        ));
+        assert!(matches!(
+            state.apply(&at(2, "rival", 2)),
+            Err(ApplyError::ConflictingSession { .. })
+        ));
         // A new master continues the same log at the next index.
         assert!(state.apply(&at(2, "new", 3)).is_ok());
-        assert_eq!(state.session().map(|s| s.master_node_id.as_str()), Some("new"));
+        assert_eq!(
+            state.session().map(|s| s.master_node_id.as_str()),
+            Some("new")
+        );
     }
 
     #[test]

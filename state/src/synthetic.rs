@@ -23,8 +23,13 @@ pub struct SyntheticEvents {
 impl SyntheticEvents {
     /// A stream over `node_count` nodes (at least 2), reproducible from `seed`.
     pub fn new(seed: u64, node_count: usize) -> Self {
-        let nodes = (0..node_count.max(2)).map(|n| format!("node-{n:02}")).collect();
-        let session = v1::SessionId { master_node_id: "node-00".into(), election_clock: 1 };
+        let nodes = (0..node_count.max(2))
+            .map(|n| format!("node-{n:02}"))
+            .collect();
+        let session = v1::SessionId {
+            master_node_id: "node-00".into(),
+            election_clock: 1,
+        };
         Self {
             rng: StdRng::seed_from_u64(seed),
             next_index: 1,
@@ -48,7 +53,11 @@ impl SyntheticEvents {
         let kind = self.pending.pop_front();
         let index = self.next_index;
         self.next_index += 1;
-        v1::IndexedEvent { index, session: Some(self.session.clone()), event: Some(v1::Event { kind }) }
+        v1::IndexedEvent {
+            index,
+            session: Some(self.session.clone()),
+            event: Some(v1::Event { kind }),
+        }
     }
 
     fn plan_next_phase(&mut self) {
@@ -61,20 +70,25 @@ impl SyntheticEvents {
     fn plan_cluster_start(&mut self) {
         for node in self.nodes.clone() {
             let info = self.node_info(&node);
-            self.pending.push_back(Kind::NodeGatheredInfo(v1::NodeGatheredInfo { node_id: node, info: Some(info) }));
+            self.pending
+                .push_back(Kind::NodeGatheredInfo(v1::NodeGatheredInfo {
+                    node_id: node,
+                    info: Some(info),
+                }));
         }
         for (i, source) in self.nodes.iter().enumerate() {
             for (j, sink) in self.nodes.iter().enumerate() {
                 if i != j {
-                    self.pending.push_back(Kind::TopologyEdgeCreated(v1::TopologyEdgeCreated {
-                        edge: Some(v1::TopologyEdge {
-                            source_node_id: source.clone(),
-                            sink_node_id: sink.clone(),
-                            address: format!("10.0.0.{}:52416", j + 1),
-                            kind: v1::LinkKind::Ethernet as i32,
-                            latency_us: 200,
-                        }),
-                    }));
+                    self.pending
+                        .push_back(Kind::TopologyEdgeCreated(v1::TopologyEdgeCreated {
+                            edge: Some(v1::TopologyEdge {
+                                source_node_id: source.clone(),
+                                sink_node_id: sink.clone(),
+                                address: format!("10.0.0.{}:52416", j + 1),
+                                kind: v1::LinkKind::Ethernet as i32,
+                                latency_us: 200,
+                            }),
+                        }));
                 }
             }
         }
@@ -108,7 +122,10 @@ impl SyntheticEvents {
             for percent in [0u64, 50, 100] {
                 let total = 98_000_000;
                 let state = if percent == 100 {
-                    v1::download_progress::State::Completed(v1::DownloadCompleted { total_bytes: total, read_only: false })
+                    v1::download_progress::State::Completed(v1::DownloadCompleted {
+                        total_bytes: total,
+                        read_only: false,
+                    })
                 } else {
                     v1::download_progress::State::Ongoing(v1::DownloadOngoing {
                         downloaded_bytes: total * percent / 100,
@@ -118,26 +135,45 @@ impl SyntheticEvents {
                         files: vec![],
                     })
                 };
-                self.pending.push_back(Kind::NodeDownloadProgress(v1::NodeDownloadProgress {
-                    node_id: rank.node_id.clone(),
-                    progress: Some(v1::DownloadProgress { model_id: model_id.clone(), state: Some(state) }),
-                }));
+                self.pending
+                    .push_back(Kind::NodeDownloadProgress(v1::NodeDownloadProgress {
+                        node_id: rank.node_id.clone(),
+                        progress: Some(v1::DownloadProgress {
+                            model_id: model_id.clone(),
+                            state: Some(state),
+                        }),
+                    }));
             }
         }
-        self.pending.push_back(Kind::InstanceCreated(v1::InstanceCreated {
-            instance: Some(v1::Instance {
-                instance_id: instance_id.clone(),
-                model: Some(v1::ModelCard { model_id: model_id.clone(), n_layers: 30, ..Default::default() }),
-                sharding: v1::Sharding::Pipeline as i32,
-                ranks: ranks.clone(),
-            }),
-        }));
+        self.pending
+            .push_back(Kind::InstanceCreated(v1::InstanceCreated {
+                instance: Some(v1::Instance {
+                    instance_id: instance_id.clone(),
+                    model: Some(v1::ModelCard {
+                        model_id: model_id.clone(),
+                        n_layers: 30,
+                        ..Default::default()
+                    }),
+                    sharding: v1::Sharding::Pipeline as i32,
+                    ranks: ranks.clone(),
+                }),
+            }));
         let lifecycle = [
             RunnerState::Connecting(v1::RunnerConnecting {}),
             RunnerState::Connected(v1::RunnerConnected {}),
-            RunnerState::Loading(v1::RunnerLoading { layers_loaded: 0, layers_total: 15, bytes_loaded: 0 }),
-            RunnerState::Loading(v1::RunnerLoading { layers_loaded: 15, layers_total: 15, bytes_loaded: 49_000_000 }),
-            RunnerState::Loaded(v1::RunnerLoaded { resident_bytes: 60_000_000 }),
+            RunnerState::Loading(v1::RunnerLoading {
+                layers_loaded: 0,
+                layers_total: 15,
+                bytes_loaded: 0,
+            }),
+            RunnerState::Loading(v1::RunnerLoading {
+                layers_loaded: 15,
+                layers_total: 15,
+                bytes_loaded: 49_000_000,
+            }),
+            RunnerState::Loaded(v1::RunnerLoaded {
+                resident_bytes: 60_000_000,
+            }),
             RunnerState::WarmingUp(v1::RunnerWarmingUp {}),
             RunnerState::Ready(v1::RunnerReady {}),
         ];
@@ -152,15 +188,26 @@ impl SyntheticEvents {
             if self.rng.gen_ratio(1, 10) {
                 let node = self.nodes[self.rng.gen_range(0..self.nodes.len())].clone();
                 let info = self.node_info(&node);
-                self.pending.push_back(Kind::NodeGatheredInfo(v1::NodeGatheredInfo { node_id: node, info: Some(info) }));
+                self.pending
+                    .push_back(Kind::NodeGatheredInfo(v1::NodeGatheredInfo {
+                        node_id: node,
+                        info: Some(info),
+                    }));
             }
         }
         for rank in &ranks {
-            self.push_runner(&rank.runner_id, RunnerState::ShuttingDown(v1::RunnerShuttingDown {}));
+            self.push_runner(
+                &rank.runner_id,
+                RunnerState::ShuttingDown(v1::RunnerShuttingDown {}),
+            );
         }
-        self.pending.push_back(Kind::InstanceDeleted(v1::InstanceDeleted { instance_id }));
+        self.pending
+            .push_back(Kind::InstanceDeleted(v1::InstanceDeleted { instance_id }));
         for rank in &ranks {
-            self.push_runner(&rank.runner_id, RunnerState::Shutdown(v1::RunnerShutdown {}));
+            self.push_runner(
+                &rank.runner_id,
+                RunnerState::Shutdown(v1::RunnerShutdown {}),
+            );
         }
     }
 
@@ -180,7 +227,11 @@ impl SyntheticEvents {
                 kind: Some(v1::task::Kind::TextGeneration(v1::TextGenerationTask {
                     params: Some(v1::TextGenerationParams {
                         model_id: model_id.to_owned(),
-                        messages: vec![v1::ChatMessage { role: "user".into(), content, ..Default::default() }],
+                        messages: vec![v1::ChatMessage {
+                            role: "user".into(),
+                            content,
+                            ..Default::default()
+                        }],
                         sampling: Some(v1::SamplingParams {
                             temperature: Some(0.7),
                             max_tokens: Some(256),
@@ -192,32 +243,47 @@ impl SyntheticEvents {
                 })),
             }),
         }));
-        self.pending.push_back(Kind::TaskAcknowledged(v1::TaskAcknowledged { task_id: task_id.clone() }));
+        self.pending
+            .push_back(Kind::TaskAcknowledged(v1::TaskAcknowledged {
+                task_id: task_id.clone(),
+            }));
         self.push_task_status(&task_id, v1::TaskStatus::Running);
         for rank in ranks {
-            self.push_runner(&rank.runner_id, RunnerState::Running(v1::RunnerRunning { task_id: task_id.clone() }));
+            self.push_runner(
+                &rank.runner_id,
+                RunnerState::Running(v1::RunnerRunning {
+                    task_id: task_id.clone(),
+                }),
+            );
         }
         for rank in ranks {
             self.push_runner(&rank.runner_id, RunnerState::Ready(v1::RunnerReady {}));
         }
-        let outcome = if self.rng.gen_ratio(1, 50) { v1::TaskStatus::Cancelled } else { v1::TaskStatus::Complete };
+        let outcome = if self.rng.gen_ratio(1, 50) {
+            v1::TaskStatus::Cancelled
+        } else {
+            v1::TaskStatus::Complete
+        };
         self.push_task_status(&task_id, outcome);
-        self.pending.push_back(Kind::TaskDeleted(v1::TaskDeleted { task_id }));
+        self.pending
+            .push_back(Kind::TaskDeleted(v1::TaskDeleted { task_id }));
     }
 
     fn push_runner(&mut self, runner_id: &str, state: RunnerState) {
-        self.pending.push_back(Kind::RunnerStatusUpdated(v1::RunnerStatusUpdated {
-            runner_id: runner_id.to_owned(),
-            status: Some(v1::RunnerStatus { state: Some(state) }),
-        }));
+        self.pending
+            .push_back(Kind::RunnerStatusUpdated(v1::RunnerStatusUpdated {
+                runner_id: runner_id.to_owned(),
+                status: Some(v1::RunnerStatus { state: Some(state) }),
+            }));
     }
 
     fn push_task_status(&mut self, task_id: &str, status: v1::TaskStatus) {
-        self.pending.push_back(Kind::TaskStatusUpdated(v1::TaskStatusUpdated {
-            task_id: task_id.to_owned(),
-            status: status as i32,
-            error: String::new(),
-        }));
+        self.pending
+            .push_back(Kind::TaskStatusUpdated(v1::TaskStatusUpdated {
+                task_id: task_id.to_owned(),
+                status: status as i32,
+                error: String::new(),
+            }));
     }
 
     fn node_info(&mut self, node: &str) -> v1::NodeInfo {

@@ -10,10 +10,28 @@ fn append_refuses_an_index_that_is_not_next() -> TestResult {
     let dir = tempfile::tempdir()?;
     let mut log = EventLog::open(dir.path())?;
     let events = SyntheticEvents::new(1, 2).take_events(3);
-    assert!(matches!(log.append(&events[1]), Err(LogError::OutOfOrder { expected: 1, got: 2 })));
+    assert!(matches!(
+        log.append(&events[1]),
+        Err(LogError::OutOfOrder {
+            expected: 1,
+            got: 2
+        })
+    ));
     log.append(&events[0])?;
-    assert!(matches!(log.append(&events[0]), Err(LogError::OutOfOrder { expected: 2, got: 1 })));
-    assert!(matches!(log.append_batch(&[events[2].clone()]), Err(LogError::OutOfOrder { expected: 2, got: 3 })));
+    assert!(matches!(
+        log.append(&events[0]),
+        Err(LogError::OutOfOrder {
+            expected: 2,
+            got: 1
+        })
+    ));
+    assert!(matches!(
+        log.append_batch(&[events[2].clone()]),
+        Err(LogError::OutOfOrder {
+            expected: 2,
+            got: 3
+        })
+    ));
     log.append_batch(&events[1..])?;
     assert_eq!(log.last_index(), 3);
     assert_eq!(log.get(2)?.as_ref(), Some(&events[1]));
@@ -44,8 +62,14 @@ fn the_log_survives_a_reopen_and_reads_ranges() -> TestResult {
 fn a_missing_log_is_an_error_not_a_new_log() -> TestResult {
     let dir = tempfile::tempdir()?;
     let missing = dir.path().join("nope");
-    assert!(matches!(EventLog::open_existing(&missing), Err(LogError::Missing { .. })));
-    assert!(!missing.exists(), "open_existing must not create the directory");
+    assert!(matches!(
+        EventLog::open_existing(&missing),
+        Err(LogError::Missing { .. })
+    ));
+    assert!(
+        !missing.exists(),
+        "open_existing must not create the directory"
+    );
     Ok(())
 }
 
@@ -64,9 +88,17 @@ fn a_flipped_byte_is_reported_with_its_index() -> TestResult {
         let mut flipped = original.clone();
         flipped[byte] ^= 0x20;
         log.overwrite_raw_entry(index, &flipped)?;
-        let full = replay(log, ReplayOptions { until: None, use_snapshots: false });
+        let full = replay(
+            log,
+            ReplayOptions {
+                until: None,
+                use_snapshots: false,
+            },
+        );
         match full {
-            Err(ReplayError::Log(LogError::Corrupted { index: reported, .. })) => assert_eq!(reported, index),
+            Err(ReplayError::Log(LogError::Corrupted {
+                index: reported, ..
+            })) => assert_eq!(reported, index),
             other => panic!("expected corruption at {index}, got {other:?}"),
         }
         assert!(matches!(log.get(index), Err(LogError::Corrupted { index: i, .. }) if i == index));
@@ -90,7 +122,9 @@ fn an_entry_stored_under_the_wrong_index_is_corruption() -> TestResult {
     }
     let third = log.raw_entry(3)?.ok_or("entry missing")?;
     log.overwrite_raw_entry(2, &third)?;
-    let error = replay(&log, ReplayOptions::default()).err().ok_or("replay should fail")?;
+    let error = replay(&log, ReplayOptions::default())
+        .err()
+        .ok_or("replay should fail")?;
     assert_eq!(
         error.to_string(),
         "event 2 is corrupted: stored under index 2 but carries index 3"
@@ -114,9 +148,21 @@ fn snapshots_give_the_same_state_as_a_full_fold() -> TestResult {
     assert_eq!(from_snapshot.from_snapshot, Some(2000));
     assert_eq!(from_snapshot.events_applied, 345);
     assert_eq!(from_snapshot.state.digest(), in_memory.digest());
-    let full = replay(log, ReplayOptions { until: None, use_snapshots: false })?;
+    let full = replay(
+        log,
+        ReplayOptions {
+            until: None,
+            use_snapshots: false,
+        },
+    )?;
     assert_eq!(full.state, in_memory);
-    let until = replay(log, ReplayOptions { until: Some(1_234), use_snapshots: true })?;
+    let until = replay(
+        log,
+        ReplayOptions {
+            until: Some(1_234),
+            use_snapshots: true,
+        },
+    )?;
     assert_eq!(until.from_snapshot, Some(1000));
     let mut prefix = State::new();
     for event in &events[..1_234] {
@@ -150,7 +196,9 @@ fn a_corrupted_snapshot_falls_back_to_an_older_one() -> TestResult {
     let replayed = replay(&log, ReplayOptions::default())?;
     assert_eq!(replayed.from_snapshot, Some(100));
     assert_eq!(replayed.skipped_snapshots.len(), 1);
-    assert!(replayed.skipped_snapshots[0].to_string().starts_with("snapshot at index 200 is corrupted"));
+    assert!(replayed.skipped_snapshots[0]
+        .to_string()
+        .starts_with("snapshot at index 200 is corrupted"));
     assert_eq!(replayed.state.digest(), expected);
     Ok(())
 }
@@ -164,8 +212,17 @@ fn replay_past_the_end_and_gaps_are_errors() -> TestResult {
         log.append(event)?;
     }
     assert!(matches!(
-        replay(&log, ReplayOptions { until: Some(11), use_snapshots: true }),
-        Err(ReplayError::PastEnd { until: 11, last: 10 })
+        replay(
+            &log,
+            ReplayOptions {
+                until: Some(11),
+                use_snapshots: true
+            }
+        ),
+        Err(ReplayError::PastEnd {
+            until: 11,
+            last: 10
+        })
     ));
     drop(log);
     {
@@ -174,7 +231,10 @@ fn replay_past_the_end_and_gaps_are_errors() -> TestResult {
         db.flush()?;
     }
     let log = EventLog::open_existing(dir.path())?;
-    assert!(matches!(replay(&log, ReplayOptions::default()), Err(ReplayError::Gap { index: 5, last: 10 })));
+    assert!(matches!(
+        replay(&log, ReplayOptions::default()),
+        Err(ReplayError::Gap { index: 5, last: 10 })
+    ));
     Ok(())
 }
 
@@ -194,8 +254,15 @@ fn a_journal_reopens_where_it_left_off_and_refuses_bad_events() -> TestResult {
     assert!(journal.commit(&events[101]).is_err(), "a gap is refused");
     let mut stale = events[100].clone();
     stale.session = None;
-    assert!(journal.commit(&stale).is_err(), "an event without a session is refused");
-    assert_eq!(journal.log().last_index(), 100, "refused events are not stored");
+    assert!(
+        journal.commit(&stale).is_err(),
+        "an event without a session is refused"
+    );
+    assert_eq!(
+        journal.log().last_index(),
+        100,
+        "refused events are not stored"
+    );
     for event in &events[100..] {
         journal.commit(event)?;
     }

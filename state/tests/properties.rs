@@ -24,24 +24,36 @@ fn runner_state() -> impl Strategy<Value = R> {
         Just(R::Ready(v1::RunnerReady {})),
         id("t", 4).prop_map(|task_id| R::Running(v1::RunnerRunning { task_id })),
         Just(R::Shutdown(v1::RunnerShutdown {})),
-        ".{0,8}".prop_map(|reason| R::Failed(v1::RunnerFailed { reason, diagnostics: String::new() })),
+        ".{0,8}".prop_map(|reason| R::Failed(v1::RunnerFailed {
+            reason,
+            diagnostics: String::new()
+        })),
     ]
 }
 
 /// Any event kind over small pools of ids, so that events often name things
 /// that exist and sometimes things that do not.
 fn event_kind() -> impl Strategy<Value = Kind> {
-    let edge = || (id("n", 4), id("n", 4), 0u8..2).prop_map(|(source_node_id, sink_node_id, a)| v1::TopologyEdge {
-        source_node_id,
-        sink_node_id,
-        address: format!("10.0.0.{a}"),
-        ..Default::default()
-    });
+    let edge = || {
+        (id("n", 4), id("n", 4), 0u8..2).prop_map(|(source_node_id, sink_node_id, a)| {
+            v1::TopologyEdge {
+                source_node_id,
+                sink_node_id,
+                address: format!("10.0.0.{a}"),
+                ..Default::default()
+            }
+        })
+    };
     prop_oneof![
-        (id("n", 4), any::<u64>()).prop_map(|(node_id, mem)| Kind::NodeGatheredInfo(v1::NodeGatheredInfo {
-            node_id,
-            info: Some(v1::NodeInfo { memory_available_bytes: mem, ..Default::default() }),
-        })),
+        (id("n", 4), any::<u64>()).prop_map(|(node_id, mem)| Kind::NodeGatheredInfo(
+            v1::NodeGatheredInfo {
+                node_id,
+                info: Some(v1::NodeInfo {
+                    memory_available_bytes: mem,
+                    ..Default::default()
+                }),
+            }
+        )),
         id("n", 5).prop_map(|node_id| Kind::NodeTimedOut(v1::NodeTimedOut { node_id })),
         edge().prop_map(|e| Kind::TopologyEdgeCreated(v1::TopologyEdgeCreated { edge: Some(e) })),
         edge().prop_map(|e| Kind::TopologyEdgeDeleted(v1::TopologyEdgeDeleted { edge: Some(e) })),
@@ -63,32 +75,42 @@ fn event_kind() -> impl Strategy<Value = Kind> {
                 }),
             })
         }),
-        id("i", 4).prop_map(|instance_id| Kind::InstanceDeleted(v1::InstanceDeleted { instance_id })),
+        id("i", 4)
+            .prop_map(|instance_id| Kind::InstanceDeleted(v1::InstanceDeleted { instance_id })),
         (id("r", 30), runner_state()).prop_map(|(runner_id, state)| Kind::RunnerStatusUpdated(
-            v1::RunnerStatusUpdated { runner_id, status: Some(v1::RunnerStatus { state: Some(state) }) }
+            v1::RunnerStatusUpdated {
+                runner_id,
+                status: Some(v1::RunnerStatus { state: Some(state) })
+            }
         )),
         id("r", 30).prop_map(|runner_id| Kind::RunnerDeleted(v1::RunnerDeleted { runner_id })),
-        (id("t", 4), id("i", 4)).prop_map(|(task_id, instance_id)| Kind::TaskCreated(v1::TaskCreated {
-            task: Some(v1::Task {
-                task_id,
-                instance_id,
-                kind: Some(v1::task::Kind::StartWarmup(v1::StartWarmupTask::default())),
-                ..Default::default()
-            }),
-        })),
+        (id("t", 4), id("i", 4)).prop_map(|(task_id, instance_id)| Kind::TaskCreated(
+            v1::TaskCreated {
+                task: Some(v1::Task {
+                    task_id,
+                    instance_id,
+                    kind: Some(v1::task::Kind::StartWarmup(v1::StartWarmupTask::default())),
+                    ..Default::default()
+                }),
+            }
+        )),
         id("t", 5).prop_map(|task_id| Kind::TaskAcknowledged(v1::TaskAcknowledged { task_id })),
-        (id("t", 5), 0i32..7).prop_map(|(task_id, status)| Kind::TaskStatusUpdated(v1::TaskStatusUpdated {
-            task_id,
-            status,
-            error: String::new(),
-        })),
+        (id("t", 5), 0i32..7).prop_map(|(task_id, status)| Kind::TaskStatusUpdated(
+            v1::TaskStatusUpdated {
+                task_id,
+                status,
+                error: String::new(),
+            }
+        )),
         id("t", 5).prop_map(|task_id| Kind::TaskDeleted(v1::TaskDeleted { task_id })),
         (id("n", 5), id("m", 2), any::<u64>()).prop_map(|(node_id, model_id, total_bytes)| {
             Kind::NodeDownloadProgress(v1::NodeDownloadProgress {
                 node_id,
                 progress: Some(v1::DownloadProgress {
                     model_id,
-                    state: Some(v1::download_progress::State::Pending(v1::DownloadPending { total_bytes })),
+                    state: Some(v1::download_progress::State::Pending(v1::DownloadPending {
+                        total_bytes,
+                    })),
                 }),
             })
         }),
@@ -107,7 +129,10 @@ fn event_sequence(max: usize) -> impl Strategy<Value = Vec<v1::IndexedEvent>> {
                 clock += u64::from(new_term);
                 v1::IndexedEvent {
                     index: i as u64 + 1,
-                    session: Some(v1::SessionId { master_node_id: format!("master{clock}"), election_clock: clock }),
+                    session: Some(v1::SessionId {
+                        master_node_id: format!("master{clock}"),
+                        election_clock: clock,
+                    }),
                     event: Some(v1::Event { kind: Some(kind) }),
                 }
             })
@@ -117,7 +142,11 @@ fn event_sequence(max: usize) -> impl Strategy<Value = Vec<v1::IndexedEvent>> {
 
 fn config(cases: u32) -> Config {
     // A fixed seed keeps the suite deterministic; failures still shrink.
-    Config { cases, rng_seed: RngSeed::Fixed(0x7e55_e7a0), ..Config::default() }
+    Config {
+        cases,
+        rng_seed: RngSeed::Fixed(0x7e55_e7a0),
+        ..Config::default()
+    }
 }
 
 proptest! {
