@@ -198,7 +198,7 @@ fn time_raw(dir: &Path, entries: &[Vec<u8>], flush_every: u64) -> anyhow::Result
     for (i, entry) in entries.iter().enumerate() {
         let index = i as u64 + 1;
         tree.insert(index.to_be_bytes(), entry.as_slice())?;
-        if index % flush_every == 0 {
+        if index.is_multiple_of(flush_every) {
             db.flush()?;
         }
     }
@@ -215,7 +215,7 @@ fn time_append(
     let start = Instant::now();
     for event in events {
         log.append(event)?;
-        if event.index % flush_every == 0 {
+        if event.index.is_multiple_of(flush_every) {
             log.flush()?;
         }
     }
@@ -232,7 +232,7 @@ fn time_commit(
     let start = Instant::now();
     for event in events {
         journal.commit(event)?;
-        if event.index % args.flush_every == 0 {
+        if event.index.is_multiple_of(args.flush_every) {
             journal.flush()?;
         }
     }

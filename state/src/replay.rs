@@ -167,7 +167,7 @@ impl Journal {
         if let Applied::Ignored(reason) = &applied {
             tracing::debug!(index = event.index, %reason, "event changed nothing");
         }
-        if event.index % self.snapshot_every == 0 {
+        if event.index.is_multiple_of(self.snapshot_every) {
             self.log.write_snapshot(&self.state)?;
         }
         Ok(applied)
