@@ -178,3 +178,16 @@ fn replay_past_the_end_is_refused() -> TestResult {
     );
     Ok(())
 }
+
+#[test]
+fn a_log_in_use_by_another_process_is_a_clear_error() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    synth(dir.path(), 10)?;
+    // Hold the log open in this process, as a running node would.
+    let _held = sled::open(dir.path().join("events"))?;
+    let out = tessera(&["replay", "--data-dir", path(dir.path())])?;
+    assert!(!out.status.success());
+    let stderr = String::from_utf8(out.stderr)?;
+    assert!(stderr.contains("is in use by another process"), "{stderr}");
+    Ok(())
+}

@@ -7,11 +7,15 @@
 //! of its key; a mismatch is reported with the index, never skipped.
 
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use prost::Message;
 use tessera_protos::v1::{ClusterState, IndexedEvent};
 
 use crate::state::{validate_event, State};
+
+/// How long `open` waits for another holder of the log to let go.
+const LOCK_WAIT: Duration = Duration::from_secs(3);
 
 /// Bytes in front of each payload: its CRC-32 (IEEE), big-endian.
 const CRC_LEN: usize = 4;
@@ -22,6 +26,11 @@ pub enum LogError {
     Missing { path: PathBuf },
     #[error("cannot open the event log at {}: {source}", path.display())]
     Open { path: PathBuf, source: sled::Error },
+    #[error(
+        "the event log at {} is in use by another process (is a node running on this data dir?)",
+        path.display()
+    )]
+    Locked { path: PathBuf },
     #[error("the event log's storage failed: {0}")]
     Storage(#[from] sled::Error),
     #[error("refusing to append event {got}: the next index is {expected}")]
@@ -50,13 +59,31 @@ impl EventLog {
     /// Opens the log in `dir`, creating it if needed.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, LogError> {
         let dir = dir.as_ref();
-        let db = Self::sled_config(dir)
-            .open()
-            .map_err(|source| LogError::Open {
-                path: dir.to_owned(),
-                source,
-            })?;
-        Self::from_db(db)
+        // sled releases its file lock only when its background threads let go
+        // of the database, a moment after the last handle is dropped: a
+        // reopen in quick succession waits for it, within a bound.
+        let deadline = Instant::now() + LOCK_WAIT;
+        let mut pause = Duration::from_millis(5);
+        loop {
+            match Self::sled_config(dir).open() {
+                Ok(db) => return Self::from_db(db),
+                Err(source) if is_lock_error(&source) && Instant::now() < deadline => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                }
+                Err(source) if is_lock_error(&source) => {
+                    return Err(LogError::Locked {
+                        path: dir.to_owned(),
+                    });
+                }
+                Err(source) => {
+                    return Err(LogError::Open {
+                        path: dir.to_owned(),
+                        source,
+                    })
+                }
+            }
+        }
     }
 
     /// The sled settings of every event log (public so that benchmarks can
@@ -236,6 +263,26 @@ impl EventLog {
         Ok(())
     }
 
+    /// Rewrites the stored bytes of the snapshot at `index`, unchecked.
+    #[doc(hidden)]
+    pub fn overwrite_raw_snapshot(&self, index: u64, bytes: &[u8]) -> Result<(), LogError> {
+        self.snapshots.insert(index.to_be_bytes(), bytes)?;
+        Ok(())
+    }
+
+    /// The stored bytes of the snapshot at `index`, unchecked.
+    #[doc(hidden)]
+    pub fn raw_snapshot(&self, index: u64) -> Result<Option<Vec<u8>>, LogError> {
+        Ok(self.snapshots.get(index.to_be_bytes())?.map(|v| v.to_vec()))
+    }
+
+    /// Removes entry `index` behind the log's back, making a gap.
+    #[doc(hidden)]
+    pub fn remove_raw_entry(&self, index: u64) -> Result<(), LogError> {
+        self.events.remove(index.to_be_bytes())?;
+        Ok(())
+    }
+
     /// The stored bytes of entry `index`, unchecked.
     #[doc(hidden)]
     pub fn raw_entry(&self, index: u64) -> Result<Option<Vec<u8>>, LogError> {
@@ -307,6 +354,11 @@ fn checked_payload(bytes: &[u8]) -> Result<&[u8], String> {
         ));
     }
     Ok(payload)
+}
+
+/// sled reports a held file lock only as an I/O error with this text.
+fn is_lock_error(error: &sled::Error) -> bool {
+    matches!(error, sled::Error::Io(io) if io.to_string().contains("could not acquire lock"))
 }
 
 fn decode_key(key: &[u8]) -> Result<u64, LogError> {

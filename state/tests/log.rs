@@ -181,19 +181,12 @@ fn a_corrupted_snapshot_falls_back_to_an_older_one() -> TestResult {
         journal.commit(event)?;
     }
     let expected = journal.state().digest();
-    drop(journal);
     // Corrupt the newest snapshot behind the log's back, as a disk would.
-    {
-        let db = sled::open(dir.path())?;
-        let snapshots = db.open_tree("snapshots")?;
-        let key = 200u64.to_be_bytes();
-        let mut bytes = snapshots.get(key)?.ok_or("snapshot missing")?.to_vec();
-        bytes[7] ^= 0xff;
-        snapshots.insert(key, bytes)?;
-        db.flush()?;
-    }
-    let log = EventLog::open_existing(dir.path())?;
-    let replayed = replay(&log, ReplayOptions::default())?;
+    let log = journal.log();
+    let mut bytes = log.raw_snapshot(200)?.ok_or("snapshot missing")?;
+    bytes[7] ^= 0xff;
+    log.overwrite_raw_snapshot(200, &bytes)?;
+    let replayed = replay(log, ReplayOptions::default())?;
     assert_eq!(replayed.from_snapshot, Some(100));
     assert_eq!(replayed.skipped_snapshots.len(), 1);
     assert!(replayed.skipped_snapshots[0]
@@ -224,13 +217,7 @@ fn replay_past_the_end_and_gaps_are_errors() -> TestResult {
             last: 10
         })
     ));
-    drop(log);
-    {
-        let db = sled::open(dir.path())?;
-        db.open_tree("events")?.remove(5u64.to_be_bytes())?;
-        db.flush()?;
-    }
-    let log = EventLog::open_existing(dir.path())?;
+    log.remove_raw_entry(5)?;
     assert!(matches!(
         replay(&log, ReplayOptions::default()),
         Err(ReplayError::Gap { index: 5, last: 10 })
