@@ -8,6 +8,7 @@ use std::time::Instant;
 use anyhow::{ensure, Context};
 use clap::Args;
 use serde::Serialize;
+use tessera_protos::v1::IndexedEvent;
 use tessera_state::log::encode_entry;
 use tessera_state::synthetic::SyntheticEvents;
 use tessera_state::{replay, EventLog, Journal, ReplayOptions, State};
@@ -190,54 +191,54 @@ pub fn run(args: LogBenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Writes `count` items with `write(i, flush_now)` and returns items per
+/// second; every variant flushes at the same points, and once at the end.
+fn time_writes(
+    count: usize,
+    flush_every: u64,
+    mut write: impl FnMut(usize, bool) -> anyhow::Result<()>,
+) -> anyhow::Result<f64> {
+    let start = Instant::now();
+    for i in 0..count {
+        let index = i as u64 + 1;
+        write(i, index.is_multiple_of(flush_every) || i + 1 == count)?;
+    }
+    Ok(count as f64 / start.elapsed().as_secs_f64())
+}
+
 fn time_raw(dir: &Path, entries: &[Vec<u8>], flush_every: u64) -> anyhow::Result<f64> {
     // The same settings EventLog::open uses, so the comparison is like for like.
     let db = EventLog::sled_config(dir).open()?;
     let tree = db.open_tree("events")?;
-    let start = Instant::now();
-    for (i, entry) in entries.iter().enumerate() {
-        let index = i as u64 + 1;
-        tree.insert(index.to_be_bytes(), entry.as_slice())?;
-        if index.is_multiple_of(flush_every) {
+    time_writes(entries.len(), flush_every, |i, flush| {
+        tree.insert((i as u64 + 1).to_be_bytes(), entries[i].as_slice())?;
+        if flush {
             db.flush()?;
         }
-    }
-    db.flush()?;
-    Ok(entries.len() as f64 / start.elapsed().as_secs_f64())
+        Ok(())
+    })
 }
 
-fn time_append(
-    dir: &Path,
-    events: &[tessera_protos::v1::IndexedEvent],
-    flush_every: u64,
-) -> anyhow::Result<f64> {
+fn time_append(dir: &Path, events: &[IndexedEvent], flush_every: u64) -> anyhow::Result<f64> {
     let mut log = EventLog::open(dir)?;
-    let start = Instant::now();
-    for event in events {
-        log.append(event)?;
-        if event.index.is_multiple_of(flush_every) {
+    time_writes(events.len(), flush_every, |i, flush| {
+        log.append(&events[i])?;
+        if flush {
             log.flush()?;
         }
-    }
-    log.flush()?;
-    Ok(events.len() as f64 / start.elapsed().as_secs_f64())
+        Ok(())
+    })
 }
 
-fn time_commit(
-    dir: &Path,
-    events: &[tessera_protos::v1::IndexedEvent],
-    args: &LogBenchArgs,
-) -> anyhow::Result<f64> {
+fn time_commit(dir: &Path, events: &[IndexedEvent], args: &LogBenchArgs) -> anyhow::Result<f64> {
     let mut journal = Journal::open(dir, args.snapshot_every)?;
-    let start = Instant::now();
-    for event in events {
-        journal.commit(event)?;
-        if event.index.is_multiple_of(args.flush_every) {
+    time_writes(events.len(), args.flush_every, |i, flush| {
+        journal.commit(&events[i])?;
+        if flush {
             journal.flush()?;
         }
-    }
-    journal.flush()?;
-    Ok(events.len() as f64 / start.elapsed().as_secs_f64())
+        Ok(())
+    })
 }
 
 fn print_table(r: &Report) {
