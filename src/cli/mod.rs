@@ -1,6 +1,9 @@
 //! Command-line parsing and dispatch.
 
 mod bench_log;
+mod bench_model;
+mod generate;
+mod model_args;
 mod replay;
 mod synth;
 
@@ -24,16 +27,29 @@ enum Command {
     /// Fold a node's persisted event log offline and print the cluster state
     /// at any index, or the events themselves.
     Replay(replay::ReplayArgs),
-    /// Measure performance; prints JSON with --json.
-    #[command(subcommand)]
-    Bench(BenchCommand),
+    /// Generate text from a prompt with a model on this machine.
+    Generate(generate::GenerateArgs),
+    /// Measure performance as JSON: the model engine by default (decode and
+    /// prefill tokens/s, time to first token, peak memory), or `bench log`.
+    Bench(BenchArgs),
     /// Write the event log of a simulated cluster into a data dir, for demos
     /// and for trying `tessera replay`.
     SynthLog(synth::SynthArgs),
 }
 
+#[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+struct BenchArgs {
+    #[command(subcommand)]
+    what: Option<BenchCommand>,
+    #[command(flatten)]
+    model: bench_model::ModelBenchArgs,
+}
+
 #[derive(Debug, Subcommand)]
 enum BenchCommand {
+    /// The model engine (the default): same as `tessera bench` with options.
+    Model(bench_model::ModelBenchArgs),
     /// Event log: append with batched flushes and replay, against raw sled
     /// inserts of the same bytes in the same run.
     Log(bench_log::LogBenchArgs),
@@ -42,7 +58,12 @@ enum BenchCommand {
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Replay(args) => replay::run(args),
-        Command::Bench(BenchCommand::Log(args)) => bench_log::run(args),
+        Command::Generate(args) => generate::run(args),
+        Command::Bench(BenchArgs { what, model }) => match what {
+            Some(BenchCommand::Log(args)) => bench_log::run(args),
+            Some(BenchCommand::Model(args)) => bench_model::run(args),
+            None => bench_model::run(model),
+        },
         Command::SynthLog(args) => synth::run(args),
     }
 }

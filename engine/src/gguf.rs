@@ -1,0 +1,365 @@
+//! GGUF files: metadata through candle's parser, tensors read one at a time
+//! (only those a shard needs), native formats kept as raw blocks for our
+//! kernels, other quantizations handed to candle's quantized matmul.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::{GgmlDType, QMatMul};
+use candle_core::Device;
+
+use crate::model::config::{Architecture, ModelConfig, RopeScaling};
+use crate::model::weights::{LoadError, Matrix, TensorSource};
+use crate::ops::RopeStyle;
+use crate::quant::{QMatrix, WeightFormat};
+
+/// An open GGUF file.
+pub struct GgufFile {
+    path: PathBuf,
+    display: String,
+    content: Content,
+    file: Mutex<File>,
+    file_len: u64,
+}
+
+impl GgufFile {
+    pub fn open(path: &Path) -> Result<Self, LoadError> {
+        let display = path.display().to_string();
+        let io = |source| LoadError::Io {
+            path: display.clone(),
+            source,
+        };
+        let mut file = File::open(path).map_err(io)?;
+        let file_len = file.metadata().map_err(io)?.len();
+        let content = Content::read(&mut file).map_err(|e| LoadError::Format {
+            path: display.clone(),
+            reason: e.to_string(),
+        })?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            display,
+            content,
+            file: Mutex::new(file),
+            file_len,
+        })
+    }
+
+    pub fn file_path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn metadata(&self) -> &HashMap<String, Value> {
+        &self.content.metadata
+    }
+
+    fn meta_error(&self, key: &str, problem: &str) -> LoadError {
+        LoadError::Metadata {
+            path: self.display.clone(),
+            key: key.to_string(),
+            problem: problem.to_string(),
+        }
+    }
+
+    pub fn get_str(&self, key: &str) -> Result<&str, LoadError> {
+        let value = self
+            .metadata()
+            .get(key)
+            .ok_or_else(|| self.meta_error(key, "is missing"))?;
+        value
+            .to_string()
+            .map(String::as_str)
+            .map_err(|_| self.meta_error(key, "is not a string"))
+    }
+
+    /// An integer of any width, if present.
+    pub fn get_usize(&self, key: &str) -> Result<Option<usize>, LoadError> {
+        let Some(value) = self.metadata().get(key) else {
+            return Ok(None);
+        };
+        let number = match value {
+            Value::U8(v) => *v as i128,
+            Value::I8(v) => *v as i128,
+            Value::U16(v) => *v as i128,
+            Value::I16(v) => *v as i128,
+            Value::U32(v) => *v as i128,
+            Value::I32(v) => *v as i128,
+            Value::U64(v) => *v as i128,
+            Value::I64(v) => *v as i128,
+            _ => return Err(self.meta_error(key, "is not an integer")),
+        };
+        usize::try_from(number)
+            .map(Some)
+            .map_err(|_| self.meta_error(key, "is negative or too large"))
+    }
+
+    pub fn require_usize(&self, key: &str) -> Result<usize, LoadError> {
+        self.get_usize(key)?
+            .ok_or_else(|| self.meta_error(key, "is missing"))
+    }
+
+    pub fn get_f32(&self, key: &str) -> Result<Option<f32>, LoadError> {
+        match self.metadata().get(key) {
+            None => Ok(None),
+            Some(Value::F32(v)) => Ok(Some(*v)),
+            Some(Value::F64(v)) => Ok(Some(*v as f32)),
+            Some(_) => Err(self.meta_error(key, "is not a float")),
+        }
+    }
+
+    /// The model configuration from `general.architecture` and its keys.
+    pub fn config(&self) -> Result<ModelConfig, LoadError> {
+        let name = self.get_str("general.architecture")?;
+        let architecture =
+            Architecture::from_name(name).ok_or_else(|| LoadError::UnsupportedArchitecture {
+                path: self.display.clone(),
+                name: name.to_string(),
+            })?;
+        let key = |suffix: &str| format!("{name}.{suffix}");
+        let hidden = self.require_usize(&key("embedding_length"))?;
+        let heads = self.require_usize(&key("attention.head_count"))?;
+        let kv_heads = self
+            .get_usize(&key("attention.head_count_kv"))?
+            .unwrap_or(heads);
+        let head_dim = self
+            .get_usize(&key("attention.key_length"))?
+            .unwrap_or(if heads > 0 { hidden / heads } else { 0 });
+        let vocab = match self.get_usize(&key("vocab_size"))? {
+            Some(v) => v,
+            None => self
+                .metadata()
+                .get("tokenizer.ggml.tokens")
+                .and_then(|v| v.to_vec().ok())
+                .map(Vec::len)
+                .or_else(|| self.shape("token_embd.weight").map(|s| s[0]))
+                .ok_or_else(|| self.meta_error(&key("vocab_size"), "is missing"))?,
+        };
+        let rope_scaling =
+            match self.metadata().get(&key("rope.scaling.type")) {
+                Some(Value::String(kind)) if kind == "linear" => RopeScaling::Linear {
+                    factor: self.get_f32(&key("rope.scaling.factor"))?.unwrap_or(1.0),
+                },
+                Some(Value::String(kind)) if kind != "none" => return Err(self.meta_error(
+                    &key("rope.scaling.type"),
+                    &format!(
+                        "is `{kind}`, which is not supported (linear, or llama3 via rope_freqs)"
+                    ),
+                )),
+                _ => RopeScaling::None,
+            };
+        let config = ModelConfig {
+            architecture,
+            layers: self.require_usize(&key("block_count"))?,
+            hidden,
+            ffn: self.require_usize(&key("feed_forward_length"))?,
+            heads,
+            kv_heads,
+            head_dim,
+            vocab,
+            context_length: self.get_usize(&key("context_length"))?.unwrap_or(2048),
+            norm_eps: self
+                .get_f32(&key("attention.layer_norm_rms_epsilon"))?
+                .unwrap_or(1e-5),
+            rope_theta: self.get_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0),
+            // GGUF Llama q/k rows are permuted for adjacent pairs; Qwen's are not.
+            rope_style: match architecture {
+                Architecture::Llama => RopeStyle::Interleaved,
+                Architecture::Qwen2 | Architecture::Qwen3 => RopeStyle::Halves,
+            },
+            rope_scaling,
+            rotary_dims: self
+                .get_usize(&key("rope.dimension_count"))?
+                .unwrap_or(head_dim),
+            qkv_bias: self.contains("blk.0.attn_q.bias"),
+            qk_norm: self.contains("blk.0.attn_q_norm.weight"),
+            tied_embeddings: !self.contains("output.weight"),
+        };
+        config.validate().map_err(|source| LoadError::Config {
+            path: self.display.clone(),
+            source,
+        })?;
+        Ok(config)
+    }
+
+    fn info(
+        &self,
+        name: &str,
+    ) -> Result<&candle_core::quantized::gguf_file::TensorInfo, LoadError> {
+        self.content
+            .tensor_infos
+            .get(name)
+            .ok_or_else(|| LoadError::MissingTensor {
+                path: self.display.clone(),
+                tensor: name.to_string(),
+            })
+    }
+
+    /// Reads `len` bytes at `offset` within the tensor data, bounds-checked.
+    fn read_bytes(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>, LoadError> {
+        let start = self.content.tensor_data_offset.saturating_add(offset);
+        if start.saturating_add(len) > self.file_len {
+            return Err(LoadError::Truncated {
+                path: self.display.clone(),
+                tensor: name.to_string(),
+                offset: start,
+                needed: len,
+                file_len: self.file_len,
+            });
+        }
+        let len = usize::try_from(len).map_err(|_| LoadError::Tensor {
+            path: self.display.clone(),
+            tensor: name.to_string(),
+            reason: "too large for this machine".into(),
+        })?;
+        let mut buffer = vec![0u8; len];
+        let mut file = self
+            .file
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        file.seek(SeekFrom::Start(start))
+            .and_then(|_| file.read_exact(&mut buffer))
+            .map_err(|source| LoadError::Io {
+                path: self.display.clone(),
+                source,
+            })?;
+        Ok(buffer)
+    }
+
+    fn candle_error(&self, name: &str, error: candle_core::Error) -> LoadError {
+        LoadError::Tensor {
+            path: self.display.clone(),
+            tensor: name.to_string(),
+            reason: error.to_string(),
+        }
+    }
+}
+
+fn native_format(dtype: GgmlDType) -> Option<WeightFormat> {
+    match dtype {
+        GgmlDType::F32 => Some(WeightFormat::F32),
+        GgmlDType::F16 => Some(WeightFormat::F16),
+        GgmlDType::Q4_0 => Some(WeightFormat::Q4_0),
+        GgmlDType::Q4_1 => Some(WeightFormat::Q4_1),
+        GgmlDType::Q8_0 => Some(WeightFormat::Q8_0),
+        _ => None,
+    }
+}
+
+impl TensorSource for GgufFile {
+    fn path(&self) -> &str {
+        &self.display
+    }
+
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.content
+            .tensor_infos
+            .get(name)
+            .map(|info| info.shape.dims().to_vec())
+    }
+
+    fn matrix(&self, name: &str, rows: Option<Range<usize>>) -> Result<Matrix, LoadError> {
+        let info = self.info(name)?;
+        let dims = info.shape.dims().to_vec();
+        let [total_rows, cols] = dims[..] else {
+            return Err(LoadError::Tensor {
+                path: self.display.clone(),
+                tensor: name.to_string(),
+                reason: format!("expected a matrix, found shape {dims:?}"),
+            });
+        };
+        let rows = rows.unwrap_or(0..total_rows);
+        if rows.end > total_rows || rows.start > rows.end {
+            return Err(LoadError::Tensor {
+                path: self.display.clone(),
+                tensor: name.to_string(),
+                reason: format!("rows {rows:?} out of 0..{total_rows}"),
+            });
+        }
+        if let Some(format) = native_format(info.ggml_dtype) {
+            let row_bytes = format.row_bytes(cols) as u64;
+            let data = self.read_bytes(
+                name,
+                info.offset + rows.start as u64 * row_bytes,
+                rows.len() as u64 * row_bytes,
+            )?;
+            let matrix = QMatrix::from_bytes(format, rows.len(), cols, data).map_err(|e| {
+                LoadError::Tensor {
+                    path: self.display.clone(),
+                    tensor: name.to_string(),
+                    reason: e.to_string(),
+                }
+            })?;
+            return Ok(Matrix::Native(matrix));
+        }
+        // Other formats: the whole tensor through candle, then the rows.
+        let needed =
+            info.shape.elem_count() / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
+        let start = self.content.tensor_data_offset + info.offset;
+        if start + needed as u64 > self.file_len {
+            return Err(LoadError::Truncated {
+                path: self.display.clone(),
+                tensor: name.to_string(),
+                offset: start,
+                needed: needed as u64,
+                file_len: self.file_len,
+            });
+        }
+        let qtensor = {
+            let mut file = self
+                .file
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            info.read(&mut *file, self.content.tensor_data_offset, &Device::Cpu)
+                .map_err(|e| self.candle_error(name, e))?
+        };
+        let dtype = format!("{:?}", info.ggml_dtype);
+        let qtensor = if rows != (0..total_rows) {
+            // Row slices of K-quants: dequantize and requantize the part.
+            let part = qtensor
+                .dequantize(&Device::Cpu)
+                .and_then(|t| t.narrow(0, rows.start, rows.len()))
+                .and_then(|t| candle_core::quantized::QTensor::quantize(&t, info.ggml_dtype))
+                .map_err(|e| self.candle_error(name, e))?;
+            part
+        } else {
+            qtensor
+        };
+        let inner = QMatMul::from_qtensor(qtensor).map_err(|e| self.candle_error(name, e))?;
+        Ok(Matrix::Candle {
+            inner,
+            rows: rows.len(),
+            cols,
+            dtype,
+        })
+    }
+
+    fn vector(&self, name: &str) -> Result<Vec<f32>, LoadError> {
+        let info = self.info(name)?;
+        let len = info.shape.elem_count();
+        match info.ggml_dtype {
+            GgmlDType::F32 => {
+                let bytes = self.read_bytes(name, info.offset, len as u64 * 4)?;
+                Ok(bytes
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect())
+            }
+            GgmlDType::F16 => {
+                let bytes = self.read_bytes(name, info.offset, len as u64 * 2)?;
+                Ok(bytes
+                    .chunks_exact(2)
+                    .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                    .collect())
+            }
+            other => Err(LoadError::UnsupportedType {
+                path: self.display.clone(),
+                tensor: name.to_string(),
+                dtype: format!("{other:?} (norms and biases must be F32 or F16)"),
+            }),
+        }
+    }
+}

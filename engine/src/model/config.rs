@@ -1,0 +1,167 @@
+//! The architecture-independent description of a decoder-only model.
+
+use crate::ops::RopeStyle;
+
+/// The architectures the engine runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Architecture {
+    /// Llama 2/3, SmolLM/SmolLM2, Mistral (same tensors, GQA, RoPE variants).
+    Llama,
+    /// Qwen2/Qwen2.5: biases on q, k and v.
+    Qwen2,
+    /// Qwen3: RMS norms on each head of q and k, no biases.
+    Qwen3,
+}
+
+impl Architecture {
+    /// From GGUF's `general.architecture` or config.json's `model_type`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "llama" | "mistral" | "smollm" | "smollm2" => Some(Self::Llama),
+            "qwen2" => Some(Self::Qwen2),
+            "qwen3" => Some(Self::Qwen3),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Llama => "llama",
+            Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
+        }
+    }
+}
+
+/// How positions beyond the trained context are stretched.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Positions divided by `factor`.
+    Linear {
+        factor: f32,
+    },
+    /// Llama 3.1's per-frequency factors (also stored in GGUF as `rope_freqs`).
+    Llama3 {
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        original_context: usize,
+    },
+}
+
+/// Everything the forward pass needs to know about a model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    pub architecture: Architecture,
+    pub layers: usize,
+    pub hidden: usize,
+    pub ffn: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab: usize,
+    pub context_length: usize,
+    pub norm_eps: f32,
+    pub rope_theta: f32,
+    pub rope_style: RopeStyle,
+    pub rope_scaling: RopeScaling,
+    /// Dimensions of each head that RoPE rotates (usually all).
+    pub rotary_dims: usize,
+    pub qkv_bias: bool,
+    pub qk_norm: bool,
+    pub tied_embeddings: bool,
+}
+
+/// A configuration that cannot run.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid model configuration: {0}")]
+pub struct ConfigError(pub String);
+
+impl ModelConfig {
+    /// Checks the shapes fit together, so the forward pass can trust them.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let fail = |m: String| Err(ConfigError(m));
+        if self.layers == 0 || self.hidden == 0 || self.heads == 0 || self.vocab == 0 {
+            return fail(format!(
+                "layers ({}), hidden size ({}), heads ({}) and vocabulary ({}) must be positive",
+                self.layers, self.hidden, self.heads, self.vocab
+            ));
+        }
+        if self.kv_heads == 0 || self.heads % self.kv_heads != 0 {
+            return fail(format!(
+                "{} attention heads cannot be shared by {} KV heads",
+                self.heads, self.kv_heads
+            ));
+        }
+        if self.head_dim == 0
+            || self.head_dim % 2 != 0
+            || self.head_dim > 512
+            || self.rotary_dims > self.head_dim
+        {
+            return fail(format!(
+                "head dimension {} (rotary {}) must be even, at most 512, and cover the rotary part",
+                self.head_dim, self.rotary_dims
+            ));
+        }
+        if self.rotary_dims % 2 != 0 {
+            return fail(format!(
+                "rotary dimensions {} must be even",
+                self.rotary_dims
+            ));
+        }
+        Ok(())
+    }
+
+    /// Width of the concatenated query heads.
+    pub fn q_dim(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// Width of the concatenated key (or value) heads.
+    pub fn kv_dim(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+
+    /// Per-frequency divisors for Llama 3 scaling (llama.cpp's `rope_freqs`).
+    pub fn rope_freq_factors(&self) -> Option<Vec<f32>> {
+        let RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_context,
+        } = self.rope_scaling
+        else {
+            return None;
+        };
+        let low_wavelen = original_context as f32 / low_freq_factor;
+        let high_wavelen = original_context as f32 / high_freq_factor;
+        Some(
+            (0..self.rotary_dims / 2)
+                .map(|i| {
+                    let freq = self
+                        .rope_theta
+                        .powf(-((2 * i) as f32) / self.rotary_dims as f32);
+                    let wavelen = 2.0 * std::f32::consts::PI / freq;
+                    if wavelen < high_wavelen {
+                        1.0
+                    } else if wavelen > low_wavelen {
+                        factor
+                    } else {
+                        let smooth = (original_context as f32 / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
+                        1.0 / ((1.0 - smooth) / factor + smooth)
+                    }
+                })
+                .collect(),
+        )
+    }
+
+    /// The multiplier on every angle (linear scaling).
+    pub fn rope_freq_scale(&self) -> f32 {
+        match self.rope_scaling {
+            RopeScaling::Linear { factor } if factor > 0.0 => 1.0 / factor,
+            _ => 1.0,
+        }
+    }
+}

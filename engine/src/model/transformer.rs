@@ -1,0 +1,586 @@
+//! The decoder every architecture shares: embeddings, then per layer
+//! `x += attn(norm(x))`, `x += mlp(norm(x))`, then the final norm and the
+//! LM head. A [`Transformer`] holds one shard's layers; a pipeline stage
+//! takes hidden states in and hands hidden states on.
+
+use std::ops::Range;
+
+use half::f16;
+
+use super::config::ModelConfig;
+use super::weights::{LoadError, Matrix, TensorSource};
+use crate::ops;
+use crate::quant::Activations;
+use crate::threadpool::{split_range, DisjointSlice, ThreadPool};
+
+/// Weights of one decoder layer.
+pub struct Layer {
+    attn_norm: Vec<f32>,
+    wq: Matrix,
+    wk: Matrix,
+    wv: Matrix,
+    wo: Matrix,
+    q_bias: Option<Vec<f32>>,
+    k_bias: Option<Vec<f32>>,
+    v_bias: Option<Vec<f32>>,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    ffn_norm: Vec<f32>,
+    w_gate: Matrix,
+    w_up: Matrix,
+    w_down: Matrix,
+}
+
+/// One shard of a model: layers `layers` of `config.layers`, with the
+/// embeddings when it is the first stage and the head when it is the last.
+pub struct Transformer {
+    pub config: ModelConfig,
+    pub layer_range: Range<usize>,
+    embeddings: Option<Matrix>,
+    layers: Vec<Layer>,
+    final_norm: Option<Vec<f32>>,
+    /// `None` with tied embeddings: the head is the embedding matrix.
+    output: Option<Matrix>,
+    rope_freq_factors: Option<Vec<f32>>,
+}
+
+/// What a stage consumes.
+pub enum StageInput<'a> {
+    Tokens(&'a [u32]),
+    /// Hidden states from the previous stage, `tokens x hidden`.
+    Hidden(&'a [f32]),
+}
+
+/// What a stage produces (borrowed from the [`Workspace`]).
+pub enum ForwardOutput<'a> {
+    /// Logits of the last token (the last stage).
+    Logits(&'a [f32]),
+    /// Hidden states of all tokens, for the next stage.
+    Hidden(&'a [f32]),
+}
+
+/// The keys and values of every position so far, for the layers of a shard,
+/// in f16 (as llama.cpp keeps them: half the memory, and the same rounding).
+pub struct KvCache {
+    keys: Vec<Vec<f16>>,
+    values: Vec<Vec<f16>>,
+    len: usize,
+    kv_dim: usize,
+}
+
+impl KvCache {
+    pub fn new(config: &ModelConfig, layers: usize) -> Self {
+        Self {
+            keys: vec![Vec::new(); layers],
+            values: vec![Vec::new(); layers],
+            len: 0,
+            kv_dim: config.kv_dim(),
+        }
+    }
+
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Drops everything (a new conversation).
+    pub fn clear(&mut self) {
+        self.truncate(0);
+    }
+
+    /// Keeps the first `len` positions (a shared prompt prefix).
+    pub fn truncate(&mut self, len: usize) {
+        let len = len.min(self.len);
+        for cache in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            cache.truncate(len * self.kv_dim);
+        }
+        self.len = len;
+    }
+
+    /// Reserves room for `positions` in total, so decoding never reallocates.
+    pub fn reserve(&mut self, positions: usize) {
+        let want = positions * self.kv_dim;
+        for cache in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            cache.reserve(want.saturating_sub(cache.len()));
+        }
+    }
+
+    /// Bytes held.
+    pub fn size_bytes(&self) -> usize {
+        self.keys
+            .iter()
+            .chain(&self.values)
+            .map(|c| c.capacity() * 2)
+            .sum()
+    }
+}
+
+/// Scratch buffers of the forward pass, sized once for the largest batch so
+/// that decoding allocates nothing.
+#[derive(Default)]
+pub struct Workspace {
+    capacity: usize,
+    x: Vec<f32>,
+    normed: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    proj: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    logits: Vec<f32>,
+    scores: Vec<f32>,
+    scores_stride: usize,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    acts: Activations,
+}
+
+impl Workspace {
+    fn ensure(&mut self, config: &ModelConfig, tokens: usize, context: usize, threads: usize) {
+        if tokens > self.capacity {
+            let resize = |v: &mut Vec<f32>, n: usize| v.resize(n, 0.0);
+            resize(&mut self.x, tokens * config.hidden);
+            resize(&mut self.normed, tokens * config.hidden);
+            resize(&mut self.q, tokens * config.q_dim());
+            resize(&mut self.k, tokens * config.kv_dim());
+            resize(&mut self.v, tokens * config.kv_dim());
+            resize(&mut self.attn, tokens * config.q_dim());
+            resize(&mut self.proj, tokens * config.hidden);
+            resize(&mut self.gate, tokens * config.ffn);
+            resize(&mut self.up, tokens * config.ffn);
+            resize(&mut self.cos, tokens * config.rotary_dims / 2);
+            resize(&mut self.sin, tokens * config.rotary_dims / 2);
+            self.capacity = tokens;
+        }
+        if self.logits.len() < config.vocab {
+            self.logits.resize(config.vocab, 0.0);
+        }
+        let stride = MAX_HEAD_DIM + context.next_multiple_of(64);
+        if stride > self.scores_stride || self.scores.len() < stride * threads {
+            self.scores_stride = stride.max(self.scores_stride);
+            self.scores.resize(self.scores_stride * threads, 0.0);
+        }
+    }
+}
+
+/// Room for one query head at the start of each thread's scores buffer.
+const MAX_HEAD_DIM: usize = 512;
+
+/// An error in the forward pass (bad input, or a candle fallback failing).
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    #[error("token id {token} is outside the vocabulary of {vocab}")]
+    TokenOutOfRange { token: u32, vocab: usize },
+    #[error("expected {expected} hidden values, got {actual}")]
+    HiddenShape { expected: usize, actual: usize },
+    #[error("this stage has no embeddings: it takes hidden states")]
+    NotFirstStage,
+    #[error("this stage has no LM head: it hands hidden states on")]
+    NotLastStage,
+    #[error("position {position} is beyond the context length {context}")]
+    ContextOverflow { position: usize, context: usize },
+    #[error("empty input")]
+    Empty,
+    #[error("quantized matmul: {0}")]
+    Kernel(#[from] candle_core::Error),
+}
+
+impl Transformer {
+    /// Loads layers `layers` (and embeddings/head as the stage needs).
+    pub fn load(
+        source: &dyn TensorSource,
+        config: ModelConfig,
+        layers: Range<usize>,
+        mut progress: impl FnMut(usize, usize),
+    ) -> Result<Self, LoadError> {
+        let first = layers.start == 0;
+        let last = layers.end == config.layers;
+        let total = layers.len() + 2;
+        let (h, q, kv, f) = (config.hidden, config.q_dim(), config.kv_dim(), config.ffn);
+        let matrix = |name: &str, shape: [usize; 2]| -> Result<Matrix, LoadError> {
+            source.expect_shape(name, &shape)?;
+            source.matrix(name, None)
+        };
+        let vector = |name: &str, len: usize| -> Result<Vec<f32>, LoadError> {
+            source.expect_shape(name, &[len])?;
+            source.vector(name)
+        };
+        let optional = |name: &str, len: usize, wanted: bool| {
+            if wanted {
+                vector(name, len).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let needs_embeddings = first || (last && config.tied_embeddings);
+        let embeddings = if needs_embeddings {
+            Some(matrix("token_embd.weight", [config.vocab, h])?)
+        } else {
+            None
+        };
+        progress(1, total);
+        let mut loaded = Vec::with_capacity(layers.len());
+        for i in layers.clone() {
+            let n = |part: &str| format!("blk.{i}.{part}");
+            loaded.push(Layer {
+                attn_norm: vector(&n("attn_norm.weight"), h)?,
+                wq: matrix(&n("attn_q.weight"), [q, h])?,
+                wk: matrix(&n("attn_k.weight"), [kv, h])?,
+                wv: matrix(&n("attn_v.weight"), [kv, h])?,
+                wo: matrix(&n("attn_output.weight"), [h, q])?,
+                q_bias: optional(&n("attn_q.bias"), q, config.qkv_bias)?,
+                k_bias: optional(&n("attn_k.bias"), kv, config.qkv_bias)?,
+                v_bias: optional(&n("attn_v.bias"), kv, config.qkv_bias)?,
+                q_norm: optional(&n("attn_q_norm.weight"), config.head_dim, config.qk_norm)?,
+                k_norm: optional(&n("attn_k_norm.weight"), config.head_dim, config.qk_norm)?,
+                ffn_norm: vector(&n("ffn_norm.weight"), h)?,
+                w_gate: matrix(&n("ffn_gate.weight"), [f, h])?,
+                w_up: matrix(&n("ffn_up.weight"), [f, h])?,
+                w_down: matrix(&n("ffn_down.weight"), [h, f])?,
+            });
+            progress(2 + i - layers.start, total);
+        }
+        let (final_norm, output) = if last {
+            let norm = vector("output_norm.weight", h)?;
+            let output = if config.tied_embeddings {
+                None
+            } else {
+                Some(matrix("output.weight", [config.vocab, h])?)
+            };
+            (Some(norm), output)
+        } else {
+            (None, None)
+        };
+        progress(total, total);
+        let rope_freq_factors = match source.shape("rope_freqs.weight") {
+            Some(_) => Some(source.vector("rope_freqs.weight")?),
+            None => config.rope_freq_factors(),
+        };
+        Ok(Self {
+            config,
+            layer_range: layers,
+            embeddings,
+            layers: loaded,
+            final_norm,
+            output,
+            rope_freq_factors,
+        })
+    }
+
+    pub fn is_first_stage(&self) -> bool {
+        self.layer_range.start == 0
+    }
+
+    pub fn is_last_stage(&self) -> bool {
+        self.layer_range.end == self.config.layers
+    }
+
+    /// A KV cache for this shard's layers.
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(&self.config, self.layers.len())
+    }
+
+    /// Bytes of weights this shard holds.
+    pub fn weight_bytes(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+                    .iter()
+                    .map(|m| m.size_bytes())
+                    .sum::<usize>()
+                    + (l.attn_norm.len() + l.ffn_norm.len()) * 4
+            })
+            .sum();
+        layers
+            + self.embeddings.as_ref().map_or(0, Matrix::size_bytes)
+            + self.output.as_ref().map_or(0, Matrix::size_bytes)
+    }
+
+    /// Runs `input` (tokens at positions `cache.len()..`) through this
+    /// shard, appending to `cache`. The last stage returns the logits of the
+    /// last token; other stages return hidden states.
+    pub fn forward<'w>(
+        &self,
+        input: StageInput<'_>,
+        cache: &mut KvCache,
+        ws: &'w mut Workspace,
+        pool: &ThreadPool,
+    ) -> Result<ForwardOutput<'w>, ForwardError> {
+        let cfg = &self.config;
+        let hidden = cfg.hidden;
+        let tokens = match &input {
+            StageInput::Tokens(t) => t.len(),
+            StageInput::Hidden(h) => h.len() / hidden,
+        };
+        if tokens == 0 {
+            return Err(ForwardError::Empty);
+        }
+        let start = cache.len();
+        if start + tokens > cfg.context_length {
+            return Err(ForwardError::ContextOverflow {
+                position: start + tokens,
+                context: cfg.context_length,
+            });
+        }
+        ws.ensure(cfg, tokens, start + tokens, pool.threads());
+        let x = &mut ws.x[..tokens * hidden];
+        match input {
+            StageInput::Tokens(ids) => {
+                let embeddings = self
+                    .embeddings
+                    .as_ref()
+                    .filter(|_| self.is_first_stage())
+                    .ok_or(ForwardError::NotFirstStage)?;
+                for (row, &id) in x.chunks_exact_mut(hidden).zip(ids) {
+                    if id as usize >= cfg.vocab {
+                        return Err(ForwardError::TokenOutOfRange {
+                            token: id,
+                            vocab: cfg.vocab,
+                        });
+                    }
+                    embed_row(embeddings, id as usize, row)?;
+                }
+            }
+            StageInput::Hidden(h) => {
+                if h.len() != tokens * hidden {
+                    return Err(ForwardError::HiddenShape {
+                        expected: tokens * hidden,
+                        actual: h.len(),
+                    });
+                }
+                x.copy_from_slice(h);
+            }
+        }
+
+        let pairs = cfg.rotary_dims / 2;
+        for t in 0..tokens {
+            ops::rope_angles(
+                start + t,
+                cfg.rotary_dims,
+                cfg.rope_theta,
+                cfg.rope_freq_scale(),
+                self.rope_freq_factors.as_deref(),
+                &mut ws.cos[t * pairs..(t + 1) * pairs],
+                &mut ws.sin[t * pairs..(t + 1) * pairs],
+            );
+        }
+        cache.reserve(start + tokens);
+        for (index, layer) in self.layers.iter().enumerate() {
+            self.layer_forward(layer, index, tokens, start, cache, ws, pool)?;
+        }
+        cache.len = start + tokens;
+
+        if !self.is_last_stage() {
+            return Ok(ForwardOutput::Hidden(&ws.x[..tokens * hidden]));
+        }
+        // Only the last token's logits are needed to sample.
+        let last = &ws.x[(tokens - 1) * hidden..tokens * hidden];
+        let norm = self.final_norm.as_deref().unwrap_or(&[]);
+        ops::rms_norm(last, norm, cfg.norm_eps, &mut ws.normed[..hidden]);
+        let head = self
+            .output
+            .as_ref()
+            .or(self.embeddings.as_ref())
+            .ok_or(ForwardError::NotFirstStage)?;
+        ws.acts.set(&ws.normed[..hidden], 1, hidden);
+        head.matmul(&mut ws.acts, 1, &ws.normed[..hidden], &mut ws.logits, pool)?;
+        Ok(ForwardOutput::Logits(&ws.logits[..cfg.vocab]))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn layer_forward(
+        &self,
+        layer: &Layer,
+        index: usize,
+        tokens: usize,
+        start: usize,
+        cache: &mut KvCache,
+        ws: &mut Workspace,
+        pool: &ThreadPool,
+    ) -> Result<(), ForwardError> {
+        let cfg = &self.config;
+        let (h, qd, kvd, hd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+        let n = tokens;
+
+        // Attention block.
+        ops::rms_norm(
+            &ws.x[..n * h],
+            &layer.attn_norm,
+            cfg.norm_eps,
+            &mut ws.normed[..n * h],
+        );
+        ws.acts.set(&ws.normed[..n * h], n, h);
+        layer
+            .wq
+            .matmul(&mut ws.acts, n, &ws.normed, &mut ws.q[..n * qd], pool)?;
+        layer
+            .wk
+            .matmul(&mut ws.acts, n, &ws.normed, &mut ws.k[..n * kvd], pool)?;
+        layer
+            .wv
+            .matmul(&mut ws.acts, n, &ws.normed, &mut ws.v[..n * kvd], pool)?;
+        add_bias(&mut ws.q[..n * qd], layer.q_bias.as_deref());
+        add_bias(&mut ws.k[..n * kvd], layer.k_bias.as_deref());
+        add_bias(&mut ws.v[..n * kvd], layer.v_bias.as_deref());
+        if let Some(norm) = &layer.q_norm {
+            ops::rms_norm_in_place(&mut ws.q[..n * qd], norm, cfg.norm_eps);
+        }
+        if let Some(norm) = &layer.k_norm {
+            ops::rms_norm_in_place(&mut ws.k[..n * kvd], norm, cfg.norm_eps);
+        }
+        let pairs = cfg.rotary_dims / 2;
+        for t in 0..n {
+            let (cos, sin) = (
+                &ws.cos[t * pairs..(t + 1) * pairs],
+                &ws.sin[t * pairs..(t + 1) * pairs],
+            );
+            ops::apply_rope(
+                &mut ws.q[t * qd..(t + 1) * qd],
+                hd,
+                cfg.rope_style,
+                cos,
+                sin,
+            );
+            ops::apply_rope(
+                &mut ws.k[t * kvd..(t + 1) * kvd],
+                hd,
+                cfg.rope_style,
+                cos,
+                sin,
+            );
+        }
+        cache.keys[index].extend(ws.k[..n * kvd].iter().map(|v| f16::from_f32(*v)));
+        cache.values[index].extend(ws.v[..n * kvd].iter().map(|v| f16::from_f32(*v)));
+        attention(
+            cfg,
+            &ws.q[..n * qd],
+            &cache.keys[index],
+            &cache.values[index],
+            start,
+            n,
+            &mut ws.attn[..n * qd],
+            &mut ws.scores,
+            ws.scores_stride,
+            pool,
+        );
+        ws.acts.set(&ws.attn[..n * qd], n, qd);
+        layer
+            .wo
+            .matmul(&mut ws.acts, n, &ws.attn, &mut ws.proj[..n * h], pool)?;
+        ops::add_in_place(&mut ws.x[..n * h], &ws.proj[..n * h]);
+
+        // MLP block.
+        ops::rms_norm(
+            &ws.x[..n * h],
+            &layer.ffn_norm,
+            cfg.norm_eps,
+            &mut ws.normed[..n * h],
+        );
+        ws.acts.set(&ws.normed[..n * h], n, h);
+        let f = cfg.ffn;
+        layer
+            .w_gate
+            .matmul(&mut ws.acts, n, &ws.normed, &mut ws.gate[..n * f], pool)?;
+        layer
+            .w_up
+            .matmul(&mut ws.acts, n, &ws.normed, &mut ws.up[..n * f], pool)?;
+        ops::silu_mul(&mut ws.gate[..n * f], &ws.up[..n * f]);
+        ws.acts.set(&ws.gate[..n * f], n, f);
+        layer
+            .w_down
+            .matmul(&mut ws.acts, n, &ws.gate, &mut ws.proj[..n * h], pool)?;
+        ops::add_in_place(&mut ws.x[..n * h], &ws.proj[..n * h]);
+        Ok(())
+    }
+}
+
+fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
+    if let Some(bias) = bias {
+        for row in x.chunks_exact_mut(bias.len()) {
+            ops::add_in_place(row, bias);
+        }
+    }
+}
+
+fn embed_row(embeddings: &Matrix, id: usize, out: &mut [f32]) -> Result<(), ForwardError> {
+    match embeddings {
+        Matrix::Native(m) => {
+            m.dequantize_row(id, out);
+            Ok(())
+        }
+        Matrix::Candle { inner, .. } => {
+            let row = inner
+                .dequantize_f16()
+                .and_then(|t| t.narrow(0, id, 1))
+                .and_then(|t| t.to_dtype(candle_core::DType::F32))
+                .and_then(|t| t.flatten_all())
+                .and_then(|t| t.to_vec1::<f32>())?;
+            out.copy_from_slice(&row);
+            Ok(())
+        }
+    }
+}
+
+/// Causal attention of `tokens` new queries (positions `start..`) over the
+/// cache, parallel over (head, token) pairs.
+#[allow(clippy::too_many_arguments)]
+fn attention(
+    cfg: &ModelConfig,
+    q: &[f32],
+    keys: &[f16],
+    values: &[f16],
+    start: usize,
+    tokens: usize,
+    out: &mut [f32],
+    scores: &mut [f32],
+    stride: usize,
+    pool: &ThreadPool,
+) {
+    let (heads, hd, kvd) = (cfg.heads, cfg.head_dim, cfg.kv_dim());
+    let group = cfg.heads / cfg.kv_heads;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let out_view = DisjointSlice::new(out);
+    let scores_view = DisjointSlice::new(scores);
+    let items = heads * tokens;
+    pool.run(|thread, threads| {
+        // SAFETY: each thread owns its own stride of the scores buffer.
+        let scores = unsafe { scores_view.part(thread * stride..(thread + 1) * stride) };
+        for item in split_range(items, thread, threads, 1) {
+            let (t, head) = (item / heads, item % heads);
+            let kv_head = head / group;
+            let positions = start + t + 1;
+            // The query is rounded to f16 as llama.cpp converts it for K.
+            let (query, scores) = scores.split_at_mut(MAX_HEAD_DIM);
+            let query = &mut query[..hd];
+            for (r, v) in query.iter_mut().zip(&q[t * heads * hd + head * hd..][..hd]) {
+                *r = ops::round_to_f16(*v);
+            }
+            let scores = &mut scores[..positions];
+            for (p, score) in scores.iter_mut().enumerate() {
+                let key = &keys[p * kvd + kv_head * hd..][..hd];
+                *score = ops::dot_f16(query, key) * scale;
+            }
+            ops::softmax(scores);
+            // Attention weights meet V in f16 too.
+            for weight in scores.iter_mut() {
+                *weight = ops::round_to_f16(*weight);
+            }
+            // SAFETY: (t, head) pairs are disjoint across threads.
+            let o = unsafe {
+                out_view.part(t * heads * hd + head * hd..t * heads * hd + (head + 1) * hd)
+            };
+            o.fill(0.0);
+            for (p, weight) in scores.iter().enumerate() {
+                ops::axpy_f16(o, *weight, &values[p * kvd + kv_head * hd..][..hd]);
+            }
+        }
+    });
+}

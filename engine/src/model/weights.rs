@@ -1,0 +1,178 @@
+//! Weight matrices of any supported storage, and the trait every model file
+//! format implements so that loading is one piece of code.
+
+use std::ops::Range;
+
+use candle_core::quantized::QMatMul;
+use candle_core::{Device, Module, Tensor};
+
+use crate::quant::{self, Activations, QMatrix};
+use crate::threadpool::ThreadPool;
+
+/// Why (part of) a model could not be loaded. Every message names the file,
+/// and the tensor where there is one.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: not a readable model file: {reason}")]
+    Format { path: String, reason: String },
+    #[error("{path}: tensor `{tensor}` is missing")]
+    MissingTensor { path: String, tensor: String },
+    #[error("{path}: tensor `{tensor}` is truncated: it needs {needed} bytes at offset {offset}, the file has {file_len}")]
+    Truncated {
+        path: String,
+        tensor: String,
+        offset: u64,
+        needed: u64,
+        file_len: u64,
+    },
+    #[error("{path}: tensor `{tensor}` has shape {actual:?}, expected {expected:?}")]
+    Shape {
+        path: String,
+        tensor: String,
+        expected: Vec<usize>,
+        actual: Vec<usize>,
+    },
+    #[error("{path}: tensor `{tensor}` is stored as {dtype}, which this engine cannot run")]
+    UnsupportedType {
+        path: String,
+        tensor: String,
+        dtype: String,
+    },
+    #[error("{path}: metadata `{key}` {problem}")]
+    Metadata {
+        path: String,
+        key: String,
+        problem: String,
+    },
+    #[error("{path}: unsupported architecture `{name}` (supported: llama, mistral, qwen2, qwen3)")]
+    UnsupportedArchitecture { path: String, name: String },
+    #[error("{path}: {source}")]
+    Config {
+        path: String,
+        #[source]
+        source: super::config::ConfigError,
+    },
+    #[error("{path}: tensor `{tensor}`: {reason}")]
+    Tensor {
+        path: String,
+        tensor: String,
+        reason: String,
+    },
+}
+
+/// A weight matrix: our native formats (fast kernels), or candle's
+/// quantized matmul for the formats we have no kernel for.
+pub enum Matrix {
+    Native(QMatrix),
+    Candle {
+        inner: QMatMul,
+        rows: usize,
+        cols: usize,
+        dtype: String,
+    },
+}
+
+impl Matrix {
+    pub fn rows(&self) -> usize {
+        match self {
+            Self::Native(m) => m.rows(),
+            Self::Candle { rows, .. } => *rows,
+        }
+    }
+
+    pub fn cols(&self) -> usize {
+        match self {
+            Self::Native(m) => m.cols(),
+            Self::Candle { cols, .. } => *cols,
+        }
+    }
+
+    /// Bytes of weights held.
+    pub fn size_bytes(&self) -> usize {
+        match self {
+            Self::Native(m) => m.size_bytes(),
+            Self::Candle { inner, .. } => match inner {
+                QMatMul::QTensor(t) => t.storage_size_in_bytes(),
+                QMatMul::Tensor(t) | QMatMul::TensorF16(t) => {
+                    t.elem_count() * t.dtype().size_in_bytes()
+                }
+            },
+        }
+    }
+
+    /// Short name of the storage format, for logs and stats.
+    pub fn format_name(&self) -> String {
+        match self {
+            Self::Native(m) => format!("{:?}", m.format()),
+            Self::Candle { dtype, .. } => dtype.clone(),
+        }
+    }
+
+    /// `out = x @ self^T` for every row of `x`.
+    pub fn matmul(
+        &self,
+        x: &mut Activations,
+        rows: usize,
+        input: &[f32],
+        out: &mut [f32],
+        pool: &ThreadPool,
+    ) -> Result<(), candle_core::Error> {
+        match self {
+            Self::Native(m) => {
+                quant::matmul(m, x, out, pool);
+                Ok(())
+            }
+            Self::Candle {
+                inner,
+                rows: out_cols,
+                cols,
+                ..
+            } => {
+                let t = Tensor::from_slice(&input[..rows * cols], (rows, *cols), &Device::Cpu)?;
+                let y = inner.forward(&t)?.flatten_all()?.to_vec1::<f32>()?;
+                out[..rows * out_cols].copy_from_slice(&y);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A model file (or folder) that can hand over tensors by their canonical
+/// (GGUF) names: `token_embd.weight`, `blk.{i}.attn_q.weight`, ...
+pub trait TensorSource {
+    /// The file or folder, for error messages.
+    fn path(&self) -> &str;
+    /// Shape as `[rows, cols]` (or `[len]`), if the tensor exists.
+    fn shape(&self, name: &str) -> Option<Vec<usize>>;
+    /// Loads a 2-D tensor, or only rows `rows` of it.
+    fn matrix(&self, name: &str, rows: Option<Range<usize>>) -> Result<Matrix, LoadError>;
+    /// Loads a 1-D tensor as f32.
+    fn vector(&self, name: &str) -> Result<Vec<f32>, LoadError>;
+
+    fn contains(&self, name: &str) -> bool {
+        self.shape(name).is_some()
+    }
+
+    /// Checks a tensor's shape before loading it.
+    fn expect_shape(&self, name: &str, expected: &[usize]) -> Result<(), LoadError> {
+        match self.shape(name) {
+            None => Err(LoadError::MissingTensor {
+                path: self.path().to_string(),
+                tensor: name.to_string(),
+            }),
+            Some(actual) if actual != expected => Err(LoadError::Shape {
+                path: self.path().to_string(),
+                tensor: name.to_string(),
+                expected: expected.to_vec(),
+                actual,
+            }),
+            Some(_) => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,294 @@
+//! The element-wise and reduction operations of a transformer layer, written
+//! to round like llama.cpp (ggml) where that changes results: RMS norm sums
+//! squares in f64, RoPE builds its angles by repeated multiplication in f32.
+
+/// `out = x / rms(x) * weight`, row by row (`weight.len()` wide).
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let width = weight.len();
+    for (row, out_row) in x.chunks_exact(width).zip(out.chunks_exact_mut(width)) {
+        let sum: f64 = row.iter().map(|v| (*v * *v) as f64).sum();
+        let mean = (sum / width as f64) as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        for ((o, v), w) in out_row.iter_mut().zip(row).zip(weight) {
+            *o = (v * scale) * w;
+        }
+    }
+}
+
+/// RMS norm in place, one `weight.len()`-wide group at a time (q/k norms).
+pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+    let width = weight.len();
+    for row in x.chunks_exact_mut(width) {
+        let sum: f64 = row.iter().map(|v| (*v * *v) as f64).sum();
+        let mean = (sum / width as f64) as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        for (v, w) in row.iter_mut().zip(weight) {
+            *v = (*v * scale) * w;
+        }
+    }
+}
+
+/// `a += b`.
+pub fn add_in_place(a: &mut [f32], b: &[f32]) {
+    for (x, y) in a.iter_mut().zip(b) {
+        *x += y;
+    }
+}
+
+/// `gate = silu(gate) * up` (SwiGLU), in place.
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// How RoPE pairs the dimensions of a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs (2i, 2i+1): GGUF Llama files (their q/k rows are
+    /// permuted by the converter to suit this).
+    Interleaved,
+    /// Halves (i, i + d/2): Hugging Face checkpoints, Qwen in any format.
+    Halves,
+}
+
+/// The rotation angles of every pair for one position.
+pub fn rope_angles(
+    position: usize,
+    rotary_dims: usize,
+    theta_base: f32,
+    freq_scale: f32,
+    freq_factors: Option<&[f32]>,
+    cos: &mut [f32],
+    sin: &mut [f32],
+) {
+    let theta_scale = theta_base.powf(-2.0 / rotary_dims as f32);
+    let mut theta = position as f32;
+    for i in 0..rotary_dims / 2 {
+        let factor = freq_factors.map_or(1.0, |f| f[i]);
+        let angle = freq_scale * (theta / factor);
+        cos[i] = angle.cos();
+        sin[i] = angle.sin();
+        theta *= theta_scale;
+    }
+}
+
+/// Rotates each `head_dim`-wide head of `x` in place.
+pub fn apply_rope(x: &mut [f32], head_dim: usize, style: RopeStyle, cos: &[f32], sin: &[f32]) {
+    let pairs = cos.len();
+    for head in x.chunks_exact_mut(head_dim) {
+        match style {
+            RopeStyle::Interleaved => {
+                for i in 0..pairs {
+                    let (a, b) = (head[2 * i], head[2 * i + 1]);
+                    head[2 * i] = a * cos[i] - b * sin[i];
+                    head[2 * i + 1] = a * sin[i] + b * cos[i];
+                }
+            }
+            RopeStyle::Halves => {
+                let half = pairs;
+                for i in 0..pairs {
+                    let (a, b) = (head[i], head[i + half]);
+                    head[i] = a * cos[i] - b * sin[i];
+                    head[i + half] = a * sin[i] + b * cos[i];
+                }
+            }
+        }
+    }
+}
+
+/// Dot product of two f32 slices, 8 lanes wide so the compiler vectorises it.
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        for l in 0..8 {
+            lanes[l] += a[c * 8 + l] * b[c * 8 + l];
+        }
+    }
+    let mut sum: f32 = lanes.iter().sum();
+    for i in chunks * 8..a.len() {
+        sum += a[i] * b[i];
+    }
+    sum
+}
+
+/// `out += scale * x`.
+#[inline]
+pub fn axpy(out: &mut [f32], scale: f32, x: &[f32]) {
+    for (o, v) in out.iter_mut().zip(x) {
+        *o += scale * v;
+    }
+}
+
+/// Softmax in place; returns nothing, `x` sums to 1 after.
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_gives_unit_rms() {
+        let x = [3.0f32, -4.0, 0.0, 5.0];
+        let mut out = [0.0; 4];
+        rms_norm(&x, &[1.0; 4], 0.0, &mut out);
+        let rms = (out.iter().map(|v| v * v).sum::<f32>() / 4.0).sqrt();
+        assert!((rms - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rope_styles_agree_up_to_a_permutation() {
+        let head_dim = 8;
+        let mut cos = [0.0; 4];
+        let mut sin = [0.0; 4];
+        rope_angles(7, head_dim, 10000.0, 1.0, None, &mut cos, &mut sin);
+        let halves: Vec<f32> = (0..head_dim).map(|i| i as f32 * 0.3 - 1.0).collect();
+        // Interleaved layout of the same vector: (h[i], h[i + d/2]) adjacent.
+        let mut interleaved: Vec<f32> = (0..head_dim)
+            .map(|j| halves[(j / 2) + (j % 2) * head_dim / 2])
+            .collect();
+        let mut rotated = halves.clone();
+        apply_rope(&mut rotated, head_dim, RopeStyle::Halves, &cos, &sin);
+        apply_rope(
+            &mut interleaved,
+            head_dim,
+            RopeStyle::Interleaved,
+            &cos,
+            &sin,
+        );
+        for j in 0..head_dim {
+            let want = rotated[(j / 2) + (j % 2) * head_dim / 2];
+            assert!((interleaved[j] - want).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn softmax_sums_to_one() {
+        let mut x = [1.0f32, 2.0, 3.0, -1e30];
+        softmax(&mut x);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert_eq!(x[3], 0.0);
+    }
+}
+
+/// Rounds through f16 (llama.cpp keeps the KV cache, and converts queries
+/// and attention weights, in f16: rounding the same way keeps our tokens
+/// with its tokens).
+#[inline]
+pub fn round_to_f16(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
+}
+
+/// `dot(a, b)` with `b` in f16.
+#[inline]
+pub fn dot_f16(a: &[f32], b: &[half::f16]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if f16_simd::available() {
+        // SAFETY: features checked at run time.
+        return unsafe { f16_simd::dot(a, b) };
+    }
+    a.iter().zip(b).map(|(x, y)| x * y.to_f32()).sum()
+}
+
+/// `out += scale * x` with `x` in f16.
+#[inline]
+pub fn axpy_f16(out: &mut [f32], scale: f32, x: &[half::f16]) {
+    #[cfg(target_arch = "x86_64")]
+    if f16_simd::available() {
+        // SAFETY: features checked at run time.
+        unsafe { f16_simd::axpy(out, scale, x) };
+        return;
+    }
+    for (o, v) in out.iter_mut().zip(x) {
+        *o += scale * v.to_f32();
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod f16_simd {
+    use std::arch::x86_64::*;
+    use std::sync::OnceLock;
+
+    pub fn available() -> bool {
+        static AVAILABLE: OnceLock<bool> = OnceLock::new();
+        *AVAILABLE.get_or_init(|| {
+            is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+        })
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot(a: &[f32], b: &[half::f16]) -> f32 {
+        let n = a.len().min(b.len());
+        let mut acc = _mm256_setzero_ps();
+        let mut i = 0;
+        while i + 8 <= n {
+            let x = _mm256_loadu_ps(a.as_ptr().add(i));
+            let y = _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr().add(i) as *const __m128i));
+            acc = _mm256_fmadd_ps(x, y, acc);
+            i += 8;
+        }
+        let lo = _mm256_castps256_ps128(acc);
+        let hi = _mm256_extractf128_ps(acc, 1);
+        let s = _mm_add_ps(lo, hi);
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        let mut sum = _mm_cvtss_f32(s);
+        while i < n {
+            sum += a[i] * b[i].to_f32();
+            i += 1;
+        }
+        sum
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn axpy(out: &mut [f32], scale: f32, x: &[half::f16]) {
+        let n = out.len().min(x.len());
+        let s = _mm256_set1_ps(scale);
+        let mut i = 0;
+        while i + 8 <= n {
+            let o = _mm256_loadu_ps(out.as_ptr().add(i));
+            let v = _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(i) as *const __m128i));
+            _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_fmadd_ps(s, v, o));
+            i += 8;
+        }
+        while i < n {
+            out[i] += scale * x[i].to_f32();
+            i += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod f16_tests {
+    use super::*;
+
+    #[test]
+    fn f16_kernels_match_scalar() {
+        let a: Vec<f32> = (0..67).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<half::f16> = (0..67)
+            .map(|i| half::f16::from_f32((i as f32 * 0.11).cos()))
+            .collect();
+        let want: f32 = a.iter().zip(&b).map(|(x, y)| x * y.to_f32()).sum();
+        assert!((dot_f16(&a, &b) - want).abs() < 1e-4);
+        let mut out = a.clone();
+        axpy_f16(&mut out, 0.5, &b);
+        for ((o, x), y) in out.iter().zip(&a).zip(&b) {
+            assert!((o - (x + 0.5 * y.to_f32())).abs() < 1e-6);
+        }
+    }
+}

@@ -1,0 +1,509 @@
+//! Dot-product and (de)quantization kernels, chosen once per process by CPU
+//! feature detection.
+
+use half::f16;
+
+use super::{round_f16, BlockQ8, WeightFormat, BLOCK};
+
+/// `dot(weight row bytes, quantized activation row)`.
+pub type DotFn = fn(&[u8], &[BlockQ8]) -> f32;
+
+#[inline]
+fn read_f16(bytes: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
+}
+
+/// The fastest available quantized dot product for `format`.
+pub fn select_dot(format: WeightFormat) -> DotFn {
+    #[cfg(target_arch = "x86_64")]
+    if avx2::available() {
+        return match format {
+            WeightFormat::Q4_0 => avx2::dot_q4_0,
+            WeightFormat::Q4_1 => avx2::dot_q4_1,
+            WeightFormat::Q8_0 => avx2::dot_q8_0,
+            WeightFormat::F32 | WeightFormat::F16 => unreachable_dot,
+        };
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        return match format {
+            WeightFormat::Q4_0 => neon::dot_q4_0,
+            WeightFormat::Q4_1 => neon::dot_q4_1,
+            WeightFormat::Q8_0 => neon::dot_q8_0,
+            WeightFormat::F32 | WeightFormat::F16 => unreachable_dot,
+        };
+    }
+    #[allow(unreachable_code)]
+    match format {
+        WeightFormat::Q4_0 => scalar::dot_q4_0,
+        WeightFormat::Q4_1 => scalar::dot_q4_1,
+        WeightFormat::Q8_0 => scalar::dot_q8_0,
+        WeightFormat::F32 | WeightFormat::F16 => unreachable_dot,
+    }
+}
+
+/// Float formats take f32 activations ([`dot_float`]), never this path.
+fn unreachable_dot(_: &[u8], _: &[BlockQ8]) -> f32 {
+    f32::NAN
+}
+
+/// Dot product of an f32/f16 weight row with f32 activations.
+pub fn dot_float(format: WeightFormat, row: &[u8], x: &[f32]) -> f32 {
+    match format {
+        WeightFormat::F32 => row
+            .chunks_exact(4)
+            .zip(x)
+            .map(|(b, v)| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) * v)
+            .sum(),
+        WeightFormat::F16 => row
+            .chunks_exact(2)
+            .zip(x)
+            .map(|(b, v)| f16::from_le_bytes([b[0], b[1]]).to_f32() * v)
+            .sum(),
+        _ => f32::NAN,
+    }
+}
+
+/// Rounds one activation row to 8-bit blocks (llama.cpp's AVX2 rounding:
+/// `q = round_half_even(x * 127 / amax)`, scale `amax / 127` stored as f16).
+pub fn quantize_row_q8(x: &[f32], out: &mut [BlockQ8], with_sum: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if avx2::available() {
+        // SAFETY: the CPU supports the features the function is built for.
+        unsafe { avx2::quantize_row_q8(x, out, with_sum) };
+        return;
+    }
+    scalar::quantize_row_q8(x, out, with_sum)
+}
+
+/// Dequantizes one row of any native format.
+pub fn dequantize_row(format: WeightFormat, row: &[u8], out: &mut [f32]) {
+    match format {
+        WeightFormat::F32 => {
+            for (o, b) in out.iter_mut().zip(row.chunks_exact(4)) {
+                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        WeightFormat::F16 => {
+            for (o, b) in out.iter_mut().zip(row.chunks_exact(2)) {
+                *o = f16::from_le_bytes([b[0], b[1]]).to_f32();
+            }
+        }
+        WeightFormat::Q4_0 => {
+            for (block, out) in row.chunks_exact(18).zip(out.chunks_exact_mut(BLOCK)) {
+                let d = read_f16(block, 0);
+                for j in 0..16 {
+                    let q = block[2 + j];
+                    out[j] = ((q & 0x0F) as i32 - 8) as f32 * d;
+                    out[j + 16] = ((q >> 4) as i32 - 8) as f32 * d;
+                }
+            }
+        }
+        WeightFormat::Q4_1 => {
+            for (block, out) in row.chunks_exact(20).zip(out.chunks_exact_mut(BLOCK)) {
+                let d = read_f16(block, 0);
+                let m = read_f16(block, 2);
+                for j in 0..16 {
+                    let q = block[4 + j];
+                    out[j] = (q & 0x0F) as f32 * d + m;
+                    out[j + 16] = (q >> 4) as f32 * d + m;
+                }
+            }
+        }
+        WeightFormat::Q8_0 => {
+            for (block, out) in row.chunks_exact(34).zip(out.chunks_exact_mut(BLOCK)) {
+                let d = read_f16(block, 0);
+                for j in 0..BLOCK {
+                    out[j] = block[2 + j] as i8 as f32 * d;
+                }
+            }
+        }
+    }
+}
+
+/// llama.cpp's reference quantizers (`quantize_row_*_ref`).
+pub fn quantize_reference(format: WeightFormat, values: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(format.row_bytes(values.len()));
+    match format {
+        WeightFormat::F32 => values.iter().for_each(|v| out.extend(v.to_le_bytes())),
+        WeightFormat::F16 => values
+            .iter()
+            .for_each(|v| out.extend(f16::from_f32(*v).to_le_bytes())),
+        WeightFormat::Q4_0 => {
+            for block in values.chunks_exact(BLOCK) {
+                let max = block
+                    .iter()
+                    .copied()
+                    .fold(0.0f32, |m, v| if v.abs() > m.abs() { v } else { m });
+                let d = max / -8.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                out.extend(f16::from_f32(d).to_le_bytes());
+                for j in 0..16 {
+                    let lo = ((block[j] * id + 8.5) as u8).min(15);
+                    let hi = ((block[j + 16] * id + 8.5) as u8).min(15);
+                    out.push(lo | (hi << 4));
+                }
+            }
+        }
+        WeightFormat::Q4_1 => {
+            for block in values.chunks_exact(BLOCK) {
+                let min = block.iter().copied().fold(f32::INFINITY, f32::min);
+                let max = block.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let d = (max - min) / 15.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                out.extend(f16::from_f32(d).to_le_bytes());
+                out.extend(f16::from_f32(min).to_le_bytes());
+                for j in 0..16 {
+                    let lo = (((block[j] - min) * id + 0.5) as u8).min(15);
+                    let hi = (((block[j + 16] - min) * id + 0.5) as u8).min(15);
+                    out.push(lo | (hi << 4));
+                }
+            }
+        }
+        WeightFormat::Q8_0 => {
+            for block in values.chunks_exact(BLOCK) {
+                let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let d = amax / 127.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                out.extend(f16::from_f32(d).to_le_bytes());
+                out.extend(block.iter().map(|v| (v * id).round() as i8 as u8));
+            }
+        }
+    }
+    out
+}
+
+/// Portable kernels: the reference for the SIMD ones, and the fallback.
+pub mod scalar {
+    use super::*;
+
+    pub fn quantize_row_q8(x: &[f32], out: &mut [BlockQ8], with_sum: bool) {
+        for (values, block) in x.chunks_exact(BLOCK).zip(out.iter_mut()) {
+            let amax = values.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            let mut sum = 0i32;
+            for (q, v) in block.qs.iter_mut().zip(values) {
+                *q = (v * id).round_ties_even() as i8;
+                sum += *q as i32;
+            }
+            block.d = round_f16(d);
+            block.s = if with_sum {
+                round_f16(d * sum as f32)
+            } else {
+                0.0
+            };
+        }
+    }
+
+    pub fn dot(format: WeightFormat, row: &[u8], x: &[BlockQ8]) -> f32 {
+        match format {
+            WeightFormat::Q4_0 => dot_q4_0(row, x),
+            WeightFormat::Q4_1 => dot_q4_1(row, x),
+            WeightFormat::Q8_0 => dot_q8_0(row, x),
+            _ => f32::NAN,
+        }
+    }
+
+    pub fn dot_q4_0(row: &[u8], x: &[BlockQ8]) -> f32 {
+        let mut sum = 0.0f32;
+        for (w, a) in row.chunks_exact(18).zip(x) {
+            let mut acc = 0i32;
+            for j in 0..16 {
+                let q = w[2 + j];
+                acc += ((q & 0x0F) as i32 - 8) * a.qs[j] as i32;
+                acc += ((q >> 4) as i32 - 8) * a.qs[j + 16] as i32;
+            }
+            sum += acc as f32 * (read_f16(w, 0) * a.d);
+        }
+        sum
+    }
+
+    pub fn dot_q4_1(row: &[u8], x: &[BlockQ8]) -> f32 {
+        let mut sum = 0.0f32;
+        let mut mins = 0.0f32;
+        for (w, a) in row.chunks_exact(20).zip(x) {
+            let mut acc = 0i32;
+            for j in 0..16 {
+                let q = w[4 + j];
+                acc += (q & 0x0F) as i32 * a.qs[j] as i32;
+                acc += (q >> 4) as i32 * a.qs[j + 16] as i32;
+            }
+            sum += acc as f32 * (read_f16(w, 0) * a.d);
+            mins += read_f16(w, 2) * a.s;
+        }
+        sum + mins
+    }
+
+    pub fn dot_q8_0(row: &[u8], x: &[BlockQ8]) -> f32 {
+        let mut sum = 0.0f32;
+        for (w, a) in row.chunks_exact(34).zip(x) {
+            let acc: i32 = w[2..]
+                .iter()
+                .zip(&a.qs)
+                .map(|(q, v)| *q as i8 as i32 * *v as i32)
+                .sum();
+            sum += acc as f32 * (read_f16(w, 0) * a.d);
+        }
+        sum
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+    use std::sync::OnceLock;
+
+    use super::{round_f16, BlockQ8, BLOCK};
+
+    pub fn available() -> bool {
+        static AVAILABLE: OnceLock<bool> = OnceLock::new();
+        *AVAILABLE.get_or_init(|| {
+            is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+        })
+    }
+
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let lo = _mm256_castps256_ps128(v);
+        let hi = _mm256_extractf128_ps(v, 1);
+        let s = _mm_add_ps(lo, hi);
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    #[inline(always)]
+    unsafe fn load_f16(p: *const u8) -> f32 {
+        let bits = std::ptr::read_unaligned(p as *const u16);
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    }
+
+    /// 32 nibbles → 32 bytes: low nibbles first (values 0..16), then high.
+    #[inline(always)]
+    unsafe fn nibbles(p: *const u8) -> __m256i {
+        let q = _mm_loadu_si128(p as *const __m128i);
+        let both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+        _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+    }
+
+    /// Sum of products of unsigned `x` and signed `y` bytes as 8 floats.
+    #[inline(always)]
+    unsafe fn mul_sum_us8(x: __m256i, y: __m256i) -> __m256 {
+        let pairs = _mm256_maddubs_epi16(x, y);
+        _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+    }
+
+    /// Sum of products of two signed byte vectors as 8 floats.
+    #[inline(always)]
+    unsafe fn mul_sum_i8(x: __m256i, y: __m256i) -> __m256 {
+        mul_sum_us8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
+    }
+
+    pub fn dot_q4_1(row: &[u8], x: &[BlockQ8]) -> f32 {
+        assert!(row.len() >= x.len() * 20);
+        // SAFETY: features checked by `available`; bounds by the assert.
+        unsafe { dot_q4_1_impl(row, x) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_q4_1_impl(row: &[u8], x: &[BlockQ8]) -> f32 {
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        let mut mins = 0.0f32;
+        let w = row.as_ptr();
+        let n = x.len();
+        let mut i = 0;
+        while i + 1 < n {
+            let (w0, w1) = (w.add(i * 20), w.add(i * 20 + 20));
+            let (a0, a1) = (x.get_unchecked(i), x.get_unchecked(i + 1));
+            let d0 = _mm256_set1_ps(load_f16(w0) * a0.d);
+            let d1 = _mm256_set1_ps(load_f16(w1) * a1.d);
+            mins += load_f16(w0.add(2)) * a0.s + load_f16(w1.add(2)) * a1.s;
+            let y0 = _mm256_loadu_si256(a0.qs.as_ptr() as *const __m256i);
+            let y1 = _mm256_loadu_si256(a1.qs.as_ptr() as *const __m256i);
+            acc0 = _mm256_fmadd_ps(d0, mul_sum_us8(nibbles(w0.add(4)), y0), acc0);
+            acc1 = _mm256_fmadd_ps(d1, mul_sum_us8(nibbles(w1.add(4)), y1), acc1);
+            i += 2;
+        }
+        if i < n {
+            let w0 = w.add(i * 20);
+            let a0 = x.get_unchecked(i);
+            let d0 = _mm256_set1_ps(load_f16(w0) * a0.d);
+            mins += load_f16(w0.add(2)) * a0.s;
+            let y0 = _mm256_loadu_si256(a0.qs.as_ptr() as *const __m256i);
+            acc0 = _mm256_fmadd_ps(d0, mul_sum_us8(nibbles(w0.add(4)), y0), acc0);
+        }
+        hsum(_mm256_add_ps(acc0, acc1)) + mins
+    }
+
+    pub fn dot_q4_0(row: &[u8], x: &[BlockQ8]) -> f32 {
+        assert!(row.len() >= x.len() * 18);
+        // SAFETY: features checked by `available`; bounds by the assert.
+        unsafe { dot_q4_0_impl(row, x) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_q4_0_impl(row: &[u8], x: &[BlockQ8]) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        let w = row.as_ptr();
+        let eight = _mm256_set1_epi8(8);
+        for (i, a) in x.iter().enumerate() {
+            let wb = w.add(i * 18);
+            let d = _mm256_set1_ps(load_f16(wb) * a.d);
+            let q = _mm256_sub_epi8(nibbles(wb.add(2)), eight);
+            let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+            acc = _mm256_fmadd_ps(d, mul_sum_i8(q, y), acc);
+        }
+        hsum(acc)
+    }
+
+    pub fn dot_q8_0(row: &[u8], x: &[BlockQ8]) -> f32 {
+        assert!(row.len() >= x.len() * 34);
+        // SAFETY: features checked by `available`; bounds by the assert.
+        unsafe { dot_q8_0_impl(row, x) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_q8_0_impl(row: &[u8], x: &[BlockQ8]) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        let w = row.as_ptr();
+        for (i, a) in x.iter().enumerate() {
+            let wb = w.add(i * 34);
+            let d = _mm256_set1_ps(load_f16(wb) * a.d);
+            let q = _mm256_loadu_si256(wb.add(2) as *const __m256i);
+            let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+            acc = _mm256_fmadd_ps(d, mul_sum_i8(q, y), acc);
+        }
+        hsum(acc)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn quantize_row_q8(x: &[f32], out: &mut [BlockQ8], with_sum: bool) {
+        let sign_bit = _mm256_set1_ps(-0.0);
+        for (values, block) in x.chunks_exact(BLOCK).zip(out.iter_mut()) {
+            let p = values.as_ptr();
+            let v = [
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_loadu_ps(p.add(16)),
+                _mm256_loadu_ps(p.add(24)),
+            ];
+            let mut max = _mm256_andnot_ps(sign_bit, v[0]);
+            for item in &v[1..] {
+                max = _mm256_max_ps(max, _mm256_andnot_ps(sign_bit, *item));
+            }
+            let m4 = _mm_max_ps(_mm256_extractf128_ps(max, 1), _mm256_castps256_ps128(max));
+            let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            let m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+            let amax = _mm_cvtss_f32(m4);
+            let d = amax / 127.0;
+            let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+            let mut ints = [_mm256_setzero_si256(); 4];
+            for (int, value) in ints.iter_mut().zip(v) {
+                let scaled = _mm256_round_ps(
+                    _mm256_mul_ps(value, id),
+                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+                );
+                *int = _mm256_cvtps_epi32(scaled);
+            }
+            if with_sum {
+                let total = _mm256_add_epi32(
+                    _mm256_add_epi32(ints[0], ints[1]),
+                    _mm256_add_epi32(ints[2], ints[3]),
+                );
+                let mut lanes = [0i32; 8];
+                _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, total);
+                block.s = round_f16(d * lanes.iter().sum::<i32>() as f32);
+            } else {
+                block.s = 0.0;
+            }
+            // Pack 32 i32 → 32 i8 in order (packs interleave 128-bit lanes).
+            let a = _mm256_packs_epi32(ints[0], ints[1]);
+            let b = _mm256_packs_epi32(ints[2], ints[3]);
+            let bytes = _mm256_packs_epi16(a, b);
+            let bytes =
+                _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(block.qs.as_mut_ptr() as *mut __m256i, bytes);
+            block.d = round_f16(d);
+        }
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    //! NEON kernels: `vdotq`-free (plain widening multiplies) so that every
+    //! ARMv8 CPU runs them.
+    use std::arch::aarch64::*;
+
+    use super::{read_f16, BlockQ8};
+
+    #[inline(always)]
+    unsafe fn dot_block(w: int8x16_t, w_hi: int8x16_t, y: &BlockQ8) -> i32 {
+        let y0 = vld1q_s8(y.qs.as_ptr());
+        let y1 = vld1q_s8(y.qs.as_ptr().add(16));
+        let p0 = vmull_s8(vget_low_s8(w), vget_low_s8(y0));
+        let p1 = vmull_high_s8(w, y0);
+        let p2 = vmull_s8(vget_low_s8(w_hi), vget_low_s8(y1));
+        let p3 = vmull_high_s8(w_hi, y1);
+        let s = vaddq_s32(
+            vaddq_s32(vpaddlq_s16(p0), vpaddlq_s16(p1)),
+            vaddq_s32(vpaddlq_s16(p2), vpaddlq_s16(p3)),
+        );
+        vaddvq_s32(s)
+    }
+
+    pub fn dot_q4_0(row: &[u8], x: &[BlockQ8]) -> f32 {
+        assert!(row.len() >= x.len() * 18);
+        let mut sum = 0.0f32;
+        for (w, a) in row.chunks_exact(18).zip(x) {
+            // SAFETY: NEON is baseline on aarch64; 16 bytes read from an 18-byte block.
+            let acc = unsafe {
+                let q = vld1q_u8(w.as_ptr().add(2));
+                let lo = vsubq_s8(
+                    vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0x0F))),
+                    vdupq_n_s8(8),
+                );
+                let hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(q, 4)), vdupq_n_s8(8));
+                dot_block(lo, hi, a)
+            };
+            sum += acc as f32 * (read_f16(w, 0) * a.d);
+        }
+        sum
+    }
+
+    pub fn dot_q4_1(row: &[u8], x: &[BlockQ8]) -> f32 {
+        assert!(row.len() >= x.len() * 20);
+        let mut sum = 0.0f32;
+        let mut mins = 0.0f32;
+        for (w, a) in row.chunks_exact(20).zip(x) {
+            // SAFETY: as above; nibbles are 0..15 so fit in i8.
+            let acc = unsafe {
+                let q = vld1q_u8(w.as_ptr().add(4));
+                let lo = vreinterpretq_s8_u8(vandq_u8(q, vdupq_n_u8(0x0F)));
+                let hi = vreinterpretq_s8_u8(vshrq_n_u8(q, 4));
+                dot_block(lo, hi, a)
+            };
+            sum += acc as f32 * (read_f16(w, 0) * a.d);
+            mins += read_f16(w, 2) * a.s;
+        }
+        sum + mins
+    }
+
+    pub fn dot_q8_0(row: &[u8], x: &[BlockQ8]) -> f32 {
+        assert!(row.len() >= x.len() * 34);
+        let mut sum = 0.0f32;
+        for (w, a) in row.chunks_exact(34).zip(x) {
+            // SAFETY: 32 bytes read from a 34-byte block.
+            let acc = unsafe {
+                let lo = vld1q_s8(w.as_ptr().add(2) as *const i8);
+                let hi = vld1q_s8(w.as_ptr().add(18) as *const i8);
+                dot_block(lo, hi, a)
+            };
+            sum += acc as f32 * (read_f16(w, 0) * a.d);
+        }
+        sum
+    }
+}

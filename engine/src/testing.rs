@@ -1,0 +1,30 @@
+//! Helpers for tests (of this crate and of others): where the default model is.
+
+use std::path::PathBuf;
+
+/// The default model's file name inside its models folder.
+pub const DEFAULT_MODEL_DIR: &str = "smollm2-135m-instruct-q4_1";
+pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// The default model's GGUF: `TESSERA_TEST_MODEL`, else under
+/// `$TESSERA_HOME/models`, else `~/.tessera/models`. Panics with the fix when
+/// it is missing: tests that need the model must fail, not skip.
+pub fn default_model_path() -> PathBuf {
+    if let Some(path) = std::env::var_os("TESSERA_TEST_MODEL") {
+        return PathBuf::from(path);
+    }
+    let home = std::env::var_os("TESSERA_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".tessera")))
+        .unwrap_or_else(|| PathBuf::from(".tessera"));
+    let path = home
+        .join("models")
+        .join(DEFAULT_MODEL_DIR)
+        .join(DEFAULT_MODEL_FILE);
+    assert!(
+        path.is_file(),
+        "the default model is missing at {}: run scripts/fetch-model (or set TESSERA_TEST_MODEL)",
+        path.display()
+    );
+    path
+}

@@ -1,0 +1,161 @@
+//! `tessera bench` (model): decode and prefill speed, time to first token
+//! and peak memory of the engine on this machine, as llama.cpp's reference
+//! benchmark measures them (../shared/refbench/bench_llamacpp.py): 128
+//! greedy tokens after "The quick brown fox" with end-of-sequence ignored,
+//! and one 512-token prompt in a single batch.
+
+use std::ops::ControlFlow;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use serde::Serialize;
+use tessera_engine::generate::{GenerateRequest, Prompt, Session};
+
+use super::model_args::ModelArgs;
+
+#[derive(Debug, Args)]
+pub struct ModelBenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Timed repetitions of each measurement (after one warm-up).
+    #[arg(long, default_value_t = 5)]
+    pub runs: usize,
+    /// Tokens generated in the decode measurement.
+    #[arg(long, default_value_t = 128)]
+    pub n_gen: usize,
+    /// Prompt tokens in the prefill measurement.
+    #[arg(long, default_value_t = 512)]
+    pub n_prefill: usize,
+    /// Print JSON only.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct Spread {
+    min: f64,
+    median: f64,
+    max: f64,
+    runs: Vec<f64>,
+}
+
+fn spread(mut runs: Vec<f64>) -> Spread {
+    let mut sorted = runs.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median = if sorted.is_empty() {
+        0.0
+    } else if sorted.len() % 2 == 1 {
+        sorted[sorted.len() / 2]
+    } else {
+        (sorted[sorted.len() / 2 - 1] + sorted[sorted.len() / 2]) / 2.0
+    };
+    let round = |v: f64| (v * 100.0).round() / 100.0;
+    runs.iter_mut().for_each(|v| *v = round(*v));
+    Spread {
+        min: round(sorted.first().copied().unwrap_or(0.0)),
+        median: round(median),
+        max: round(sorted.last().copied().unwrap_or(0.0)),
+        runs,
+    }
+}
+
+#[derive(Serialize)]
+struct Report {
+    bench: &'static str,
+    model: String,
+    threads: usize,
+    runs: usize,
+    n_gen: usize,
+    n_prefill: usize,
+    decode_tokens_per_second: Spread,
+    prefill_tokens_per_second: Spread,
+    time_to_first_token_ms: Spread,
+    peak_rss_mb: f64,
+    weights_mb: f64,
+    decode_tokens: Vec<u32>,
+    decode_text: String,
+}
+
+const SHORT_PROMPT: &str = "The quick brown fox";
+/// The reference benchmark's prompt text, repeated and cut to `n_prefill` tokens.
+const PREFILL_TEXT: &str = "The history of computing is a story of abstractions layered on top of one another. Early machines were programmed by rewiring panels, later by punched cards, and then by assembly language and compilers. Each layer hid the details of the one below it. ";
+
+pub fn run(args: ModelBenchArgs) -> anyhow::Result<()> {
+    if args.runs == 0 || args.n_gen < 2 || args.n_prefill == 0 {
+        bail!("--runs and --n-prefill must be at least 1, --n-gen at least 2");
+    }
+    let model = args.model.load(args.json)?;
+    let threads = args.model.threads();
+    let mut session = Session::new(&model, threads);
+
+    let mut decode = GenerateRequest::new(Prompt::Raw(SHORT_PROMPT.into()));
+    decode.max_tokens = args.n_gen;
+    decode.ignore_eos = true;
+    decode.reuse_prefix = false;
+
+    let text = PREFILL_TEXT.repeat(args.n_prefill / 40 + 2);
+    let mut prefill_tokens = model.tokenize(&Prompt::Raw(text))?;
+    if prefill_tokens.len() < args.n_prefill {
+        bail!("the prefill text is only {} tokens", prefill_tokens.len());
+    }
+    prefill_tokens.truncate(args.n_prefill);
+    let mut prefill = GenerateRequest::new(Prompt::Tokens(prefill_tokens));
+    prefill.max_tokens = 1;
+    prefill.reuse_prefix = false;
+    prefill.prefill_chunk = args.n_prefill;
+
+    let quiet = args.json;
+    let mut measure = |request: &GenerateRequest| {
+        session.reset();
+        session
+            .generate(request, |_| ControlFlow::Continue(()))
+            .context("benchmark generation")
+    };
+    // Warm-up, not counted (page faults, caches).
+    let mut short = decode.clone();
+    short.max_tokens = 16;
+    measure(&short)?;
+    measure(&prefill)?;
+
+    let (mut decode_tps, mut ttft, mut prefill_tps) = (Vec::new(), Vec::new(), Vec::new());
+    let mut tokens = Vec::new();
+    let mut decode_text = String::new();
+    for run in 0..args.runs {
+        let out = measure(&decode)?;
+        decode_tps.push(out.stats.decode_tokens_per_second);
+        ttft.push(out.stats.time_to_first_token_seconds * 1000.0);
+        if run == 0 {
+            tokens = out.tokens.clone();
+            decode_text = out.text.clone();
+        } else if out.tokens != tokens {
+            bail!("greedy decoding gave different tokens in run {run}: nondeterminism");
+        }
+        let out = measure(&prefill)?;
+        prefill_tps.push(out.stats.prefill_tokens_per_second);
+        if !quiet {
+            eprintln!(
+                "run {}: decode {:.1} tok/s, prefill {:.1} tok/s",
+                run + 1,
+                decode_tps[run],
+                prefill_tps[run]
+            );
+        }
+    }
+    let report = Report {
+        bench: "model",
+        model: model.path.display().to_string(),
+        threads,
+        runs: args.runs,
+        n_gen: args.n_gen,
+        n_prefill: args.n_prefill,
+        decode_tokens_per_second: spread(decode_tps),
+        prefill_tokens_per_second: spread(prefill_tps),
+        time_to_first_token_ms: spread(ttft),
+        peak_rss_mb: tessera_engine::memory::peak_rss_bytes().unwrap_or(0) as f64 / 1e6,
+        weights_mb: model.transformer.weight_bytes() as f64 / 1e6,
+        decode_tokens: tokens,
+        decode_text,
+    };
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}

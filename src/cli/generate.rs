@@ -1,0 +1,168 @@
+//! `tessera generate`: one prompt through the engine on this machine.
+
+use std::io::Write;
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use serde::Serialize;
+use tessera_engine::chat_template::ChatMessage;
+use tessera_engine::generate::{
+    GenerateRequest, GenerationEvent, GenerationStats, Prompt, Session,
+};
+use tessera_engine::output_parser::ParsedChunk;
+use tessera_engine::sampler::SamplingParams;
+
+use super::model_args::ModelArgs;
+
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Raw text, fed without a chat template.
+    #[arg(long, group = "input")]
+    pub prompt: Option<String>,
+    /// One user message, rendered with the model's chat template.
+    #[arg(long, group = "input")]
+    pub chat: Option<String>,
+    /// A JSON file with a list of {"role", "content"} messages (templated).
+    #[arg(long, group = "input")]
+    pub messages: Option<PathBuf>,
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: usize,
+    /// 0 is greedy.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// 0 is off.
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// A stop string (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Keep generating past end-of-generation tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Print one JSON object: prompt and generated token ids, text, stats.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct JsonOutput<'a> {
+    model: String,
+    prompt_token_ids: &'a [u32],
+    generated_token_ids: &'a [u32],
+    text: &'a str,
+    reasoning: String,
+    tool_calls: Vec<serde_json::Value>,
+    finish_reason: tessera_engine::generate::FinishReason,
+    stats: &'a GenerationStats,
+}
+
+pub fn request_from(args: &GenerateArgs) -> anyhow::Result<GenerateRequest> {
+    let prompt = match (&args.prompt, &args.chat, &args.messages) {
+        (Some(text), _, _) => Prompt::Raw(text.clone()),
+        (_, Some(text), _) => Prompt::Chat {
+            messages: vec![ChatMessage {
+                role: "user".into(),
+                content: text.clone(),
+                tool_calls: None,
+                tool_call_id: None,
+                name: None,
+            }],
+            tools: None,
+        },
+        (_, _, Some(path)) => {
+            let raw = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let messages: Vec<ChatMessage> = serde_json::from_str(&raw).with_context(|| {
+                format!(
+                    "{}: expected a JSON list of {{\"role\", \"content\"}} objects",
+                    path.display()
+                )
+            })?;
+            Prompt::Chat {
+                messages,
+                tools: None,
+            }
+        }
+        _ => bail!("give the input with --prompt TEXT, --chat TEXT or --messages FILE"),
+    };
+    let mut request = GenerateRequest::new(prompt);
+    request.max_tokens = args.max_tokens;
+    request.stop = args.stop.clone();
+    request.ignore_eos = args.ignore_eos;
+    request.sampling = SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repetition_penalty: args.repetition_penalty,
+        seed: args.seed,
+        ..SamplingParams::default()
+    };
+    request.sampling.validate()?;
+    Ok(request)
+}
+
+pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
+    let request = request_from(&args)?;
+    let model = args.model.load(args.json)?;
+    let mut session = Session::new(&model, args.model.threads());
+    let mut stdout = std::io::stdout().lock();
+    let stream = !args.json;
+    let output = session.generate(&request, |event| {
+        if stream {
+            if let GenerationEvent::Token { text, .. } = event {
+                let _ = stdout.write_all(text.as_bytes());
+                let _ = stdout.flush();
+            }
+        }
+        ControlFlow::Continue(())
+    })?;
+    if args.json {
+        let mut reasoning = String::new();
+        let mut tool_calls = Vec::new();
+        for chunk in &output.chunks {
+            match chunk {
+                ParsedChunk::Reasoning(r) => reasoning.push_str(r),
+                ParsedChunk::ToolCall(call) => tool_calls.push(serde_json::to_value(call)?),
+                _ => {}
+            }
+        }
+        let json = JsonOutput {
+            model: model.path.display().to_string(),
+            prompt_token_ids: &output.prompt_tokens,
+            generated_token_ids: &output.tokens,
+            text: &output.text,
+            reasoning,
+            tool_calls,
+            finish_reason: output.finish_reason,
+            stats: &output.stats,
+        };
+        serde_json::to_writer_pretty(&mut stdout, &json)?;
+        writeln!(stdout)?;
+    } else {
+        writeln!(stdout)?;
+        let s = &output.stats;
+        eprintln!(
+            "[{} prompt tokens, {} generated ({:?}); prefill {:.1} tok/s, decode {:.1} tok/s, first token {:.0} ms]",
+            s.prompt_tokens,
+            s.generated_tokens,
+            output.finish_reason,
+            s.prefill_tokens_per_second,
+            s.decode_tokens_per_second,
+            s.time_to_first_token_seconds * 1000.0
+        );
+    }
+    Ok(())
+}

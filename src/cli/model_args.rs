@@ -1,0 +1,90 @@
+//! Arguments shared by the commands that load a model, and how a model name
+//! resolves to files.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use clap::Args;
+use tessera_engine::generate::LoadedModel;
+
+/// The default model (its card is in resources/model_cards/).
+pub const DEFAULT_MODEL: &str = "smollm2-135m-instruct-q4_1";
+
+#[derive(Debug, Args, Clone)]
+pub struct ModelArgs {
+    /// A .gguf file, a Hugging Face folder (config.json + safetensors), or a
+    /// model id from the catalogue, looked up in $TESSERA_HOME/models/ID.
+    #[arg(long, default_value = DEFAULT_MODEL)]
+    pub model: String,
+    /// Compute threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+impl ModelArgs {
+    pub fn threads(&self) -> usize {
+        self.threads
+            .filter(|t| *t > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+
+    pub fn load(&self, quiet: bool) -> anyhow::Result<LoadedModel> {
+        let path = resolve_model(&self.model)?;
+        let mut last_shown = 0;
+        let model = LoadedModel::load(&path, |done, total| {
+            if !quiet && (done == total || done >= last_shown + total / 10) {
+                last_shown = done;
+                eprint!("\rloading {}: {done}/{total}", path.display());
+                if done == total {
+                    eprintln!();
+                }
+            }
+        })
+        .with_context(|| format!("loading model {}", path.display()))?;
+        Ok(model)
+    }
+}
+
+/// A path as given, or a catalogue id under `$TESSERA_HOME/models`.
+pub fn resolve_model(model: &str) -> anyhow::Result<PathBuf> {
+    let as_path = Path::new(model);
+    if as_path.exists() {
+        return Ok(as_path.to_path_buf());
+    }
+    if model.contains('/') || model.ends_with(".gguf") {
+        bail!("model path {model} does not exist");
+    }
+    let folder = super::default_data_dir().join("models").join(model);
+    if !folder.is_dir() {
+        bail!(
+            "model `{model}` not found: it is not a path, and {} does not exist{}",
+            folder.display(),
+            if model == DEFAULT_MODEL {
+                " (run scripts/fetch-model to install the default model)"
+            } else {
+                ""
+            }
+        );
+    }
+    if folder.join("config.json").is_file() {
+        return Ok(folder);
+    }
+    let mut ggufs: Vec<PathBuf> = std::fs::read_dir(&folder)
+        .with_context(|| format!("reading {}", folder.display()))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
+        .collect();
+    ggufs.sort();
+    match ggufs.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => bail!(
+            "{} holds neither a .gguf file nor config.json",
+            folder.display()
+        ),
+        many => bail!(
+            "{} holds {} .gguf files; name one with --model PATH",
+            folder.display(),
+            many.len()
+        ),
+    }
+}
