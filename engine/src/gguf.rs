@@ -127,7 +127,7 @@ impl GgufFile {
             .unwrap_or(heads);
         let head_dim = self
             .get_usize(&key("attention.key_length"))?
-            .unwrap_or(if heads > 0 { hidden / heads } else { 0 });
+            .unwrap_or(hidden.checked_div(heads).unwrap_or(0));
         let vocab = match self.get_usize(&key("vocab_size"))? {
             Some(v) => v,
             None => self
@@ -138,19 +138,20 @@ impl GgufFile {
                 .or_else(|| self.shape("token_embd.weight").map(|s| s[0]))
                 .ok_or_else(|| self.meta_error(&key("vocab_size"), "is missing"))?,
         };
-        let rope_scaling =
-            match self.metadata().get(&key("rope.scaling.type")) {
-                Some(Value::String(kind)) if kind == "linear" => RopeScaling::Linear {
-                    factor: self.get_f32(&key("rope.scaling.factor"))?.unwrap_or(1.0),
-                },
-                Some(Value::String(kind)) if kind != "none" => return Err(self.meta_error(
+        let rope_scaling = match self.metadata().get(&key("rope.scaling.type")) {
+            Some(Value::String(kind)) if kind == "linear" => RopeScaling::Linear {
+                factor: self.get_f32(&key("rope.scaling.factor"))?.unwrap_or(1.0),
+            },
+            Some(Value::String(kind)) if kind != "none" => {
+                return Err(self.meta_error(
                     &key("rope.scaling.type"),
                     &format!(
                         "is `{kind}`, which is not supported (linear, or llama3 via rope_freqs)"
                     ),
-                )),
-                _ => RopeScaling::None,
-            };
+                ))
+            }
+            _ => RopeScaling::None,
+        };
         let config = ModelConfig {
             architecture,
             layers: self.require_usize(&key("block_count"))?,
@@ -319,12 +320,11 @@ impl TensorSource for GgufFile {
         let dtype = format!("{:?}", info.ggml_dtype);
         let qtensor = if rows != (0..total_rows) {
             // Row slices of K-quants: dequantize and requantize the part.
-            let part = qtensor
+            qtensor
                 .dequantize(&Device::Cpu)
                 .and_then(|t| t.narrow(0, rows.start, rows.len()))
                 .and_then(|t| candle_core::quantized::QTensor::quantize(&t, info.ggml_dtype))
-                .map_err(|e| self.candle_error(name, e))?;
-            part
+                .map_err(|e| self.candle_error(name, e))?
         } else {
             qtensor
         };

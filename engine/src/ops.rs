@@ -35,11 +35,62 @@ pub fn add_in_place(a: &mut [f32], b: &[f32]) {
     }
 }
 
+/// `e^x` as ggml's SIMD kernels compute it (a degree-5 polynomial after
+/// range reduction by powers of two, ~1 ulp; the algorithm of ARM's
+/// optimized-routines): SwiGLU and softmax use it, and matching its
+/// rounding is what keeps our greedy tokens identical to llama.cpp's.
+#[inline(always)]
+pub fn exp_poly(x: f32) -> f32 {
+    let c = |bits: u32| f32::from_bits(bits);
+    let shift = c(0x4b40_0000); // 1.5 * 2^23: rounds to an integer
+    let z = x.mul_add(c(0x3fb8_aa3b), shift); // x * log2(e) + shift
+    let n = z - shift;
+    // b = x - n * ln2 (in two parts, for precision)
+    let b = (-n).mul_add(c(0x35bf_be8e), (-n).mul_add(c(0x3f31_7200), x));
+    let e = z.to_bits().wrapping_shl(23);
+    let k = f32::from_bits(e.wrapping_add(1.0f32.to_bits())); // 2^n
+    let u = b * b;
+    let j = c(0x3c07_2010)
+        .mul_add(b, c(0x3d2b_9f17))
+        .mul_add(u, c(0x3e2a_af33).mul_add(b, c(0x3eff_fedb)))
+        .mul_add(u, c(0x3f7f_fff6) * b);
+    if n.abs() <= 126.0 {
+        return j.mul_add(k, k);
+    }
+    // Outside the normal range: scale in two steps, or saturate.
+    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+    let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
+    let s2 = f32::from_bits(e.wrapping_sub(g));
+    if n.abs() > 192.0 {
+        s1 * s1
+    } else {
+        s2.mul_add(j, s2) * s1
+    }
+}
+
 /// `gate = silu(gate) * up` (SwiGLU), in place.
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
-    for (g, u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+    #[cfg(target_arch = "x86_64")]
+    if f16_simd::available() {
+        // SAFETY: features checked at run time.
+        unsafe { silu_mul_fma(gate, up) };
+        return;
     }
+    silu_mul_portable(gate, up)
+}
+
+#[inline(always)]
+fn silu_mul_portable(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + exp_poly(-*g)) * u;
+    }
+}
+
+/// The same loop compiled with FMA, so `mul_add` is one instruction.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn silu_mul_fma(gate: &mut [f32], up: &[f32]) {
+    silu_mul_portable(gate, up)
 }
 
 /// How RoPE pairs the dimensions of a head.
@@ -122,15 +173,40 @@ pub fn axpy(out: &mut [f32], scale: f32, x: &[f32]) {
     }
 }
 
-/// Softmax in place; returns nothing, `x` sums to 1 after.
+/// Softmax in place, summed as ggml sums it (8-lane f32 partial sums per
+/// block of 8, folded pairwise, accumulated in f64): attention weights then
+/// round to f16 exactly as llama.cpp's do.
 pub fn softmax(x: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0f32;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
+    #[cfg(target_arch = "x86_64")]
+    if f16_simd::available() {
+        // SAFETY: features checked at run time.
+        unsafe { softmax_fma(x) };
+        return;
     }
-    let inv = 1.0 / sum;
+    softmax_portable(x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_fma(x: &mut [f32]) {
+    softmax_portable(x)
+}
+
+#[inline(always)]
+fn softmax_portable(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f64;
+    for chunk in x.chunks_mut(8) {
+        let mut lanes = [0.0f32; 8];
+        for (lane, v) in lanes.iter_mut().zip(chunk.iter_mut()) {
+            *v = exp_poly(*v - max);
+            *lane = *v;
+        }
+        let folded = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6]))
+            + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+        sum += folded as f64;
+    }
+    let inv = (1.0 / sum) as f32;
     for v in x.iter_mut() {
         *v *= inv;
     }
@@ -173,6 +249,25 @@ mod tests {
             let want = rotated[(j / 2) + (j % 2) * head_dim / 2];
             assert!((interleaved[j] - want).abs() < 1e-6);
         }
+    }
+
+    #[test]
+    fn exp_poly_is_accurate_everywhere() {
+        for i in -2000..2000 {
+            let x = i as f32 * 0.05;
+            let (got, want) = (exp_poly(x), (x as f64).exp());
+            if want < f32::MIN_POSITIVE as f64 {
+                assert!(got < 1e-37, "{x}: {got}");
+            } else if want > f32::MAX as f64 {
+                assert!(got.is_infinite(), "{x}: {got}");
+            } else {
+                assert!(
+                    ((got as f64 - want) / want).abs() < 3e-7,
+                    "{x}: {got} vs {want}"
+                );
+            }
+        }
+        assert_eq!(exp_poly(f32::NEG_INFINITY), 0.0);
     }
 
     #[test]

@@ -151,7 +151,7 @@ fn worker_loop(shared: &Shared, index: usize, threads: usize) {
                 break generation;
             }
             spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 && idle_since.elapsed() > SPIN_BEFORE_SLEEP {
+            if spins.is_multiple_of(1024) && idle_since.elapsed() > SPIN_BEFORE_SLEEP {
                 let mut guard = lock(&shared.sleep_lock);
                 shared.sleepers.fetch_add(1, Ordering::SeqCst);
                 while shared.generation.load(Ordering::SeqCst) == seen {

@@ -167,3 +167,54 @@ fn logits_match_llama_cpp_at_the_first_generated_position() {
     let top = |l: &[f32]| (0..l.len()).fold(0, |best, i| if l[i] > l[best] { i } else { best });
     assert_eq!(top(ours), top(&reference), "top-1 token");
 }
+
+#[test]
+fn matches_llama_cpp_on_our_own_cases() {
+    // Multi-turn chats, system prompts, non-ASCII text, code, raw prompts
+    // (tests/data/README.md says how they were made).
+    let model = LoadedModel::load(&tessera_engine::testing::default_model_path(), |_, _| {})
+        .expect("default model loads");
+    let mut session = Session::new(&model, 2);
+    let extra = load_cases("llamacpp-extra-cases.json");
+    let mut failures = Vec::new();
+    for case in extra["cases"].as_array().expect("cases") {
+        let name = case["case"].to_string();
+        let prompt = match case["case"]["raw"].as_str() {
+            Some(text) => Prompt::Raw(text.to_string()),
+            None => Prompt::Chat {
+                messages: messages(&case["case"]),
+                tools: None,
+            },
+        };
+        if let Prompt::Chat { messages, .. } = &prompt {
+            let rendered = model
+                .template
+                .render(messages, None, true, None)
+                .expect("template renders");
+            assert_eq!(
+                rendered,
+                case["prompt"].as_str().expect("prompt"),
+                "{name}: template"
+            );
+        }
+        let forced = ids(&case["forced_token_ids"]);
+        let (prompt_ids, ours) = greedy(&mut session, prompt, forced.len());
+        assert_eq!(
+            prompt_ids,
+            ids(&case["prompt_token_ids"]),
+            "{name}: prompt ids"
+        );
+        let margins: Vec<f64> = case["forced_margins"]
+            .as_array()
+            .expect("margins")
+            .iter()
+            .map(|m| m.as_f64().expect("margin"))
+            .collect();
+        failures.extend(compare(&name, &ours, &forced, &margins));
+    }
+    assert!(
+        failures.is_empty(),
+        "divergences at clear margins:\n{}",
+        failures.join("\n")
+    );
+}

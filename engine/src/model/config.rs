@@ -88,14 +88,14 @@ impl ModelConfig {
                 self.layers, self.hidden, self.heads, self.vocab
             ));
         }
-        if self.kv_heads == 0 || self.heads % self.kv_heads != 0 {
+        if self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
             return fail(format!(
                 "{} attention heads cannot be shared by {} KV heads",
                 self.heads, self.kv_heads
             ));
         }
         if self.head_dim == 0
-            || self.head_dim % 2 != 0
+            || !self.head_dim.is_multiple_of(2)
             || self.head_dim > 512
             || self.rotary_dims > self.head_dim
         {
@@ -104,7 +104,7 @@ impl ModelConfig {
                 self.head_dim, self.rotary_dims
             ));
         }
-        if self.rotary_dims % 2 != 0 {
+        if !self.rotary_dims.is_multiple_of(2) {
             return fail(format!(
                 "rotary dimensions {} must be even",
                 self.rotary_dims

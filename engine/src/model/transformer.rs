@@ -161,7 +161,7 @@ impl Workspace {
         if self.logits.len() < config.vocab {
             self.logits.resize(config.vocab, 0.0);
         }
-        let stride = MAX_HEAD_DIM + context.next_multiple_of(64);
+        let stride = 9 * MAX_HEAD_DIM + context.next_multiple_of(64);
         if stride > self.scores_stride || self.scores.len() < stride * threads {
             self.scores_stride = stride.max(self.scores_stride);
             self.scores.resize(self.scores_stride * threads, 0.0);
@@ -492,7 +492,17 @@ impl Transformer {
         layer
             .w_up
             .matmul(&mut ws.acts, n, &ws.normed, &mut ws.up[..n * f], pool)?;
-        ops::silu_mul(&mut ws.gate[..n * f], &ws.up[..n * f]);
+        if n == 1 {
+            ops::silu_mul(&mut ws.gate[..f], &ws.up[..f]);
+        } else {
+            let gate = DisjointSlice::new(&mut ws.gate[..n * f]);
+            let up = &ws.up[..n * f];
+            pool.run(|index, count| {
+                let range = split_range(n * f, index, count, 64);
+                // SAFETY: threads take disjoint ranges.
+                ops::silu_mul(unsafe { gate.part(range.clone()) }, &up[range]);
+            });
+        }
         ws.acts.set(&ws.gate[..n * f], n, f);
         layer
             .w_down
@@ -558,7 +568,8 @@ fn attention(
             let kv_head = head / group;
             let positions = start + t + 1;
             // The query is rounded to f16 as llama.cpp converts it for K.
-            let (query, scores) = scores.split_at_mut(MAX_HEAD_DIM);
+            let (query, rest) = scores.split_at_mut(MAX_HEAD_DIM);
+            let (lanes, scores) = rest.split_at_mut(8 * MAX_HEAD_DIM);
             let query = &mut query[..hd];
             for (r, v) in query.iter_mut().zip(&q[t * heads * hd + head * hd..][..hd]) {
                 *r = ops::round_to_f16(*v);
@@ -577,9 +588,18 @@ fn attention(
             let o = unsafe {
                 out_view.part(t * heads * hd + head * hd..t * heads * hd + (head + 1) * hd)
             };
-            o.fill(0.0);
+            // Eight partial sums by position mod 8, folded pairwise at the
+            // end: the order of an 8-lane SIMD dot over positions, which is
+            // how llama.cpp sums `softmax(QK) V`. Same rounding, same tokens.
+            let lanes = &mut lanes[..8 * hd];
+            lanes.fill(0.0);
             for (p, weight) in scores.iter().enumerate() {
-                ops::axpy_f16(o, *weight, &values[p * kvd + kv_head * hd..][..hd]);
+                let lane = &mut lanes[(p % 8) * hd..(p % 8 + 1) * hd];
+                ops::axpy_f16(lane, *weight, &values[p * kvd + kv_head * hd..][..hd]);
+            }
+            for (d, out) in o.iter_mut().enumerate() {
+                let l = |i: usize| lanes[i * hd + d];
+                *out = ((l(0) + l(4)) + (l(2) + l(6))) + ((l(1) + l(5)) + (l(3) + l(7)));
             }
         }
     });

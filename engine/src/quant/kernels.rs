@@ -42,6 +42,23 @@ pub fn select_dot(format: WeightFormat) -> DotFn {
     }
 }
 
+/// `dot` of one weight row with four activation rows at once (prefill).
+pub type Dot4Fn = fn(&[u8], [&[BlockQ8]; 4], &mut [f32; 4]);
+
+/// A four-row kernel for `format`, where one exists on this CPU.
+pub fn select_dot4(format: WeightFormat) -> Option<Dot4Fn> {
+    #[cfg(target_arch = "x86_64")]
+    if avx2::available() {
+        return match format {
+            WeightFormat::Q4_1 => Some(avx2::dot4_q4_1),
+            WeightFormat::Q4_0 => Some(avx2::dot4_q4_0),
+            _ => None,
+        };
+    }
+    let _ = format;
+    None
+}
+
 /// Float formats take f32 activations ([`dot_float`]), never this path.
 fn unreachable_dot(_: &[u8], _: &[BlockQ8]) -> f32 {
     f32::NAN
@@ -196,6 +213,7 @@ pub mod scalar {
         }
     }
 
+    #[cfg(test)]
     pub fn dot(format: WeightFormat, row: &[u8], x: &[BlockQ8]) -> f32 {
         match format {
             WeightFormat::Q4_0 => dot_q4_0(row, x),
@@ -310,33 +328,78 @@ mod avx2 {
 
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot_q4_1_impl(row: &[u8], x: &[BlockQ8]) -> f32 {
-        let mut acc0 = _mm256_setzero_ps();
-        let mut acc1 = _mm256_setzero_ps();
+        let mut acc = _mm256_setzero_ps();
         let mut mins = 0.0f32;
         let w = row.as_ptr();
-        let n = x.len();
-        let mut i = 0;
-        while i + 1 < n {
-            let (w0, w1) = (w.add(i * 20), w.add(i * 20 + 20));
-            let (a0, a1) = (x.get_unchecked(i), x.get_unchecked(i + 1));
-            let d0 = _mm256_set1_ps(load_f16(w0) * a0.d);
-            let d1 = _mm256_set1_ps(load_f16(w1) * a1.d);
-            mins += load_f16(w0.add(2)) * a0.s + load_f16(w1.add(2)) * a1.s;
-            let y0 = _mm256_loadu_si256(a0.qs.as_ptr() as *const __m256i);
-            let y1 = _mm256_loadu_si256(a1.qs.as_ptr() as *const __m256i);
-            acc0 = _mm256_fmadd_ps(d0, mul_sum_us8(nibbles(w0.add(4)), y0), acc0);
-            acc1 = _mm256_fmadd_ps(d1, mul_sum_us8(nibbles(w1.add(4)), y1), acc1);
-            i += 2;
+        for (i, a) in x.iter().enumerate() {
+            let wb = w.add(i * 20);
+            let d = _mm256_set1_ps(load_f16(wb) * a.d);
+            mins += load_f16(wb.add(2)) * a.s;
+            let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+            acc = _mm256_fmadd_ps(d, mul_sum_us8(nibbles(wb.add(4)), y), acc);
         }
-        if i < n {
-            let w0 = w.add(i * 20);
-            let a0 = x.get_unchecked(i);
-            let d0 = _mm256_set1_ps(load_f16(w0) * a0.d);
-            mins += load_f16(w0.add(2)) * a0.s;
-            let y0 = _mm256_loadu_si256(a0.qs.as_ptr() as *const __m256i);
-            acc0 = _mm256_fmadd_ps(d0, mul_sum_us8(nibbles(w0.add(4)), y0), acc0);
+        hsum(acc) + mins
+    }
+
+    /// One Q4_1 row against four activation rows (prefill): the weights are
+    /// unpacked once per block for all four. Same arithmetic, in the same
+    /// order, as [`dot_q4_1`], so batching never changes a result.
+    pub fn dot4_q4_1(row: &[u8], x: [&[BlockQ8]; 4], out: &mut [f32; 4]) {
+        let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
+        assert!(row.len() >= n * 20);
+        // SAFETY: features checked by `available`; bounds by the assert.
+        unsafe { dot4_q4_1_impl(row, x, n, out) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot4_q4_1_impl(row: &[u8], x: [&[BlockQ8]; 4], n: usize, out: &mut [f32; 4]) {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut mins = [0.0f32; 4];
+        let w = row.as_ptr();
+        for i in 0..n {
+            let wb = w.add(i * 20);
+            let (dw, mw) = (load_f16(wb), load_f16(wb.add(2)));
+            let q = nibbles(wb.add(4));
+            for k in 0..4 {
+                let a = x[k].get_unchecked(i);
+                mins[k] += mw * a.s;
+                let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), mul_sum_us8(q, y), acc[k]);
+            }
         }
-        hsum(_mm256_add_ps(acc0, acc1)) + mins
+        for k in 0..4 {
+            out[k] = hsum(acc[k]) + mins[k];
+        }
+    }
+
+    /// Q4_0 against four activation rows; see [`dot4_q4_1`].
+    pub fn dot4_q4_0(row: &[u8], x: [&[BlockQ8]; 4], out: &mut [f32; 4]) {
+        let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
+        assert!(row.len() >= n * 18);
+        // SAFETY: features checked by `available`; bounds by the assert.
+        unsafe { dot4_q4_0_impl(row, x, n, out) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot4_q4_0_impl(row: &[u8], x: [&[BlockQ8]; 4], n: usize, out: &mut [f32; 4]) {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let w = row.as_ptr();
+        let eight = _mm256_set1_epi8(8);
+        for i in 0..n {
+            let wb = w.add(i * 18);
+            let dw = load_f16(wb);
+            let q = _mm256_sub_epi8(nibbles(wb.add(2)), eight);
+            let q_abs = _mm256_sign_epi8(q, q);
+            for k in 0..4 {
+                let a = x[k].get_unchecked(i);
+                let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+                let prod = mul_sum_us8(q_abs, _mm256_sign_epi8(y, q));
+                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), prod, acc[k]);
+            }
+        }
+        for k in 0..4 {
+            out[k] = hsum(acc[k]);
+        }
     }
 
     pub fn dot_q4_0(row: &[u8], x: &[BlockQ8]) -> f32 {

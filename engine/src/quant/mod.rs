@@ -98,7 +98,7 @@ impl QMatrix {
         cols: usize,
         data: Vec<u8>,
     ) -> Result<Self, QuantError> {
-        if format.is_quantized() && cols % BLOCK != 0 {
+        if format.is_quantized() && !cols.is_multiple_of(BLOCK) {
             return Err(QuantError::RaggedBlocks { format, cols });
         }
         let expected = rows * format.row_bytes(cols);
@@ -205,7 +205,7 @@ impl Activations {
         self.have_q8_1 = false;
     }
 
-    fn prepare(&mut self, kind: ActivationKind) {
+    fn prepare(&mut self, kind: ActivationKind, pool: &ThreadPool) {
         let (blocks, done, with_sum) = match kind {
             ActivationKind::F32 => return,
             ActivationKind::Q8_0 => (&mut self.q8_0, &mut self.have_q8_0, false),
@@ -216,12 +216,26 @@ impl Activations {
         }
         let per_row = self.cols / BLOCK;
         blocks.resize(self.rows * per_row, BlockQ8::default());
-        for (row, out) in self
-            .f32
-            .chunks_exact(self.cols)
-            .zip(blocks.chunks_exact_mut(per_row))
-        {
-            kernels::quantize_row_q8(row, out, with_sum);
+        let (rows, cols, values) = (self.rows, self.cols, &self.f32);
+        let quantize = |range: std::ops::Range<usize>, out: &mut [BlockQ8]| {
+            for (row, out) in values[range.start * cols..range.end * cols]
+                .chunks_exact(cols)
+                .zip(out.chunks_exact_mut(per_row))
+            {
+                kernels::quantize_row_q8(row, out, with_sum);
+            }
+        };
+        if rows < 8 {
+            quantize(0..rows, blocks);
+        } else {
+            // Prefill: a few MB of activations, worth every thread.
+            let view = DisjointSlice::new(&mut blocks[..]);
+            pool.run(|index, count| {
+                let range = split_range(rows, index, count, 1);
+                // SAFETY: threads take disjoint row ranges.
+                let out = unsafe { view.part(range.start * per_row..range.end * per_row) };
+                quantize(range, out);
+            });
         }
         *done = true;
     }
@@ -233,7 +247,7 @@ pub fn matmul(w: &QMatrix, x: &mut Activations, out: &mut [f32], pool: &ThreadPo
     assert_eq!(x.cols, w.cols, "activation width must match the matrix");
     assert!(out.len() >= x.rows * w.rows);
     let kind = w.format.activation_kind();
-    x.prepare(kind);
+    x.prepare(kind, pool);
     let x = &*x;
     let out_view = DisjointSlice::new(&mut out[..x.rows * w.rows]);
     let rows = w.rows;
@@ -262,10 +276,36 @@ fn matmul_rows(
 ) {
     let per_row = w.cols / BLOCK;
     let dot = kernels::select_dot(w.format);
+    let dot4 = kernels::select_dot4(w.format);
+    let blocks = match kind {
+        ActivationKind::Q8_0 => &x.q8_0[..],
+        ActivationKind::Q8_1 => &x.q8_1[..],
+        ActivationKind::F32 => &[][..],
+    };
     let mut tile_start = range.start;
     while tile_start < range.end {
         let tile_end = (tile_start + ROW_TILE).min(range.end);
-        for t in 0..tokens {
+        let mut first_single = 0;
+        if let (Some(dot4), false) = (dot4, blocks.is_empty()) {
+            // Four tokens at a time share each unpacked weight block.
+            let row_of = |t: usize| &blocks[t * per_row..(t + 1) * per_row];
+            let mut results = [0.0f32; 4];
+            while first_single + 4 <= tokens {
+                let t = first_single;
+                let xs = [row_of(t), row_of(t + 1), row_of(t + 2), row_of(t + 3)];
+                for r in tile_start..tile_end {
+                    dot4(w.row(r), xs, &mut results);
+                    for (k, value) in results.iter().enumerate() {
+                        // SAFETY: this thread owns columns `range` of every output row.
+                        unsafe {
+                            out.part((t + k) * w.rows + r..(t + k) * w.rows + r + 1)[0] = *value
+                        };
+                    }
+                }
+                first_single += 4;
+            }
+        }
+        for t in first_single..tokens {
             // SAFETY: this thread owns columns `range` of every output row.
             let out_row = unsafe { out.part(t * w.rows + tile_start..t * w.rows + tile_end) };
             match kind {
@@ -276,11 +316,6 @@ fn matmul_rows(
                     }
                 }
                 ActivationKind::Q8_0 | ActivationKind::Q8_1 => {
-                    let blocks = if kind == ActivationKind::Q8_0 {
-                        &x.q8_0
-                    } else {
-                        &x.q8_1
-                    };
                     let xs = &blocks[t * per_row..(t + 1) * per_row];
                     for (o, r) in out_row.iter_mut().zip(tile_start..tile_end) {
                         *o = dot(w.row(r), xs);
@@ -376,6 +411,30 @@ mod tests {
                 (fast - slow).abs() <= 1e-4 * slow.abs().max(1.0),
                 "{format:?}: {fast} vs {slow}"
             );
+        }
+    }
+
+    #[test]
+    fn four_row_kernels_equal_single_row_kernels_exactly() {
+        for format in [WeightFormat::Q4_0, WeightFormat::Q4_1] {
+            let Some(dot4) = kernels::select_dot4(format) else {
+                continue;
+            };
+            let cols = 576;
+            let w = quantize(format, &random(cols, 5));
+            let rows: Vec<Vec<BlockQ8>> = (0..4)
+                .map(|k| {
+                    let mut blocks = vec![BlockQ8::default(); cols / BLOCK];
+                    kernels::quantize_row_q8(&random(cols, 10 + k), &mut blocks, true);
+                    blocks
+                })
+                .collect();
+            let mut out = [0.0; 4];
+            dot4(&w, [&rows[0], &rows[1], &rows[2], &rows[3]], &mut out);
+            for k in 0..4 {
+                let single = kernels::select_dot(format)(&w, &rows[k]);
+                assert_eq!(out[k].to_bits(), single.to_bits(), "{format:?} row {k}");
+            }
         }
     }
 
