@@ -1,6 +1,7 @@
 //! Arguments shared by the commands that load a model, and how a model name
 //! resolves to files.
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
@@ -30,17 +31,23 @@ impl ModelArgs {
 
     pub fn load(&self, quiet: bool) -> anyhow::Result<LoadedModel> {
         let path = resolve_model(&self.model)?;
-        let mut last_shown = 0;
+        let interactive = !quiet && std::io::stderr().is_terminal();
+        let started = std::time::Instant::now();
         let model = LoadedModel::load(&path, |done, total| {
-            if !quiet && (done == total || done >= last_shown + total / 10) {
-                last_shown = done;
-                eprint!("\rloading {}: {done}/{total}", path.display());
-                if done == total {
-                    eprintln!();
-                }
+            if interactive {
+                eprint!("\rloading {}: {done}/{total} parts", path.display());
             }
         })
         .with_context(|| format!("loading model {}", path.display()))?;
+        if !quiet {
+            eprintln!(
+                "{}loaded {} ({:.0} MB of weights) in {:.2} s",
+                if interactive { "\r" } else { "" },
+                path.display(),
+                model.transformer.weight_bytes() as f64 / 1e6,
+                started.elapsed().as_secs_f64()
+            );
+        }
         Ok(model)
     }
 }

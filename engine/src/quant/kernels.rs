@@ -59,6 +59,18 @@ pub fn select_dot4(format: WeightFormat) -> Option<Dot4Fn> {
     None
 }
 
+/// Four weight rows against one activation row, where a kernel exists.
+pub type Rows4Fn = fn([&[u8]; 4], &[BlockQ8], &mut [f32; 4]);
+
+pub fn select_rows4(format: WeightFormat) -> Option<Rows4Fn> {
+    #[cfg(target_arch = "x86_64")]
+    if avx2::available() && format == WeightFormat::Q4_1 {
+        return Some(avx2::rows4_q4_1);
+    }
+    let _ = format;
+    None
+}
+
 /// Float formats take f32 activations ([`dot_float`]), never this path.
 fn unreachable_dot(_: &[u8], _: &[BlockQ8]) -> f32 {
     f32::NAN
@@ -365,6 +377,33 @@ mod avx2 {
                 mins[k] += mw * a.s;
                 let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
                 acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), mul_sum_us8(q, y), acc[k]);
+            }
+        }
+        for k in 0..4 {
+            out[k] = hsum(acc[k]) + mins[k];
+        }
+    }
+
+    /// Four Q4_1 rows against one activation row (decode): four
+    /// independent accumulators keep the FMA units busy, and each row's
+    /// arithmetic is exactly [`dot_q4_1`]'s.
+    pub fn rows4_q4_1(rows: [&[u8]; 4], x: &[BlockQ8], out: &mut [f32; 4]) {
+        assert!(rows.iter().all(|r| r.len() >= x.len() * 20));
+        // SAFETY: features checked by `available`; bounds by the assert.
+        unsafe { rows4_q4_1_impl(rows, x, out) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn rows4_q4_1_impl(rows: [&[u8]; 4], x: &[BlockQ8], out: &mut [f32; 4]) {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut mins = [0.0f32; 4];
+        for (i, a) in x.iter().enumerate() {
+            let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+            for k in 0..4 {
+                let wb = rows[k].as_ptr().add(i * 20);
+                mins[k] += load_f16(wb.add(2)) * a.s;
+                let d = _mm256_set1_ps(load_f16(wb) * a.d);
+                acc[k] = _mm256_fmadd_ps(d, mul_sum_us8(nibbles(wb.add(4)), y), acc[k]);
             }
         }
         for k in 0..4 {

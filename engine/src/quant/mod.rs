@@ -305,6 +305,32 @@ fn matmul_rows(
                 first_single += 4;
             }
         }
+        if let (Some(rows4), 1, false) = (
+            kernels::select_rows4(w.format),
+            tokens - first_single,
+            blocks.is_empty(),
+        ) {
+            // Decode: four weight rows share each activation block load.
+            let t = first_single;
+            let xs = &blocks[t * per_row..(t + 1) * per_row];
+            // SAFETY: this thread owns columns `range` of every output row.
+            let out_row = unsafe { out.part(t * w.rows + tile_start..t * w.rows + tile_end) };
+            let mut r = tile_start;
+            let mut results = [0.0f32; 4];
+            while r + 4 <= tile_end {
+                rows4(
+                    [w.row(r), w.row(r + 1), w.row(r + 2), w.row(r + 3)],
+                    xs,
+                    &mut results,
+                );
+                out_row[r - tile_start..r - tile_start + 4].copy_from_slice(&results);
+                r += 4;
+            }
+            for (o, r) in out_row[r - tile_start..].iter_mut().zip(r..tile_end) {
+                *o = dot(w.row(r), xs);
+            }
+            first_single = tokens;
+        }
         for t in first_single..tokens {
             // SAFETY: this thread owns columns `range` of every output row.
             let out_row = unsafe { out.part(t * w.rows + tile_start..t * w.rows + tile_end) };
@@ -434,6 +460,20 @@ mod tests {
             for k in 0..4 {
                 let single = kernels::select_dot(format)(&w, &rows[k]);
                 assert_eq!(out[k].to_bits(), single.to_bits(), "{format:?} row {k}");
+            }
+            if let Some(rows4) = kernels::select_rows4(format) {
+                let ws: Vec<Vec<u8>> = (0..4)
+                    .map(|k| quantize(format, &random(cols, 20 + k)))
+                    .collect();
+                rows4([&ws[0], &ws[1], &ws[2], &ws[3]], &rows[0], &mut out);
+                for k in 0..4 {
+                    let single = kernels::select_dot(format)(&ws[k], &rows[0]);
+                    assert_eq!(
+                        out[k].to_bits(),
+                        single.to_bits(),
+                        "{format:?} weight row {k}"
+                    );
+                }
             }
         }
     }
