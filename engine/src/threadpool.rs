@@ -211,6 +211,14 @@ impl<T> DisjointSlice<T> {
         }
     }
 
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// # Safety
     /// No two threads may hold overlapping ranges at the same time, and the
     /// original slice must not be used while parts are alive.

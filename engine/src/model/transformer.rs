@@ -418,15 +418,18 @@ impl Transformer {
             &mut ws.normed[..n * h],
         );
         ws.acts.set(&ws.normed[..n * h], n, h);
-        layer
-            .wq
-            .matmul(&mut ws.acts, n, &ws.normed, &mut ws.q[..n * qd], pool)?;
-        layer
-            .wk
-            .matmul(&mut ws.acts, n, &ws.normed, &mut ws.k[..n * kvd], pool)?;
-        layer
-            .wv
-            .matmul(&mut ws.acts, n, &ws.normed, &mut ws.v[..n * kvd], pool)?;
+        Matrix::matmul_many(
+            [&layer.wq, &layer.wk, &layer.wv],
+            &mut ws.acts,
+            n,
+            &ws.normed,
+            [
+                &mut ws.q[..n * qd],
+                &mut ws.k[..n * kvd],
+                &mut ws.v[..n * kvd],
+            ],
+            pool,
+        )?;
         add_bias(&mut ws.q[..n * qd], layer.q_bias.as_deref());
         add_bias(&mut ws.k[..n * kvd], layer.k_bias.as_deref());
         add_bias(&mut ws.v[..n * kvd], layer.v_bias.as_deref());
@@ -486,12 +489,14 @@ impl Transformer {
         );
         ws.acts.set(&ws.normed[..n * h], n, h);
         let f = cfg.ffn;
-        layer
-            .w_gate
-            .matmul(&mut ws.acts, n, &ws.normed, &mut ws.gate[..n * f], pool)?;
-        layer
-            .w_up
-            .matmul(&mut ws.acts, n, &ws.normed, &mut ws.up[..n * f], pool)?;
+        Matrix::matmul_many(
+            [&layer.w_gate, &layer.w_up],
+            &mut ws.acts,
+            n,
+            &ws.normed,
+            [&mut ws.gate[..n * f], &mut ws.up[..n * f]],
+            pool,
+        )?;
         if n == 1 {
             ops::silu_mul(&mut ws.gate[..f], &ws.up[..f]);
         } else {

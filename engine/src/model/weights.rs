@@ -114,6 +114,35 @@ impl Matrix {
         }
     }
 
+    /// [`Matrix::matmul`] for several matrices over the same input, in one
+    /// parallel region when all are native.
+    pub fn matmul_many<const N: usize>(
+        mats: [&Matrix; N],
+        x: &mut Activations,
+        rows: usize,
+        input: &[f32],
+        outs: [&mut [f32]; N],
+        pool: &ThreadPool,
+    ) -> Result<(), candle_core::Error> {
+        let natives = mats.map(|m| match m {
+            Matrix::Native(q) => Some(q),
+            Matrix::Candle { .. } => None,
+        });
+        if let (true, Some(first)) = (
+            natives.iter().all(Option::is_some),
+            natives.iter().flatten().next(),
+        ) {
+            // All native: `unwrap_or` never falls back here.
+            let ws = natives.map(|q| q.unwrap_or(first));
+            quant::matmul_many(ws, x, outs, pool);
+            return Ok(());
+        }
+        for (m, out) in mats.into_iter().zip(outs) {
+            m.matmul(x, rows, input, out, pool)?;
+        }
+        Ok(())
+    }
+
     /// `out = x @ self^T` for every row of `x`.
     pub fn matmul(
         &self,

@@ -263,6 +263,37 @@ pub fn matmul(w: &QMatrix, x: &mut Activations, out: &mut [f32], pool: &ThreadPo
     });
 }
 
+/// Several matrices over the same activations in one parallel region (q, k
+/// and v; gate and up): one barrier instead of several per layer.
+pub fn matmul_many<const N: usize>(
+    ws: [&QMatrix; N],
+    x: &mut Activations,
+    outs: [&mut [f32]; N],
+    pool: &ThreadPool,
+) {
+    for w in ws {
+        assert_eq!(x.cols, w.cols, "activation width must match the matrix");
+        x.prepare(w.format.activation_kind(), pool);
+    }
+    let x = &*x;
+    let tokens = x.rows;
+    let views = outs.map(|out| {
+        let len = out.len();
+        DisjointSlice::new(&mut out[..len])
+    });
+    for (w, view) in ws.iter().zip(&views) {
+        assert!(view.len() >= tokens * w.rows);
+    }
+    pool.run(|index, count| {
+        for (w, view) in ws.iter().zip(&views) {
+            let range = split_range(w.rows, index, count, 4);
+            if !range.is_empty() {
+                matmul_rows(w, x, w.format.activation_kind(), range, tokens, view);
+            }
+        }
+    });
+}
+
 /// Rows of the weight tile that stay in L1 while all tokens stream past.
 const ROW_TILE: usize = 16;
 
