@@ -577,22 +577,17 @@ fn strftime_now(fmt: String) -> Result<String, Error> {
 mod tests {
     use super::*;
     use crate::tokenizer::Tokenizer;
-    use std::path::PathBuf;
     use std::sync::OnceLock;
 
-    const DEFAULT_MODEL: &str =
-        "/root/.tessera/models/smollm2-135m-instruct-q4_1/SmolLM2-135M-Instruct.Q4_1.gguf";
     const GOLDEN: &str = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/golden/llamacpp-smollm2-135m-q4_1.json"
+        "/tests/data/llamacpp-smollm2-135m-q4_1.json"
     );
 
     fn tok() -> &'static Tokenizer {
         static TOK: OnceLock<Tokenizer> = OnceLock::new();
         TOK.get_or_init(|| {
-            let path = std::env::var_os("TESSERA_TEST_MODEL")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from(DEFAULT_MODEL));
+            let path = crate::testing::default_model_path();
             let mut file = std::fs::File::open(&path).unwrap_or_else(|e| {
                 panic!(
                     "test model {} is missing ({e}); run scripts/fetch-model (or set TESSERA_TEST_MODEL)",

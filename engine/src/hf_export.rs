@@ -541,26 +541,11 @@ mod tests {
     use crate::hf_dir::{HfDirError, HfModelDir};
     use std::collections::BTreeSet;
 
-    const MODEL_REL: &str = "models/smollm2-135m-instruct-q4_1/SmolLM2-135M-Instruct.Q4_1.gguf";
-
     /// The test GGUF: `TESSERA_TEST_MODEL`, else under `$TESSERA_HOME`, else
     /// under `$HOME/.tessera`. Missing is a failure, never a skip, so CI
     /// cannot silently pass without exercising the loader.
     fn test_model() -> PathBuf {
-        let path = if let Some(p) = std::env::var_os("TESSERA_TEST_MODEL") {
-            PathBuf::from(p)
-        } else if let Some(home) = std::env::var_os("TESSERA_HOME") {
-            PathBuf::from(home).join(MODEL_REL)
-        } else {
-            let home = std::env::var_os("HOME").expect("HOME is not set");
-            PathBuf::from(home).join(".tessera").join(MODEL_REL)
-        };
-        assert!(
-            path.is_file(),
-            "test model {} is missing: run scripts/fetch-model (or set TESSERA_TEST_MODEL)",
-            path.display()
-        );
-        path
+        crate::testing::default_model_path()
     }
 
     /// One GGUF tensor dequantized to f32 (GGUF row order) and its shape.

@@ -1098,17 +1098,13 @@ mod tests {
     use super::*;
     use std::sync::OnceLock;
 
-    const DEFAULT_MODEL: &str =
-        "/root/.tessera/models/smollm2-135m-instruct-q4_1/SmolLM2-135M-Instruct.Q4_1.gguf";
     const GOLDEN: &str = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/golden/llamacpp-smollm2-135m-q4_1.json"
+        "/tests/data/llamacpp-smollm2-135m-q4_1.json"
     );
 
     fn model_path() -> PathBuf {
-        std::env::var_os("TESSERA_TEST_MODEL")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_MODEL))
+        crate::testing::default_model_path()
     }
 
     fn metadata() -> &'static Metadata {
