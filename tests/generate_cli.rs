@@ -209,3 +209,47 @@ fn bad_input_gives_clear_errors() {
         "{message}"
     );
 }
+
+#[test]
+fn logprobs_come_with_their_alternatives() {
+    let model = model();
+    let out = tessera(&[
+        "generate",
+        "--model",
+        &model,
+        "--prompt",
+        "1, 2, 3, 4, 5,",
+        "--max-tokens",
+        "3",
+        "--json",
+        "--logprobs",
+        "3",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let logprobs = json["logprobs"].as_array().expect("logprobs");
+    assert_eq!(logprobs.len(), 3);
+    for entry in logprobs {
+        let logprob = entry["logprob"].as_f64().expect("logprob");
+        let top = entry["top"].as_array().expect("top");
+        assert_eq!(top.len(), 3);
+        // Greedy: the chosen token is the most likely one.
+        assert_eq!(top[0][0], entry["token"]);
+        assert!((top[0][1].as_f64().expect("lp") - logprob).abs() < 1e-4);
+        assert!(logprob <= 0.0 && top[1][1].as_f64() <= top[0][1].as_f64());
+    }
+    assert!(failure(&[
+        "generate",
+        "--model",
+        &model,
+        "--prompt",
+        "hi",
+        "--logprobs",
+        "21"
+    ])
+    .contains("top_logprobs"));
+}

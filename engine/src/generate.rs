@@ -82,6 +82,9 @@ pub struct GenerateRequest {
     pub prefill_chunk: usize,
     /// Reuse the KV cache for a prompt prefix shared with the last request.
     pub reuse_prefix: bool,
+    /// Record each generated token's logprob (and `sampling.top_logprobs`
+    /// alternatives) in [`GenerationOutput::logprobs`].
+    pub logprobs: bool,
 }
 
 impl GenerateRequest {
@@ -95,6 +98,7 @@ impl GenerateRequest {
             ignore_eos: false,
             prefill_chunk: 512,
             reuse_prefix: true,
+            logprobs: false,
         }
     }
 }
@@ -148,11 +152,22 @@ pub enum GenerationEvent<'a> {
     Parsed(&'a ParsedChunk),
 }
 
+/// A generated token's log-probability and its best alternatives.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    /// `(token, logprob)`, best first.
+    pub top: Vec<(u32, f32)>,
+}
+
 /// The outcome of one request.
 #[derive(Clone, Debug)]
 pub struct GenerationOutput {
     pub prompt_tokens: Vec<u32>,
     pub tokens: Vec<u32>,
+    /// One entry per generated token when the request asked for logprobs.
+    pub logprobs: Vec<TokenLogprob>,
     pub text: String,
     pub chunks: Vec<ParsedChunk>,
     pub finish_reason: FinishReason,
@@ -388,6 +403,7 @@ impl<'m> Session<'m> {
 
         let mut history = prompt.clone();
         let mut tokens = Vec::with_capacity(request.max_tokens);
+        let mut logprobs = Vec::new();
         let mut text = String::new();
         let mut chunks = Vec::new();
         let mut utf8 = Utf8Stream::new();
@@ -407,6 +423,13 @@ impl<'m> Session<'m> {
             first_token_at.get_or_insert_with(|| started.elapsed().as_secs_f64());
             tokens.push(id);
             history.push(id);
+            if request.logprobs {
+                logprobs.push(TokenLogprob {
+                    token: id,
+                    logprob: sampled.logprob,
+                    top: sampled.top_logprobs.clone(),
+                });
+            }
             let end_of_generation = !request.ignore_eos && model.tokenizer.eog_ids().contains(&id);
             if end_of_generation || request.stop_token_ids.contains(&id) {
                 finish = FinishReason::Stop;
@@ -495,6 +518,7 @@ impl<'m> Session<'m> {
         Ok(GenerationOutput {
             prompt_tokens: prompt,
             tokens,
+            logprobs,
             text,
             chunks,
             finish_reason: finish,

@@ -48,6 +48,9 @@ pub struct GenerateArgs {
     /// A stop string (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
+    /// With --json: each token's logprob and its N best alternatives (0-20).
+    #[arg(long)]
+    pub logprobs: Option<usize>,
     /// Keep generating past end-of-generation tokens.
     #[arg(long)]
     pub ignore_eos: bool,
@@ -65,7 +68,13 @@ struct JsonOutput<'a> {
     reasoning: String,
     tool_calls: Vec<serde_json::Value>,
     finish_reason: tessera_engine::generate::FinishReason,
+    #[serde(skip_serializing_if = "no_logprobs")]
+    logprobs: &'a [tessera_engine::generate::TokenLogprob],
     stats: &'a GenerationStats,
+}
+
+fn no_logprobs(logprobs: &&[tessera_engine::generate::TokenLogprob]) -> bool {
+    logprobs.is_empty()
 }
 
 pub fn request_from(args: &GenerateArgs) -> anyhow::Result<GenerateRequest> {
@@ -101,6 +110,7 @@ pub fn request_from(args: &GenerateArgs) -> anyhow::Result<GenerateRequest> {
     request.max_tokens = args.max_tokens;
     request.stop = args.stop.clone();
     request.ignore_eos = args.ignore_eos;
+    request.logprobs = args.logprobs.is_some();
     request.sampling = SamplingParams {
         temperature: args.temperature,
         top_k: args.top_k,
@@ -108,6 +118,7 @@ pub fn request_from(args: &GenerateArgs) -> anyhow::Result<GenerateRequest> {
         min_p: args.min_p,
         repetition_penalty: args.repetition_penalty,
         seed: args.seed,
+        top_logprobs: args.logprobs.unwrap_or(0),
         ..SamplingParams::default()
     };
     request.sampling.validate()?;
@@ -147,6 +158,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             reasoning,
             tool_calls,
             finish_reason: output.finish_reason,
+            logprobs: &output.logprobs,
             stats: &output.stats,
         };
         serde_json::to_writer_pretty(&mut stdout, &json)?;
