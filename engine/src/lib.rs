@@ -13,6 +13,8 @@
 //!   activations (our own AVX2/NEON/scalar kernels, llama.cpp's rounding).
 //! - [`ops`]: norms, RoPE, softmax, SwiGLU.
 //! - [`threadpool`]: the compute threads of the forward pass.
+//! - [`collectives`]: the [`collectives::Group`] of a distributed model's
+//!   ranks: single rank, or a TCP ring with timeouts on every operation.
 //! - [`tokenizer`], [`chat_template`]: text to tokens, messages to text.
 //! - [`generate`]: sessions with a KV cache; the request loop that ties
 //!   [`sampler`], [`stop`], [`utf8_stream`] and [`output_parser`] together.
@@ -24,6 +26,7 @@
 //!   live in [`model::Workspace`] and the KV cache reserves its room up front.
 
 pub mod chat_template;
+pub mod collectives;
 pub mod generate;
 pub mod gguf;
 pub mod hf_dir;

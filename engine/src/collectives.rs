@@ -1,0 +1,674 @@
+//! Collectives between the ranks of a distributed model: a [`Group`] trait,
+//! the single-rank group, and a TCP ring (the MLX ring approach).
+//!
+//! Every operation has a timeout and returns an error naming the peer when a
+//! peer dies, stalls or sends garbage; nothing hangs. Results are identical
+//! on every rank, bit for bit (each chunk of an all-reduce is summed once, in
+//! a fixed order, then passed around), so ranks never diverge silently.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+/// Why a collective operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CollectiveError {
+    #[error(
+        "rank {rank}: could not connect to rank {peer} at {addr} before the deadline: {reason}"
+    )]
+    Connect {
+        rank: usize,
+        peer: usize,
+        addr: SocketAddr,
+        reason: String,
+    },
+    #[error("rank {rank}: timed out waiting for rank {peer}")]
+    Timeout { rank: usize, peer: usize },
+    #[error("rank {rank}: rank {peer} closed the connection")]
+    PeerClosed { rank: usize, peer: usize },
+    #[error("rank {rank}: rank {peer} sent an invalid message: {reason}")]
+    Protocol {
+        rank: usize,
+        peer: usize,
+        reason: String,
+    },
+    #[error("rank {rank}: i/o with rank {peer}: {source}")]
+    Io {
+        rank: usize,
+        peer: usize,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid arguments: {0}")]
+    Invalid(String),
+}
+
+/// The ranks of one model instance and the operations between them.
+pub trait Group: Send {
+    fn rank(&self) -> usize;
+    fn size(&self) -> usize;
+    /// Element-wise sum over all ranks, in place; identical on every rank.
+    fn all_reduce_sum(&mut self, data: &mut [f32]) -> Result<(), CollectiveError>;
+    /// Concatenates every rank's `local` (rank `r` contributes `counts[r]`
+    /// values) into `out`, on every rank.
+    fn all_gather(
+        &mut self,
+        local: &[f32],
+        counts: &[usize],
+        out: &mut [f32],
+    ) -> Result<(), CollectiveError>;
+    /// Sends to rank `rank + 1` (pipeline stages).
+    fn send_next(&mut self, data: &[f32]) -> Result<(), CollectiveError>;
+    /// Receives exactly `out.len()` values from rank `rank - 1`.
+    fn recv_prev(&mut self, out: &mut [f32]) -> Result<(), CollectiveError>;
+    /// Copies `root`'s `data` to every rank.
+    fn broadcast(&mut self, root: usize, data: &mut [f32]) -> Result<(), CollectiveError>;
+    /// Returns once every rank has reached it.
+    fn barrier(&mut self) -> Result<(), CollectiveError>;
+}
+
+/// A group of one: every operation is local.
+pub struct SingleRank;
+
+impl Group for SingleRank {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn size(&self) -> usize {
+        1
+    }
+    fn all_reduce_sum(&mut self, _: &mut [f32]) -> Result<(), CollectiveError> {
+        Ok(())
+    }
+    fn all_gather(
+        &mut self,
+        local: &[f32],
+        counts: &[usize],
+        out: &mut [f32],
+    ) -> Result<(), CollectiveError> {
+        check_gather(local, counts, out, 0, 1)?;
+        out.copy_from_slice(local);
+        Ok(())
+    }
+    fn send_next(&mut self, _: &[f32]) -> Result<(), CollectiveError> {
+        Err(CollectiveError::Invalid(
+            "a single rank has no next rank".into(),
+        ))
+    }
+    fn recv_prev(&mut self, _: &mut [f32]) -> Result<(), CollectiveError> {
+        Err(CollectiveError::Invalid(
+            "a single rank has no previous rank".into(),
+        ))
+    }
+    fn broadcast(&mut self, root: usize, _: &mut [f32]) -> Result<(), CollectiveError> {
+        if root == 0 {
+            Ok(())
+        } else {
+            Err(CollectiveError::Invalid(format!(
+                "root {root} in a group of 1"
+            )))
+        }
+    }
+    fn barrier(&mut self) -> Result<(), CollectiveError> {
+        Ok(())
+    }
+}
+
+fn check_gather(
+    local: &[f32],
+    counts: &[usize],
+    out: &[f32],
+    rank: usize,
+    size: usize,
+) -> Result<(), CollectiveError> {
+    if counts.len() != size
+        || counts[rank] != local.len()
+        || counts.iter().sum::<usize>() != out.len()
+    {
+        return Err(CollectiveError::Invalid(format!(
+            "all_gather: counts {counts:?} do not fit a group of {size}, local {} and out {}",
+            local.len(),
+            out.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Frame header: magic, operation sequence number, payload bytes.
+const MAGIC: u32 = 0x5445_5352; // "TESR"
+const HEADER: usize = 12;
+/// Messages up to this size are written before reading (the kernel buffers
+/// them); larger ones are written from a second thread so two ranks sending
+/// to each other at once cannot deadlock.
+const INLINE_WRITE: usize = 16 * 1024;
+
+/// A ring of TCP connections: each rank talks to `rank + 1` and `rank - 1`.
+pub struct TcpRing {
+    rank: usize,
+    size: usize,
+    next: TcpStream,
+    prev: TcpStream,
+    sequence: u32,
+    send_buffer: Vec<u8>,
+    recv_buffer: Vec<u8>,
+    scratch: Vec<f32>,
+}
+
+impl TcpRing {
+    /// Binds `addrs[rank]` and joins the ring, retrying until `deadline`.
+    pub fn connect(
+        rank: usize,
+        addrs: &[SocketAddr],
+        connect_within: Duration,
+        op_timeout: Duration,
+    ) -> Result<Self, CollectiveError> {
+        let listener = TcpListener::bind(addrs.get(rank).copied().ok_or_else(|| {
+            CollectiveError::Invalid(format!("rank {rank} of a ring of {}", addrs.len()))
+        })?)
+        .map_err(|source| CollectiveError::Io {
+            rank,
+            peer: rank,
+            source,
+        })?;
+        Self::from_listener(rank, listener, addrs, connect_within, op_timeout)
+    }
+
+    /// Joins the ring with an already bound listener (tests bind port 0).
+    pub fn from_listener(
+        rank: usize,
+        listener: TcpListener,
+        addrs: &[SocketAddr],
+        connect_within: Duration,
+        op_timeout: Duration,
+    ) -> Result<Self, CollectiveError> {
+        let size = addrs.len();
+        if size < 2 || rank >= size {
+            return Err(CollectiveError::Invalid(format!(
+                "rank {rank} of a ring of {size}"
+            )));
+        }
+        let deadline = Instant::now() + connect_within;
+        let next_rank = (rank + 1) % size;
+        let prev_rank = (rank + size - 1) % size;
+        let io = |peer: usize| move |source| CollectiveError::Io { rank, peer, source };
+        // Connect out first (the listener queues our predecessor meanwhile).
+        let next = loop {
+            match TcpStream::connect_timeout(&addrs[next_rank], Duration::from_millis(200)) {
+                Ok(stream) => break stream,
+                Err(error) if Instant::now() < deadline => {
+                    tracing::debug!(rank, peer = next_rank, %error, "ring: retrying connect");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(error) => {
+                    return Err(CollectiveError::Connect {
+                        rank,
+                        peer: next_rank,
+                        addr: addrs[next_rank],
+                        reason: error.to_string(),
+                    })
+                }
+            }
+        };
+        next.set_nodelay(true).map_err(io(next_rank))?;
+        let mut next = next;
+        next.write_all(&(rank as u32).to_le_bytes())
+            .map_err(io(next_rank))?;
+        listener.set_nonblocking(true).map_err(io(prev_rank))?;
+        let prev = loop {
+            match listener.accept() {
+                Ok((stream, _)) => break stream,
+                Err(error)
+                    if error.kind() == ErrorKind::WouldBlock && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(error) => {
+                    return Err(CollectiveError::Connect {
+                        rank,
+                        peer: prev_rank,
+                        addr: addrs[rank],
+                        reason: format!("no connection from the previous rank: {error}"),
+                    })
+                }
+            }
+        };
+        prev.set_nonblocking(false).map_err(io(prev_rank))?;
+        prev.set_nodelay(true).map_err(io(prev_rank))?;
+        for stream in [&next, &prev] {
+            stream
+                .set_read_timeout(Some(op_timeout))
+                .map_err(io(prev_rank))?;
+            stream
+                .set_write_timeout(Some(op_timeout))
+                .map_err(io(next_rank))?;
+        }
+        let mut ring = Self {
+            rank,
+            size,
+            next,
+            prev,
+            sequence: 0,
+            send_buffer: Vec::new(),
+            recv_buffer: Vec::new(),
+            scratch: Vec::new(),
+        };
+        let mut hello = [0u8; 4];
+        ring.read_exact_from_prev(&mut hello)?;
+        let claimed = u32::from_le_bytes(hello) as usize;
+        if claimed != prev_rank {
+            return Err(CollectiveError::Protocol {
+                rank,
+                peer: prev_rank,
+                reason: format!("connected as rank {claimed}"),
+            });
+        }
+        Ok(ring)
+    }
+
+    fn prev_rank(&self) -> usize {
+        (self.rank + self.size - 1) % self.size
+    }
+
+    fn next_rank(&self) -> usize {
+        (self.rank + 1) % self.size
+    }
+
+    fn map_io(&self, peer: usize, source: std::io::Error) -> CollectiveError {
+        match source.kind() {
+            ErrorKind::WouldBlock | ErrorKind::TimedOut => CollectiveError::Timeout {
+                rank: self.rank,
+                peer,
+            },
+            ErrorKind::UnexpectedEof
+            | ErrorKind::ConnectionReset
+            | ErrorKind::BrokenPipe
+            | ErrorKind::ConnectionAborted => CollectiveError::PeerClosed {
+                rank: self.rank,
+                peer,
+            },
+            _ => CollectiveError::Io {
+                rank: self.rank,
+                peer,
+                source,
+            },
+        }
+    }
+
+    fn read_exact_from_prev(&mut self, buf: &mut [u8]) -> Result<(), CollectiveError> {
+        let peer = self.prev_rank();
+        self.prev.read_exact(buf).map_err(|e| self.map_io(peer, e))
+    }
+
+    /// Sends `send` to the next rank while receiving `recv.len()` values
+    /// from the previous one.
+    fn exchange(&mut self, send: &[f32], recv_len: usize) -> Result<(), CollectiveError> {
+        self.sequence = self.sequence.wrapping_add(1);
+        let sequence = self.sequence;
+        self.send_buffer.clear();
+        self.send_buffer.extend_from_slice(&MAGIC.to_le_bytes());
+        self.send_buffer.extend_from_slice(&sequence.to_le_bytes());
+        self.send_buffer
+            .extend_from_slice(&((send.len() * 4) as u32).to_le_bytes());
+        for value in send {
+            self.send_buffer.extend_from_slice(&value.to_le_bytes());
+        }
+        let (next_rank, prev_rank) = (self.next_rank(), self.prev_rank());
+        self.recv_buffer.resize(HEADER + recv_len * 4, 0);
+        let rank = self.rank;
+        let (next, prev) = (&mut self.next, &mut self.prev);
+        let (send_buffer, recv_buffer) = (&self.send_buffer, &mut self.recv_buffer);
+        let (write_result, read_result) = if send_buffer.len() <= INLINE_WRITE {
+            let written = next.write_all(send_buffer);
+            let read = if written.is_ok() {
+                prev.read_exact(recv_buffer)
+            } else {
+                Ok(())
+            };
+            (written, read)
+        } else {
+            std::thread::scope(|scope| {
+                let writer = scope.spawn(|| next.write_all(send_buffer));
+                let read = prev.read_exact(recv_buffer);
+                let written = writer
+                    .join()
+                    .unwrap_or_else(|_| Err(std::io::Error::other("writer thread panicked")));
+                (written, read)
+            })
+        };
+        write_result.map_err(|e| self.map_io(next_rank, e))?;
+        read_result.map_err(|e| self.map_io(prev_rank, e))?;
+        let header = |i: usize| {
+            u32::from_le_bytes([
+                self.recv_buffer[i],
+                self.recv_buffer[i + 1],
+                self.recv_buffer[i + 2],
+                self.recv_buffer[i + 3],
+            ])
+        };
+        let (magic, their_sequence, bytes) = (header(0), header(4), header(8) as usize);
+        if magic != MAGIC || their_sequence != sequence || bytes != recv_len * 4 {
+            return Err(CollectiveError::Protocol {
+                rank,
+                peer: prev_rank,
+                reason: format!(
+                    "expected frame {sequence} of {} bytes, got magic {magic:#x}, frame {their_sequence}, {bytes} bytes",
+                    recv_len * 4
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn received(&self, index: usize) -> f32 {
+        let at = HEADER + index * 4;
+        let b = &self.recv_buffer[at..at + 4];
+        f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+    }
+}
+
+/// Chunk `index` of `len` values split into `parts` (the first ones larger).
+fn chunk(len: usize, parts: usize, index: usize) -> std::ops::Range<usize> {
+    let start = len * index / parts;
+    let end = len * (index + 1) / parts;
+    start..end
+}
+
+impl Group for TcpRing {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn all_reduce_sum(&mut self, data: &mut [f32]) -> Result<(), CollectiveError> {
+        let (n, len) = (self.size, data.len());
+        // Reduce-scatter: after n-1 steps, rank r holds the full sum of
+        // chunk (r + 1) % n, summed in ring order starting at that chunk's
+        // owner. Then all-gather passes the finished chunks around.
+        for step in 0..n - 1 {
+            let send_chunk = chunk(len, n, (self.rank + n - step) % n);
+            let recv_chunk = chunk(len, n, (self.rank + n - step - 1) % n);
+            let mut scratch = std::mem::take(&mut self.scratch);
+            scratch.clear();
+            scratch.extend_from_slice(&data[send_chunk]);
+            let result = self.exchange(&scratch, recv_chunk.len());
+            self.scratch = scratch;
+            result?;
+            for (i, value) in data[recv_chunk].iter_mut().enumerate() {
+                *value += self.received(i);
+            }
+        }
+        for step in 0..n - 1 {
+            let send_chunk = chunk(len, n, (self.rank + 1 + n - step) % n);
+            let recv_chunk = chunk(len, n, (self.rank + n - step) % n);
+            let mut scratch = std::mem::take(&mut self.scratch);
+            scratch.clear();
+            scratch.extend_from_slice(&data[send_chunk]);
+            let result = self.exchange(&scratch, recv_chunk.len());
+            self.scratch = scratch;
+            result?;
+            for (i, value) in data[recv_chunk].iter_mut().enumerate() {
+                *value = self.received(i);
+            }
+        }
+        Ok(())
+    }
+
+    fn all_gather(
+        &mut self,
+        local: &[f32],
+        counts: &[usize],
+        out: &mut [f32],
+    ) -> Result<(), CollectiveError> {
+        check_gather(local, counts, out, self.rank, self.size)?;
+        let n = self.size;
+        let offset = |r: usize| counts[..r].iter().sum::<usize>();
+        let own = offset(self.rank);
+        out[own..own + local.len()].copy_from_slice(local);
+        for step in 0..n - 1 {
+            let send_rank = (self.rank + n - step) % n;
+            let recv_rank = (self.rank + n - step - 1) % n;
+            let send_range = offset(send_rank)..offset(send_rank) + counts[send_rank];
+            let mut scratch = std::mem::take(&mut self.scratch);
+            scratch.clear();
+            scratch.extend_from_slice(&out[send_range]);
+            let result = self.exchange(&scratch, counts[recv_rank]);
+            self.scratch = scratch;
+            result?;
+            let at = offset(recv_rank);
+            for i in 0..counts[recv_rank] {
+                out[at + i] = self.received(i);
+            }
+        }
+        Ok(())
+    }
+
+    fn send_next(&mut self, data: &[f32]) -> Result<(), CollectiveError> {
+        // Point-to-point frames carry the current number without advancing
+        // it: only the symmetric operations keep ranks' numbers in step.
+        self.send_buffer.clear();
+        self.send_buffer.extend_from_slice(&MAGIC.to_le_bytes());
+        self.send_buffer
+            .extend_from_slice(&self.sequence.to_le_bytes());
+        self.send_buffer
+            .extend_from_slice(&((data.len() * 4) as u32).to_le_bytes());
+        for value in data {
+            self.send_buffer.extend_from_slice(&value.to_le_bytes());
+        }
+        let peer = self.next_rank();
+        let result = self.next.write_all(&self.send_buffer);
+        result.map_err(|e| self.map_io(peer, e))
+    }
+
+    fn recv_prev(&mut self, out: &mut [f32]) -> Result<(), CollectiveError> {
+        let mut recv = std::mem::take(&mut self.recv_buffer);
+        recv.resize(HEADER + out.len() * 4, 0);
+        let result = self.read_exact_from_prev(&mut recv);
+        self.recv_buffer = recv;
+        result?;
+        let header = |i: usize| {
+            u32::from_le_bytes([
+                self.recv_buffer[i],
+                self.recv_buffer[i + 1],
+                self.recv_buffer[i + 2],
+                self.recv_buffer[i + 3],
+            ])
+        };
+        if header(0) != MAGIC || header(8) as usize != out.len() * 4 {
+            return Err(CollectiveError::Protocol {
+                rank: self.rank,
+                peer: self.prev_rank(),
+                reason: format!(
+                    "expected {} bytes, got magic {:#x} and {} bytes",
+                    out.len() * 4,
+                    header(0),
+                    header(8)
+                ),
+            });
+        }
+        for (i, value) in out.iter_mut().enumerate() {
+            *value = self.received(i);
+        }
+        Ok(())
+    }
+
+    fn broadcast(&mut self, root: usize, data: &mut [f32]) -> Result<(), CollectiveError> {
+        if root >= self.size {
+            return Err(CollectiveError::Invalid(format!(
+                "root {root} in a group of {}",
+                self.size
+            )));
+        }
+        // Along the ring from the root; the rank just before it only receives.
+        let distance = (self.rank + self.size - root) % self.size;
+        if distance != 0 {
+            self.recv_prev(data)?;
+        }
+        if distance != self.size - 1 {
+            self.send_next(data)?;
+        }
+        Ok(())
+    }
+
+    fn barrier(&mut self) -> Result<(), CollectiveError> {
+        let mut token = [0.0f32];
+        self.all_reduce_sum(&mut token)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TIMEOUT: Duration = Duration::from_secs(5);
+
+    /// Runs `body` on `n` ranks of a loopback ring, one thread each.
+    fn on_ring<T: Send + 'static>(
+        n: usize,
+        body: impl Fn(&mut TcpRing) -> T + Send + Sync + Clone + 'static,
+    ) -> Vec<T> {
+        let listeners: Vec<TcpListener> = (0..n)
+            .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind"))
+            .collect();
+        let addrs: Vec<SocketAddr> = listeners
+            .iter()
+            .map(|l| l.local_addr().expect("addr"))
+            .collect();
+        let handles: Vec<_> = listeners
+            .into_iter()
+            .enumerate()
+            .map(|(rank, listener)| {
+                let addrs = addrs.clone();
+                let body = body.clone();
+                std::thread::spawn(move || {
+                    let mut ring = TcpRing::from_listener(rank, listener, &addrs, TIMEOUT, TIMEOUT)
+                        .expect("ring");
+                    body(&mut ring)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    }
+
+    fn values(rank: usize, len: usize) -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i * 7 + rank * 13) % 17) as f32 * 0.1 - 0.7)
+            .collect()
+    }
+
+    #[test]
+    fn all_reduce_is_the_sum_and_identical_everywhere() {
+        for n in [2, 3, 4] {
+            for len in [1, 5, 576, 40_000] {
+                let results = on_ring(n, move |ring| {
+                    let mut data = values(ring.rank(), len);
+                    ring.all_reduce_sum(&mut data).expect("all-reduce");
+                    data
+                });
+                let inputs: Vec<Vec<f32>> = (0..n).map(|r| values(r, len)).collect();
+                for i in 0..len {
+                    let want: f32 = inputs.iter().map(|v| v[i]).sum();
+                    assert!((results[0][i] - want).abs() < 1e-4, "n {n} len {len} i {i}");
+                }
+                for other in &results[1..] {
+                    assert!(other
+                        .iter()
+                        .zip(&results[0])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gather_broadcast_pipeline_and_barrier() {
+        let results = on_ring(3, |ring| {
+            let counts = [2, 1, 3];
+            let local = vec![ring.rank() as f32; counts[ring.rank()]];
+            let mut gathered = vec![0.0; 6];
+            ring.all_gather(&local, &counts, &mut gathered)
+                .expect("gather");
+            let mut data = if ring.rank() == 1 {
+                vec![4.0, 5.0]
+            } else {
+                vec![0.0; 2]
+            };
+            ring.broadcast(1, &mut data).expect("broadcast");
+            ring.barrier().expect("barrier");
+            // Pipeline: 0 → 1 → 2.
+            let mut hidden = vec![0.0f32; 3];
+            if ring.rank() == 0 {
+                ring.send_next(&[1.0, 2.0, 3.0]).expect("send");
+            } else {
+                ring.recv_prev(&mut hidden).expect("recv");
+                hidden.iter_mut().for_each(|v| *v *= 2.0);
+                if ring.rank() == 1 {
+                    ring.send_next(&hidden).expect("send");
+                }
+            }
+            ring.barrier().expect("barrier");
+            (gathered, data, hidden)
+        });
+        for (gathered, data, _) in &results {
+            assert_eq!(gathered, &[0.0, 0.0, 1.0, 2.0, 2.0, 2.0]);
+            assert_eq!(data, &[4.0, 5.0]);
+        }
+        assert_eq!(results[2].2, vec![4.0, 8.0, 12.0]);
+    }
+
+    #[test]
+    fn a_dead_peer_is_an_error_not_a_hang() {
+        let started = Instant::now();
+        let results = on_ring(3, |ring| {
+            if ring.rank() == 2 {
+                return None; // drops its connections: a crashed rank
+            }
+            let mut data = vec![1.0f32; 100];
+            Some(ring.all_reduce_sum(&mut data).map_err(|e| e.to_string()))
+        });
+        assert!(started.elapsed() < Duration::from_secs(12));
+        for result in results.into_iter().flatten() {
+            let error = result.expect_err("the ring is broken");
+            assert!(
+                error.contains("rank 2") || error.contains("closed") || error.contains("timed out"),
+                "{error}"
+            );
+        }
+    }
+
+    #[test]
+    fn garbage_from_a_peer_is_refused() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let peer = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addrs = vec![
+            listener.local_addr().expect("addr"),
+            peer.local_addr().expect("addr"),
+        ];
+        let addrs_copy = addrs.clone();
+        let impostor = std::thread::spawn(move || {
+            let (mut from_rank0, _) = peer.accept().expect("accept");
+            let mut to_rank0 = TcpStream::connect(addrs[0]).expect("connect");
+            to_rank0.write_all(&1u32.to_le_bytes()).expect("hello");
+            let mut hello = [0u8; 4];
+            from_rank0.read_exact(&mut hello).expect("hello");
+            to_rank0.write_all(&[0xAB; 64]).expect("garbage");
+            std::thread::sleep(Duration::from_millis(500));
+        });
+        let mut ring =
+            TcpRing::from_listener(0, listener, &addrs_copy, TIMEOUT, TIMEOUT).expect("joins");
+        let mut data = vec![1.0f32; 8];
+        let error = ring
+            .all_reduce_sum(&mut data)
+            .expect_err("garbage is refused");
+        assert!(
+            matches!(error, CollectiveError::Protocol { peer: 1, .. }),
+            "{error}"
+        );
+        impostor.join().expect("impostor");
+    }
+}
