@@ -13,7 +13,10 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// How long an idle worker spins before it sleeps.
+/// Busy-wait iterations before a waiting thread starts yielding its core.
+const SPINS_BEFORE_YIELD: u32 = 2000;
+
+/// How long an idle worker spins (and yields) before it sleeps.
 const SPIN_BEFORE_SLEEP: Duration = Duration::from_millis(2);
 
 type Job = dyn Fn(usize, usize) + Sync;
@@ -101,8 +104,17 @@ impl ThreadPool {
             self.shared.wake.notify_all();
         }
         let own = catch_unwind(AssertUnwindSafe(|| job(0, self.threads)));
+        let mut spins = 0u32;
         while self.shared.remaining.load(Ordering::Acquire) != 0 {
-            std::hint::spin_loop();
+            // Spin briefly (a balanced region ends within microseconds), then
+            // yield: with more runnable threads than cores, spinning would
+            // keep the very worker we wait for off the CPU.
+            if spins < SPINS_BEFORE_YIELD {
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
         *lock(&self.shared.job) = None;
         if let Err(payload) = own {
@@ -151,6 +163,9 @@ fn worker_loop(shared: &Shared, index: usize, threads: usize) {
                 break generation;
             }
             spins = spins.wrapping_add(1);
+            if spins > SPINS_BEFORE_YIELD {
+                std::thread::yield_now();
+            }
             if spins.is_multiple_of(1024) && idle_since.elapsed() > SPIN_BEFORE_SLEEP {
                 let mut guard = lock(&shared.sleep_lock);
                 shared.sleepers.fetch_add(1, Ordering::SeqCst);
@@ -162,6 +177,7 @@ fn worker_loop(shared: &Shared, index: usize, threads: usize) {
                 }
                 shared.sleepers.fetch_sub(1, Ordering::SeqCst);
                 idle_since = Instant::now();
+                spins = 0;
             }
             std::hint::spin_loop();
         };
