@@ -65,6 +65,16 @@ pub trait Group: Send {
     fn broadcast(&mut self, root: usize, data: &mut [f32]) -> Result<(), CollectiveError>;
     /// Returns once every rank has reached it.
     fn barrier(&mut self) -> Result<(), CollectiveError>;
+    /// Copies `root`'s message, of any length, to every rank (commands
+    /// from the rank that drives generation).
+    fn broadcast_bytes(
+        &mut self,
+        root: usize,
+        message: &mut Vec<u8>,
+    ) -> Result<(), CollectiveError>;
+    /// The longest any wait may take from now on; `None` waits until data
+    /// comes or the peer's connection closes (an idle rank between steps).
+    fn set_timeout(&mut self, timeout: Option<Duration>) -> Result<(), CollectiveError>;
 }
 
 /// A group of one: every operation is local.
@@ -112,6 +122,13 @@ impl Group for SingleRank {
     fn barrier(&mut self) -> Result<(), CollectiveError> {
         Ok(())
     }
+    fn broadcast_bytes(&mut self, root: usize, _: &mut Vec<u8>) -> Result<(), CollectiveError> {
+        let mut nothing = [];
+        self.broadcast(root, &mut nothing)
+    }
+    fn set_timeout(&mut self, _: Option<Duration>) -> Result<(), CollectiveError> {
+        Ok(())
+    }
 }
 
 fn check_gather(
@@ -137,6 +154,13 @@ fn check_gather(
 /// Frame header: magic, operation sequence number, payload bytes.
 const MAGIC: u32 = 0x5445_5352; // "TESR"
 const HEADER: usize = 12;
+/// The largest byte message a rank accepts (a command with a long prompt is
+/// far smaller; anything bigger is garbage).
+const MAX_MESSAGE: usize = 256 << 20;
+/// All-reduces up to this size gather every rank's whole vector and sum in
+/// rank order: n - 1 exchanges instead of 2 (n - 1), which is what decode's
+/// small hidden-size vectors need. Larger ones use reduce-scatter.
+const GATHER_REDUCE_BYTES: usize = 64 * 1024;
 /// Messages up to this size are written before reading (the kernel buffers
 /// them); larger ones are written from a second thread so two ranks sending
 /// to each other at once cannot deadlock.
@@ -152,6 +176,7 @@ pub struct TcpRing {
     send_buffer: Vec<u8>,
     recv_buffer: Vec<u8>,
     scratch: Vec<f32>,
+    gathered: Vec<f32>,
 }
 
 impl TcpRing {
@@ -251,6 +276,7 @@ impl TcpRing {
             send_buffer: Vec::new(),
             recv_buffer: Vec::new(),
             scratch: Vec::new(),
+            gathered: Vec::new(),
         };
         let mut hello = [0u8; 4];
         ring.read_exact_from_prev(&mut hello)?;
@@ -359,6 +385,75 @@ impl TcpRing {
         Ok(())
     }
 
+    /// All-reduce by gathering every rank's whole vector, then summing in
+    /// rank order: the same additions in the same order on every rank, so
+    /// the results agree bit for bit.
+    fn gather_reduce(&mut self, data: &mut [f32]) -> Result<(), CollectiveError> {
+        let (n, len) = (self.size, data.len());
+        let mut gathered = std::mem::take(&mut self.gathered);
+        gathered.resize(n * len, 0.0);
+        gathered[self.rank * len..(self.rank + 1) * len].copy_from_slice(data);
+        let mut result = Ok(());
+        for step in 0..n - 1 {
+            let send_rank = (self.rank + n - step) % n;
+            let recv_rank = (self.rank + n - step - 1) % n;
+            result = self.exchange(&gathered[send_rank * len..(send_rank + 1) * len], len);
+            if result.is_err() {
+                break;
+            }
+            for (i, value) in gathered[recv_rank * len..(recv_rank + 1) * len]
+                .iter_mut()
+                .enumerate()
+            {
+                *value = self.received(i);
+            }
+        }
+        if result.is_ok() {
+            for (i, value) in data.iter_mut().enumerate() {
+                let mut sum = gathered[i];
+                for r in 1..n {
+                    sum += gathered[r * len + i];
+                }
+                *value = sum;
+            }
+        }
+        self.gathered = gathered;
+        result
+    }
+
+    /// Writes one frame of raw bytes to the next rank.
+    fn send_bytes_next(&mut self, payload: &[u8]) -> Result<(), CollectiveError> {
+        self.send_buffer.clear();
+        self.send_buffer.extend_from_slice(&MAGIC.to_le_bytes());
+        self.send_buffer
+            .extend_from_slice(&self.sequence.to_le_bytes());
+        self.send_buffer
+            .extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        self.send_buffer.extend_from_slice(payload);
+        let peer = self.next_rank();
+        let result = self.next.write_all(&self.send_buffer);
+        result.map_err(|e| self.map_io(peer, e))
+    }
+
+    /// Reads one frame of raw bytes, of whatever length it announces (up to
+    /// [`MAX_MESSAGE`]), from the previous rank.
+    fn recv_bytes_prev(&mut self, out: &mut Vec<u8>) -> Result<(), CollectiveError> {
+        let mut header = [0u8; HEADER];
+        self.read_exact_from_prev(&mut header)?;
+        let word =
+            |i: usize| u32::from_le_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
+        let (magic, bytes) = (word(0), word(8) as usize);
+        if magic != MAGIC || bytes > MAX_MESSAGE {
+            return Err(CollectiveError::Protocol {
+                rank: self.rank,
+                peer: self.prev_rank(),
+                reason: format!("expected a message, got magic {magic:#x} and {bytes} bytes"),
+            });
+        }
+        out.resize(bytes, 0);
+        self.read_exact_from_prev(out)
+    }
+
     fn received(&self, index: usize) -> f32 {
         let at = HEADER + index * 4;
         let b = &self.recv_buffer[at..at + 4];
@@ -384,6 +479,9 @@ impl Group for TcpRing {
 
     fn all_reduce_sum(&mut self, data: &mut [f32]) -> Result<(), CollectiveError> {
         let (n, len) = (self.size, data.len());
+        if n == 2 || len * 4 <= GATHER_REDUCE_BYTES {
+            return self.gather_reduce(data);
+        }
         // Reduce-scatter: after n-1 steps, rank r holds the full sum of
         // chunk (r + 1) % n, summed in ring order starting at that chunk's
         // owner. Then all-gather passes the finished chunks around.
@@ -515,6 +613,40 @@ impl Group for TcpRing {
     fn barrier(&mut self) -> Result<(), CollectiveError> {
         let mut token = [0.0f32];
         self.all_reduce_sum(&mut token)
+    }
+
+    fn broadcast_bytes(
+        &mut self,
+        root: usize,
+        message: &mut Vec<u8>,
+    ) -> Result<(), CollectiveError> {
+        if root >= self.size {
+            return Err(CollectiveError::Invalid(format!(
+                "root {root} in a group of {}",
+                self.size
+            )));
+        }
+        let distance = (self.rank + self.size - root) % self.size;
+        if distance != 0 {
+            self.recv_bytes_prev(message)?;
+        }
+        if distance != self.size - 1 {
+            let payload = std::mem::take(message);
+            let result = self.send_bytes_next(&payload);
+            *message = payload;
+            result?;
+        }
+        Ok(())
+    }
+
+    fn set_timeout(&mut self, timeout: Option<Duration>) -> Result<(), CollectiveError> {
+        let (rank, next_rank, prev_rank) = (self.rank, self.next_rank(), self.prev_rank());
+        let io = |peer: usize| move |source| CollectiveError::Io { rank, peer, source };
+        self.prev.set_read_timeout(timeout).map_err(io(prev_rank))?;
+        self.next
+            .set_write_timeout(timeout)
+            .map_err(io(next_rank))?;
+        Ok(())
     }
 }
 

@@ -10,15 +10,16 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use crate::chat_template::{ChatMessage, ChatTemplate, CHATML_TEMPLATE};
+use crate::executor::{ExecError, Executor};
 use crate::gguf::GgufFile;
 use crate::hf_source::HfSource;
 use crate::memory;
 use crate::model::transformer::ForwardError;
-use crate::model::{ForwardOutput, KvCache, LoadError, StageInput, Transformer, Workspace};
+use crate::model::{LoadError, Transformer};
 use crate::output_parser::{OutputFormat, OutputParser, ParsedChunk};
 use crate::sampler::{Sampler, SamplingError, SamplingParams};
+use crate::shard::ShardSpec;
 use crate::stop::StopMatcher;
-use crate::threadpool::ThreadPool;
 use crate::tokenizer::{Tokenizer, TokenizerError};
 use crate::utf8_stream::Utf8Stream;
 
@@ -52,6 +53,8 @@ pub enum EngineError {
     Sampling(#[from] SamplingError),
     #[error("forward pass: {0}")]
     Forward(#[from] ForwardError),
+    #[error(transparent)]
+    Distributed(ExecError),
 }
 
 /// What to generate from.
@@ -186,6 +189,16 @@ pub struct LoadedModel {
 impl LoadedModel {
     /// Loads a GGUF file or a Hugging Face folder, reporting `(done, total)`.
     pub fn load(path: &Path, progress: impl FnMut(usize, usize)) -> Result<Self, EngineError> {
+        Self::load_shard(path, None, progress)
+    }
+
+    /// Loads the tokenizer and template, and only the part of the weights
+    /// `spec` names (`None`: all of them).
+    pub fn load_shard(
+        path: &Path,
+        spec: Option<&ShardSpec>,
+        progress: impl FnMut(usize, usize),
+    ) -> Result<Self, EngineError> {
         if !path.exists() {
             return Err(EngineError::ModelNotFound(path.to_path_buf()));
         }
@@ -197,8 +210,10 @@ impl LoadedModel {
         let (transformer, tokenizer) = if path.is_dir() {
             let source = HfSource::open(path)?;
             let config = source.config()?;
-            let layers = 0..config.layers;
-            let transformer = Transformer::load(&source, config, layers, progress)?;
+            let spec = spec
+                .cloned()
+                .unwrap_or(ShardSpec::whole(config.layers as u32));
+            let transformer = Transformer::load_shard(&source, config, &spec, progress)?;
             (
                 transformer,
                 Tokenizer::from_hf_dir(path).map_err(tokenizer_error)?,
@@ -206,10 +221,12 @@ impl LoadedModel {
         } else {
             let file = GgufFile::open(path)?;
             let config = file.config()?;
-            let layers = 0..config.layers;
+            let spec = spec
+                .cloned()
+                .unwrap_or(ShardSpec::whole(config.layers as u32));
             let tokenizer = Tokenizer::from_gguf(file.metadata()).map_err(tokenizer_error)?;
             (
-                Transformer::load(&file, config, layers, progress)?,
+                Transformer::load_shard(&file, config, &spec, progress)?,
                 tokenizer,
             )
         };
@@ -285,49 +302,73 @@ fn output_format_for(tokenizer: &Tokenizer) -> OutputFormat {
     }
 }
 
-/// A conversation context on one model: KV cache, scratch and threads.
+/// A conversation context on one model: KV cache, scratch and threads, on
+/// this machine or driving the ranks of a distributed instance (rank 0).
 pub struct Session<'m> {
     model: &'m LoadedModel,
-    cache: KvCache,
+    executor: Executor<'m>,
     cached_tokens: Vec<u32>,
-    workspace: Workspace,
-    pool: ThreadPool,
     logits: Vec<f32>,
 }
 
 impl<'m> Session<'m> {
     pub fn new(model: &'m LoadedModel, threads: usize) -> Self {
+        Self::with_executor(model, Executor::single(&model.transformer, threads))
+    }
+
+    /// Rank 0 of a distributed instance: `model` holds rank 0's shard and
+    /// `executor` its group.
+    pub fn with_executor(model: &'m LoadedModel, executor: Executor<'m>) -> Self {
         Self {
             model,
-            cache: model.transformer.new_cache(),
+            executor,
             cached_tokens: Vec::new(),
-            workspace: Workspace::default(),
-            pool: ThreadPool::new(threads),
             logits: Vec::new(),
         }
     }
 
+    /// The executor (for shutting a distributed instance down).
+    pub fn executor(&mut self) -> &mut Executor<'m> {
+        &mut self.executor
+    }
+
     /// Forgets the conversation.
     pub fn reset(&mut self) {
-        self.cache.clear();
         self.cached_tokens.clear();
+    }
+
+    /// Runs `tokens` after the first `keep` cached ones on every rank.
+    fn run(
+        &mut self,
+        keep: usize,
+        reserve: usize,
+        tokens: &[u32],
+        want_logits: bool,
+    ) -> Result<(), EngineError> {
+        let result = self.executor.step(keep, reserve, tokens, want_logits);
+        match result {
+            Ok(logits) => {
+                if let Some(logits) = logits {
+                    self.logits.clear();
+                    self.logits.extend_from_slice(logits);
+                }
+                self.cached_tokens.truncate(keep);
+                self.cached_tokens.extend_from_slice(tokens);
+                Ok(())
+            }
+            Err(error) => {
+                // Nothing cached can be trusted after a failed step.
+                self.cached_tokens.clear();
+                Err(error.into())
+            }
+        }
     }
 
     /// Runs `tokens` from an empty cache and returns the logits after the
     /// last one (for comparisons against reference engines).
     pub fn logits_for(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {
-        self.reset();
-        let out = self.model.transformer.forward(
-            StageInput::Tokens(tokens),
-            &mut self.cache,
-            &mut self.workspace,
-            &self.pool,
-        )?;
-        self.cached_tokens.extend_from_slice(tokens);
-        match out {
-            ForwardOutput::Logits(logits) => Ok(logits),
-            ForwardOutput::Hidden(_) => Err(EngineError::Forward(ForwardError::NotLastStage)),
-        }
+        self.run(0, tokens.len(), tokens, true)?;
+        Ok(&self.logits)
     }
 
     /// Runs one request. `on_event` may return `Break` to cancel.
@@ -361,33 +402,16 @@ impl<'m> Session<'m> {
         if request.reuse_prefix {
             reuse = common_prefix(&self.cached_tokens, &prompt).min(prompt.len() - 1);
         }
-        self.cache.truncate(reuse);
         self.cached_tokens.truncate(reuse);
-        self.cache.reserve(needed);
 
         let chunk = request.prefill_chunk.max(1);
         let pending = &prompt[reuse..];
+        let pieces = pending.len().div_ceil(chunk);
         let mut done = 0;
         let mut cancelled = false;
-        for piece in pending.chunks(chunk) {
-            let out = model.transformer.forward(
-                StageInput::Tokens(piece),
-                &mut self.cache,
-                &mut self.workspace,
-                &self.pool,
-            );
-            let out = match out {
-                Ok(out) => out,
-                Err(error) => {
-                    self.reset();
-                    return Err(error.into());
-                }
-            };
-            if let ForwardOutput::Logits(l) = out {
-                self.logits.clear();
-                self.logits.extend_from_slice(l);
-            }
-            self.cached_tokens.extend_from_slice(piece);
+        for (index, piece) in pending.chunks(chunk).enumerate() {
+            let keep = self.cached_tokens.len();
+            self.run(keep, needed, piece, index + 1 == pieces)?;
             done += piece.len();
             if on_event(GenerationEvent::PrefillProgress {
                 done,
@@ -461,27 +485,8 @@ impl<'m> Session<'m> {
                 break;
             }
             // Feed the token back for the next step.
-            let out = model.transformer.forward(
-                StageInput::Tokens(&[id]),
-                &mut self.cache,
-                &mut self.workspace,
-                &self.pool,
-            );
-            match out {
-                Ok(ForwardOutput::Logits(l)) => {
-                    self.logits.clear();
-                    self.logits.extend_from_slice(l);
-                }
-                Ok(ForwardOutput::Hidden(_)) => {
-                    self.reset();
-                    return Err(ForwardError::NotLastStage.into());
-                }
-                Err(error) => {
-                    self.reset();
-                    return Err(error.into());
-                }
-            }
-            self.cached_tokens.push(id);
+            let keep = self.cached_tokens.len();
+            self.run(keep, needed, &[id], true)?;
         }
         // Release what was held back (unless a stop string cut it).
         if finish != FinishReason::StopString {
@@ -563,5 +568,48 @@ fn per_second(count: usize, seconds: f64) -> f64 {
         count as f64 / seconds
     } else {
         0.0
+    }
+}
+
+impl From<ExecError> for EngineError {
+    fn from(error: ExecError) -> Self {
+        match error {
+            ExecError::Forward(e) => EngineError::Forward(e),
+            other => EngineError::Distributed(other),
+        }
+    }
+}
+
+/// Loads only the weights of one shard (ranks other than 0 need no
+/// tokenizer): layers for a pipeline stage, slices for a tensor rank.
+pub fn load_transformer(
+    path: &Path,
+    spec: &ShardSpec,
+    progress: impl FnMut(usize, usize),
+) -> Result<Transformer, EngineError> {
+    if !path.exists() {
+        return Err(EngineError::ModelNotFound(path.to_path_buf()));
+    }
+    if path.is_dir() {
+        let source = HfSource::open(path)?;
+        let config = source.config()?;
+        Ok(Transformer::load_shard(&source, config, spec, progress)?)
+    } else {
+        let file = GgufFile::open(path)?;
+        let config = file.config()?;
+        Ok(Transformer::load_shard(&file, config, spec, progress)?)
+    }
+}
+
+/// The number of layers and KV heads of a model, read from its metadata
+/// without loading weights (to plan shards).
+pub fn model_config(path: &Path) -> Result<crate::model::ModelConfig, EngineError> {
+    if !path.exists() {
+        return Err(EngineError::ModelNotFound(path.to_path_buf()));
+    }
+    if path.is_dir() {
+        Ok(HfSource::open(path)?.config()?)
+    } else {
+        Ok(GgufFile::open(path)?.config()?)
     }
 }

@@ -9,6 +9,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use candle_core::quantized::ggml_file::qtensor_from_ggml;
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::Device;
@@ -230,6 +231,75 @@ impl GgufFile {
         Ok(buffer)
     }
 
+    /// Reads `len` bytes at byte `first` of each row in `rows`.
+    fn read_row_parts(
+        &self,
+        name: &str,
+        tensor_offset: u64,
+        row_bytes: u64,
+        rows: Range<usize>,
+        first: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, LoadError> {
+        let last_end =
+            self.content.tensor_data_offset + tensor_offset + rows.end as u64 * row_bytes;
+        if last_end > self.file_len {
+            return Err(LoadError::Truncated {
+                path: self.display.clone(),
+                tensor: name.to_string(),
+                offset: self.content.tensor_data_offset + tensor_offset,
+                needed: rows.end as u64 * row_bytes,
+                file_len: self.file_len,
+            });
+        }
+        let mut data = vec![0u8; rows.len() * len as usize];
+        let mut file = self
+            .file
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (row, out) in rows.zip(data.chunks_exact_mut(len as usize)) {
+            let at =
+                self.content.tensor_data_offset + tensor_offset + row as u64 * row_bytes + first;
+            file.seek(SeekFrom::Start(at))
+                .and_then(|_| file.read_exact(out))
+                .map_err(|source| LoadError::Io {
+                    path: self.display.clone(),
+                    source,
+                })?;
+        }
+        Ok(data)
+    }
+
+    /// Wraps raw blocks: our own kernels where we have them, candle's
+    /// quantized matmul for the rest.
+    fn wrap_blocks(
+        &self,
+        name: &str,
+        dtype: GgmlDType,
+        rows: usize,
+        cols: usize,
+        data: Vec<u8>,
+    ) -> Result<Matrix, LoadError> {
+        if let Some(format) = native_format(dtype) {
+            let matrix =
+                QMatrix::from_bytes(format, rows, cols, data).map_err(|e| LoadError::Tensor {
+                    path: self.display.clone(),
+                    tensor: name.to_string(),
+                    reason: e.to_string(),
+                })?;
+            return Ok(Matrix::Native(matrix));
+        }
+        let qtensor = qtensor_from_ggml(dtype, &data, vec![rows, cols], &Device::Cpu)
+            .map_err(|e| self.candle_error(name, e))?;
+        let inner = QMatMul::from_qtensor(qtensor).map_err(|e| self.candle_error(name, e))?;
+        Ok(Matrix::Candle {
+            inner,
+            rows,
+            cols,
+            dtype: format!("{dtype:?}"),
+        })
+    }
+
     fn candle_error(&self, name: &str, error: candle_core::Error) -> LoadError {
         LoadError::Tensor {
             path: self.display.clone(),
@@ -262,10 +332,15 @@ impl TensorSource for GgufFile {
             .map(|info| info.shape.dims().to_vec())
     }
 
-    fn matrix(&self, name: &str, rows: Option<Range<usize>>) -> Result<Matrix, LoadError> {
+    fn matrix_part(
+        &self,
+        name: &str,
+        rows: Option<Range<usize>>,
+        cols: Option<Range<usize>>,
+    ) -> Result<Matrix, LoadError> {
         let info = self.info(name)?;
         let dims = info.shape.dims().to_vec();
-        let [total_rows, cols] = dims[..] else {
+        let [total_rows, total_cols] = dims[..] else {
             return Err(LoadError::Tensor {
                 path: self.display.clone(),
                 tensor: name.to_string(),
@@ -273,68 +348,80 @@ impl TensorSource for GgufFile {
             });
         };
         let rows = rows.unwrap_or(0..total_rows);
-        if rows.end > total_rows || rows.start > rows.end {
+        let cols = cols.unwrap_or(0..total_cols);
+        for (what, range, total) in [("rows", &rows, total_rows), ("columns", &cols, total_cols)] {
+            if range.end > total || range.start >= range.end {
+                return Err(LoadError::Tensor {
+                    path: self.display.clone(),
+                    tensor: name.to_string(),
+                    reason: format!("{what} {range:?} out of 0..{total}"),
+                });
+            }
+        }
+        let dtype = info.ggml_dtype;
+        let (block, block_bytes) = (dtype.block_size(), dtype.type_size());
+        if !total_cols.is_multiple_of(block) {
             return Err(LoadError::Tensor {
                 path: self.display.clone(),
                 tensor: name.to_string(),
-                reason: format!("rows {rows:?} out of 0..{total_rows}"),
+                reason: format!("{total_cols} columns do not fill {dtype:?} blocks of {block}"),
             });
         }
-        if let Some(format) = native_format(info.ggml_dtype) {
-            let row_bytes = format.row_bytes(cols) as u64;
-            let data = self.read_bytes(
+        let row_bytes = (total_cols / block * block_bytes) as u64;
+        let whole_rows = || {
+            self.read_bytes(
                 name,
                 info.offset + rows.start as u64 * row_bytes,
                 rows.len() as u64 * row_bytes,
-            )?;
-            let matrix = QMatrix::from_bytes(format, rows.len(), cols, data).map_err(|e| {
-                LoadError::Tensor {
-                    path: self.display.clone(),
-                    tensor: name.to_string(),
-                    reason: e.to_string(),
-                }
-            })?;
-            return Ok(Matrix::Native(matrix));
+            )
+        };
+        if cols.start.is_multiple_of(block) && cols.end.is_multiple_of(block) {
+            // Whole blocks: copy them as they are, no requantizing.
+            let data = if cols.len() == total_cols {
+                whole_rows()?
+            } else {
+                let first = (cols.start / block * block_bytes) as u64;
+                let len = (cols.len() / block * block_bytes) as u64;
+                self.read_row_parts(name, info.offset, row_bytes, rows.clone(), first, len)?
+            };
+            return self.wrap_blocks(name, dtype, rows.len(), cols.len(), data);
         }
-        // Other formats: the whole tensor through candle, then the rows.
-        let needed =
-            info.shape.elem_count() / info.ggml_dtype.block_size() * info.ggml_dtype.type_size();
-        let start = self.content.tensor_data_offset + info.offset;
-        if start + needed as u64 > self.file_len {
-            return Err(LoadError::Truncated {
+        // The column range cuts through quantization blocks (a K-quant's 256
+        // values against a 64-wide head): dequantize the rows, keep the
+        // columns, and store them as Q8_0 (F16 where even 32 does not fit).
+        let raw = whole_rows()?;
+        let values = qtensor_from_ggml(dtype, &raw, vec![rows.len(), total_cols], &Device::Cpu)
+            .and_then(|q| q.dequantize(&Device::Cpu))
+            .and_then(|t| t.narrow(1, cols.start, cols.len()))
+            .and_then(|t| t.flatten_all())
+            .and_then(|t| t.to_vec1::<f32>())
+            .map_err(|e| self.candle_error(name, e))?;
+        let format = if cols.len().is_multiple_of(crate::quant::BLOCK) {
+            WeightFormat::Q8_0
+        } else {
+            WeightFormat::F16
+        };
+        tracing::debug!(
+            tensor = name,
+            ?dtype,
+            ?format,
+            "column slice cuts blocks: requantized"
+        );
+        let data = crate::quant::quantize(format, &values);
+        QMatrix::from_bytes(format, rows.len(), cols.len(), data)
+            .map(Matrix::Native)
+            .map_err(|e| LoadError::Tensor {
                 path: self.display.clone(),
                 tensor: name.to_string(),
-                offset: start,
-                needed: needed as u64,
-                file_len: self.file_len,
-            });
-        }
-        let qtensor = {
-            let mut file = self
-                .file
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            info.read(&mut *file, self.content.tensor_data_offset, &Device::Cpu)
-                .map_err(|e| self.candle_error(name, e))?
-        };
-        let dtype = format!("{:?}", info.ggml_dtype);
-        let qtensor = if rows != (0..total_rows) {
-            // Row slices of K-quants: dequantize and requantize the part.
-            qtensor
-                .dequantize(&Device::Cpu)
-                .and_then(|t| t.narrow(0, rows.start, rows.len()))
-                .and_then(|t| candle_core::quantized::QTensor::quantize(&t, info.ggml_dtype))
-                .map_err(|e| self.candle_error(name, e))?
-        } else {
-            qtensor
-        };
-        let inner = QMatMul::from_qtensor(qtensor).map_err(|e| self.candle_error(name, e))?;
-        Ok(Matrix::Candle {
-            inner,
-            rows: rows.len(),
-            cols,
-            dtype,
-        })
+                reason: e.to_string(),
+            })
+    }
+
+    fn column_block(&self, name: &str) -> usize {
+        self.content
+            .tensor_infos
+            .get(name)
+            .map_or(1, |info| info.ggml_dtype.block_size())
     }
 
     fn vector(&self, name: &str) -> Result<Vec<f32>, LoadError> {

@@ -99,13 +99,18 @@ impl TensorSource for HfSource {
         self.dir.shape(&hf).ok()
     }
 
-    fn matrix(&self, name: &str, rows: Option<Range<usize>>) -> Result<Matrix, LoadError> {
+    fn matrix_part(
+        &self,
+        name: &str,
+        rows: Option<Range<usize>>,
+        cols: Option<Range<usize>>,
+    ) -> Result<Matrix, LoadError> {
         let hf = hf_name(name).ok_or_else(|| LoadError::MissingTensor {
             path: self.display.clone(),
             tensor: name.to_string(),
         })?;
         let shape = self.dir.shape(&hf).map_err(|e| self.error(&hf, e))?;
-        let [total, cols] = shape[..] else {
+        let [total, total_cols] = shape[..] else {
             return Err(LoadError::Tensor {
                 path: self.display.clone(),
                 tensor: hf,
@@ -113,11 +118,30 @@ impl TensorSource for HfSource {
             });
         };
         let range = rows.unwrap_or(0..total);
-        let values = self
-            .dir
-            .load_f32_rows(&hf, range.start, range.end)
-            .map_err(|e| self.error(&hf, e))?;
-        QMatrix::from_f32(range.len(), cols, &values)
+        let (values, width) = match cols {
+            None => (
+                self.dir
+                    .load_f32_rows(&hf, range.start, range.end)
+                    .map_err(|e| self.error(&hf, e))?,
+                total_cols,
+            ),
+            Some(cols) => {
+                let all = self
+                    .dir
+                    .load_f32_cols(&hf, cols.start, cols.end)
+                    .map_err(|e| self.error(&hf, e))?;
+                if range.end > total || range.start >= range.end {
+                    return Err(LoadError::Tensor {
+                        path: self.display.clone(),
+                        tensor: hf,
+                        reason: format!("rows {range:?} out of 0..{total}"),
+                    });
+                }
+                let width = cols.len();
+                (all[range.start * width..range.end * width].to_vec(), width)
+            }
+        };
+        QMatrix::from_f32(range.len(), width, &values)
             .map(Matrix::Native)
             .map_err(|e| LoadError::Tensor {
                 path: self.display.clone(),

@@ -15,6 +15,8 @@
 //! - [`threadpool`]: the compute threads of the forward pass.
 //! - [`collectives`]: the [`collectives::Group`] of a distributed model's
 //!   ranks: single rank, or a TCP ring with timeouts on every operation.
+//! - [`executor`]: one rank's forward steps, alone or driven by rank 0
+//!   across a group (tensor or pipeline parallel).
 //! - [`tokenizer`], [`chat_template`]: text to tokens, messages to text.
 //! - [`generate`]: sessions with a KV cache; the request loop that ties
 //!   [`sampler`], [`stop`], [`utf8_stream`] and [`output_parser`] together.
@@ -27,6 +29,7 @@
 
 pub mod chat_template;
 pub mod collectives;
+pub mod executor;
 pub mod generate;
 pub mod gguf;
 pub mod hf_dir;

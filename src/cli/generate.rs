@@ -1,4 +1,5 @@
-//! `tessera generate`: one prompt through the engine on this machine.
+//! `tessera generate`: one prompt through the engine, on this machine or
+//! split over local rank processes (`--world N --sharding ...`).
 
 use std::io::Write;
 use std::ops::ControlFlow;
@@ -8,18 +9,22 @@ use anyhow::{bail, Context};
 use clap::Args;
 use serde::Serialize;
 use tessera_engine::chat_template::ChatMessage;
+use tessera_engine::executor::Executor;
 use tessera_engine::generate::{
-    GenerateRequest, GenerationEvent, GenerationStats, Prompt, Session,
+    GenerateRequest, GenerationEvent, GenerationOutput, GenerationStats, Prompt, Session,
 };
 use tessera_engine::output_parser::ParsedChunk;
 use tessera_engine::sampler::SamplingParams;
 
 use super::model_args::ModelArgs;
+use super::ranks::{DistributedArgs, RankReport, RankZero, Sharding};
 
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub dist: DistributedArgs,
     /// Raw text, fed without a chat template.
     #[arg(long, group = "input")]
     pub prompt: Option<String>,
@@ -71,6 +76,40 @@ struct JsonOutput<'a> {
     #[serde(skip_serializing_if = "no_logprobs")]
     logprobs: &'a [tessera_engine::generate::TokenLogprob],
     stats: &'a GenerationStats,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    distributed: Option<Distributed>,
+}
+
+/// How a distributed run was split, and each rank's memory.
+#[derive(Serialize)]
+pub struct Distributed {
+    pub world: usize,
+    pub sharding: Sharding,
+    pub threads_per_rank: usize,
+    pub ranks: Vec<RankReport>,
+}
+
+impl Distributed {
+    /// Rank 0's own report first, then the children's.
+    pub fn new(
+        dist: &DistributedArgs,
+        threads_per_rank: usize,
+        rank0_weights: usize,
+        children: Vec<RankReport>,
+    ) -> Self {
+        let mut ranks = vec![RankReport {
+            rank: 0,
+            peak_rss_bytes: tessera_engine::memory::peak_rss_bytes().unwrap_or(0),
+            weight_bytes: rank0_weights as u64,
+        }];
+        ranks.extend(children);
+        Self {
+            world: dist.world,
+            sharding: dist.sharding,
+            threads_per_rank,
+            ranks,
+        }
+    }
 }
 
 fn no_logprobs(logprobs: &&[tessera_engine::generate::TokenLogprob]) -> bool {
@@ -127,12 +166,53 @@ pub fn request_from(args: &GenerateArgs) -> anyhow::Result<GenerateRequest> {
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let request = request_from(&args)?;
-    let model = args.model.load(args.json)?;
-    let mut session = Session::new(&model, args.model.threads());
+    if !args.dist.is_distributed() {
+        let model = args.model.load(args.json)?;
+        let session = Session::new(&model, args.model.threads());
+        let output = generate(session, &request, args.json)?;
+        return print(&args, &model.path, &output, None);
+    }
+    let threads = args.model.rank_threads();
+    let RankZero {
+        ranks,
+        ring,
+        spec,
+        ring_timeout,
+    } = RankZero::start(&args.dist, &args.model.model, threads, args.json)?;
+    let model = args.model.load_shard(Some(&spec), args.json)?;
+    let mut executor = Executor::new(&model.transformer, threads, Box::new(ring));
+    RankZero::ready(&mut executor, ring_timeout)?;
+    let mut session = Session::with_executor(&model, executor);
+    let output = generate_with(&mut session, &request, args.json)?;
+    session.executor().shutdown()?;
+    drop(session);
+    let reports = ranks.finish()?;
+    let distributed = Distributed::new(
+        &args.dist,
+        threads,
+        model.transformer.weight_bytes(),
+        reports,
+    );
+    print(&args, &model.path, &output, Some(distributed))
+}
+
+fn generate(
+    mut session: Session<'_>,
+    request: &GenerateRequest,
+    json: bool,
+) -> anyhow::Result<GenerationOutput> {
+    generate_with(&mut session, request, json)
+}
+
+/// Runs the request, streaming the text to stdout unless `json`.
+fn generate_with(
+    session: &mut Session<'_>,
+    request: &GenerateRequest,
+    json: bool,
+) -> anyhow::Result<GenerationOutput> {
     let mut stdout = std::io::stdout().lock();
-    let stream = !args.json;
-    let output = session.generate(&request, |event| {
-        if stream {
+    let output = session.generate(request, |event| {
+        if !json {
             if let GenerationEvent::Token { text, .. } = event {
                 let _ = stdout.write_all(text.as_bytes());
                 let _ = stdout.flush();
@@ -140,6 +220,16 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         }
         ControlFlow::Continue(())
     })?;
+    Ok(output)
+}
+
+fn print(
+    args: &GenerateArgs,
+    model_path: &std::path::Path,
+    output: &GenerationOutput,
+    distributed: Option<Distributed>,
+) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
     if args.json {
         let mut reasoning = String::new();
         let mut tool_calls = Vec::new();
@@ -151,7 +241,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             }
         }
         let json = JsonOutput {
-            model: model.path.display().to_string(),
+            model: model_path.display().to_string(),
             prompt_token_ids: &output.prompt_tokens,
             generated_token_ids: &output.tokens,
             text: &output.text,
@@ -160,6 +250,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             finish_reason: output.finish_reason,
             logprobs: &output.logprobs,
             stats: &output.stats,
+            distributed,
         };
         serde_json::to_writer_pretty(&mut stdout, &json)?;
         writeln!(stdout)?;
@@ -175,6 +266,19 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             s.decode_tokens_per_second,
             s.time_to_first_token_seconds * 1000.0
         );
+        if let Some(d) = distributed {
+            let rss: Vec<String> = d
+                .ranks
+                .iter()
+                .map(|r| format!("rank {}: {:.0} MB", r.rank, r.peak_rss_bytes as f64 / 1e6))
+                .collect();
+            eprintln!(
+                "[{:?} parallel over {} ranks; peak memory {}]",
+                d.sharding,
+                d.world,
+                rss.join(", ")
+            );
+        }
     }
     Ok(())
 }

@@ -4,6 +4,7 @@ mod bench_log;
 mod bench_model;
 mod generate;
 mod model_args;
+mod ranks;
 mod replay;
 mod synth;
 
@@ -32,6 +33,9 @@ enum Command {
     /// Measure performance as JSON: the model engine by default (decode and
     /// prefill tokens/s, time to first token, peak memory), or `bench log`.
     Bench(BenchArgs),
+    /// One rank of a distributed model, driven by rank 0 over a TCP ring
+    /// (started by `--world N` runs, and by the cluster on each node).
+    Rank(ranks::RankArgs),
     /// Write the event log of a simulated cluster into a data dir, for demos
     /// and for trying `tessera replay`.
     SynthLog(synth::SynthArgs),
@@ -65,6 +69,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             None => bench_model::run(model),
         },
         Command::SynthLog(args) => synth::run(args),
+        Command::Rank(args) => ranks::run_rank(args),
     }
 }
 

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use clap::Args;
 use tessera_engine::generate::LoadedModel;
+use tessera_engine::ShardSpec;
 
 /// The default model (its card is in resources/model_cards/).
 pub const DEFAULT_MODEL: &str = "smollm2-135m-instruct-q4_1";
@@ -17,7 +18,7 @@ pub struct ModelArgs {
     /// model id from the catalogue, looked up in $TESSERA_HOME/models/ID.
     #[arg(long, default_value = DEFAULT_MODEL)]
     pub model: String,
-    /// Compute threads (default: all cores).
+    /// Compute threads (default: all cores; with --world, per rank and 1).
     #[arg(long)]
     pub threads: Option<usize>,
 }
@@ -29,11 +30,22 @@ impl ModelArgs {
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
     }
 
+    /// Threads per rank of a distributed run (default 1: the ranks share
+    /// this machine's cores).
+    pub fn rank_threads(&self) -> usize {
+        self.threads.filter(|t| *t > 0).unwrap_or(1)
+    }
+
     pub fn load(&self, quiet: bool) -> anyhow::Result<LoadedModel> {
+        self.load_shard(None, quiet)
+    }
+
+    /// Loads only `spec`'s part of the weights (rank 0 of a distributed run).
+    pub fn load_shard(&self, spec: Option<&ShardSpec>, quiet: bool) -> anyhow::Result<LoadedModel> {
         let path = resolve_model(&self.model)?;
         let interactive = !quiet && std::io::stderr().is_terminal();
         let started = std::time::Instant::now();
-        let model = LoadedModel::load(&path, |done, total| {
+        let model = LoadedModel::load_shard(&path, spec, |done, total| {
             if interactive {
                 eprint!("\rloading {}: {done}/{total} parts", path.display());
             }

@@ -9,8 +9,10 @@ use half::f16;
 
 use super::config::ModelConfig;
 use super::weights::{LoadError, Matrix, TensorSource};
+use crate::collectives::{CollectiveError, Group, SingleRank};
 use crate::ops;
 use crate::quant::Activations;
+use crate::shard::{split_evenly, ShardError, ShardSpec};
 use crate::threadpool::{split_range, DisjointSlice, ThreadPool};
 
 /// Weights of one decoder layer.
@@ -32,7 +34,9 @@ pub struct Layer {
 }
 
 /// One shard of a model: layers `layers` of `config.layers`, with the
-/// embeddings when it is the first stage and the head when it is the last.
+/// embeddings when it is the first stage and the head when it is the last;
+/// or, on a tensor-parallel rank, a slice of every layer. There `config`
+/// holds this rank's share of the heads, KV heads and FFN rows.
 pub struct Transformer {
     pub config: ModelConfig,
     pub layer_range: Range<usize>,
@@ -42,6 +46,8 @@ pub struct Transformer {
     /// `None` with tied embeddings: the head is the embedding matrix.
     output: Option<Matrix>,
     rope_freq_factors: Option<Vec<f32>>,
+    /// Set on a tensor-parallel rank.
+    tensor: Option<TensorSlice>,
 }
 
 /// What a stage consumes.
@@ -101,6 +107,14 @@ impl KvCache {
         self.len = len;
     }
 
+    /// Drops what layers appended beyond `len` positions (a failed step).
+    fn truncate_layers(&mut self, len: usize) {
+        for cache in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            cache.truncate(len * self.kv_dim);
+        }
+        self.len = self.len.min(len);
+    }
+
     /// Reserves room for `positions` in total, so decoding never reallocates.
     pub fn reserve(&mut self, positions: usize) {
         let want = positions * self.kv_dim;
@@ -134,6 +148,7 @@ pub struct Workspace {
     gate: Vec<f32>,
     up: Vec<f32>,
     logits: Vec<f32>,
+    local_logits: Vec<f32>,
     scores: Vec<f32>,
     scores_stride: usize,
     cos: Vec<f32>,
@@ -189,6 +204,71 @@ pub enum ForwardError {
     Empty,
     #[error("quantized matmul: {0}")]
     Kernel(#[from] candle_core::Error),
+    #[error(transparent)]
+    Collective(#[from] CollectiveError),
+    #[error("this shard was split for {expected} ranks but runs in a group of {actual}")]
+    GroupSize { expected: usize, actual: usize },
+}
+
+/// What a tensor-parallel rank owns beyond its slice of every layer: its
+/// rows of the LM head, and how the vocabulary is split for the gather.
+struct TensorSlice {
+    /// Rows of the head (vocabulary entries) per rank, in rank order.
+    vocab_counts: Vec<usize>,
+    head: Matrix,
+}
+
+/// The rows a tensor-parallel rank owns of each split dimension.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorSplit {
+    pub q_rows: Range<usize>,
+    pub kv_rows: Range<usize>,
+    pub ffn_rows: Range<usize>,
+    pub vocab_rows: Range<usize>,
+    pub vocab_counts: Vec<usize>,
+}
+
+impl TensorSplit {
+    /// Attention by whole KV-head groups (with their query heads), the MLP
+    /// by intermediate rows in units of `ffn_unit` (the down projection's
+    /// quantization block, so its column slices keep their blocks), the head
+    /// by vocabulary rows. Uneven splits are allowed.
+    pub fn new(
+        config: &ModelConfig,
+        rank: u32,
+        world: u32,
+        ffn_unit: usize,
+    ) -> Result<Self, ShardError> {
+        let spec = ShardSpec::Tensor {
+            rank,
+            world_size: world,
+        };
+        let groups = spec.kv_head_groups(config.kv_heads as u32)?;
+        let per_group = config.heads / config.kv_heads;
+        let hd = config.head_dim;
+        let (g0, g1) = (groups.start as usize, groups.end as usize);
+        let unit = if ffn_unit > 1
+            && config.ffn.is_multiple_of(ffn_unit)
+            && config.ffn / ffn_unit >= world as usize
+        {
+            ffn_unit
+        } else if config.ffn.is_multiple_of(crate::quant::BLOCK) {
+            crate::quant::BLOCK
+        } else {
+            1
+        };
+        let ffn_parts = split_evenly((config.ffn / unit) as u32, world as usize, "FFN blocks")?;
+        let ffn = &ffn_parts[rank as usize];
+        let vocab_parts = split_evenly(config.vocab as u32, world as usize, "vocabulary rows")?;
+        let vocab = &vocab_parts[rank as usize];
+        Ok(Self {
+            q_rows: g0 * per_group * hd..g1 * per_group * hd,
+            kv_rows: g0 * hd..g1 * hd,
+            ffn_rows: ffn.start as usize * unit..ffn.end as usize * unit,
+            vocab_rows: vocab.start as usize..vocab.end as usize,
+            vocab_counts: vocab_parts.iter().map(|r| r.len()).collect(),
+        })
+    }
 }
 
 impl Transformer {
@@ -197,19 +277,70 @@ impl Transformer {
         source: &dyn TensorSource,
         config: ModelConfig,
         layers: Range<usize>,
+        progress: impl FnMut(usize, usize),
+    ) -> Result<Self, LoadError> {
+        let spec = ShardSpec::Pipeline {
+            start_layer: layers.start as u32,
+            end_layer: layers.end as u32,
+            n_layers: config.layers as u32,
+        };
+        Self::load_shard(source, config, &spec, progress)
+    }
+
+    /// Loads the part of the model `spec` names, reading only its tensors
+    /// (and, for tensor parallelism, only its rows or columns of them).
+    pub fn load_shard(
+        source: &dyn TensorSource,
+        config: ModelConfig,
+        spec: &ShardSpec,
         mut progress: impl FnMut(usize, usize),
     ) -> Result<Self, LoadError> {
+        let shard_error = |e: ShardError| LoadError::Tensor {
+            path: source.path().to_string(),
+            tensor: "(shard)".into(),
+            reason: e.to_string(),
+        };
+        spec.validate(config.layers as u32).map_err(shard_error)?;
+        let range = spec.layers(config.layers as u32);
+        let layers = range.start as usize..range.end as usize;
         let first = layers.start == 0;
         let last = layers.end == config.layers;
         let total = layers.len() + 2;
         let (h, q, kv, f) = (config.hidden, config.q_dim(), config.kv_dim(), config.ffn);
-        let matrix = |name: &str, shape: [usize; 2]| -> Result<Matrix, LoadError> {
+        let split = match *spec {
+            ShardSpec::Tensor { rank, world_size } => Some(
+                TensorSplit::new(
+                    &config,
+                    rank,
+                    world_size,
+                    source.column_block("blk.0.ffn_down.weight"),
+                )
+                .map_err(shard_error)?,
+            ),
+            ShardSpec::Pipeline { .. } => None,
+        };
+        let q_rows = split.as_ref().map_or(0..q, |s| s.q_rows.clone());
+        let kv_rows = split.as_ref().map_or(0..kv, |s| s.kv_rows.clone());
+        let ffn_rows = split.as_ref().map_or(0..f, |s| s.ffn_rows.clone());
+        let sliced = split.is_some();
+        let part = |name: &str,
+                    shape: [usize; 2],
+                    rows: Option<Range<usize>>,
+                    cols: Option<Range<usize>>|
+         -> Result<Matrix, LoadError> {
             source.expect_shape(name, &shape)?;
-            source.matrix(name, None)
+            source.matrix_part(name, rows, cols)
         };
         let vector = |name: &str, len: usize| -> Result<Vec<f32>, LoadError> {
             source.expect_shape(name, &[len])?;
             source.vector(name)
+        };
+        let sliced_vector = |name: &str, len: usize, rows: &Range<usize>, wanted: bool| {
+            if wanted {
+                vector(name, len).map(|v| Some(v[rows.clone()].to_vec()))
+            } else {
+                Ok(None)
+            }
         };
         let optional = |name: &str, len: usize, wanted: bool| {
             if wanted {
@@ -218,9 +349,10 @@ impl Transformer {
                 Ok(None)
             }
         };
+        let shifted = |r: &Range<usize>, by: usize| r.start + by..r.end + by;
         let needs_embeddings = first || (last && config.tied_embeddings);
         let embeddings = if needs_embeddings {
-            Some(matrix("token_embd.weight", [config.vocab, h])?)
+            Some(part("token_embd.weight", [config.vocab, h], None, None)?)
         } else {
             None
         };
@@ -228,40 +360,100 @@ impl Transformer {
         let mut loaded = Vec::with_capacity(layers.len());
         for i in layers.clone() {
             let n = |part: &str| format!("blk.{i}.{part}");
+            // Fused projections (one tensor for q, k and v; one for gate and
+            // up) are split section by section.
+            let (wq, wk, wv) = if !source.contains(&n("attn_q.weight"))
+                && source.contains(&n("attn_qkv.weight"))
+            {
+                let fused = n("attn_qkv.weight");
+                let shape = [q + 2 * kv, h];
+                (
+                    part(&fused, shape, Some(q_rows.clone()), None)?,
+                    part(&fused, shape, Some(shifted(&kv_rows, q)), None)?,
+                    part(&fused, shape, Some(shifted(&kv_rows, q + kv)), None)?,
+                )
+            } else {
+                (
+                    part(&n("attn_q.weight"), [q, h], Some(q_rows.clone()), None)?,
+                    part(&n("attn_k.weight"), [kv, h], Some(kv_rows.clone()), None)?,
+                    part(&n("attn_v.weight"), [kv, h], Some(kv_rows.clone()), None)?,
+                )
+            };
+            let fused_gate_up = !source.contains(&n("ffn_gate.weight"))
+                && source.shape(&n("ffn_up.weight")) == Some(vec![2 * f, h]);
+            let (w_gate, w_up) = if fused_gate_up {
+                let fused = n("ffn_up.weight");
+                let shape = [2 * f, h];
+                (
+                    part(&fused, shape, Some(ffn_rows.clone()), None)?,
+                    part(&fused, shape, Some(shifted(&ffn_rows, f)), None)?,
+                )
+            } else {
+                (
+                    part(&n("ffn_gate.weight"), [f, h], Some(ffn_rows.clone()), None)?,
+                    part(&n("ffn_up.weight"), [f, h], Some(ffn_rows.clone()), None)?,
+                )
+            };
+            let cols = |r: &Range<usize>| sliced.then(|| r.clone());
             loaded.push(Layer {
                 attn_norm: vector(&n("attn_norm.weight"), h)?,
-                wq: matrix(&n("attn_q.weight"), [q, h])?,
-                wk: matrix(&n("attn_k.weight"), [kv, h])?,
-                wv: matrix(&n("attn_v.weight"), [kv, h])?,
-                wo: matrix(&n("attn_output.weight"), [h, q])?,
-                q_bias: optional(&n("attn_q.bias"), q, config.qkv_bias)?,
-                k_bias: optional(&n("attn_k.bias"), kv, config.qkv_bias)?,
-                v_bias: optional(&n("attn_v.bias"), kv, config.qkv_bias)?,
+                wq,
+                wk,
+                wv,
+                wo: part(&n("attn_output.weight"), [h, q], None, cols(&q_rows))?,
+                q_bias: sliced_vector(&n("attn_q.bias"), q, &q_rows, config.qkv_bias)?,
+                k_bias: sliced_vector(&n("attn_k.bias"), kv, &kv_rows, config.qkv_bias)?,
+                v_bias: sliced_vector(&n("attn_v.bias"), kv, &kv_rows, config.qkv_bias)?,
                 q_norm: optional(&n("attn_q_norm.weight"), config.head_dim, config.qk_norm)?,
                 k_norm: optional(&n("attn_k_norm.weight"), config.head_dim, config.qk_norm)?,
                 ffn_norm: vector(&n("ffn_norm.weight"), h)?,
-                w_gate: matrix(&n("ffn_gate.weight"), [f, h])?,
-                w_up: matrix(&n("ffn_up.weight"), [f, h])?,
-                w_down: matrix(&n("ffn_down.weight"), [h, f])?,
+                w_gate,
+                w_up,
+                w_down: part(&n("ffn_down.weight"), [h, f], None, cols(&ffn_rows))?,
             });
             progress(2 + i - layers.start, total);
         }
-        let (final_norm, output) = if last {
-            let norm = vector("output_norm.weight", h)?;
-            let output = if config.tied_embeddings {
-                None
-            } else {
-                Some(matrix("output.weight", [config.vocab, h])?)
-            };
-            (Some(norm), output)
+        let head_name = if config.tied_embeddings {
+            "token_embd.weight"
         } else {
-            (None, None)
+            "output.weight"
+        };
+        let (final_norm, output, tensor) = match (&split, last) {
+            (Some(split), _) => (
+                Some(vector("output_norm.weight", h)?),
+                None,
+                Some(TensorSlice {
+                    vocab_counts: split.vocab_counts.clone(),
+                    head: part(
+                        head_name,
+                        [config.vocab, h],
+                        Some(split.vocab_rows.clone()),
+                        None,
+                    )?,
+                }),
+            ),
+            (None, true) => {
+                let norm = vector("output_norm.weight", h)?;
+                let output = if config.tied_embeddings {
+                    None
+                } else {
+                    Some(part("output.weight", [config.vocab, h], None, None)?)
+                };
+                (Some(norm), output, None)
+            }
+            (None, false) => (None, None, None),
         };
         progress(total, total);
         let rope_freq_factors = match source.shape("rope_freqs.weight") {
             Some(_) => Some(source.vector("rope_freqs.weight")?),
             None => config.rope_freq_factors(),
         };
+        let mut config = config;
+        if let Some(split) = &split {
+            config.heads = split.q_rows.len() / config.head_dim;
+            config.kv_heads = split.kv_rows.len() / config.head_dim;
+            config.ffn = split.ffn_rows.len();
+        }
         Ok(Self {
             config,
             layer_range: layers,
@@ -270,6 +462,7 @@ impl Transformer {
             final_norm,
             output,
             rope_freq_factors,
+            tensor,
         })
     }
 
@@ -302,6 +495,12 @@ impl Transformer {
         layers
             + self.embeddings.as_ref().map_or(0, Matrix::size_bytes)
             + self.output.as_ref().map_or(0, Matrix::size_bytes)
+            + self.tensor.as_ref().map_or(0, |t| t.head.size_bytes())
+    }
+
+    /// Whether this shard is one rank of a tensor-parallel group.
+    pub fn is_tensor_parallel(&self) -> bool {
+        self.tensor.is_some()
     }
 
     /// Runs `input` (tokens at positions `cache.len()..`) through this
@@ -313,6 +512,22 @@ impl Transformer {
         cache: &mut KvCache,
         ws: &'w mut Workspace,
         pool: &ThreadPool,
+    ) -> Result<ForwardOutput<'w>, ForwardError> {
+        self.forward_in(input, cache, ws, pool, &mut SingleRank, true)
+    }
+
+    /// [`Transformer::forward`] as one rank of `group`: a tensor-parallel
+    /// rank sums its partial attention and MLP outputs with the others and
+    /// gathers the logits. Without `want_logits` (a prefill chunk before the
+    /// last) the head is skipped and the hidden states are returned.
+    pub fn forward_in<'w>(
+        &self,
+        input: StageInput<'_>,
+        cache: &mut KvCache,
+        ws: &'w mut Workspace,
+        pool: &ThreadPool,
+        group: &mut dyn Group,
+        want_logits: bool,
     ) -> Result<ForwardOutput<'w>, ForwardError> {
         let cfg = &self.config;
         let hidden = cfg.hidden;
@@ -374,23 +589,53 @@ impl Transformer {
         }
         cache.reserve(start + tokens);
         for (index, layer) in self.layers.iter().enumerate() {
-            self.layer_forward(layer, index, tokens, start, cache, ws, pool)?;
+            if let Err(error) =
+                self.layer_forward(layer, index, tokens, start, cache, ws, pool, group)
+            {
+                // Layers before this one appended; drop the partial step.
+                cache.truncate_layers(start);
+                return Err(error);
+            }
         }
         cache.len = start + tokens;
 
-        if !self.is_last_stage() {
+        if !self.is_last_stage() || !want_logits {
             return Ok(ForwardOutput::Hidden(&ws.x[..tokens * hidden]));
         }
         // Only the last token's logits are needed to sample.
         let last = &ws.x[(tokens - 1) * hidden..tokens * hidden];
         let norm = self.final_norm.as_deref().unwrap_or(&[]);
         ops::rms_norm(last, norm, cfg.norm_eps, &mut ws.normed[..hidden]);
+        ws.acts.set(&ws.normed[..hidden], 1, hidden);
+        if let Some(slice) = &self.tensor {
+            // Each rank computes its rows of the vocabulary; all gather.
+            if slice.vocab_counts.len() != group.size() {
+                return Err(ForwardError::GroupSize {
+                    expected: slice.vocab_counts.len(),
+                    actual: group.size(),
+                });
+            }
+            let local = slice.head.rows();
+            ws.local_logits.resize(local, 0.0);
+            slice.head.matmul(
+                &mut ws.acts,
+                1,
+                &ws.normed[..hidden],
+                &mut ws.local_logits,
+                pool,
+            )?;
+            group.all_gather(
+                &ws.local_logits,
+                &slice.vocab_counts,
+                &mut ws.logits[..cfg.vocab],
+            )?;
+            return Ok(ForwardOutput::Logits(&ws.logits[..cfg.vocab]));
+        }
         let head = self
             .output
             .as_ref()
             .or(self.embeddings.as_ref())
             .ok_or(ForwardError::NotFirstStage)?;
-        ws.acts.set(&ws.normed[..hidden], 1, hidden);
         head.matmul(&mut ws.acts, 1, &ws.normed[..hidden], &mut ws.logits, pool)?;
         Ok(ForwardOutput::Logits(&ws.logits[..cfg.vocab]))
     }
@@ -405,6 +650,7 @@ impl Transformer {
         cache: &mut KvCache,
         ws: &mut Workspace,
         pool: &ThreadPool,
+        group: &mut dyn Group,
     ) -> Result<(), ForwardError> {
         let cfg = &self.config;
         let (h, qd, kvd, hd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
@@ -478,6 +724,9 @@ impl Transformer {
         layer
             .wo
             .matmul(&mut ws.acts, n, &ws.attn, &mut ws.proj[..n * h], pool)?;
+        if self.tensor.is_some() {
+            group.all_reduce_sum(&mut ws.proj[..n * h])?;
+        }
         ops::add_in_place(&mut ws.x[..n * h], &ws.proj[..n * h]);
 
         // MLP block.
@@ -512,6 +761,9 @@ impl Transformer {
         layer
             .w_down
             .matmul(&mut ws.acts, n, &ws.gate, &mut ws.proj[..n * h], pool)?;
+        if self.tensor.is_some() {
+            group.all_reduce_sum(&mut ws.proj[..n * h])?;
+        }
         ops::add_in_place(&mut ws.x[..n * h], &ws.proj[..n * h]);
         Ok(())
     }

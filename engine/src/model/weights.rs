@@ -179,8 +179,24 @@ pub trait TensorSource {
     fn path(&self) -> &str;
     /// Shape as `[rows, cols]` (or `[len]`), if the tensor exists.
     fn shape(&self, name: &str) -> Option<Vec<usize>>;
+    /// Loads rows `rows` and columns `cols` of a 2-D tensor (`None`: all),
+    /// reading no more of the file than the part needs where the format
+    /// allows (tensor-parallel ranks own row or column slices).
+    fn matrix_part(
+        &self,
+        name: &str,
+        rows: Option<Range<usize>>,
+        cols: Option<Range<usize>>,
+    ) -> Result<Matrix, LoadError>;
     /// Loads a 2-D tensor, or only rows `rows` of it.
-    fn matrix(&self, name: &str, rows: Option<Range<usize>>) -> Result<Matrix, LoadError>;
+    fn matrix(&self, name: &str, rows: Option<Range<usize>>) -> Result<Matrix, LoadError> {
+        self.matrix_part(name, rows, None)
+    }
+    /// Values per quantization block along a row: column slices that start
+    /// and end on a multiple keep the stored blocks as they are.
+    fn column_block(&self, _name: &str) -> usize {
+        1
+    }
     /// Loads a 1-D tensor as f32.
     fn vector(&self, name: &str) -> Result<Vec<f32>, LoadError>;
 
