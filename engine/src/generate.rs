@@ -51,7 +51,7 @@ pub enum EngineError {
     ZeroMaxTokens,
     #[error(transparent)]
     Sampling(#[from] SamplingError),
-    #[error("forward pass: {0}")]
+    #[error(transparent)]
     Forward(#[from] ForwardError),
     #[error(transparent)]
     Distributed(ExecError),

@@ -9,14 +9,19 @@ use std::ops::ControlFlow;
 use anyhow::{bail, Context};
 use clap::Args;
 use serde::Serialize;
-use tessera_engine::generate::{GenerateRequest, Prompt, Session};
+use tessera_engine::executor::Executor;
+use tessera_engine::generate::{GenerateRequest, LoadedModel, Prompt, Session};
 
+use super::generate::Distributed;
 use super::model_args::ModelArgs;
+use super::ranks::{DistributedArgs, RankZero};
 
 #[derive(Debug, Args)]
 pub struct ModelBenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub dist: DistributedArgs,
     /// Timed repetitions of each measurement (after one warm-up).
     #[arg(long, default_value_t = 5)]
     pub runs: usize,
@@ -74,6 +79,8 @@ struct Report {
     weights_mb: f64,
     decode_tokens: Vec<u32>,
     decode_text: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    distributed: Option<Distributed>,
 }
 
 const SHORT_PROMPT: &str = "The quick brown fox";
@@ -84,10 +91,42 @@ pub fn run(args: ModelBenchArgs) -> anyhow::Result<()> {
     if args.runs == 0 || args.n_gen < 2 || args.n_prefill == 0 {
         bail!("--runs and --n-prefill must be at least 1, --n-gen at least 2");
     }
-    let model = args.model.load(args.json)?;
-    let threads = args.model.threads();
-    let mut session = Session::new(&model, threads);
+    if !args.dist.is_distributed() {
+        let model = args.model.load(args.json)?;
+        let threads = args.model.threads();
+        let session = Session::new(&model, threads);
+        return measure(&args, &model, session, threads, |_| Ok(None));
+    }
+    let threads = args.model.rank_threads();
+    let RankZero {
+        ranks,
+        ring,
+        spec,
+        ring_timeout,
+    } = RankZero::start(&args.dist, &args.model.model, threads, args.json)?;
+    let model = args.model.load_shard(Some(&spec), args.json)?;
+    let mut executor = Executor::new(&model.transformer, threads, Box::new(ring));
+    RankZero::ready(&mut executor, ring_timeout)?;
+    let session = Session::with_executor(&model, executor);
+    let weights = model.transformer.weight_bytes();
+    let dist = args.dist.clone();
+    let mut ranks = Some(ranks);
+    measure(&args, &model, session, threads, move |session| {
+        session.executor().shutdown()?;
+        let reports = ranks.take().context("ranks")?.finish()?;
+        Ok(Some(Distributed::new(&dist, threads, weights, reports)))
+    })
+}
 
+/// Runs the measurements; `finish` ends a distributed run and reports its
+/// ranks before the report is printed.
+fn measure(
+    args: &ModelBenchArgs,
+    model: &LoadedModel,
+    mut session: Session<'_>,
+    threads: usize,
+    finish: impl FnOnce(&mut Session<'_>) -> anyhow::Result<Option<Distributed>>,
+) -> anyhow::Result<()> {
     let mut decode = GenerateRequest::new(Prompt::Raw(SHORT_PROMPT.into()));
     decode.max_tokens = args.n_gen;
     decode.ignore_eos = true;
@@ -141,6 +180,7 @@ pub fn run(args: ModelBenchArgs) -> anyhow::Result<()> {
             );
         }
     }
+    let distributed = finish(&mut session)?;
     let report = Report {
         bench: "model",
         model: model.path.display().to_string(),
@@ -155,6 +195,7 @@ pub fn run(args: ModelBenchArgs) -> anyhow::Result<()> {
         weights_mb: model.transformer.weight_bytes() as f64 / 1e6,
         decode_tokens: tokens,
         decode_text,
+        distributed,
     };
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())

@@ -1,5 +1,6 @@
 //! Command-line parsing and dispatch.
 
+mod bench_collectives;
 mod bench_log;
 mod bench_model;
 mod generate;
@@ -57,6 +58,8 @@ enum BenchCommand {
     /// Event log: append with batched flushes and replay, against raw sled
     /// inserts of the same bytes in the same run.
     Log(bench_log::LogBenchArgs),
+    /// All-reduce latency between local rank processes on loopback.
+    Collectives(bench_collectives::CollectivesBenchArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
@@ -65,6 +68,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Generate(args) => generate::run(args),
         Command::Bench(BenchArgs { what, model }) => match what {
             Some(BenchCommand::Log(args)) => bench_log::run(args),
+            Some(BenchCommand::Collectives(args)) => bench_collectives::run(args),
             Some(BenchCommand::Model(args)) => bench_model::run(args),
             None => bench_model::run(model),
         },

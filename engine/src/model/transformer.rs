@@ -231,8 +231,8 @@ pub struct TensorSplit {
 impl TensorSplit {
     /// Attention by whole KV-head groups (with their query heads), the MLP
     /// by intermediate rows in units of `ffn_unit` (the down projection's
-    /// quantization block, so its column slices keep their blocks), the head
-    /// by vocabulary rows. Uneven splits are allowed.
+    /// quantization block, so its column slices keep their blocks), evenly,
+    /// the head by vocabulary rows. Uneven splits are allowed.
     pub fn new(
         config: &ModelConfig,
         rank: u32,
@@ -257,6 +257,10 @@ impl TensorSplit {
         } else {
             1
         };
+        // Even, not balancing the attention's uneven KV groups: each block
+        // ends in an all-reduce, a barrier, so the MLP's own split must be
+        // even for its phase to be (balancing the totals made each rank wait
+        // for the other in turn).
         let ffn_parts = split_evenly((config.ffn / unit) as u32, world as usize, "FFN blocks")?;
         let ffn = &ffn_parts[rank as usize];
         let vocab_parts = split_evenly(config.vocab as u32, world as usize, "vocabulary rows")?;
@@ -860,4 +864,77 @@ fn attention(
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::config::{Architecture, RopeScaling};
+    use crate::ops::RopeStyle;
+
+    fn smollm2() -> ModelConfig {
+        ModelConfig {
+            architecture: Architecture::Llama,
+            layers: 30,
+            hidden: 576,
+            ffn: 1536,
+            heads: 9,
+            kv_heads: 3,
+            head_dim: 64,
+            vocab: 49152,
+            context_length: 8192,
+            norm_eps: 1e-5,
+            rope_theta: 100_000.0,
+            rope_style: RopeStyle::Interleaved,
+            rope_scaling: RopeScaling::None,
+            rotary_dims: 64,
+            qkv_bias: false,
+            qk_norm: false,
+            tied_embeddings: true,
+        }
+    }
+
+    #[test]
+    fn tensor_splits_cover_every_dimension() -> Result<(), ShardError> {
+        let config = smollm2();
+        for world in 1..=3u32 {
+            let splits: Vec<TensorSplit> = (0..world)
+                .map(|rank| TensorSplit::new(&config, rank, world, 32))
+                .collect::<Result<_, _>>()?;
+            let mut next = (0, 0, 0, 0);
+            let mut work = Vec::new();
+            for split in &splits {
+                // Contiguous, in rank order, whole heads, whole blocks.
+                assert_eq!(split.q_rows.start, next.0);
+                assert_eq!(split.kv_rows.start, next.1);
+                assert_eq!(split.ffn_rows.start, next.2);
+                assert_eq!(split.vocab_rows.start, next.3);
+                assert_eq!(split.q_rows.len() % (3 * 64), 0, "whole KV groups");
+                assert_eq!(split.ffn_rows.len() % 32, 0, "whole Q4_1 blocks");
+                next = (
+                    split.q_rows.end,
+                    split.kv_rows.end,
+                    split.ffn_rows.end,
+                    split.vocab_rows.end,
+                );
+                let h = config.hidden;
+                work.push(
+                    2 * h * (split.q_rows.len() + split.kv_rows.len())
+                        + 3 * h * split.ffn_rows.len(),
+                );
+            }
+            assert_eq!(next, (576, 192, 1536, 49152), "world {world} covers all");
+            let _ = work;
+        }
+        // World 2: 2 + 1 KV groups; the MLP splits evenly (its phase ends in
+        // an all-reduce, so it is balanced on its own).
+        let (a, b) = (
+            TensorSplit::new(&config, 0, 2, 32)?,
+            TensorSplit::new(&config, 1, 2, 32)?,
+        );
+        assert_eq!((a.kv_rows.len(), b.kv_rows.len()), (128, 64));
+        assert_eq!((a.ffn_rows.len(), b.ffn_rows.len()), (768, 768));
+        assert!(TensorSplit::new(&config, 0, 4, 32).is_err());
+        Ok(())
+    }
 }
