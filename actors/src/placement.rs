@@ -1,0 +1,706 @@
+//! Placement: which nodes run a model, and how it is split over them. A
+//! pure function of the model card, the nodes' free memory and the request,
+//! unit-tested without actors or sockets.
+//!
+//! - Nodes are tried largest free memory first (ties by node id), and the
+//!   smallest feasible node count at or above `min_nodes` wins: fewer ranks
+//!   means less traffic between them.
+//! - Pipeline: layers in proportion to free memory, each node at least one.
+//!   Tensor: KV-head groups as evenly as they go (3 over 2 nodes is 2 + 1),
+//!   at most one rank per KV head.
+//! - Every node must keep [`headroom`] free after its share; a refusal names
+//!   the node and the bytes missing.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use tessera_engine::{split_evenly, split_proportionally, ShardSpec};
+use tessera_protos::v1::{
+    self, shard_spec, Instance, InstanceRank, ModelCard, PipelineShard, Sharding, TensorShard,
+};
+
+/// The first port ring connections use; each rank on an address gets the
+/// lowest free port from here.
+pub const RING_BASE_PORT: u16 = 52_500;
+
+/// What placement knows about one node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeCapacity {
+    pub node_id: String,
+    /// Memory the node reports as available.
+    pub available_bytes: u64,
+    /// The address other ranks reach this node at.
+    pub ip: String,
+}
+
+impl NodeCapacity {
+    /// Capacities of every node in `state` that reported its memory.
+    pub fn from_state(state: &v1::ClusterState) -> Vec<Self> {
+        state
+            .nodes
+            .iter()
+            .filter_map(|(id, node)| {
+                let info = node.info.as_ref()?;
+                let ip = info
+                    .addresses
+                    .iter()
+                    .find(|a| a.kind != v1::LinkKind::Loopback as i32)
+                    .or(info.addresses.first())
+                    .map_or_else(|| "127.0.0.1".to_string(), |a| a.ip.clone());
+                Some(Self {
+                    node_id: id.clone(),
+                    available_bytes: info.memory_available_bytes,
+                    ip,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Why a model cannot be placed. Messages say exactly what is missing.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PlacementError {
+    #[error("no nodes have reported their memory yet")]
+    NoNodes,
+    #[error("sharding must be pipeline or tensor")]
+    NoSharding,
+    #[error("{model} does not support tensor parallelism; use pipeline sharding")]
+    TensorUnsupported { model: String },
+    #[error("{model} has no layer count or KV-head count in its card")]
+    IncompleteCard { model: String },
+    #[error("asked for at least {wanted} nodes, but only {available} are usable")]
+    NotEnoughNodes { wanted: usize, available: usize },
+    #[error("{sharding} sharding of {model} allows at most {max} ranks ({what}), asked for at least {wanted}")]
+    TooManyRanks {
+        model: String,
+        sharding: &'static str,
+        max: usize,
+        what: &'static str,
+        wanted: usize,
+    },
+    #[error("{model} does not fit on {nodes} node(s): node {node} needs {needed} but has {available} available ({missing} missing, counting {headroom} headroom)")]
+    NotEnoughMemory {
+        model: String,
+        nodes: usize,
+        node: String,
+        needed: ByteCount,
+        available: ByteCount,
+        missing: ByteCount,
+        headroom: ByteCount,
+    },
+    #[error("unknown node {0}")]
+    UnknownNode(String),
+}
+
+/// Bytes, printed readably in messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ByteCount(pub u64);
+
+impl std::fmt::Display for ByteCount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let b = self.0 as f64;
+        if b >= 1e9 {
+            write!(f, "{:.2} GB", b / 1e9)
+        } else {
+            write!(f, "{:.0} MB", b / 1e6)
+        }
+    }
+}
+
+/// Memory a node must keep free beyond a model's share: 10% of what it has,
+/// at least 256 MB (the OS, the node itself, other programs).
+pub fn headroom(available_bytes: u64) -> u64 {
+    (available_bytes / 10).max(256_000_000)
+}
+
+/// Memory besides the weights a rank needs: its process, buffers and a
+/// KV cache for a few thousand tokens.
+const RANK_OVERHEAD: u64 = 64_000_000;
+
+/// What a placement asks for.
+#[derive(Clone, Debug)]
+pub struct PlacementRequest<'a> {
+    pub model: &'a ModelCard,
+    pub sharding: Sharding,
+    /// At least this many nodes (0 or 1: any).
+    pub min_nodes: usize,
+    /// Only these nodes; empty: any.
+    pub node_ids: &'a [String],
+}
+
+/// A chosen placement: the instance (ranks in order) and each node's share.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Placement {
+    pub instance: Instance,
+    pub memory_bytes_by_node: BTreeMap<String, u64>,
+}
+
+/// Places `request` on the given nodes. `instance_id` names the instance,
+/// `runner_ids` yields a runner id per rank, `used_addresses` are ring
+/// addresses ("ip:port") other instances already hold.
+pub fn place(
+    request: &PlacementRequest<'_>,
+    nodes: &[NodeCapacity],
+    instance_id: &str,
+    used_addresses: &BTreeSet<String>,
+    mut runner_ids: impl FnMut(usize) -> String,
+) -> Result<Placement, PlacementError> {
+    let candidates = candidates(request, nodes)?;
+    let (lowest, highest) = rank_bounds(request, candidates.len())?;
+    let mut last_error = None;
+    for count in lowest..=highest {
+        match place_on(request, &candidates[..count]) {
+            Ok(shares) => {
+                return Ok(build(
+                    request,
+                    &candidates[..count],
+                    shares,
+                    instance_id,
+                    used_addresses,
+                    &mut runner_ids,
+                ))
+            }
+            Err(error) => last_error = Some(error),
+        }
+    }
+    Err(last_error.unwrap_or(PlacementError::NoNodes))
+}
+
+/// Every node count from 1 up to the number of usable nodes, for each
+/// sharding the model supports: feasible ones with their instance, others
+/// with the reason.
+pub fn previews(
+    model: &ModelCard,
+    nodes: &[NodeCapacity],
+    node_ids: &[String],
+) -> Vec<v1::PlacementPreview> {
+    let mut out = Vec::new();
+    let shardings: &[Sharding] = if model.supports_tensor {
+        &[Sharding::Pipeline, Sharding::Tensor]
+    } else {
+        &[Sharding::Pipeline]
+    };
+    for &sharding in shardings {
+        let request = PlacementRequest {
+            model,
+            sharding,
+            min_nodes: 1,
+            node_ids,
+        };
+        let candidates = match candidates(&request, nodes) {
+            Ok(c) => c,
+            Err(error) => {
+                out.push(v1::PlacementPreview {
+                    sharding: sharding as i32,
+                    error: error.to_string(),
+                    ..Default::default()
+                });
+                continue;
+            }
+        };
+        for count in 1..=candidates.len() {
+            let request = PlacementRequest {
+                min_nodes: count,
+                ..request.clone()
+            };
+            let result = rank_bounds(&request, candidates.len())
+                .and_then(|_| place_on(&request, &candidates[..count]));
+            let preview = match result {
+                Ok(shares) => {
+                    let placement = build(
+                        &request,
+                        &candidates[..count],
+                        shares,
+                        "preview",
+                        &BTreeSet::new(),
+                        &mut |rank| format!("preview-rank-{rank}"),
+                    );
+                    v1::PlacementPreview {
+                        sharding: sharding as i32,
+                        node_count: count as u32,
+                        instance: Some(placement.instance),
+                        error: String::new(),
+                        memory_bytes_by_node: placement.memory_bytes_by_node.into_iter().collect(),
+                    }
+                }
+                Err(error) => v1::PlacementPreview {
+                    sharding: sharding as i32,
+                    node_count: count as u32,
+                    instance: None,
+                    error: error.to_string(),
+                    memory_bytes_by_node: Default::default(),
+                },
+            };
+            out.push(preview);
+        }
+    }
+    out
+}
+
+/// Usable nodes, most free memory first.
+fn candidates(
+    request: &PlacementRequest<'_>,
+    nodes: &[NodeCapacity],
+) -> Result<Vec<NodeCapacity>, PlacementError> {
+    for id in request.node_ids {
+        if !nodes.iter().any(|n| &n.node_id == id) {
+            return Err(PlacementError::UnknownNode(id.clone()));
+        }
+    }
+    let mut candidates: Vec<NodeCapacity> = nodes
+        .iter()
+        .filter(|n| request.node_ids.is_empty() || request.node_ids.contains(&n.node_id))
+        .cloned()
+        .collect();
+    if candidates.is_empty() {
+        return Err(PlacementError::NoNodes);
+    }
+    candidates.sort_by(|a, b| {
+        b.available_bytes
+            .cmp(&a.available_bytes)
+            .then_with(|| a.node_id.cmp(&b.node_id))
+    });
+    Ok(candidates)
+}
+
+/// The node counts to try.
+fn rank_bounds(
+    request: &PlacementRequest<'_>,
+    usable: usize,
+) -> Result<(usize, usize), PlacementError> {
+    let model = request.model;
+    if model.n_layers == 0 || model.num_key_value_heads == 0 {
+        return Err(PlacementError::IncompleteCard {
+            model: model.model_id.clone(),
+        });
+    }
+    let (max, what, name) = match request.sharding {
+        Sharding::Pipeline => (model.n_layers as usize, "one layer per rank", "pipeline"),
+        Sharding::Tensor => {
+            if !model.supports_tensor {
+                return Err(PlacementError::TensorUnsupported {
+                    model: model.model_id.clone(),
+                });
+            }
+            (
+                model.num_key_value_heads as usize,
+                "one KV head per rank",
+                "tensor",
+            )
+        }
+        Sharding::Unspecified => return Err(PlacementError::NoSharding),
+    };
+    let lowest = request.min_nodes.max(1);
+    if lowest > max {
+        return Err(PlacementError::TooManyRanks {
+            model: model.model_id.clone(),
+            sharding: name,
+            max,
+            what,
+            wanted: lowest,
+        });
+    }
+    if lowest > usable {
+        return Err(PlacementError::NotEnoughNodes {
+            wanted: lowest,
+            available: usable,
+        });
+    }
+    Ok((lowest, usable.min(max)))
+}
+
+/// Splits the model over exactly these nodes, or says which one lacks
+/// memory. Returns each rank's shard and bytes.
+fn place_on(
+    request: &PlacementRequest<'_>,
+    nodes: &[NodeCapacity],
+) -> Result<Vec<(ShardSpec, u64)>, PlacementError> {
+    let model = request.model;
+    let layers = model.n_layers;
+    let storage = model.storage_size_bytes;
+    let world = nodes.len();
+    let shares: Vec<(ShardSpec, u64)> = match request.sharding {
+        Sharding::Pipeline => {
+            // Layers in proportion to what each node can give after headroom.
+            let weights: Vec<u64> = nodes
+                .iter()
+                .map(|n| {
+                    n.available_bytes
+                        .saturating_sub(headroom(n.available_bytes))
+                })
+                .collect();
+            let ranges = split_proportionally(layers, &weights, "layers").map_err(|_| {
+                PlacementError::TooManyRanks {
+                    model: model.model_id.clone(),
+                    sharding: "pipeline",
+                    max: layers as usize,
+                    what: "one layer per rank",
+                    wanted: world,
+                }
+            })?;
+            ranges
+                .into_iter()
+                .map(|r| {
+                    let bytes = storage * u64::from(r.end - r.start) / u64::from(layers);
+                    (
+                        ShardSpec::Pipeline {
+                            start_layer: r.start,
+                            end_layer: r.end,
+                            n_layers: layers,
+                        },
+                        bytes + RANK_OVERHEAD,
+                    )
+                })
+                .collect()
+        }
+        Sharding::Tensor => {
+            let groups =
+                split_evenly(model.num_key_value_heads, world, "KV heads").map_err(|_| {
+                    PlacementError::TooManyRanks {
+                        model: model.model_id.clone(),
+                        sharding: "tensor",
+                        max: model.num_key_value_heads as usize,
+                        what: "one KV head per rank",
+                        wanted: world,
+                    }
+                })?;
+            groups
+                .iter()
+                .enumerate()
+                .map(|(rank, g)| {
+                    // The largest group share bounds the attention part; the
+                    // MLP and head split evenly. Every rank keeps the whole
+                    // embedding table, not counted in the card: the overhead
+                    // covers small models, and big ones are dominated by layers.
+                    let kv = u64::from(model.num_key_value_heads);
+                    let attention_share = storage * u64::from(g.end - g.start) / kv;
+                    let even_share = storage / world as u64;
+                    let bytes = attention_share.max(even_share);
+                    (
+                        ShardSpec::Tensor {
+                            rank: rank as u32,
+                            world_size: world as u32,
+                        },
+                        bytes + RANK_OVERHEAD,
+                    )
+                })
+                .collect()
+        }
+        Sharding::Unspecified => return Err(PlacementError::NoSharding),
+    };
+    for (node, (_, needed)) in nodes.iter().zip(&shares) {
+        let room = headroom(node.available_bytes);
+        let usable = node.available_bytes.saturating_sub(room);
+        if *needed > usable {
+            return Err(PlacementError::NotEnoughMemory {
+                model: model.model_id.clone(),
+                nodes: world,
+                node: node.node_id.clone(),
+                needed: ByteCount(*needed),
+                available: ByteCount(node.available_bytes),
+                missing: ByteCount(needed - usable),
+                headroom: ByteCount(room),
+            });
+        }
+    }
+    Ok(shares)
+}
+
+fn build(
+    request: &PlacementRequest<'_>,
+    nodes: &[NodeCapacity],
+    shares: Vec<(ShardSpec, u64)>,
+    instance_id: &str,
+    used_addresses: &BTreeSet<String>,
+    runner_ids: &mut impl FnMut(usize) -> String,
+) -> Placement {
+    let mut taken = used_addresses.clone();
+    let mut ranks = Vec::with_capacity(nodes.len());
+    let mut memory = BTreeMap::new();
+    for (rank, (node, (spec, bytes))) in nodes.iter().zip(shares).enumerate() {
+        let address = (RING_BASE_PORT..=u16::MAX)
+            .map(|port| format!("{}:{port}", node.ip))
+            .find(|a| !taken.contains(a))
+            .unwrap_or_else(|| format!("{}:0", node.ip));
+        taken.insert(address.clone());
+        memory.insert(node.node_id.clone(), bytes);
+        ranks.push(InstanceRank {
+            rank: rank as u32,
+            node_id: node.node_id.clone(),
+            runner_id: runner_ids(rank),
+            shard: Some(shard_to_proto(&spec)),
+            ring_address: address,
+        });
+    }
+    Placement {
+        instance: Instance {
+            instance_id: instance_id.to_string(),
+            model: Some(request.model.clone()),
+            sharding: request.sharding as i32,
+            ranks,
+        },
+        memory_bytes_by_node: memory,
+    }
+}
+
+/// The engine's shard spec as the wire type.
+pub fn shard_to_proto(spec: &ShardSpec) -> v1::ShardSpec {
+    let kind = match *spec {
+        ShardSpec::Pipeline {
+            start_layer,
+            end_layer,
+            n_layers,
+        } => shard_spec::Kind::Pipeline(PipelineShard {
+            start_layer,
+            end_layer,
+            n_layers,
+        }),
+        ShardSpec::Tensor { rank, world_size } => {
+            shard_spec::Kind::Tensor(TensorShard { rank, world_size })
+        }
+    };
+    v1::ShardSpec { kind: Some(kind) }
+}
+
+/// The wire shard spec as the engine's, if it is complete.
+pub fn shard_from_proto(spec: &v1::ShardSpec) -> Option<ShardSpec> {
+    match spec.kind.as_ref()? {
+        shard_spec::Kind::Pipeline(p) => Some(ShardSpec::Pipeline {
+            start_layer: p.start_layer,
+            end_layer: p.end_layer,
+            n_layers: p.n_layers,
+        }),
+        shard_spec::Kind::Tensor(t) => Some(ShardSpec::Tensor {
+            rank: t.rank,
+            world_size: t.world_size,
+        }),
+    }
+}
+
+/// Ring addresses the instances in `state` already hold.
+pub fn used_ring_addresses(state: &v1::ClusterState) -> BTreeSet<String> {
+    state
+        .instances
+        .values()
+        .flat_map(|i| i.ranks.iter().map(|r| r.ring_address.clone()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GB: u64 = 1_000_000_000;
+
+    fn card(storage: u64, layers: u32, kv: u32) -> ModelCard {
+        ModelCard {
+            model_id: "test-model".into(),
+            n_layers: layers,
+            num_key_value_heads: kv,
+            supports_tensor: true,
+            storage_size_bytes: storage,
+            ..Default::default()
+        }
+    }
+
+    fn node(id: &str, available: u64) -> NodeCapacity {
+        NodeCapacity {
+            node_id: id.into(),
+            available_bytes: available,
+            ip: "127.0.0.1".into(),
+        }
+    }
+
+    fn run(
+        model: &ModelCard,
+        sharding: Sharding,
+        min_nodes: usize,
+        nodes: &[NodeCapacity],
+    ) -> Result<Placement, PlacementError> {
+        let request = PlacementRequest {
+            model,
+            sharding,
+            min_nodes,
+            node_ids: &[],
+        };
+        place(&request, nodes, "i1", &BTreeSet::new(), |r| format!("r{r}"))
+    }
+
+    fn shards(p: &Placement) -> Vec<Option<ShardSpec>> {
+        p.instance
+            .ranks
+            .iter()
+            .map(|r| r.shard.as_ref().and_then(shard_from_proto))
+            .collect()
+    }
+
+    #[test]
+    fn the_fewest_nodes_that_fit_win_and_the_roomiest_first() {
+        let model = card(GB, 30, 3);
+        let nodes = [node("a", 4 * GB), node("b", 8 * GB), node("c", 2 * GB)];
+        let p = run(&model, Sharding::Pipeline, 1, &nodes).expect("fits");
+        assert_eq!(p.instance.ranks.len(), 1);
+        assert_eq!(p.instance.ranks[0].node_id, "b");
+        assert_eq!(
+            shards(&p),
+            vec![Some(ShardSpec::Pipeline {
+                start_layer: 0,
+                end_layer: 30,
+                n_layers: 30
+            })]
+        );
+    }
+
+    #[test]
+    fn pipeline_layers_follow_free_memory() {
+        let model = card(GB, 30, 3);
+        let nodes = [node("a", 3 * GB), node("b", 6 * GB)];
+        let p = run(&model, Sharding::Pipeline, 2, &nodes).expect("fits");
+        // b (more memory) is rank 0 and gets twice the layers.
+        let got = shards(&p);
+        assert_eq!(p.instance.ranks[0].node_id, "b");
+        assert_eq!(
+            got,
+            vec![
+                Some(ShardSpec::Pipeline {
+                    start_layer: 0,
+                    end_layer: 20,
+                    n_layers: 30
+                }),
+                Some(ShardSpec::Pipeline {
+                    start_layer: 20,
+                    end_layer: 30,
+                    n_layers: 30
+                }),
+            ]
+        );
+        // Distinct ring ports on one address.
+        assert_eq!(p.instance.ranks[0].ring_address, "127.0.0.1:52500");
+        assert_eq!(p.instance.ranks[1].ring_address, "127.0.0.1:52501");
+    }
+
+    #[test]
+    fn tensor_splits_kv_groups_unevenly_and_caps_the_rank_count() {
+        let model = card(GB, 30, 3);
+        let nodes = [
+            node("a", 8 * GB),
+            node("b", 8 * GB),
+            node("c", 8 * GB),
+            node("d", 8 * GB),
+        ];
+        let p = run(&model, Sharding::Tensor, 2, &nodes).expect("fits");
+        assert_eq!(p.instance.ranks.len(), 2);
+        // Rank 0 has 2 of 3 KV groups: it needs the bigger share.
+        assert!(p.memory_bytes_by_node["a"] > p.memory_bytes_by_node["b"]);
+        let error = run(&model, Sharding::Tensor, 4, &nodes).expect_err("4 > 3 KV heads");
+        assert!(error.to_string().contains("at most 3 ranks"), "{error}");
+        let mut no_tensor = model.clone();
+        no_tensor.supports_tensor = false;
+        assert!(matches!(
+            run(&no_tensor, Sharding::Tensor, 1, &nodes),
+            Err(PlacementError::TensorUnsupported { .. })
+        ));
+    }
+
+    #[test]
+    fn a_refusal_names_the_node_and_the_missing_bytes() {
+        let model = card(10 * GB, 30, 8);
+        let nodes = [node("small", 3 * GB), node("tiny", GB)];
+        let error = run(&model, Sharding::Pipeline, 1, &nodes).expect_err("too big");
+        let text = error.to_string();
+        // Two nodes were the last try; the second has too little.
+        assert!(text.contains("does not fit on 2 node(s)"), "{text}");
+        assert!(text.contains("missing"), "{text}");
+        match error {
+            PlacementError::NotEnoughMemory { node, missing, .. } => {
+                assert!(node == "small" || node == "tiny");
+                assert!(missing.0 > 0);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn more_nodes_are_used_when_one_is_not_enough() {
+        let model = card(6 * GB, 30, 8);
+        let nodes = [node("a", 5 * GB), node("b", 5 * GB)];
+        let p = run(&model, Sharding::Pipeline, 1, &nodes).expect("fits on two");
+        assert_eq!(p.instance.ranks.len(), 2);
+        let total: u64 = p.memory_bytes_by_node.values().sum();
+        assert!(total >= 6 * GB);
+    }
+
+    #[test]
+    fn bad_requests_are_refused_clearly() {
+        let model = card(GB, 30, 3);
+        let nodes = [node("a", 8 * GB)];
+        assert_eq!(
+            run(&model, Sharding::Pipeline, 1, &[]),
+            Err(PlacementError::NoNodes)
+        );
+        assert_eq!(
+            run(&model, Sharding::Unspecified, 1, &nodes),
+            Err(PlacementError::NoSharding)
+        );
+        assert_eq!(
+            run(&model, Sharding::Pipeline, 2, &nodes),
+            Err(PlacementError::NotEnoughNodes {
+                wanted: 2,
+                available: 1
+            })
+        );
+        let request = PlacementRequest {
+            model: &model,
+            sharding: Sharding::Pipeline,
+            min_nodes: 1,
+            node_ids: &["ghost".to_string()],
+        };
+        assert_eq!(
+            place(&request, &nodes, "i", &BTreeSet::new(), |r| r.to_string()),
+            Err(PlacementError::UnknownNode("ghost".into()))
+        );
+        assert!(matches!(
+            run(&card(GB, 0, 3), Sharding::Pipeline, 1, &nodes),
+            Err(PlacementError::IncompleteCard { .. })
+        ));
+    }
+
+    #[test]
+    fn previews_cover_every_node_count_and_sharding() {
+        let model = card(GB, 30, 3);
+        let nodes = [node("a", 8 * GB), node("b", 8 * GB), node("c", 600_000_000)];
+        let previews = previews(&model, &nodes, &[]);
+        // Pipeline 1..=3 and tensor 1..=3.
+        assert_eq!(previews.len(), 6);
+        for p in &previews {
+            if p.node_count == 3 && p.sharding == Sharding::Tensor as i32 {
+                // Node c cannot hold a third of the model plus headroom (a
+                // pipeline gives it a single layer instead).
+                assert!(p.instance.is_none() && p.error.contains("node c"), "{p:?}");
+            } else {
+                assert!(p.instance.is_some(), "{p:?}");
+                assert_eq!(p.memory_bytes_by_node.len(), p.node_count as usize);
+            }
+        }
+    }
+
+    #[test]
+    fn ring_ports_avoid_addresses_in_use() {
+        let model = card(GB, 30, 3);
+        let nodes = [node("a", 8 * GB), node("b", 8 * GB)];
+        let used: BTreeSet<String> = ["127.0.0.1:52500".to_string()].into();
+        let request = PlacementRequest {
+            model: &model,
+            sharding: Sharding::Tensor,
+            min_nodes: 2,
+            node_ids: &[],
+        };
+        let p = place(&request, &nodes, "i2", &used, |r| format!("r{r}")).expect("fits");
+        let addresses: Vec<&str> = p
+            .instance
+            .ranks
+            .iter()
+            .map(|r| r.ring_address.as_str())
+            .collect();
+        assert_eq!(addresses, ["127.0.0.1:52501", "127.0.0.1:52502"]);
+    }
+}
