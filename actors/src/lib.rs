@@ -6,13 +6,23 @@
 //! - [`placement`]: which nodes run a model and how it is split (pure).
 //! - [`election`]: master election as a pure state machine.
 //! - [`plan`]: a worker's next step from the cluster state (pure).
+//! - [`node`]: a running node: identity, zenoh session, router tasks;
+//!   [`replica`] (the persisted log, in order, with catch-up),
+//!   [`election_actor`] (which starts the [`master`] on the winner),
+//!   [`bus`] (typed zenoh), [`catalogue`] (built-in model cards).
 //!
 //! The actors themselves (Router, Election, Master, Worker, RunnerSupervisor,
 //! Runner, Downloads, Api) build on these with the rest of the cluster issue.
 
+pub mod bus;
+pub mod catalogue;
 pub mod election;
+pub mod election_actor;
 pub mod keys;
+pub mod master;
+pub mod node;
 pub mod placement;
 pub mod plan;
+pub mod replica;
 
 pub use keys::{AdminMethod, KeyError, Keys};

@@ -1,10 +1,12 @@
 //! Command-line parsing and dispatch.
 
+mod admin;
 mod bench_collectives;
 mod bench_log;
 mod bench_model;
 mod generate;
 mod model_args;
+mod node;
 mod ranks;
 mod replay;
 mod synth;
@@ -26,6 +28,11 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run this machine's node: find the others, elect a master, keep the
+    /// cluster's event log.
+    Node(node::NodeArgs),
+    /// Ask the cluster: state, nodes (typed requests over zenoh).
+    Admin(admin::AdminArgs),
     /// Fold a node's persisted event log offline and print the cluster state
     /// at any index, or the events themselves.
     Replay(replay::ReplayArgs),
@@ -64,6 +71,8 @@ enum BenchCommand {
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Node(args) => node::run(args),
+        Command::Admin(args) => admin::run(args),
         Command::Replay(args) => replay::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Bench(BenchArgs { what, model }) => match what {

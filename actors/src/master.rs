@@ -1,0 +1,242 @@
+//! The Master actor (one per cluster, on the elected node): turns commands
+//! and workers' local events into indexed events. Each event is persisted
+//! and applied on this node (through the Replica) before it is published,
+//! so an event anyone has seen is on the master's disk. Indices continue
+//! the log: a new master starts after the last index it holds, and the
+//! election picks the node holding the most.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ractor::{call, Actor, ActorProcessingErr, ActorRef};
+use tessera_protos::v1::{
+    self, command, event, ClusterState, Command, Event, IndexedEvent, LocalEvent, SessionId,
+};
+
+use crate::bus::Bus;
+use crate::placement::{self, NodeCapacity, PlacementRequest};
+use crate::replica::ReplicaMsg;
+
+pub enum MasterMsg {
+    Command(Command),
+    Local(LocalEvent),
+    NodeAlive(String),
+    NodeGone(String),
+}
+
+pub struct Master;
+
+pub struct MasterArgs {
+    pub node_id: String,
+    pub clock: u64,
+    pub bus: Bus,
+    pub replica: ActorRef<ReplicaMsg>,
+    pub alive: BTreeSet<String>,
+}
+
+pub struct MasterState {
+    session: SessionId,
+    bus: Bus,
+    replica: ActorRef<ReplicaMsg>,
+    next_index: u64,
+    /// The last local event sequence number indexed, by origin node.
+    seen: BTreeMap<String, u64>,
+    alive: BTreeSet<String>,
+}
+
+impl MasterState {
+    async fn state(&self) -> Result<ClusterState, ActorProcessingErr> {
+        Ok(call!(self.replica, ReplicaMsg::GetState)?)
+    }
+
+    /// Indexes, persists, applies and publishes one event. A refused event
+    /// (it names something unknown) is neither stored nor published.
+    async fn index(&mut self, event: Event) -> Result<bool, ActorProcessingErr> {
+        let indexed = IndexedEvent {
+            index: self.next_index,
+            session: Some(self.session.clone()),
+            event: Some(event),
+        };
+        let committed = call!(self.replica, ReplicaMsg::Commit, indexed.clone())?;
+        if let Err(reason) = committed {
+            tracing::warn!(%reason, index = indexed.index, "event refused");
+            return Ok(false);
+        }
+        self.next_index += 1;
+        let key = self.bus.keys.global_events();
+        if let Err(error) = self.bus.put(&key, &indexed).await {
+            // Persisted here: followers get it by catching up.
+            tracing::warn!(%error, "publishing an indexed event");
+        }
+        Ok(true)
+    }
+
+    /// The events a command stands for, or why it is refused.
+    async fn events_for(&self, command: &Command) -> Result<Vec<Event>, ActorProcessingErr> {
+        let state = self.state().await?;
+        let events = match &command.kind {
+            Some(command::Kind::PlaceInstance(place)) => {
+                let Some(card) = find_card(&state, &place.model_id) else {
+                    tracing::warn!(model = %place.model_id, "place: unknown model");
+                    return Ok(Vec::new());
+                };
+                let nodes = NodeCapacity::from_state(&state);
+                let request = PlacementRequest {
+                    model: &card,
+                    sharding: v1::Sharding::try_from(place.sharding)
+                        .unwrap_or(v1::Sharding::Unspecified),
+                    min_nodes: place.min_nodes as usize,
+                    node_ids: &place.node_ids,
+                };
+                let instance_id = if command.command_id.is_empty() {
+                    uuid::Uuid::now_v7().to_string()
+                } else {
+                    format!("instance-{}", command.command_id)
+                };
+                let used = placement::used_ring_addresses(&state);
+                match placement::place(&request, &nodes, &instance_id, &used, |rank| {
+                    format!("{instance_id}-rank{rank}")
+                }) {
+                    Ok(placed) => vec![Event {
+                        kind: Some(event::Kind::InstanceCreated(v1::InstanceCreated {
+                            instance: Some(placed.instance),
+                        })),
+                    }],
+                    Err(error) => {
+                        tracing::warn!(%error, "place refused");
+                        Vec::new()
+                    }
+                }
+            }
+            Some(command::Kind::CreateInstance(create)) => vec![Event {
+                kind: Some(event::Kind::InstanceCreated(v1::InstanceCreated {
+                    instance: create.instance.clone(),
+                })),
+            }],
+            Some(command::Kind::DeleteInstance(delete)) => vec![Event {
+                kind: Some(event::Kind::InstanceDeleted(v1::InstanceDeleted {
+                    instance_id: delete.instance_id.clone(),
+                })),
+            }],
+            _ => {
+                tracing::debug!("command not handled yet");
+                Vec::new()
+            }
+        };
+        Ok(events)
+    }
+
+    /// A node whose liveliness token is gone: it times out, and so do the
+    /// instances that used it.
+    async fn node_gone(&mut self, node: &str) -> Result<(), ActorProcessingErr> {
+        let state = self.state().await?;
+        if !state.nodes.contains_key(node) {
+            return Ok(());
+        }
+        for instance in state.instances.values() {
+            if instance.ranks.iter().any(|r| r.node_id == node) {
+                self.index(Event {
+                    kind: Some(event::Kind::InstanceDeleted(v1::InstanceDeleted {
+                        instance_id: instance.instance_id.clone(),
+                    })),
+                })
+                .await?;
+            }
+        }
+        self.index(Event {
+            kind: Some(event::Kind::NodeTimedOut(v1::NodeTimedOut {
+                node_id: node.to_string(),
+            })),
+        })
+        .await?;
+        Ok(())
+    }
+}
+
+/// A model card from the state's instances or the built-in catalogue.
+fn find_card(state: &ClusterState, model_id: &str) -> Option<v1::ModelCard> {
+    state
+        .instances
+        .values()
+        .filter_map(|i| i.model.as_ref())
+        .find(|m| m.model_id == model_id)
+        .cloned()
+        .or_else(|| crate::catalogue::card(model_id))
+}
+
+impl Actor for Master {
+    type Msg = MasterMsg;
+    type State = MasterState;
+    type Arguments = MasterArgs;
+
+    async fn pre_start(
+        &self,
+        _: ActorRef<Self::Msg>,
+        args: MasterArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let state: ClusterState = call!(args.replica, ReplicaMsg::GetState)?;
+        tracing::info!(next = state.last_index + 1, "master continues the log");
+        let mut master = MasterState {
+            session: SessionId {
+                master_node_id: args.node_id,
+                election_clock: args.clock,
+            },
+            bus: args.bus,
+            replica: args.replica,
+            next_index: state.last_index + 1,
+            seen: BTreeMap::new(),
+            alive: args.alive,
+        };
+        // Nodes the log knows that are gone now (the old master among them).
+        let known: Vec<String> = state.nodes.keys().cloned().collect();
+        for node in known {
+            if node != master.session.master_node_id && !master.alive.contains(&node) {
+                master.node_gone(&node).await?;
+            }
+        }
+        Ok(master)
+    }
+
+    async fn handle(
+        &self,
+        _: ActorRef<Self::Msg>,
+        message: MasterMsg,
+        state: &mut MasterState,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            MasterMsg::Command(command) => {
+                for event in state.events_for(&command).await? {
+                    state.index(event).await?;
+                }
+            }
+            MasterMsg::Local(local) => {
+                let last = state.seen.get(&local.origin_node_id).copied();
+                if last.is_some_and(|seq| local.origin_seq <= seq) {
+                    return Ok(()); // a re-send
+                }
+                let Some(event) = local.event else {
+                    return Ok(());
+                };
+                // Workers speak only for themselves.
+                if let Some(event::Kind::NodeGatheredInfo(info)) = &event.kind {
+                    if info.node_id != local.origin_node_id {
+                        let key = state.bus.keys.local_events();
+                        state.bus.count_dropped(&key, "node info for another node");
+                        return Ok(());
+                    }
+                }
+                state
+                    .seen
+                    .insert(local.origin_node_id.clone(), local.origin_seq);
+                state.index(event).await?;
+            }
+            MasterMsg::NodeAlive(node) => {
+                state.alive.insert(node);
+            }
+            MasterMsg::NodeGone(node) => {
+                state.alive.remove(&node);
+                state.node_gone(&node).await?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,562 @@
+//! A tessera node: its identity, its zenoh session, and the actors that
+//! keep its copy of the cluster (Replica), choose the master (Election,
+//! which starts the Master when this node wins) and describe this machine
+//! (node info). The router tasks here turn zenoh samples into actor
+//! messages and answer the queryables.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{call, Actor, ActorRef};
+use tessera_protos::v1::{
+    self, event, AdminError, ClusterState, Command, ElectionMessage, Event, EventLogReply,
+    EventLogRequest, GetStateReply, IndexedEvent, ListNodesReply, LocalEvent, NodeSummary,
+};
+use tessera_state::{Journal, State};
+use zenoh::sample::SampleKind;
+
+use crate::bus::{Bus, BusError};
+use crate::election_actor::{ElectionActor, ElectionArgs, ElectionMsg, Leadership};
+use crate::keys::{AdminMethod, KeyError, Keys};
+use crate::master::MasterMsg;
+use crate::replica::{Replica, ReplicaArgs, ReplicaMsg};
+
+/// How a node starts.
+#[derive(Clone, Debug)]
+pub struct NodeOptions {
+    pub namespace: String,
+    /// Zenoh endpoints to listen on, e.g. `tcp/0.0.0.0:5447`.
+    pub listen: Vec<String>,
+    /// Zenoh endpoints of other nodes to connect to.
+    pub connect: Vec<String>,
+    /// Multicast scouting (off where the network blocks it; tests).
+    pub multicast: bool,
+    pub data_dir: PathBuf,
+    /// Run models (a node without a worker still keeps the log and may lead).
+    pub worker: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the node identity in {path} is not valid: {content:?}")]
+    BadIdentity { path: String, content: String },
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    #[error("event log: {0}")]
+    Log(String),
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    #[error("zenoh configuration {key}: {reason}")]
+    Config { key: String, reason: String },
+    #[error("starting an actor: {0}")]
+    Actor(String),
+}
+
+/// The node's persistent identity: created on first start in
+/// `data_dir/node_key`, the same ever after.
+pub fn node_identity(data_dir: &Path) -> Result<String, NodeError> {
+    let path = data_dir.join("node_key");
+    let io = |source| NodeError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(content) => {
+            let id = content.trim().to_string();
+            let valid = !id.is_empty()
+                && id
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+            if valid {
+                Ok(id)
+            } else {
+                Err(NodeError::BadIdentity {
+                    path: path.display().to_string(),
+                    content,
+                })
+            }
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(data_dir).map_err(io)?;
+            let id = uuid::Uuid::now_v7().to_string();
+            // Written whole, then renamed: never a half-written identity.
+            let tmp = data_dir.join("node_key.tmp");
+            std::fs::write(&tmp, format!("{id}\n")).map_err(io)?;
+            std::fs::rename(&tmp, &path).map_err(io)?;
+            Ok(id)
+        }
+        Err(error) => Err(io(error)),
+    }
+}
+
+/// The zenoh configuration for `options`.
+pub fn zenoh_config(
+    mode: &str,
+    listen: &[String],
+    connect: &[String],
+    multicast: bool,
+) -> Result<zenoh::Config, NodeError> {
+    let mut config = zenoh::Config::default();
+    let mut set = |key: &str, value: String| {
+        config
+            .insert_json5(key, &value)
+            .map_err(|e| NodeError::Config {
+                key: key.to_string(),
+                reason: e.to_string(),
+            })
+    };
+    set("mode", format!("{mode:?}"))?;
+    let list = |items: &[String]| format!("{items:?}");
+    if !listen.is_empty() {
+        set("listen/endpoints", list(listen))?;
+    }
+    if !connect.is_empty() {
+        set("connect/endpoints", list(connect))?;
+    }
+    set("scouting/multicast/enabled", multicast.to_string())?;
+    Ok(config)
+}
+
+/// A running node; dropping it does not stop it, [`RunningNode::shutdown`] does.
+pub struct RunningNode {
+    pub node_id: String,
+    bus: Bus,
+    replica: ActorRef<ReplicaMsg>,
+    election: ActorRef<ElectionMsg>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    _token: zenoh::liveliness::LivelinessToken,
+}
+
+impl RunningNode {
+    /// Stops the actors, flushes the log and closes the session.
+    pub async fn shutdown(self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+        self.election.stop(Some("shutdown".into()));
+        // The replica flushes its log as it stops.
+        let _ = self
+            .replica
+            .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(5)))
+            .await;
+        let _ = self.bus.session.close().await;
+    }
+
+    /// Messages dropped as malformed or invalid so far.
+    pub fn dropped(&self) -> u64 {
+        self.bus.dropped()
+    }
+}
+
+/// Starts a node.
+pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
+    let node_id = node_identity(&options.data_dir)?;
+    let keys = Keys::new(&options.namespace)?;
+    let events_dir = options.data_dir.join("events");
+    let journal = Journal::open(&events_dir, Journal::DEFAULT_SNAPSHOT_EVERY)
+        .map_err(|e| NodeError::Log(format!("{}: {e}", events_dir.display())))?;
+    let clock = journal.state().session().map_or(0, |s| s.election_clock);
+    tracing::info!(
+        node_id,
+        last_index = journal.state().last_index(),
+        "opened the event log"
+    );
+    let config = zenoh_config("peer", &options.listen, &options.connect, options.multicast)?;
+    let session = zenoh::open(config).await.map_err(BusError::zenoh)?;
+    let bus = Bus::new(session, keys);
+    let applied = Arc::new(AtomicU64::new(0));
+    let actor_error = |e: ractor::SpawnErr| NodeError::Actor(e.to_string());
+    let (replica, _) = Actor::spawn(
+        None,
+        Replica,
+        ReplicaArgs {
+            journal,
+            bus: bus.clone(),
+            applied: applied.clone(),
+        },
+    )
+    .await
+    .map_err(actor_error)?;
+    let leadership = Leadership::default();
+    let (election, _) = Actor::spawn(
+        None,
+        ElectionActor,
+        ElectionArgs {
+            node_id: node_id.clone(),
+            bus: bus.clone(),
+            replica: replica.clone(),
+            applied: applied.clone(),
+            clock,
+            leadership: leadership.clone(),
+        },
+    )
+    .await
+    .map_err(actor_error)?;
+
+    let token = bus
+        .session
+        .liveliness()
+        .declare_token(bus.keys.alive(&node_id)?)
+        .await
+        .map_err(BusError::zenoh)?;
+
+    let router = Router {
+        node_id: node_id.clone(),
+        bus: bus.clone(),
+        replica: replica.clone(),
+        election: election.clone(),
+        leadership,
+    };
+    let mut tasks = router.spawn_all().await?;
+    if options.worker {
+        tasks.push(tokio::spawn(publish_node_info(
+            bus.clone(),
+            node_id.clone(),
+            options.data_dir.clone(),
+            replica.clone(),
+        )));
+    }
+    Ok(RunningNode {
+        node_id,
+        bus,
+        replica,
+        election,
+        tasks,
+        _token: token,
+    })
+}
+
+/// Turns zenoh traffic into actor messages, and answers queries.
+#[derive(Clone)]
+struct Router {
+    node_id: String,
+    bus: Bus,
+    replica: ActorRef<ReplicaMsg>,
+    election: ActorRef<ElectionMsg>,
+    leadership: Leadership,
+}
+
+impl Router {
+    async fn spawn_all(&self) -> Result<Vec<tokio::task::JoinHandle<()>>, NodeError> {
+        let mut tasks = Vec::new();
+        let zenoh = |e: zenoh::Error| NodeError::Bus(BusError::zenoh(e));
+        let keys = &self.bus.keys;
+
+        // Election messages.
+        let sub = self
+            .bus
+            .session
+            .declare_subscriber(keys.election())
+            .await
+            .map_err(zenoh)?;
+        let this = self.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Ok(sample) = sub.recv_async().await {
+                let key = sample.key_expr().as_str().to_string();
+                if let Some(m) = this
+                    .bus
+                    .decode::<ElectionMessage>(&key, &sample.payload().to_bytes())
+                {
+                    let _ = this.election.cast(ElectionMsg::Message(m));
+                }
+            }
+        }));
+
+        // Liveliness: nodes coming and going (with those already there).
+        let sub = self
+            .bus
+            .session
+            .liveliness()
+            .declare_subscriber(keys.alive_any())
+            .history(true)
+            .await
+            .map_err(zenoh)?;
+        let this = self.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Ok(sample) = sub.recv_async().await {
+                let key = sample.key_expr().as_str();
+                let Some(node) = this.bus.keys.node_of_alive_key(key) else {
+                    continue;
+                };
+                let message = match sample.kind() {
+                    SampleKind::Put => ElectionMsg::NodeAlive(node.to_string()),
+                    SampleKind::Delete => ElectionMsg::NodeGone(node.to_string()),
+                };
+                let _ = this.election.cast(message);
+            }
+        }));
+
+        // Indexed events from the master.
+        let sub = self
+            .bus
+            .session
+            .declare_subscriber(keys.global_events())
+            .await
+            .map_err(zenoh)?;
+        let this = self.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Ok(sample) = sub.recv_async().await {
+                let key = sample.key_expr().as_str().to_string();
+                if let Some(e) = this
+                    .bus
+                    .decode::<IndexedEvent>(&key, &sample.payload().to_bytes())
+                {
+                    let _ = this.replica.cast(ReplicaMsg::Global(e));
+                }
+            }
+        }));
+
+        // Commands and local events, for the master (if it is this node).
+        for local in [false, true] {
+            let key = if local {
+                keys.local_events()
+            } else {
+                keys.commands()
+            };
+            let sub = self
+                .bus
+                .session
+                .declare_subscriber(key)
+                .await
+                .map_err(zenoh)?;
+            let this = self.clone();
+            tasks.push(tokio::spawn(async move {
+                while let Ok(sample) = sub.recv_async().await {
+                    let key = sample.key_expr().as_str().to_string();
+                    let bytes = sample.payload().to_bytes();
+                    let message = if local {
+                        this.bus
+                            .decode::<LocalEvent>(&key, &bytes)
+                            .map(MasterMsg::Local)
+                    } else {
+                        this.bus
+                            .decode::<Command>(&key, &bytes)
+                            .map(MasterMsg::Command)
+                    };
+                    if let (Some(message), Some(master)) = (message, this.leadership.local_master())
+                    {
+                        let _ = master.cast(message);
+                    }
+                }
+            }));
+        }
+
+        // The event log, answered by the master only.
+        let queryable = self
+            .bus
+            .session
+            .declare_queryable(keys.event_log())
+            .await
+            .map_err(zenoh)?;
+        let this = self.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Ok(query) = queryable.recv_async().await {
+                if this.leadership.local_master().is_none() {
+                    continue;
+                }
+                let key = query.key_expr().as_str().to_string();
+                let request = query
+                    .payload()
+                    .map(|p| p.to_bytes().to_vec())
+                    .unwrap_or_default();
+                let Some(request) = this.bus.decode::<EventLogRequest>(&key, &request) else {
+                    continue;
+                };
+                let to = if request.to_index == 0 {
+                    u64::MAX
+                } else {
+                    request.to_index
+                };
+                let events = call!(this.replica, |reply| ReplicaMsg::GetRange {
+                    from: request.from_index,
+                    to,
+                    reply
+                })
+                .unwrap_or_default();
+                let last_index =
+                    call!(this.replica, ReplicaMsg::GetState).map_or(0, |state| state.last_index);
+                let reply = EventLogReply { events, last_index };
+                let _ = query
+                    .reply(
+                        query.key_expr().clone(),
+                        prost::Message::encode_to_vec(&reply),
+                    )
+                    .await;
+            }
+        }));
+
+        // Admin: state and nodes, answered from this node's state. A query
+        // may name one node with `?node=ID`.
+        for method in [AdminMethod::State, AdminMethod::Nodes] {
+            let queryable = self
+                .bus
+                .session
+                .declare_queryable(keys.admin(method))
+                .await
+                .map_err(zenoh)?;
+            let this = self.clone();
+            tasks.push(tokio::spawn(async move {
+                while let Ok(query) = queryable.recv_async().await {
+                    if let Some(target) = query.parameters().get("node") {
+                        if target != this.node_id {
+                            continue;
+                        }
+                    }
+                    let state: ClusterState = match call!(this.replica, ReplicaMsg::GetState) {
+                        Ok(s) => s,
+                        Err(_) => continue,
+                    };
+                    let bytes = match method {
+                        AdminMethod::State => {
+                            let digest = State::from_proto(state.clone()).digest();
+                            prost::Message::encode_to_vec(&GetStateReply {
+                                state: Some(state),
+                                digest: digest.to_string(),
+                                error: None,
+                            })
+                        }
+                        _ => {
+                            let master = this.leadership.master().map(|(m, _)| m);
+                            let nodes = state
+                                .nodes
+                                .iter()
+                                .map(|(id, node)| NodeSummary {
+                                    node_id: id.clone(),
+                                    info: node.info.clone(),
+                                    is_master: master.as_deref() == Some(id.as_str()),
+                                })
+                                .collect();
+                            let error = master.is_none().then(|| AdminError {
+                                kind: "unavailable".into(),
+                                message: "no master elected yet".into(),
+                            });
+                            prost::Message::encode_to_vec(&ListNodesReply { nodes, error })
+                        }
+                    };
+                    let _ = query.reply(query.key_expr().clone(), bytes).await;
+                }
+            }));
+        }
+        Ok(tasks)
+    }
+}
+
+/// Gathers this machine's facts with `sysinfo`.
+pub fn gather_node_info(data_dir: &Path) -> v1::NodeInfo {
+    use sysinfo::{Disks, Networks, System};
+    let (memory_total_bytes, memory_available_bytes) = match System::new() {
+        Ok(mut system) => {
+            system.refresh_memory();
+            (system.total_memory(), system.available_memory())
+        }
+        Err(error) => {
+            tracing::warn!(%error, "reading memory");
+            (0, 0)
+        }
+    };
+    let mut addresses = Vec::new();
+    if let Ok(networks) = Networks::new_with_refreshed_list() {
+        for (name, data) in networks.iter() {
+            let name = name.to_string_lossy().to_string();
+            for ip in data.ip_networks() {
+                let kind = if ip.addr.is_loopback() {
+                    v1::LinkKind::Loopback
+                } else if name.starts_with("wl") {
+                    v1::LinkKind::Wifi
+                } else {
+                    v1::LinkKind::Ethernet
+                };
+                if ip.addr.is_ipv4() {
+                    addresses.push(v1::NetworkAddress {
+                        interface: name.clone(),
+                        ip: ip.addr.to_string(),
+                        kind: kind as i32,
+                    });
+                }
+            }
+        }
+    }
+    addresses.sort_by(|a, b| (a.kind, &a.ip).cmp(&(b.kind, &b.ip)));
+    let disk_available_bytes = Disks::new_with_refreshed_list()
+        .ok()
+        .and_then(|disks| {
+            disks
+                .iter()
+                .filter(|d| data_dir.starts_with(d.mount_point()))
+                .max_by_key(|d| d.mount_point().as_os_str().len())
+                .map(|d| d.available_space())
+        })
+        .unwrap_or(0);
+    v1::NodeInfo {
+        hostname: System::host_name().unwrap_or_default(),
+        os: System::name().unwrap_or_default(),
+        os_version: System::os_version().unwrap_or_default(),
+        cpu_model: System::cpu_arch(),
+        cpu_cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+        memory_total_bytes,
+        memory_available_bytes,
+        disk_available_bytes,
+        addresses,
+        engine_backends: vec![v1::EngineBackend::Cpu as i32],
+        tessera_version: env!("CARGO_PKG_VERSION").to_string(),
+        gathered_at_unix_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+    }
+}
+
+/// Publishes this node's info until the log holds it (a master may not be
+/// elected yet), then whenever it changes materially (available memory by
+/// more than 5%), at most every 2 seconds and at least every 30 seconds.
+async fn publish_node_info(
+    bus: Bus,
+    node_id: String,
+    data_dir: PathBuf,
+    replica: ActorRef<ReplicaMsg>,
+) {
+    let seq = AtomicU64::new(0);
+    let mut last_sent: Option<(u64, std::time::Instant)> = None;
+    let mut interval = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        interval.tick().await;
+        let info = gather_node_info(&data_dir);
+        let available = info.memory_available_bytes;
+        let known = call!(replica, ReplicaMsg::GetState)
+            .map(|state| state.nodes.contains_key(&node_id))
+            .unwrap_or(false);
+        let due = match last_sent {
+            _ if !known => true,
+            None => true,
+            Some((previous, at)) => {
+                let change = previous.abs_diff(available) as f64 / previous.max(1) as f64;
+                change > 0.05 || at.elapsed() > Duration::from_secs(30)
+            }
+        };
+        if !due {
+            continue;
+        }
+        let local = LocalEvent {
+            origin_node_id: node_id.clone(),
+            origin_seq: seq.fetch_add(1, Ordering::Relaxed) + 1,
+            event: Some(Event {
+                kind: Some(event::Kind::NodeGatheredInfo(v1::NodeGatheredInfo {
+                    node_id: node_id.clone(),
+                    info: Some(info),
+                })),
+            }),
+        };
+        let key = bus.keys.local_events();
+        match bus.put(&key, &local).await {
+            Ok(()) => last_sent = Some((available, std::time::Instant::now())),
+            Err(error) => tracing::warn!(%error, "publishing node info"),
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! `tessera node`: run this machine's node until SIGINT or SIGTERM.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use tessera_actors::node::{self, NodeOptions};
+
+#[derive(Debug, Args)]
+pub struct NodeArgs {
+    /// Nodes of different namespaces never see each other.
+    #[arg(long, env = "TESSERA_NAMESPACE", default_value = "default")]
+    pub namespace: String,
+    /// Zenoh endpoint to listen on (repeatable), e.g. tcp/0.0.0.0:5447.
+    /// Default: a free port on every interface.
+    #[arg(long)]
+    pub listen: Vec<String>,
+    /// Zenoh endpoint of another node (repeatable), for networks that
+    /// block multicast discovery.
+    #[arg(long)]
+    pub connect: Vec<String>,
+    /// Turn multicast discovery off (use --connect).
+    #[arg(long)]
+    pub no_multicast: bool,
+    /// Where the node keeps its identity, event log and models (default:
+    /// $TESSERA_HOME, else ~/.tessera).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Keep the log and take part in elections, but run no models.
+    #[arg(long)]
+    pub no_worker: bool,
+    /// Port of the HTTP API (served once the API issue lands).
+    #[arg(long, default_value_t = 52415)]
+    pub api_port: u16,
+}
+
+pub fn run(args: NodeArgs) -> anyhow::Result<()> {
+    let data_dir = args.data_dir.unwrap_or_else(super::default_data_dir);
+    let options = NodeOptions {
+        namespace: args.namespace,
+        listen: args.listen,
+        connect: args.connect,
+        multicast: !args.no_multicast,
+        data_dir,
+        worker: !args.no_worker,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let running = node::start(options.clone())
+            .await
+            .with_context(|| format!("starting the node in {}", options.data_dir.display()))?;
+        // One line for scripts and tests: who this node is.
+        println!(
+            "{}",
+            serde_json::json!({
+                "node_id": running.node_id,
+                "namespace": options.namespace,
+                "data_dir": options.data_dir,
+            })
+        );
+        eprintln!(
+            "node {} running in namespace {:?} (data in {}); Ctrl-C to stop",
+            running.node_id,
+            options.namespace,
+            options.data_dir.display()
+        );
+        wait_for_signal().await?;
+        eprintln!("stopping: flushing the event log");
+        running.shutdown().await;
+        Ok(())
+    })
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut terminate = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    tokio::select! {
+        result = tokio::signal::ctrl_c() => result.context("SIGINT handler")?,
+        _ = terminate.recv() => {}
+    }
+    Ok(())
+}

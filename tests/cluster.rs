@@ -1,0 +1,394 @@
+//! Clusters of real `tessera node` processes on loopback (explicit zenoh
+//! endpoints, no multicast): discovery and one master, namespaces kept
+//! apart, failover with a contiguous log and equal digests, restart with
+//! the same identity, and garbage on every key dropped.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tessera");
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+struct Node {
+    child: Child,
+    id: String,
+    port: u16,
+    dir: PathBuf,
+    stderr: PathBuf,
+}
+
+impl Node {
+    fn start(namespace: &str, dir: &Path, port: u16, connect: &[u16]) -> Node {
+        std::fs::create_dir_all(dir).expect("data dir");
+        let stderr = dir.with_extension("log");
+        let mut command = Command::new(BIN);
+        command
+            .args(["node", "--namespace", namespace, "--no-multicast"])
+            .args(["--listen", &format!("tcp/127.0.0.1:{port}")])
+            .arg("--data-dir")
+            .arg(dir)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr).expect("log file"));
+        for peer in connect {
+            command.args(["--connect", &format!("tcp/127.0.0.1:{peer}")]);
+        }
+        let mut child = command.spawn().expect("node starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("node prints its id");
+        let json: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+        Node {
+            child,
+            id: json["node_id"].as_str().expect("node id").to_string(),
+            port,
+            dir: dir.to_path_buf(),
+            stderr,
+        }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, and wait for a clean exit (the log is flushed).
+    fn stop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                assert!(status.success(), "node exits cleanly: {status}");
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("node {} did not stop on SIGTERM", self.id);
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `tessera admin ... --json` through `via`, or `None` if it failed.
+fn admin(namespace: &str, via: u16, node: Option<&str>, what: &str) -> Option<Value> {
+    let mut command = Command::new(BIN);
+    command.args([
+        "admin",
+        "--namespace",
+        namespace,
+        "--connect",
+        &format!("tcp/127.0.0.1:{via}"),
+        "--timeout",
+        "1",
+        "--json",
+    ]);
+    if let Some(node) = node {
+        command.args(["--node", node]);
+    }
+    let out = command.arg(what).output().expect("admin runs");
+    out.status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout).ok())
+        .flatten()
+}
+
+/// The master every listed node agrees on, as seen through `via`.
+fn master_seen(namespace: &str, via: u16, node: Option<&str>) -> Option<(String, usize)> {
+    let nodes = admin(namespace, via, node, "nodes")?;
+    let nodes = nodes.as_array()?;
+    let masters: Vec<&str> = nodes
+        .iter()
+        .filter(|n| n["is_master"].as_bool() == Some(true))
+        .filter_map(|n| n["node_id"].as_str())
+        .collect();
+    match masters[..] {
+        [one] => Some((one.to_string(), nodes.len())),
+        _ => None,
+    }
+}
+
+fn wait_until<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<(T, Duration)> {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if let Some(value) = f() {
+            return Some((value, started.elapsed()));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+fn state_of(namespace: &str, via: u16, node: &str) -> Option<(u64, String)> {
+    let state = admin(namespace, via, Some(node), "state")?;
+    Some((
+        state["last_index"].as_u64()?,
+        state["digest"].as_str()?.to_string(),
+    ))
+}
+
+fn replay(dir: &Path, until: Option<u64>) -> (u64, String) {
+    let mut command = Command::new(BIN);
+    command.args(["replay", "--json", "--data-dir"]).arg(dir);
+    if let Some(until) = until {
+        command.args(["--until", &until.to_string()]);
+    }
+    let out = command.output().expect("replay runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    (
+        json["last_index"].as_u64().expect("index"),
+        json["digest"].as_str().expect("digest").to_string(),
+    )
+}
+
+/// Every index from 1 to the end is in the log, once.
+fn indices_contiguous(dir: &Path) -> u64 {
+    let out = Command::new(BIN)
+        .args(["replay", "--events", "--data-dir"])
+        .arg(dir)
+        .output()
+        .expect("replay runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut expected = 1;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let event: Value = serde_json::from_str(line).expect("an event a line");
+        let index = event["index"]
+            .as_u64()
+            .or_else(|| event["index"].as_str().and_then(|s| s.parse().ok()))
+            .expect("index");
+        assert_eq!(index, expected, "indices are contiguous");
+        expected += 1;
+    }
+    expected - 1
+}
+
+#[test]
+fn three_nodes_elect_one_master_survive_its_death_and_restart_from_their_logs() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let ns = "cluster-test";
+    let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
+    let started = Instant::now();
+    let mut nodes = vec![Node::start(ns, &root.path().join("a"), ports[0], &[])];
+    nodes.push(Node::start(
+        ns,
+        &root.path().join("b"),
+        ports[1],
+        &[ports[0]],
+    ));
+    nodes.push(Node::start(
+        ns,
+        &root.path().join("c"),
+        ports[2],
+        &[ports[0], ports[1]],
+    ));
+    // A node of another namespace on the same network stays out.
+    let stranger = Node::start("elsewhere", &root.path().join("d"), ports[3], &[ports[0]]);
+
+    let ((master, _), _) = wait_until(Duration::from_secs(20), || {
+        master_seen(ns, ports[0], None).filter(|(_, count)| *count == 3)
+    })
+    .expect("three nodes agree on a master");
+    eprintln!(
+        "3 nodes: master agreed {:?} after the first start",
+        started.elapsed()
+    );
+    for node in &nodes {
+        let seen = wait_until(Duration::from_secs(5), || {
+            master_seen(ns, node.port, Some(&node.id)).filter(|(m, c)| *m == master && *c == 3)
+        });
+        assert!(seen.is_some(), "node {} agrees on master {master}", node.id);
+    }
+    let ((_, alone), _) = wait_until(Duration::from_secs(10), || {
+        master_seen("elsewhere", ports[3], None)
+    })
+    .expect("the stranger leads its own namespace");
+    assert_eq!(alone, 1, "the other namespace sees only itself");
+    drop(stranger);
+
+    // Kill the master: a new one within 3 seconds.
+    let index = nodes.iter().position(|n| n.id == master).expect("master");
+    nodes[index].kill();
+    let survivors: Vec<usize> = (0..3).filter(|i| *i != index).collect();
+    let via = nodes[survivors[0]].port;
+    let ((new_master, _), took) = wait_until(Duration::from_secs(10), || {
+        let seen = survivors
+            .iter()
+            .map(|&i| master_seen(ns, via, Some(&nodes[i].id)))
+            .collect::<Option<Vec<_>>>()?;
+        let first = seen.first()?.0.clone();
+        (first != master && seen.iter().all(|(m, _)| *m == first)).then_some((first, 0))
+    })
+    .expect("a new master");
+    eprintln!("failover: new master {new_master} agreed {took:?} after the kill");
+    assert!(took < Duration::from_secs(3), "failover took {took:?}");
+
+    // Both survivors reach the same state (the dead node timed out).
+    let ((last, digest), _) = wait_until(Duration::from_secs(10), || {
+        let states = survivors
+            .iter()
+            .map(|&i| state_of(ns, via, &nodes[i].id))
+            .collect::<Option<Vec<_>>>()?;
+        let first = states.first()?.clone();
+        states.iter().all(|s| *s == first).then_some(first)
+    })
+    .expect("survivors agree");
+    assert!(
+        last >= 4,
+        "node infos and the timeout are in the log: {last}"
+    );
+
+    // Restart the dead node from its data dir: same identity, caught up.
+    let dead_dir = nodes[index].dir.clone();
+    let dead_id = nodes[index].id.clone();
+    let restarted = Node::start(ns, &dead_dir, ports[index], &[via]);
+    assert_eq!(restarted.id, dead_id, "the identity is kept");
+    nodes[index] = restarted;
+    let caught_up = wait_until(Duration::from_secs(10), || {
+        let (index, d) = state_of(ns, via, &dead_id)?;
+        let (now, _) = state_of(ns, via, &nodes[survivors[0]].id)?;
+        (index == now && index > last).then_some(d)
+    });
+    assert!(caught_up.is_some(), "the restarted node catches up");
+
+    // Stop everyone cleanly (each stop is itself logged by the others, so
+    // logs end at different indices). Each log replays, at the index its
+    // node had live, to the digest it had live; and all logs agree at the
+    // index they all reach.
+    let live: Vec<(u64, String)> = nodes
+        .iter()
+        .map(|n| state_of(ns, via, &n.id).expect("state"))
+        .collect();
+    for node in nodes.iter_mut() {
+        node.stop();
+    }
+    let mut ends = Vec::new();
+    for (node, (index, digest)) in nodes.iter().zip(&live) {
+        let replayed = replay(&node.dir, Some(*index));
+        assert_eq!(replayed, (*index, digest.clone()), "replay of {}", node.id);
+        let end = indices_contiguous(&node.dir);
+        assert!(end >= *index);
+        ends.push(end);
+    }
+    let common = ends.iter().copied().min().unwrap_or(0);
+    let digests: Vec<(u64, String)> = nodes.iter().map(|n| replay(&n.dir, Some(common))).collect();
+    assert!(
+        digests.iter().all(|d| *d == digests[0]),
+        "equal digests at index {common}: {digests:?}"
+    );
+    let _ = digest;
+}
+
+#[test]
+fn garbage_on_every_key_is_dropped_and_the_cluster_keeps_working() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let ns = "garbage-test";
+    let ports: Vec<u16> = (0..2).map(|_| free_port()).collect();
+    let a = Node::start(ns, &root.path().join("a"), ports[0], &[]);
+    let b = Node::start(ns, &root.path().join("b"), ports[1], &[ports[0]]);
+    wait_until(Duration::from_secs(20), || {
+        master_seen(ns, ports[0], None).filter(|(_, count)| *count == 2)
+    })
+    .expect("two nodes agree on a master");
+    let (before, _) = state_of(ns, ports[0], &a.id).expect("state");
+
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let mut config = zenoh::Config::default();
+        config.insert_json5("mode", "\"client\"").expect("mode");
+        config
+            .insert_json5(
+                "connect/endpoints",
+                &format!("[\"tcp/127.0.0.1:{}\"]", ports[0]),
+            )
+            .expect("connect");
+        config
+            .insert_json5("scouting/multicast/enabled", "false")
+            .expect("scouting");
+        let session = zenoh::open(config).await.expect("session");
+        let garbage: Vec<Vec<u8>> = vec![
+            vec![0xff; 64],
+            b"not protobuf at all".to_vec(),
+            vec![0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f],
+            (0..255u8).collect(),
+        ];
+        let keys = [
+            "commands",
+            "events/local",
+            "events/global",
+            "election",
+            "chunks/x",
+            "runner/x/tasks",
+        ];
+        for key in keys {
+            for payload in &garbage {
+                session
+                    .put(format!("tessera/{ns}/{key}"), payload.clone())
+                    .await
+                    .expect("put");
+            }
+        }
+        for key in ["eventlog", "admin/state", "admin/nodes"] {
+            for payload in &garbage {
+                let replies = session
+                    .get(format!("tessera/{ns}/{key}"))
+                    .payload(payload.clone())
+                    .timeout(Duration::from_millis(500))
+                    .await
+                    .expect("get");
+                while replies.recv_async().await.is_ok() {}
+            }
+        }
+        session.close().await.expect("close");
+    });
+
+    // Still one master, both nodes, and they still agree.
+    let seen = wait_until(Duration::from_secs(10), || {
+        let (m1, c1) = master_seen(ns, ports[0], Some(&a.id))?;
+        let (m2, c2) = master_seen(ns, ports[1], Some(&b.id))?;
+        (m1 == m2 && c1 == 2 && c2 == 2).then_some(())
+    });
+    assert!(seen.is_some(), "the cluster keeps working");
+    let (after, digest) = state_of(ns, ports[0], &a.id).expect("state");
+    assert_eq!(
+        state_of(ns, ports[1], &b.id).expect("state"),
+        (after, digest)
+    );
+    assert!(after >= before);
+    let logs = format!("{}{}", a.log(), b.log());
+    let dropped = logs.matches("dropped a message").count();
+    assert!(
+        dropped >= 8,
+        "garbage is counted and logged: {dropped} drops"
+    );
+    assert!(!logs.contains("panicked"), "{logs}");
+}
