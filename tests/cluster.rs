@@ -235,6 +235,54 @@ fn three_nodes_elect_one_master_survive_its_death_and_restart_from_their_logs() 
     assert_eq!(alone, 1, "the other namespace sees only itself");
     drop(stranger);
 
+    // Place the default model over two nodes (placement only: runners
+    // come with the rest of the cluster issue); refusals are clear.
+    let model = "smollm2-135m-instruct-q4_1";
+    let out = Command::new(BIN)
+        .args(["admin", "--namespace", ns, "--connect"])
+        .arg(format!("tcp/127.0.0.1:{}", ports[0]))
+        .args([
+            "--json",
+            "place",
+            model,
+            "--sharding",
+            "tensor",
+            "--min-nodes",
+            "2",
+        ])
+        .output()
+        .expect("admin runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let placed: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let ranks = placed["ranks"].as_array().expect("ranks");
+    assert_eq!(ranks.len(), 2);
+    let placed_nodes: Vec<String> = ranks
+        .iter()
+        .map(|r| r["nodeId"].as_str().expect("node").to_string())
+        .collect();
+    for (args, expect) in [
+        (vec!["place", "no-such-model"], "unknown model"),
+        (
+            vec!["place", model, "--sharding", "tensor", "--min-nodes", "4"],
+            "at most 3 ranks",
+        ),
+        (vec!["delete", "no-such-instance"], "no instance"),
+    ] {
+        let out = Command::new(BIN)
+            .args(["admin", "--namespace", ns, "--connect"])
+            .arg(format!("tcp/127.0.0.1:{}", ports[0]))
+            .args(&args)
+            .output()
+            .expect("admin runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(expect), "{args:?}: {stderr}");
+    }
+
     // Kill the master: a new one within 3 seconds.
     let index = nodes.iter().position(|n| n.id == master).expect("master");
     nodes[index].kill();
@@ -263,8 +311,16 @@ fn three_nodes_elect_one_master_survive_its_death_and_restart_from_their_logs() 
     })
     .expect("survivors agree");
     assert!(
-        last >= 4,
-        "node infos and the timeout are in the log: {last}"
+        last >= 5,
+        "node infos, the instance and the timeout are in the log: {last}"
+    );
+    // The instance that used the dead node is gone; one that did not stays.
+    let instances = admin(ns, via, None, "instances").expect("instances");
+    let instances = instances.as_array().expect("a list");
+    assert_eq!(
+        instances.len(),
+        usize::from(!placed_nodes.contains(&master)),
+        "{instances:?}"
     );
 
     // Restart the dead node from its data dir: same identity, caught up.

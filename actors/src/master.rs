@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ractor::{call, Actor, ActorProcessingErr, ActorRef};
+use ractor::{call, Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tessera_protos::v1::{
     self, command, event, ClusterState, Command, Event, IndexedEvent, LocalEvent, SessionId,
 };
@@ -18,6 +18,16 @@ use crate::replica::ReplicaMsg;
 
 pub enum MasterMsg {
     Command(Command),
+    /// The admin service's place: the instance created, or why not.
+    Place(
+        v1::PlaceInstanceRequest,
+        RpcReplyPort<v1::PlaceInstanceReply>,
+    ),
+    /// The admin service's delete.
+    Delete(
+        v1::DeleteInstanceRequest,
+        RpcReplyPort<v1::DeleteInstanceReply>,
+    ),
     Local(LocalEvent),
     NodeAlive(String),
     NodeGone(String),
@@ -125,6 +135,72 @@ impl MasterState {
         Ok(events)
     }
 
+    /// Places a model: the instance is in the log when this returns.
+    async fn place(
+        &mut self,
+        request: &v1::PlaceInstanceRequest,
+    ) -> Result<v1::PlaceInstanceReply, ActorProcessingErr> {
+        let state = self.state().await?;
+        let refuse = |kind: &str, message: String| v1::PlaceInstanceReply {
+            error: Some(admin_error(kind, message)),
+            ..Default::default()
+        };
+        let Some(card) = find_card(&state, &request.model_id) else {
+            let known: Vec<String> = crate::catalogue::cards()
+                .into_iter()
+                .map(|c| c.model_id)
+                .collect();
+            return Ok(refuse(
+                "not_found",
+                format!(
+                    "unknown model {:?} (known: {})",
+                    request.model_id,
+                    known.join(", ")
+                ),
+            ));
+        };
+        let sharding = match v1::Sharding::try_from(request.sharding) {
+            Ok(v1::Sharding::Unspecified) | Err(_) => v1::Sharding::Pipeline,
+            Ok(s) => s,
+        };
+        let nodes = NodeCapacity::from_state(&state);
+        let placement_request = PlacementRequest {
+            model: &card,
+            sharding,
+            min_nodes: request.min_nodes as usize,
+            node_ids: &request.node_ids,
+        };
+        let command_id = uuid::Uuid::now_v7().to_string();
+        let instance_id = format!("{}-{}", card.model_id, &command_id[command_id.len() - 8..]);
+        let used = placement::used_ring_addresses(&state);
+        match placement::place(&placement_request, &nodes, &instance_id, &used, |rank| {
+            format!("{instance_id}-rank{rank}")
+        }) {
+            Ok(placed) => {
+                let instance = placed.instance;
+                let stored = self
+                    .index(Event {
+                        kind: Some(event::Kind::InstanceCreated(v1::InstanceCreated {
+                            instance: Some(instance.clone()),
+                        })),
+                    })
+                    .await?;
+                if !stored {
+                    return Ok(refuse(
+                        "internal",
+                        "the instance was refused by the log".into(),
+                    ));
+                }
+                Ok(v1::PlaceInstanceReply {
+                    command_id,
+                    instance: Some(instance),
+                    error: None,
+                })
+            }
+            Err(error) => Ok(refuse("does_not_fit", error.to_string())),
+        }
+    }
+
     /// A node whose liveliness token is gone: it times out, and so do the
     /// instances that used it.
     async fn node_gone(&mut self, node: &str) -> Result<(), ActorProcessingErr> {
@@ -208,6 +284,36 @@ impl Actor for Master {
                     state.index(event).await?;
                 }
             }
+            MasterMsg::Place(request, reply) => {
+                let answer = state.place(&request).await?;
+                let _ = reply.send(answer);
+            }
+            MasterMsg::Delete(request, reply) => {
+                let known = state
+                    .state()
+                    .await?
+                    .instances
+                    .contains_key(&request.instance_id);
+                let answer = if !known {
+                    v1::DeleteInstanceReply {
+                        command_id: String::new(),
+                        error: Some(admin_error(
+                            "not_found",
+                            format!("no instance {:?}", request.instance_id),
+                        )),
+                    }
+                } else {
+                    state
+                        .index(Event {
+                            kind: Some(event::Kind::InstanceDeleted(v1::InstanceDeleted {
+                                instance_id: request.instance_id.clone(),
+                            })),
+                        })
+                        .await?;
+                    v1::DeleteInstanceReply::default()
+                };
+                let _ = reply.send(answer);
+            }
             MasterMsg::Local(local) => {
                 let last = state.seen.get(&local.origin_node_id).copied();
                 if last.is_some_and(|seq| local.origin_seq <= seq) {
@@ -238,5 +344,12 @@ impl Actor for Master {
             }
         }
         Ok(())
+    }
+}
+
+fn admin_error(kind: &str, message: String) -> v1::AdminError {
+    v1::AdminError {
+        kind: kind.to_string(),
+        message,
     }
 }

@@ -393,9 +393,60 @@ impl Router {
             }
         }));
 
-        // Admin: state and nodes, answered from this node's state. A query
-        // may name one node with `?node=ID`.
-        for method in [AdminMethod::State, AdminMethod::Nodes] {
+        // Admin mutations, answered by the master only.
+        for method in [AdminMethod::Place, AdminMethod::Delete] {
+            let queryable = self
+                .bus
+                .session
+                .declare_queryable(keys.admin(method))
+                .await
+                .map_err(zenoh)?;
+            let this = self.clone();
+            tasks.push(tokio::spawn(async move {
+                while let Ok(query) = queryable.recv_async().await {
+                    let Some(master) = this.leadership.local_master() else {
+                        continue;
+                    };
+                    let key = query.key_expr().as_str().to_string();
+                    let payload = query
+                        .payload()
+                        .map(|p| p.to_bytes().to_vec())
+                        .unwrap_or_default();
+                    let bytes = if method == AdminMethod::Place {
+                        let Some(request) =
+                            this.bus.decode::<v1::PlaceInstanceRequest>(&key, &payload)
+                        else {
+                            continue;
+                        };
+                        match call!(master, MasterMsg::Place, request) {
+                            Ok(reply) => prost::Message::encode_to_vec(&reply),
+                            Err(_) => continue,
+                        }
+                    } else {
+                        let Some(request) =
+                            this.bus.decode::<v1::DeleteInstanceRequest>(&key, &payload)
+                        else {
+                            continue;
+                        };
+                        match call!(master, MasterMsg::Delete, request) {
+                            Ok(reply) => prost::Message::encode_to_vec(&reply),
+                            Err(_) => continue,
+                        }
+                    };
+                    let _ = query.reply(query.key_expr().clone(), bytes).await;
+                }
+            }));
+        }
+
+        // Admin reads: answered from this node's state. A query may name
+        // one node with `?node=ID`.
+        for method in [
+            AdminMethod::State,
+            AdminMethod::Nodes,
+            AdminMethod::Instances,
+            AdminMethod::Previews,
+            AdminMethod::Events,
+        ] {
             let queryable = self
                 .bus
                 .session
@@ -414,7 +465,67 @@ impl Router {
                         Ok(s) => s,
                         Err(_) => continue,
                     };
+                    let payload = query
+                        .payload()
+                        .map(|p| p.to_bytes().to_vec())
+                        .unwrap_or_default();
+                    let key = query.key_expr().as_str().to_string();
                     let bytes = match method {
+                        AdminMethod::Instances => {
+                            prost::Message::encode_to_vec(&v1::ListInstancesReply {
+                                instances: state.instances.values().cloned().collect(),
+                                error: None,
+                            })
+                        }
+                        AdminMethod::Previews => {
+                            let Some(request) = this
+                                .bus
+                                .decode::<v1::PlacementPreviewsRequest>(&key, &payload)
+                            else {
+                                continue;
+                            };
+                            let reply = match crate::catalogue::card(&request.model_id) {
+                                Some(card) => v1::PlacementPreviewsReply {
+                                    previews: crate::placement::previews(
+                                        &card,
+                                        &crate::placement::NodeCapacity::from_state(&state),
+                                        &request.node_ids,
+                                    ),
+                                    error: None,
+                                },
+                                None => v1::PlacementPreviewsReply {
+                                    previews: Vec::new(),
+                                    error: Some(AdminError {
+                                        kind: "not_found".into(),
+                                        message: format!("unknown model {:?}", request.model_id),
+                                    }),
+                                },
+                            };
+                            prost::Message::encode_to_vec(&reply)
+                        }
+                        AdminMethod::Events => {
+                            let Some(request) =
+                                this.bus.decode::<v1::EventsRangeRequest>(&key, &payload)
+                            else {
+                                continue;
+                            };
+                            let to = if request.to_index == 0 {
+                                u64::MAX
+                            } else {
+                                request.to_index
+                            };
+                            let events = call!(this.replica, |reply| ReplicaMsg::GetRange {
+                                from: request.from_index.max(1),
+                                to,
+                                reply
+                            })
+                            .unwrap_or_default();
+                            prost::Message::encode_to_vec(&v1::EventsRangeReply {
+                                events,
+                                last_index: state.last_index,
+                                error: None,
+                            })
+                        }
                         AdminMethod::State => {
                             let digest = State::from_proto(state.clone()).digest();
                             prost::Message::encode_to_vec(&GetStateReply {

@@ -1,5 +1,6 @@
 //! `tessera admin`: typed requests to the cluster over zenoh queries (the
-//! admin service of protos/proto/tessera/v1/admin.proto).
+//! admin service of protos/proto/tessera/v1/admin.proto). Reads are answered
+//! by any node; place and delete by the master.
 
 use std::time::Duration;
 
@@ -8,7 +9,7 @@ use clap::{Args, Subcommand};
 use tessera_actors::bus::Bus;
 use tessera_actors::keys::{AdminMethod, Keys};
 use tessera_actors::node::zenoh_config;
-use tessera_protos::v1::{GetStateReply, GetStateRequest, ListNodesReply, ListNodesRequest};
+use tessera_protos::v1::{self, GetStateReply, GetStateRequest, ListNodesReply, ListNodesRequest};
 
 #[derive(Debug, Args)]
 pub struct AdminArgs {
@@ -37,6 +38,36 @@ pub enum AdminCommand {
     State,
     /// The nodes, and which one is master.
     Nodes,
+    /// The model instances placed.
+    Instances,
+    /// Every feasible placement of MODEL for 1..N nodes, with each node's
+    /// memory, and why the others are not.
+    Previews { model: String },
+    /// Place MODEL on the cluster.
+    Place {
+        model: String,
+        #[arg(long, value_enum, default_value = "pipeline")]
+        sharding: ShardingArg,
+        /// Use at least this many nodes.
+        #[arg(long, default_value_t = 1)]
+        min_nodes: u32,
+    },
+    /// Delete an instance.
+    Delete { instance: String },
+    /// The indexed events, one JSON object a line.
+    Events {
+        #[arg(long, default_value_t = 1)]
+        from: u64,
+        /// Keep printing new events as they come.
+        #[arg(long)]
+        follow: bool,
+    },
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum ShardingArg {
+    Pipeline,
+    Tensor,
 }
 
 pub fn run(args: AdminArgs) -> anyhow::Result<()> {
@@ -147,7 +178,175 @@ pub fn run(args: AdminArgs) -> anyhow::Result<()> {
                     }
                 }
             }
+            AdminCommand::Instances => {
+                let reply: v1::ListInstancesReply = bus
+                    .query(
+                        &selector(AdminMethod::Instances),
+                        &v1::ListInstancesRequest {},
+                        timeout,
+                    )
+                    .await
+                    .map_err(|_| anyhow::anyhow!(unreachable()))?;
+                if args.json {
+                    println!("{}", serde_json::to_string_pretty(&reply.instances)?);
+                } else {
+                    println!("{:<44} {:<10} RANKS (node: shard)", "INSTANCE", "SHARDING");
+                    for instance in &reply.instances {
+                        let ranks: Vec<String> = instance
+                            .ranks
+                            .iter()
+                            .map(|r| {
+                                format!("{}: {}", short(&r.node_id), shard_text(r.shard.as_ref()))
+                            })
+                            .collect();
+                        println!(
+                            "{:<44} {:<10} {}",
+                            instance.instance_id,
+                            sharding_name(instance.sharding),
+                            ranks.join(", ")
+                        );
+                    }
+                }
+            }
+            AdminCommand::Previews { model } => {
+                let request = v1::PlacementPreviewsRequest {
+                    model_id: model,
+                    node_ids: Vec::new(),
+                };
+                let reply: v1::PlacementPreviewsReply = bus
+                    .query(&selector(AdminMethod::Previews), &request, timeout)
+                    .await
+                    .map_err(|_| anyhow::anyhow!(unreachable()))?;
+                if let Some(error) = &reply.error {
+                    bail!("{} ({})", error.message, error.kind);
+                }
+                if args.json {
+                    println!("{}", serde_json::to_string_pretty(&reply.previews)?);
+                } else {
+                    for p in &reply.previews {
+                        if p.instance.is_some() {
+                            let memory: Vec<String> = p
+                                .memory_bytes_by_node
+                                .iter()
+                                .map(|(node, bytes)| {
+                                    format!("{}: {:.0} MB", short(node), *bytes as f64 / 1e6)
+                                })
+                                .collect();
+                            println!(
+                                "{:<9} {} node(s): fits ({})",
+                                sharding_name(p.sharding),
+                                p.node_count,
+                                memory.join(", ")
+                            );
+                        } else {
+                            println!(
+                                "{:<9} {} node(s): {}",
+                                sharding_name(p.sharding),
+                                p.node_count,
+                                p.error
+                            );
+                        }
+                    }
+                }
+            }
+            AdminCommand::Place {
+                model,
+                sharding,
+                min_nodes,
+            } => {
+                let request = v1::PlaceInstanceRequest {
+                    model_id: model,
+                    sharding: match sharding {
+                        ShardingArg::Pipeline => v1::Sharding::Pipeline,
+                        ShardingArg::Tensor => v1::Sharding::Tensor,
+                    } as i32,
+                    min_nodes,
+                    node_ids: Vec::new(),
+                };
+                let reply: v1::PlaceInstanceReply = bus
+                    .query(&bus.keys.admin(AdminMethod::Place), &request, timeout)
+                    .await
+                    .map_err(|_| {
+                        anyhow::anyhow!("no master answered within {timeout:?}: is the cluster up?")
+                    })?;
+                if let Some(error) = &reply.error {
+                    bail!("{} ({})", error.message, error.kind);
+                }
+                let instance = reply.instance.unwrap_or_default();
+                if args.json {
+                    println!("{}", serde_json::to_string_pretty(&instance)?);
+                } else {
+                    println!("placed {}", instance.instance_id);
+                    for r in &instance.ranks {
+                        println!(
+                            "  rank {} on {}: {}",
+                            r.rank,
+                            r.node_id,
+                            shard_text(r.shard.as_ref())
+                        );
+                    }
+                }
+            }
+            AdminCommand::Delete { instance } => {
+                let request = v1::DeleteInstanceRequest {
+                    instance_id: instance.clone(),
+                };
+                let reply: v1::DeleteInstanceReply = bus
+                    .query(&bus.keys.admin(AdminMethod::Delete), &request, timeout)
+                    .await
+                    .map_err(|_| {
+                        anyhow::anyhow!("no master answered within {timeout:?}: is the cluster up?")
+                    })?;
+                if let Some(error) = &reply.error {
+                    bail!("{} ({})", error.message, error.kind);
+                }
+                println!("deleted {instance}");
+            }
+            AdminCommand::Events { from, follow } => {
+                let mut next = from.max(1);
+                loop {
+                    let request = v1::EventsRangeRequest {
+                        from_index: next,
+                        to_index: 0,
+                    };
+                    let reply: v1::EventsRangeReply = bus
+                        .query(&selector(AdminMethod::Events), &request, timeout)
+                        .await
+                        .map_err(|_| anyhow::anyhow!(unreachable()))?;
+                    for event in &reply.events {
+                        println!("{}", serde_json::to_string(event)?);
+                        next = next.max(event.index + 1);
+                    }
+                    if reply.events.is_empty() {
+                        if !follow {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            }
         }
         Ok(())
     })
+}
+
+fn short(node: &str) -> &str {
+    &node[node.len().saturating_sub(8)..]
+}
+
+fn sharding_name(sharding: i32) -> &'static str {
+    match v1::Sharding::try_from(sharding) {
+        Ok(v1::Sharding::Tensor) => "tensor",
+        Ok(v1::Sharding::Pipeline) => "pipeline",
+        _ => "?",
+    }
+}
+
+fn shard_text(shard: Option<&v1::ShardSpec>) -> String {
+    use v1::shard_spec::Kind;
+    match shard.and_then(|s| s.kind.as_ref()) {
+        Some(Kind::Pipeline(p)) => format!("layers {}..{}", p.start_layer, p.end_layer),
+        Some(Kind::Tensor(t)) => format!("tensor {}/{}", t.rank, t.world_size),
+        None => "?".into(),
+    }
 }
