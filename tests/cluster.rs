@@ -35,6 +35,7 @@ impl Node {
         let mut command = Command::new(BIN);
         command
             .args(["node", "--namespace", namespace, "--no-multicast"])
+            .args(["--runner-threads", "1"])
             .args(["--listen", &format!("tcp/127.0.0.1:{port}")])
             .arg("--data-dir")
             .arg(dir)
@@ -447,4 +448,134 @@ fn garbage_on_every_key_is_dropped_and_the_cluster_keeps_working() {
         "garbage is counted and logged: {dropped} drops"
     );
     assert!(!logs.contains("panicked"), "{logs}");
+}
+
+/// Every runner of `instance` is Ready, as `via` sees it.
+fn all_ready(namespace: &str, via: u16, instance: &str) -> bool {
+    let Some(state) = admin(namespace, via, None, "state") else {
+        return false;
+    };
+    let state = &state["state"];
+    let Some(ranks) = state["instances"][instance]["ranks"].as_array() else {
+        return false;
+    };
+    ranks.iter().all(|rank| {
+        let runner = rank["runnerId"].as_str().unwrap_or_default();
+        state["runners"][runner].get("ready").is_some()
+    })
+}
+
+fn place(namespace: &str, via: u16, sharding: &str) -> String {
+    let out = Command::new(BIN)
+        .args(["admin", "--namespace", namespace, "--connect"])
+        .arg(format!("tcp/127.0.0.1:{via}"))
+        .args([
+            "--json",
+            "place",
+            "smollm2-135m-instruct-q4_1",
+            "--sharding",
+            sharding,
+            "--min-nodes",
+            "2",
+        ])
+        .output()
+        .expect("admin runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let placed: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    placed["instanceId"].as_str().expect("id").to_string()
+}
+
+fn admin_generate(namespace: &str, via: u16, target: &str, prompt: &str) -> Result<String, String> {
+    let out = Command::new(BIN)
+        .args(["admin", "--namespace", namespace, "--connect"])
+        .arg(format!("tcp/127.0.0.1:{via}"))
+        .args([
+            "--json",
+            "generate",
+            target,
+            prompt,
+            "--raw",
+            "--max-tokens",
+            "16",
+        ])
+        .output()
+        .expect("admin runs");
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).to_string());
+    }
+    let json: Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+    Ok(json["text"].as_str().unwrap_or_default().to_string())
+}
+
+#[test]
+fn placed_instances_reach_ready_and_generate_what_one_machine_does() {
+    let model = tessera_engine::testing::default_model_path();
+    let root = tempfile::tempdir().expect("temp dir");
+    let ns = "generate-test";
+    let ports: Vec<u16> = (0..2).map(|_| free_port()).collect();
+    // Both nodes find the default model in their own models folder.
+    let mut nodes = Vec::new();
+    for (i, name) in ["a", "b"].iter().enumerate() {
+        let dir = root.path().join(name);
+        let models = dir
+            .join("models")
+            .join(tessera_engine::testing::DEFAULT_MODEL_DIR);
+        std::fs::create_dir_all(&models).expect("models dir");
+        std::os::unix::fs::symlink(
+            &model,
+            models.join(tessera_engine::testing::DEFAULT_MODEL_FILE),
+        )
+        .expect("link the model");
+        let connect: Vec<u16> = ports[..i].to_vec();
+        nodes.push(Node::start(ns, &dir, ports[i], &connect));
+    }
+    wait_until(Duration::from_secs(20), || {
+        master_seen(ns, ports[0], None).filter(|(_, count)| *count == 2)
+    })
+    .expect("two nodes agree on a master");
+
+    let prompt = "The quick brown fox";
+    let single = Command::new(BIN)
+        .args(["generate", "--model"])
+        .arg(&model)
+        .args(["--prompt", prompt, "--max-tokens", "16", "--json"])
+        .output()
+        .expect("generate runs");
+    assert!(single.status.success());
+    let single: Value = serde_json::from_slice(&single.stdout).expect("JSON");
+    let expected = single["text"].as_str().expect("text").to_string();
+
+    for sharding in ["tensor", "pipeline"] {
+        let placed_at = Instant::now();
+        let instance = place(ns, ports[0], sharding);
+        let ready = wait_until(Duration::from_secs(60), || {
+            all_ready(ns, ports[1], &instance).then_some(())
+        });
+        let logs: String = nodes.iter().map(Node::log).collect();
+        assert!(
+            ready.is_some(),
+            "{sharding}: the instance reaches Ready\n{logs}"
+        );
+        eprintln!("{sharding}: place to Ready {:?}", placed_at.elapsed());
+        let text = admin_generate(ns, ports[1], &instance, prompt).expect("generation");
+        assert_eq!(
+            text, expected,
+            "{sharding} over two nodes against one machine"
+        );
+        let out = Command::new(BIN)
+            .args(["admin", "--namespace", ns, "--connect"])
+            .arg(format!("tcp/127.0.0.1:{}", ports[0]))
+            .args(["delete", &instance])
+            .output()
+            .expect("admin runs");
+        assert!(out.status.success());
+    }
+    // No instance: a clear error, not a hang.
+    let error = admin_generate(ns, ports[0], "smollm2-135m-instruct-q4_1", prompt)
+        .expect_err("nothing is placed");
+    assert!(error.contains("no ready instance"), "{error}");
 }

@@ -45,8 +45,11 @@ impl Bus {
 
     /// Publishes `message` on `key`.
     pub async fn put<M: Message>(&self, key: &str, message: &M) -> Result<(), BusError> {
+        // Block rather than drop under congestion: a dropped event costs a
+        // catch-up, a dropped chunk a hole in someone's answer.
         self.session
             .put(key, message.encode_to_vec())
+            .congestion_control(zenoh::qos::CongestionControl::Block)
             .await
             .map_err(BusError::zenoh)
     }

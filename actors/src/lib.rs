@@ -24,5 +24,7 @@ pub mod node;
 pub mod placement;
 pub mod plan;
 pub mod replica;
+pub mod runner_protocol;
+pub mod worker;
 
 pub use keys::{AdminMethod, KeyError, Keys};

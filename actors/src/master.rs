@@ -127,12 +127,96 @@ impl MasterState {
                     instance_id: delete.instance_id.clone(),
                 })),
             }],
+            Some(command::Kind::TextGeneration(generation)) => {
+                let model_id = generation
+                    .params
+                    .as_ref()
+                    .map(|p| p.model_id.clone())
+                    .unwrap_or_default();
+                // The named instance, or any instance of the model whose
+                // rank 0 is ready.
+                let ready = |i: &&v1::Instance| {
+                    i.ranks.first().is_some_and(|r| {
+                        matches!(
+                            state
+                                .runners
+                                .get(&r.runner_id)
+                                .and_then(|s| s.state.as_ref()),
+                            Some(v1::runner_status::State::Ready(_))
+                                | Some(v1::runner_status::State::Running(_))
+                        )
+                    })
+                };
+                let instance = state.instances.values().filter(ready).find(|i| {
+                    if generation.instance_id.is_empty() {
+                        i.model.as_ref().is_some_and(|m| m.model_id == model_id)
+                    } else {
+                        i.instance_id == generation.instance_id
+                    }
+                });
+                let Some(instance) = instance else {
+                    tracing::warn!(model_id, "generation: no ready instance");
+                    self.refuse_generation(&command.command_id, &model_id).await;
+                    return Ok(Vec::new());
+                };
+                vec![Event {
+                    kind: Some(event::Kind::TaskCreated(v1::TaskCreated {
+                        task: Some(v1::Task {
+                            task_id: uuid::Uuid::now_v7().to_string(),
+                            instance_id: instance.instance_id.clone(),
+                            command_id: command.command_id.clone(),
+                            status: v1::TaskStatus::Pending as i32,
+                            acknowledged: false,
+                            error: String::new(),
+                            kind: Some(v1::task::Kind::TextGeneration(v1::TextGenerationTask {
+                                params: generation.params.clone(),
+                                reply_node_id: command.origin_node_id.clone(),
+                            })),
+                        }),
+                    })),
+                }]
+            }
+            Some(command::Kind::TaskFinished(finished)) => {
+                if state.tasks.contains_key(&finished.task_id) {
+                    vec![Event {
+                        kind: Some(event::Kind::TaskDeleted(v1::TaskDeleted {
+                            task_id: finished.task_id.clone(),
+                        })),
+                    }]
+                } else {
+                    Vec::new()
+                }
+            }
+            Some(command::Kind::CancelTask(cancel)) => vec![Event {
+                kind: Some(event::Kind::TaskStatusUpdated(v1::TaskStatusUpdated {
+                    task_id: cancel.task_id.clone(),
+                    status: v1::TaskStatus::Cancelled as i32,
+                    error: "cancelled".into(),
+                })),
+            }],
             _ => {
                 tracing::debug!("command not handled yet");
                 Vec::new()
             }
         };
         Ok(events)
+    }
+
+    /// Tells a waiting client that its generation has nowhere to run.
+    async fn refuse_generation(&self, command_id: &str, model_id: &str) {
+        let chunk = v1::GenerationChunk {
+            command_id: command_id.to_string(),
+            seq: 0,
+            kind: Some(v1::generation_chunk::Kind::Error(v1::ErrorChunk {
+                kind: "not_found".into(),
+                message: format!(
+                    "no ready instance of {model_id:?}: place one with `tessera admin place {model_id}`"
+                ),
+            })),
+        };
+        if let Ok(key) = self.bus.keys.chunks(command_id) {
+            let _ = self.bus.put(&key, &chunk).await;
+        }
     }
 
     /// Places a model: the instance is in the log when this returns.

@@ -22,6 +22,7 @@ use crate::election_actor::{ElectionActor, ElectionArgs, ElectionMsg, Leadership
 use crate::keys::{AdminMethod, KeyError, Keys};
 use crate::master::MasterMsg;
 use crate::replica::{Replica, ReplicaArgs, ReplicaMsg};
+use crate::worker::{Worker, WorkerArgs, WorkerMsg};
 
 /// How a node starts.
 #[derive(Clone, Debug)]
@@ -36,6 +37,8 @@ pub struct NodeOptions {
     pub data_dir: PathBuf,
     /// Run models (a node without a worker still keeps the log and may lead).
     pub worker: bool,
+    /// Compute threads of each runner process.
+    pub runner_threads: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -131,6 +134,7 @@ pub struct RunningNode {
     bus: Bus,
     replica: ActorRef<ReplicaMsg>,
     election: ActorRef<ElectionMsg>,
+    worker: Option<ActorRef<WorkerMsg>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     _token: zenoh::liveliness::LivelinessToken,
 }
@@ -140,6 +144,12 @@ impl RunningNode {
     pub async fn shutdown(self) {
         for task in &self.tasks {
             task.abort();
+        }
+        if let Some(worker) = &self.worker {
+            // Its runners are told to shut down and waited for.
+            let _ = worker
+                .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(10)))
+                .await;
         }
         self.election.stop(Some("shutdown".into()));
         // The replica flushes its log as it stops.
@@ -216,19 +226,43 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
         leadership,
     };
     let mut tasks = router.spawn_all().await?;
+    let mut worker = None;
     if options.worker {
+        let seq = Arc::new(AtomicU64::new(0));
         tasks.push(tokio::spawn(publish_node_info(
             bus.clone(),
             node_id.clone(),
             options.data_dir.clone(),
             replica.clone(),
+            seq.clone(),
         )));
+        let exe = std::env::current_exe().map_err(|source| NodeError::Io {
+            path: "the tessera binary".into(),
+            source,
+        })?;
+        let (actor, _) = Actor::spawn(
+            None,
+            Worker,
+            WorkerArgs {
+                node_id: node_id.clone(),
+                bus: bus.clone(),
+                replica: replica.clone(),
+                seq,
+                exe,
+                data_dir: options.data_dir.clone(),
+                threads: options.runner_threads.max(1),
+            },
+        )
+        .await
+        .map_err(actor_error)?;
+        worker = Some(actor);
     }
     Ok(RunningNode {
         node_id,
         bus,
         replica,
         election,
+        worker,
         tasks,
         _token: token,
     })
@@ -632,8 +666,8 @@ async fn publish_node_info(
     node_id: String,
     data_dir: PathBuf,
     replica: ActorRef<ReplicaMsg>,
+    seq: Arc<AtomicU64>,
 ) {
-    let seq = AtomicU64::new(0);
     let mut last_sent: Option<(u64, std::time::Instant)> = None;
     let mut interval = tokio::time::interval(Duration::from_millis(500));
     loop {

@@ -183,6 +183,7 @@ pub fn plan(
         let next = state.tasks.values().find(|t| {
             t.instance_id == runner.instance_id
                 && t.status == TaskStatus::Pending as i32
+                && !t.acknowledged
                 && matches!(t.kind, Some(task::Kind::TextGeneration(_)))
         });
         if let Some(task) = next {

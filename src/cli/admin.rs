@@ -54,6 +54,21 @@ pub enum AdminCommand {
     },
     /// Delete an instance.
     Delete { instance: String },
+    /// Generate text on an instance (or any ready instance of a model),
+    /// streaming the tokens.
+    Generate {
+        /// An instance id, or a model id.
+        target: String,
+        prompt: String,
+        /// Feed the prompt as raw text (default: one user message, templated).
+        #[arg(long)]
+        raw: bool,
+        #[arg(long, default_value_t = 128)]
+        max_tokens: u32,
+        /// Seconds to wait for the first chunk and between chunks.
+        #[arg(long, default_value_t = 60.0)]
+        chunk_timeout: f64,
+    },
     /// The indexed events, one JSON object a line.
     Events {
         #[arg(long, default_value_t = 1)]
@@ -301,6 +316,112 @@ pub fn run(args: AdminArgs) -> anyhow::Result<()> {
                     bail!("{} ({})", error.message, error.kind);
                 }
                 println!("deleted {instance}");
+            }
+            AdminCommand::Generate {
+                target,
+                prompt,
+                raw,
+                max_tokens,
+                chunk_timeout,
+            } => {
+                let chunk_timeout = Duration::try_from_secs_f64(chunk_timeout)
+                    .ok()
+                    .filter(|t| !t.is_zero())
+                    .context("--chunk-timeout must be a positive number of seconds")?;
+                let instances: v1::ListInstancesReply = bus
+                    .query(
+                        &bus.keys.admin(AdminMethod::Instances),
+                        &v1::ListInstancesRequest {},
+                        timeout,
+                    )
+                    .await
+                    .map_err(|_| anyhow::anyhow!(unreachable()))?;
+                let (instance_id, model_id) =
+                    match instances.instances.iter().find(|i| i.instance_id == target) {
+                        Some(i) => (
+                            i.instance_id.clone(),
+                            i.model
+                                .as_ref()
+                                .map(|m| m.model_id.clone())
+                                .unwrap_or_default(),
+                        ),
+                        None => (String::new(), target.clone()),
+                    };
+                let params = v1::TextGenerationParams {
+                    model_id,
+                    messages: if raw {
+                        Vec::new()
+                    } else {
+                        vec![v1::ChatMessage {
+                            role: "user".into(),
+                            content: prompt.clone(),
+                            ..Default::default()
+                        }]
+                    },
+                    raw_prompt: raw.then(|| prompt.clone()),
+                    sampling: Some(v1::SamplingParams {
+                        max_tokens: Some(max_tokens),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                };
+                let command_id = uuid::Uuid::now_v7().to_string();
+                let chunks = bus
+                    .session
+                    .declare_subscriber(bus.keys.chunks(&command_id)?)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("subscribing to chunks: {e}"))?;
+                let command = v1::Command {
+                    command_id: command_id.clone(),
+                    origin_node_id: "admin".into(),
+                    kind: Some(v1::command::Kind::TextGeneration(v1::TextGeneration {
+                        instance_id,
+                        params: Some(params),
+                    })),
+                };
+                bus.put(&bus.keys.commands(), &command).await?;
+                let mut text = String::new();
+                let mut out = std::io::stdout();
+                loop {
+                    let sample = tokio::time::timeout(chunk_timeout, chunks.recv_async())
+                        .await
+                        .map_err(|_| anyhow::anyhow!("no answer within {chunk_timeout:?}"))?
+                        .map_err(|e| anyhow::anyhow!("chunk subscriber closed: {e}"))?;
+                    let Some(chunk) =
+                        bus.decode::<v1::GenerationChunk>("chunks", &sample.payload().to_bytes())
+                    else {
+                        continue;
+                    };
+                    match chunk.kind {
+                        Some(v1::generation_chunk::Kind::Token(token)) => {
+                            text.push_str(&token.text);
+                            if !args.json {
+                                use std::io::Write;
+                                let _ = out.write_all(token.text.as_bytes());
+                                let _ = out.flush();
+                            }
+                        }
+                        Some(v1::generation_chunk::Kind::Finish(finish)) => {
+                            if args.json {
+                                let json = serde_json::json!({
+                                    "text": text,
+                                    "finish": serde_json::to_value(finish)?,
+                                });
+                                println!("{}", serde_json::to_string_pretty(&json)?);
+                            } else {
+                                println!();
+                            }
+                            break;
+                        }
+                        Some(v1::generation_chunk::Kind::Error(error)) => {
+                            if !args.json {
+                                println!();
+                            }
+                            bail!("{} ({})", error.message, error.kind);
+                        }
+                        _ => {}
+                    }
+                }
             }
             AdminCommand::Events { from, follow } => {
                 let mut next = from.max(1);

@@ -1,6 +1,7 @@
 //! Command-line parsing and dispatch.
 
 mod admin;
+mod bench_cluster;
 mod bench_collectives;
 mod bench_log;
 mod bench_model;
@@ -9,6 +10,7 @@ mod model_args;
 mod node;
 mod ranks;
 mod replay;
+mod runner;
 mod synth;
 
 use std::path::PathBuf;
@@ -41,6 +43,8 @@ enum Command {
     /// Measure performance as JSON: the model engine by default (decode and
     /// prefill tokens/s, time to first token, peak memory), or `bench log`.
     Bench(BenchArgs),
+    /// One rank of one instance, started by a node's worker (not by hand).
+    Runner(runner::RunnerArgs),
     /// One rank of a distributed model, driven by rank 0 over a TCP ring
     /// (started by `--world N` runs, and by the cluster on each node).
     Rank(ranks::RankArgs),
@@ -67,6 +71,8 @@ enum BenchCommand {
     Log(bench_log::LogBenchArgs),
     /// All-reduce latency between local rank processes on loopback.
     Collectives(bench_collectives::CollectivesBenchArgs),
+    /// Command-to-applied-event latency of a running cluster.
+    Cluster(bench_cluster::ClusterBenchArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
@@ -78,11 +84,13 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(BenchArgs { what, model }) => match what {
             Some(BenchCommand::Log(args)) => bench_log::run(args),
             Some(BenchCommand::Collectives(args)) => bench_collectives::run(args),
+            Some(BenchCommand::Cluster(args)) => bench_cluster::run(args),
             Some(BenchCommand::Model(args)) => bench_model::run(args),
             None => bench_model::run(model),
         },
         Command::SynthLog(args) => synth::run(args),
         Command::Rank(args) => ranks::run_rank(args),
+        Command::Runner(args) => runner::run(args),
     }
 }
 

@@ -29,6 +29,9 @@ pub struct NodeArgs {
     /// Keep the log and take part in elections, but run no models.
     #[arg(long)]
     pub no_worker: bool,
+    /// Compute threads of each runner (default: all cores).
+    #[arg(long)]
+    pub runner_threads: Option<usize>,
     /// Port of the HTTP API (served once the API issue lands).
     #[arg(long, default_value_t = 52415)]
     pub api_port: u16,
@@ -43,6 +46,10 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         multicast: !args.no_multicast,
         data_dir,
         worker: !args.no_worker,
+        runner_threads: args
+            .runner_threads
+            .filter(|t| *t > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

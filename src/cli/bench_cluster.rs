@@ -1,0 +1,145 @@
+//! `tessera bench cluster`: command-to-applied-event latency of a running
+//! cluster. A client publishes commands on `commands` one at a time
+//! (placing the default model, then deleting what it placed) and times each
+//! until the master's indexed event for it arrives on `events/global`.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Args;
+use serde::Serialize;
+use tessera_actors::bus::Bus;
+use tessera_actors::keys::Keys;
+use tessera_actors::node::zenoh_config;
+use tessera_protos::v1::{self, command, event, Command, IndexedEvent};
+
+#[derive(Debug, Args)]
+pub struct ClusterBenchArgs {
+    #[arg(long, env = "TESSERA_NAMESPACE", default_value = "default")]
+    pub namespace: String,
+    /// A node's zenoh endpoint (repeatable).
+    #[arg(long)]
+    pub connect: Vec<String>,
+    /// Commands timed (half places, half deletes).
+    #[arg(long, default_value_t = 1000)]
+    pub commands: usize,
+    /// The model placed (it must fit the cluster).
+    #[arg(long, default_value = "smollm2-135m-instruct-q4_1")]
+    pub model: String,
+}
+
+#[derive(Serialize)]
+struct Report {
+    bench: &'static str,
+    commands: usize,
+    median_ms: f64,
+    p90_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+}
+
+pub fn run(args: ClusterBenchArgs) -> anyhow::Result<()> {
+    if args.commands < 2 {
+        bail!("--commands must be at least 2");
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let keys = Keys::new(&args.namespace)?;
+        let config = zenoh_config("client", &[], &args.connect, args.connect.is_empty())?;
+        let session = zenoh::open(config)
+            .await
+            .map_err(|e| anyhow::anyhow!("opening a zenoh session: {e}"))?;
+        let bus = Bus::new(session, keys);
+        let events = bus
+            .session
+            .declare_subscriber(bus.keys.global_events())
+            .await
+            .map_err(|e| anyhow::anyhow!("subscribing: {e}"))?;
+        let mut times = Vec::with_capacity(args.commands);
+        let mut placed: Vec<String> = Vec::new();
+        for i in 0..args.commands {
+            let command_id = format!("bench-{}-{i}", std::process::id());
+            let place = i % 2 == 0;
+            let (kind, expect_instance) = if place {
+                let kind = command::Kind::PlaceInstance(v1::PlaceInstance {
+                    model_id: args.model.clone(),
+                    sharding: v1::Sharding::Pipeline as i32,
+                    min_nodes: 1,
+                    node_ids: Vec::new(),
+                });
+                (kind, format!("instance-{command_id}"))
+            } else {
+                let Some(instance) = placed.pop() else {
+                    bail!("nothing placed to delete");
+                };
+                (
+                    command::Kind::DeleteInstance(v1::DeleteInstance {
+                        instance_id: instance.clone(),
+                    }),
+                    instance,
+                )
+            };
+            let command = Command {
+                command_id: command_id.clone(),
+                origin_node_id: "bench".into(),
+                kind: Some(kind),
+            };
+            let started = Instant::now();
+            bus.put(&bus.keys.commands(), &command).await?;
+            loop {
+                let sample = tokio::time::timeout(Duration::from_secs(5), events.recv_async())
+                    .await
+                    .map_err(|_| {
+                        anyhow::anyhow!(
+                            "no indexed event for command {i} within 5 s (is a master up, and does {} fit?)",
+                            args.model
+                        )
+                    })?
+                    .map_err(|e| anyhow::anyhow!("subscriber closed: {e}"))?;
+                let Some(indexed) =
+                    bus.decode::<IndexedEvent>("events/global", &sample.payload().to_bytes())
+                else {
+                    continue;
+                };
+                let matches = match indexed.event.and_then(|e| e.kind) {
+                    Some(event::Kind::InstanceCreated(created)) => {
+                        place
+                            && created
+                                .instance
+                                .is_some_and(|inst| inst.instance_id == expect_instance)
+                    }
+                    Some(event::Kind::InstanceDeleted(deleted)) => {
+                        !place && deleted.instance_id == expect_instance
+                    }
+                    _ => false,
+                };
+                if matches {
+                    break;
+                }
+            }
+            times.push(started.elapsed().as_secs_f64() * 1e3);
+            if place {
+                placed.push(expect_instance);
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            let v = times[((times.len() - 1) as f64 * q).round() as usize];
+            (v * 1000.0).round() / 1000.0
+        };
+        let report = Report {
+            bench: "cluster",
+            commands: args.commands,
+            median_ms: at(0.5),
+            p90_ms: at(0.9),
+            p99_ms: at(0.99),
+            max_ms: at(1.0),
+        };
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        Ok(())
+    })
+}
