@@ -30,15 +30,22 @@ struct Node {
 
 impl Node {
     fn start(namespace: &str, dir: &Path, port: u16, connect: &[u16]) -> Node {
+        Self::start_with(namespace, dir, port, connect, &[])
+    }
+
+    fn start_with(namespace: &str, dir: &Path, port: u16, connect: &[u16], extra: &[&str]) -> Node {
         std::fs::create_dir_all(dir).expect("data dir");
         let stderr = dir.with_extension("log");
         let mut command = Command::new(BIN);
         command
             .args(["node", "--namespace", namespace, "--no-multicast"])
             .args(["--runner-threads", "1"])
+            // Each node its own ring ports: tests run side by side.
+            .args(["--ring-port-base", &free_port().to_string()])
             .args(["--listen", &format!("tcp/127.0.0.1:{port}")])
             .arg("--data-dir")
             .arg(dir)
+            .args(extra)
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&stderr).expect("log file"));
@@ -90,6 +97,21 @@ impl Drop for Node {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Gives a node's data dir the default model, as `tessera node` would find
+/// it after a download.
+fn with_model(dir: &Path) -> &Path {
+    let models = dir
+        .join("models")
+        .join(tessera_engine::testing::DEFAULT_MODEL_DIR);
+    std::fs::create_dir_all(&models).expect("models dir");
+    std::os::unix::fs::symlink(
+        tessera_engine::testing::default_model_path(),
+        models.join(tessera_engine::testing::DEFAULT_MODEL_FILE),
+    )
+    .expect("link the model");
+    dir
 }
 
 /// `tessera admin ... --json` through `via`, or `None` if it failed.
@@ -199,16 +221,26 @@ fn three_nodes_elect_one_master_survive_its_death_and_restart_from_their_logs() 
     let ns = "cluster-test";
     let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
     let started = Instant::now();
-    let mut nodes = vec![Node::start(ns, &root.path().join("a"), ports[0], &[])];
+    // a keeps the log and runs no models; it starts first and leads, so
+    // its death leaves the instance on b and c running. b and c run models.
+    let mut nodes = vec![Node::start_with(
+        ns,
+        &root.path().join("a"),
+        ports[0],
+        &[],
+        &["--no-worker"],
+    )];
+    wait_until(Duration::from_secs(20), || master_seen(ns, ports[0], None))
+        .expect("a leads alone");
     nodes.push(Node::start(
         ns,
-        &root.path().join("b"),
+        with_model(&root.path().join("b")),
         ports[1],
         &[ports[0]],
     ));
     nodes.push(Node::start(
         ns,
-        &root.path().join("c"),
+        with_model(&root.path().join("c")),
         ports[2],
         &[ports[0], ports[1]],
     ));
@@ -219,6 +251,7 @@ fn three_nodes_elect_one_master_survive_its_death_and_restart_from_their_logs() 
         master_seen(ns, ports[0], None).filter(|(_, count)| *count == 3)
     })
     .expect("three nodes agree on a master");
+    assert_eq!(master, nodes[0].id, "the sitting master stays");
     eprintln!(
         "3 nodes: master agreed {:?} after the first start",
         started.elapsed()
@@ -236,35 +269,27 @@ fn three_nodes_elect_one_master_survive_its_death_and_restart_from_their_logs() 
     assert_eq!(alone, 1, "the other namespace sees only itself");
     drop(stranger);
 
-    // Place the default model over two nodes (placement only: runners
-    // come with the rest of the cluster issue); refusals are clear.
+    // The default model, tensor-parallel over the two nodes with workers.
     let model = "smollm2-135m-instruct-q4_1";
-    let out = Command::new(BIN)
-        .args(["admin", "--namespace", ns, "--connect"])
-        .arg(format!("tcp/127.0.0.1:{}", ports[0]))
-        .args([
-            "--json",
-            "place",
-            model,
-            "--sharding",
-            "tensor",
-            "--min-nodes",
-            "2",
-        ])
-        .output()
-        .expect("admin runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let placed: Value = serde_json::from_slice(&out.stdout).expect("JSON");
-    let ranks = placed["ranks"].as_array().expect("ranks");
-    assert_eq!(ranks.len(), 2);
-    let placed_nodes: Vec<String> = ranks
+    let instance = place(ns, ports[0], "tensor");
+    let state = admin(ns, ports[0], None, "state").expect("state");
+    let placed_nodes: Vec<String> = state["state"]["instances"][&instance]["ranks"]
+        .as_array()
+        .expect("ranks")
         .iter()
         .map(|r| r["nodeId"].as_str().expect("node").to_string())
         .collect();
+    assert_eq!(placed_nodes.len(), 2);
+    assert!(
+        !placed_nodes.contains(&nodes[0].id),
+        "a node without a worker runs no model"
+    );
+    let ready = wait_until(Duration::from_secs(60), || {
+        all_ready(ns, ports[1], &instance).then_some(())
+    });
+    assert!(ready.is_some(), "ready\n{}", nodes[1].log());
+    let prompt = "The quick brown fox";
+    let before = admin_generate(ns, ports[1], &instance, prompt).expect("generation");
     for (args, expect) in [
         (vec!["place", "no-such-model"], "unknown model"),
         (
@@ -302,7 +327,7 @@ fn three_nodes_elect_one_master_survive_its_death_and_restart_from_their_logs() 
     assert!(took < Duration::from_secs(3), "failover took {took:?}");
 
     // Both survivors reach the same state (the dead node timed out).
-    let ((last, digest), _) = wait_until(Duration::from_secs(10), || {
+    let ((last, _), _) = wait_until(Duration::from_secs(10), || {
         let states = survivors
             .iter()
             .map(|&i| state_of(ns, via, &nodes[i].id))
@@ -315,19 +340,31 @@ fn three_nodes_elect_one_master_survive_its_death_and_restart_from_their_logs() 
         last >= 5,
         "node infos, the instance and the timeout are in the log: {last}"
     );
-    // The instance that used the dead node is gone; one that did not stays.
+    // The instance did not use the dead master: it is still there and
+    // still serves, through either survivor, the same text.
     let instances = admin(ns, via, None, "instances").expect("instances");
-    let instances = instances.as_array().expect("a list");
-    assert_eq!(
-        instances.len(),
-        usize::from(!placed_nodes.contains(&master)),
-        "{instances:?}"
-    );
+    let ids: Vec<&str> = instances
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|i| i["instanceId"].as_str())
+        .collect();
+    assert_eq!(ids, vec![instance.as_str()]);
+    for &i in &survivors {
+        let after = admin_generate(ns, nodes[i].port, &instance, prompt);
+        let logs: String = survivors.iter().map(|&i| nodes[i].log()).collect();
+        assert_eq!(
+            after.as_ref(),
+            Ok(&before),
+            "served after the failover, through {}\n{logs}",
+            nodes[i].id
+        );
+    }
 
     // Restart the dead node from its data dir: same identity, caught up.
     let dead_dir = nodes[index].dir.clone();
     let dead_id = nodes[index].id.clone();
-    let restarted = Node::start(ns, &dead_dir, ports[index], &[via]);
+    let restarted = Node::start_with(ns, &dead_dir, ports[index], &[via], &["--no-worker"]);
     assert_eq!(restarted.id, dead_id, "the identity is kept");
     nodes[index] = restarted;
     let caught_up = wait_until(Duration::from_secs(10), || {
@@ -362,7 +399,112 @@ fn three_nodes_elect_one_master_survive_its_death_and_restart_from_their_logs() 
         digests.iter().all(|d| *d == digests[0]),
         "equal digests at index {common}: {digests:?}"
     );
-    let _ = digest;
+}
+
+/// The runner processes of `runner_id`, by their command line.
+fn runner_pids(runner_id: &str) -> Vec<String> {
+    let out = Command::new("pgrep")
+        .args(["-f", &format!("runner --runner-id {runner_id}")])
+        .output()
+        .expect("pgrep runs");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_dead_runner_fails_its_request_and_returns_and_a_lost_node_is_replaced() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let ns = "runner-test";
+    let ports: Vec<u16> = (0..2).map(|_| free_port()).collect();
+    let mut nodes = Vec::new();
+    for (i, name) in ["a", "b"].iter().enumerate() {
+        let dir = with_model(&root.path().join(name)).to_path_buf();
+        nodes.push(Node::start(ns, &dir, ports[i], &ports[..i]));
+    }
+    wait_until(Duration::from_secs(20), || {
+        master_seen(ns, ports[0], None).filter(|(_, count)| *count == 2)
+    })
+    .expect("two nodes agree on a master");
+    let instance = place_on(ns, ports[0], "pipeline", 1);
+    let ready = wait_until(Duration::from_secs(60), || {
+        all_ready(ns, ports[0], &instance).then_some(())
+    });
+    assert!(ready.is_some(), "ready");
+    let runner = format!("{instance}-rank0");
+
+    // A long generation; its runner is killed once the text flows.
+    let mut generation = Command::new(BIN)
+        .args(["admin", "--namespace", ns, "--connect"])
+        .arg(format!("tcp/127.0.0.1:{}", ports[0]))
+        .args(["generate", &instance, "Once upon a time", "--raw"])
+        .args(["--max-tokens", "2000", "--chunk-timeout", "30"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("admin runs");
+    let mut first = [0u8; 1];
+    std::io::Read::read_exact(generation.stdout.as_mut().expect("stdout"), &mut first)
+        .expect("text arrives");
+    let pids = runner_pids(&runner);
+    assert_eq!(pids.len(), 1, "one runner process: {pids:?}");
+    let killed_at = Instant::now();
+    let kill = Command::new("kill")
+        .args(["-KILL", &pids[0]])
+        .status()
+        .expect("kill runs");
+    assert!(kill.success());
+    let ((), took) = wait_until(Duration::from_secs(20), || {
+        generation.try_wait().ok().flatten().map(|_| ())
+    })
+    .expect("the request ends instead of hanging");
+    let out = generation.wait_with_output().expect("output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the request fails");
+    assert!(stderr.contains("runner process exited"), "{stderr}");
+    eprintln!("runner killed: the request failed {took:?} after the kill");
+    let back = wait_until(Duration::from_secs(60), || {
+        all_ready(ns, ports[0], &instance).then_some(())
+    });
+    assert!(back.is_some(), "the runner comes back Ready");
+    eprintln!("runner back Ready {:?} after the kill", killed_at.elapsed());
+    let prompt = "The quick brown fox";
+    let text = admin_generate(ns, ports[0], &instance, prompt).expect("serves again");
+    assert!(!text.is_empty());
+
+    // The node that runs the instance dies: the model is placed again on
+    // the node left, and serves the same text.
+    let state = admin(ns, ports[0], None, "state").expect("state");
+    let host = state["state"]["instances"][&instance]["ranks"][0]["nodeId"]
+        .as_str()
+        .expect("node")
+        .to_string();
+    let dead = nodes.iter().position(|n| n.id == host).expect("host");
+    nodes[dead].kill();
+    let survivor = &nodes[1 - dead];
+    let ((replaced, _), took) = wait_until(Duration::from_secs(60), || {
+        let instances = admin(ns, survivor.port, None, "instances")?;
+        let [only] = instances.as_array()?.as_slice() else {
+            return None;
+        };
+        let id = only["instanceId"].as_str()?.to_string();
+        (id != instance && all_ready(ns, survivor.port, &id)).then_some((id, 0))
+    })
+    .expect("the model is placed again and ready");
+    eprintln!("node lost: replacement {replaced} ready {took:?} after the kill");
+    let state = admin(ns, survivor.port, None, "state").expect("state");
+    let ranks = state["state"]["instances"][&replaced]["ranks"]
+        .as_array()
+        .expect("ranks")
+        .clone();
+    assert!(ranks.iter().all(|r| r["nodeId"] == survivor.id.as_str()));
+    let again = admin_generate(ns, survivor.port, &replaced, prompt).expect("serves");
+    assert_eq!(again, text);
+    assert!(
+        runner_pids(&runner).is_empty(),
+        "the dead node's runner went with it"
+    );
 }
 
 #[test]
@@ -466,6 +608,10 @@ fn all_ready(namespace: &str, via: u16, instance: &str) -> bool {
 }
 
 fn place(namespace: &str, via: u16, sharding: &str) -> String {
+    place_on(namespace, via, sharding, 2)
+}
+
+fn place_on(namespace: &str, via: u16, sharding: &str, min_nodes: u32) -> String {
     let out = Command::new(BIN)
         .args(["admin", "--namespace", namespace, "--connect"])
         .arg(format!("tcp/127.0.0.1:{via}"))
@@ -476,7 +622,7 @@ fn place(namespace: &str, via: u16, sharding: &str) -> String {
             "--sharding",
             sharding,
             "--min-nodes",
-            "2",
+            &min_nodes.to_string(),
         ])
         .output()
         .expect("admin runs");
@@ -520,16 +666,7 @@ fn placed_instances_reach_ready_and_generate_what_one_machine_does() {
     // Both nodes find the default model in their own models folder.
     let mut nodes = Vec::new();
     for (i, name) in ["a", "b"].iter().enumerate() {
-        let dir = root.path().join(name);
-        let models = dir
-            .join("models")
-            .join(tessera_engine::testing::DEFAULT_MODEL_DIR);
-        std::fs::create_dir_all(&models).expect("models dir");
-        std::os::unix::fs::symlink(
-            &model,
-            models.join(tessera_engine::testing::DEFAULT_MODEL_FILE),
-        )
-        .expect("link the model");
+        let dir = with_model(&root.path().join(name)).to_path_buf();
         let connect: Vec<u16> = ports[..i].to_vec();
         nodes.push(Node::start(ns, &dir, ports[i], &connect));
     }

@@ -75,6 +75,11 @@ impl Keys {
         })
     }
 
+    /// The namespace these keys live in.
+    pub fn namespace(&self) -> &str {
+        self.prefix.strip_prefix("tessera/").unwrap_or(&self.prefix)
+    }
+
     /// Commands, any node → master.
     pub fn commands(&self) -> String {
         format!("{}/commands", self.prefix)
@@ -134,6 +139,22 @@ impl Keys {
         check("runner channel", channel)?;
         Ok(format!("{}/runner/{runner_id}/{channel}", self.prefix))
     }
+
+    /// The `channel` of every runner of the namespace.
+    pub fn runner_any(&self, channel: &str) -> Result<String, KeyError> {
+        check("runner channel", channel)?;
+        Ok(format!("{}/runner/*/{channel}", self.prefix))
+    }
+
+    /// The runner id in a runner key of this namespace and `channel`.
+    pub fn runner_of_key<'k>(&self, key: &'k str, channel: &str) -> Option<&'k str> {
+        let id = key
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix("/runner/")?
+            .strip_suffix(channel)?
+            .strip_suffix('/')?;
+        (!id.is_empty() && !id.contains(FORBIDDEN)).then_some(id)
+    }
 }
 
 fn check(what: &'static str, value: &str) -> Result<(), KeyError> {
@@ -169,6 +190,14 @@ mod tests {
         assert_eq!(keys.alive("n1")?, "tessera/home/alive/n1");
         assert_eq!(keys.chunks("c-1")?, "tessera/home/chunks/c-1");
         assert_eq!(keys.runner("r1", "tasks")?, "tessera/home/runner/r1/tasks");
+        assert_eq!(keys.runner_any("events")?, "tessera/home/runner/*/events");
+        let events = keys.runner("r-1", "events")?;
+        assert_eq!(keys.runner_of_key(&events, "events"), Some("r-1"));
+        assert_eq!(keys.runner_of_key(&events, "tasks"), None);
+        assert_eq!(
+            keys.runner_of_key("tessera/home/runner//events", "events"),
+            None
+        );
         Ok(())
     }
 

@@ -6,6 +6,7 @@
 //! election picks the node holding the most.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use ractor::{call, Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tessera_protos::v1::{
@@ -30,7 +31,52 @@ pub enum MasterMsg {
     ),
     Local(LocalEvent),
     NodeAlive(String),
+    /// A liveliness token went away; the node is checked again before it
+    /// times out.
     NodeGone(String),
+    /// Still gone after [`GONE_GRACE`]: the node times out.
+    NodeStillGone(String),
+}
+
+/// How long a node whose liveliness token vanished has to show it again.
+/// A peer's token can vanish for a moment when the link it was learnt
+/// through dies (the old master's, in a failover) while the node is fine.
+const GONE_GRACE: Duration = Duration::from_millis(300);
+
+/// Asks zenoh, after [`GONE_GRACE`], whether `node` is really gone, and if
+/// so tells the master.
+fn confirm_gone(master: ActorRef<MasterMsg>, bus: Bus, node: String) {
+    tokio::spawn(async move {
+        tokio::time::sleep(GONE_GRACE).await;
+        let Ok(key) = bus.keys.alive(&node) else {
+            return;
+        };
+        let alive = match bus
+            .session
+            .liveliness()
+            .get(&key)
+            .timeout(Duration::from_millis(500))
+            .await
+        {
+            Ok(replies) => {
+                let mut alive = false;
+                while let Ok(reply) = replies.recv_async().await {
+                    alive |= reply.result().is_ok();
+                }
+                alive
+            }
+            Err(error) => {
+                tracing::warn!(%error, node, "liveliness query");
+                false
+            }
+        };
+        if alive {
+            tracing::info!(node, "a liveliness token came back; the node stays");
+            let _ = master.cast(MasterMsg::NodeAlive(node));
+        } else {
+            let _ = master.cast(MasterMsg::NodeStillGone(node));
+        }
+    });
 }
 
 pub struct Master;
@@ -247,60 +293,86 @@ impl MasterState {
             Ok(v1::Sharding::Unspecified) | Err(_) => v1::Sharding::Pipeline,
             Ok(s) => s,
         };
-        let nodes = NodeCapacity::from_state(&state);
-        let placement_request = PlacementRequest {
-            model: &card,
-            sharding,
-            min_nodes: request.min_nodes as usize,
-            node_ids: &request.node_ids,
-        };
-        let command_id = uuid::Uuid::now_v7().to_string();
-        let instance_id = format!("{}-{}", card.model_id, &command_id[command_id.len() - 8..]);
-        let used = placement::used_ring_addresses(&state);
-        match placement::place(&placement_request, &nodes, &instance_id, &used, |rank| {
-            format!("{instance_id}-rank{rank}")
-        }) {
-            Ok(placed) => {
-                let instance = placed.instance;
-                let stored = self
-                    .index(Event {
-                        kind: Some(event::Kind::InstanceCreated(v1::InstanceCreated {
-                            instance: Some(instance.clone()),
-                        })),
-                    })
-                    .await?;
-                if !stored {
-                    return Ok(refuse(
-                        "internal",
-                        "the instance was refused by the log".into(),
-                    ));
-                }
-                Ok(v1::PlaceInstanceReply {
-                    command_id,
-                    instance: Some(instance),
-                    error: None,
-                })
-            }
-            Err(error) => Ok(refuse("does_not_fit", error.to_string())),
+        match self
+            .place_card(
+                &state,
+                &card,
+                sharding,
+                request.min_nodes as usize,
+                &request.node_ids,
+            )
+            .await?
+        {
+            Ok((command_id, instance)) => Ok(v1::PlaceInstanceReply {
+                command_id,
+                instance: Some(instance),
+                error: None,
+            }),
+            Err(error) => Ok(refuse("does_not_fit", error)),
         }
     }
 
+    /// Places `card` on the nodes of `state` and logs the instance; the
+    /// inner error says why it does not fit.
+    async fn place_card(
+        &mut self,
+        state: &ClusterState,
+        card: &v1::ModelCard,
+        sharding: v1::Sharding,
+        min_nodes: usize,
+        node_ids: &[String],
+    ) -> Result<Result<(String, v1::Instance), String>, ActorProcessingErr> {
+        let nodes = NodeCapacity::from_state(state);
+        let placement_request = PlacementRequest {
+            model: card,
+            sharding,
+            min_nodes,
+            node_ids,
+        };
+        let command_id = uuid::Uuid::now_v7().to_string();
+        let instance_id = format!("{}-{}", card.model_id, &command_id[command_id.len() - 8..]);
+        let used = placement::used_ring_addresses(state);
+        let placed =
+            match placement::place(&placement_request, &nodes, &instance_id, &used, |rank| {
+                format!("{instance_id}-rank{rank}")
+            }) {
+                Ok(placed) => placed,
+                Err(error) => return Ok(Err(error.to_string())),
+            };
+        let instance = placed.instance;
+        let stored = self
+            .index(Event {
+                kind: Some(event::Kind::InstanceCreated(v1::InstanceCreated {
+                    instance: Some(instance.clone()),
+                })),
+            })
+            .await?;
+        if !stored {
+            return Ok(Err("the instance was refused by the log".into()));
+        }
+        Ok(Ok((command_id, instance)))
+    }
+
     /// A node whose liveliness token is gone: it times out, and so do the
-    /// instances that used it.
+    /// instances that used it; their models are placed again where they fit.
     async fn node_gone(&mut self, node: &str) -> Result<(), ActorProcessingErr> {
         let state = self.state().await?;
         if !state.nodes.contains_key(node) {
             return Ok(());
         }
-        for instance in state.instances.values() {
-            if instance.ranks.iter().any(|r| r.node_id == node) {
-                self.index(Event {
-                    kind: Some(event::Kind::InstanceDeleted(v1::InstanceDeleted {
-                        instance_id: instance.instance_id.clone(),
-                    })),
-                })
-                .await?;
-            }
+        let lost: Vec<v1::Instance> = state
+            .instances
+            .values()
+            .filter(|i| i.ranks.iter().any(|r| r.node_id == node))
+            .cloned()
+            .collect();
+        for instance in &lost {
+            self.index(Event {
+                kind: Some(event::Kind::InstanceDeleted(v1::InstanceDeleted {
+                    instance_id: instance.instance_id.clone(),
+                })),
+            })
+            .await?;
         }
         self.index(Event {
             kind: Some(event::Kind::NodeTimedOut(v1::NodeTimedOut {
@@ -308,6 +380,27 @@ impl MasterState {
             })),
         })
         .await?;
+        // Each lost model is placed again on the nodes left, if it fits.
+        for lost in lost {
+            let Some(card) = lost.model.as_ref() else {
+                continue;
+            };
+            let sharding = v1::Sharding::try_from(lost.sharding).unwrap_or(v1::Sharding::Pipeline);
+            let state = self.state().await?;
+            match self.place_card(&state, card, sharding, 1, &[]).await? {
+                Ok((_, instance)) => tracing::info!(
+                    lost = lost.instance_id,
+                    instance = instance.instance_id,
+                    ranks = instance.ranks.len(),
+                    "placed a lost instance again"
+                ),
+                Err(reason) => tracing::warn!(
+                    lost = lost.instance_id,
+                    reason,
+                    "a lost instance does not fit on the nodes left"
+                ),
+            }
+        }
         Ok(())
     }
 }
@@ -330,12 +423,12 @@ impl Actor for Master {
 
     async fn pre_start(
         &self,
-        _: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         args: MasterArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
         let state: ClusterState = call!(args.replica, ReplicaMsg::GetState)?;
         tracing::info!(next = state.last_index + 1, "master continues the log");
-        let mut master = MasterState {
+        let master = MasterState {
             session: SessionId {
                 master_node_id: args.node_id,
                 election_clock: args.clock,
@@ -350,7 +443,7 @@ impl Actor for Master {
         let known: Vec<String> = state.nodes.keys().cloned().collect();
         for node in known {
             if node != master.session.master_node_id && !master.alive.contains(&node) {
-                master.node_gone(&node).await?;
+                confirm_gone(myself.clone(), master.bus.clone(), node);
             }
         }
         Ok(master)
@@ -358,7 +451,7 @@ impl Actor for Master {
 
     async fn handle(
         &self,
-        _: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         message: MasterMsg,
         state: &mut MasterState,
     ) -> Result<(), ActorProcessingErr> {
@@ -424,7 +517,12 @@ impl Actor for Master {
             }
             MasterMsg::NodeGone(node) => {
                 state.alive.remove(&node);
-                state.node_gone(&node).await?;
+                confirm_gone(myself, state.bus.clone(), node);
+            }
+            MasterMsg::NodeStillGone(node) => {
+                if !state.alive.contains(&node) {
+                    state.node_gone(&node).await?;
+                }
             }
         }
         Ok(())

@@ -39,6 +39,8 @@ pub struct NodeOptions {
     pub worker: bool,
     /// Compute threads of each runner process.
     pub runner_threads: usize,
+    /// First port of this node's ring connections.
+    pub ring_port_base: u16,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -128,6 +130,42 @@ pub fn zenoh_config(
     Ok(config)
 }
 
+/// The listen endpoints of the node's session, and the loopback endpoint its
+/// runner child processes connect to: a TCP endpoint with a fixed port on
+/// 127.0.0.1 or every address if the node listens on one, otherwise a free
+/// loopback port added for them. With no endpoints given, zenoh's default
+/// (every address, any port) is kept.
+pub fn runner_endpoint(listen: &[String]) -> Result<(Vec<String>, String), NodeError> {
+    let mut listen = if listen.is_empty() {
+        vec!["tcp/[::]:0".to_string()]
+    } else {
+        listen.to_vec()
+    };
+    let reusable = listen.iter().find_map(|endpoint| {
+        let address = endpoint.strip_prefix("tcp/")?;
+        let address = address.split('#').next()?;
+        let socket: std::net::SocketAddr = address.parse().ok()?;
+        let loopback_reaches = match socket.ip() {
+            std::net::IpAddr::V4(ip) => ip.is_loopback() || ip.is_unspecified(),
+            std::net::IpAddr::V6(_) => false,
+        };
+        (loopback_reaches && socket.port() != 0).then(|| format!("tcp/127.0.0.1:{}", socket.port()))
+    });
+    if let Some(endpoint) = reusable {
+        return Ok((listen, endpoint));
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|source| NodeError::Io {
+            path: "a loopback port for runners".into(),
+            source,
+        })?
+        .port();
+    let endpoint = format!("tcp/127.0.0.1:{port}");
+    listen.push(endpoint.clone());
+    Ok((listen, endpoint))
+}
+
 /// A running node; dropping it does not stop it, [`RunningNode::shutdown`] does.
 pub struct RunningNode {
     pub node_id: String,
@@ -179,7 +217,8 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
         last_index = journal.state().last_index(),
         "opened the event log"
     );
-    let config = zenoh_config("peer", &options.listen, &options.connect, options.multicast)?;
+    let (listen, runner_endpoint) = runner_endpoint(&options.listen)?;
+    let config = zenoh_config("peer", &listen, &options.connect, options.multicast)?;
     let session = zenoh::open(config).await.map_err(BusError::zenoh)?;
     let bus = Bus::new(session, keys);
     let applied = Arc::new(AtomicU64::new(0));
@@ -227,15 +266,19 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
     };
     let mut tasks = router.spawn_all().await?;
     let mut worker = None;
+    // Every node reports itself (a node without a worker too: it is a
+    // member, shown by `admin nodes`, but placement skips it).
+    let seq = Arc::new(AtomicU64::new(0));
+    tasks.push(tokio::spawn(publish_node_info(
+        bus.clone(),
+        node_id.clone(),
+        options.data_dir.clone(),
+        options.worker,
+        options.ring_port_base,
+        replica.clone(),
+        seq.clone(),
+    )));
     if options.worker {
-        let seq = Arc::new(AtomicU64::new(0));
-        tasks.push(tokio::spawn(publish_node_info(
-            bus.clone(),
-            node_id.clone(),
-            options.data_dir.clone(),
-            replica.clone(),
-            seq.clone(),
-        )));
         let exe = std::env::current_exe().map_err(|source| NodeError::Io {
             path: "the tessera binary".into(),
             source,
@@ -251,6 +294,7 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
                 exe,
                 data_dir: options.data_dir.clone(),
                 threads: options.runner_threads.max(1),
+                runner_endpoint,
             },
         )
         .await
@@ -655,6 +699,8 @@ pub fn gather_node_info(data_dir: &Path) -> v1::NodeInfo {
         gathered_at_unix_ms: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64),
+        no_worker: false,
+        ring_port_base: 0,
     }
 }
 
@@ -665,6 +711,8 @@ async fn publish_node_info(
     bus: Bus,
     node_id: String,
     data_dir: PathBuf,
+    worker: bool,
+    ring_port_base: u16,
     replica: ActorRef<ReplicaMsg>,
     seq: Arc<AtomicU64>,
 ) {
@@ -672,7 +720,11 @@ async fn publish_node_info(
     let mut interval = tokio::time::interval(Duration::from_millis(500));
     loop {
         interval.tick().await;
-        let info = gather_node_info(&data_dir);
+        let info = v1::NodeInfo {
+            no_worker: !worker,
+            ring_port_base: u32::from(ring_port_base),
+            ..gather_node_info(&data_dir)
+        };
         let available = info.memory_available_bytes;
         let known = call!(replica, ReplicaMsg::GetState)
             .map(|state| state.nodes.contains_key(&node_id))
@@ -703,5 +755,32 @@ async fn publish_node_info(
             Ok(()) => last_sent = Some((available, std::time::Instant::now())),
             Err(error) => tracing::warn!(%error, "publishing node info"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runners_reuse_a_fixed_loopback_port_or_get_their_own() -> Result<(), NodeError> {
+        let (listen, endpoint) = runner_endpoint(&["tcp/0.0.0.0:5447".into()])?;
+        assert_eq!(listen, vec!["tcp/0.0.0.0:5447".to_string()]);
+        assert_eq!(endpoint, "tcp/127.0.0.1:5447");
+        let (_, endpoint) = runner_endpoint(&["tcp/127.0.0.1:6000".into()])?;
+        assert_eq!(endpoint, "tcp/127.0.0.1:6000");
+        // Zenoh's default, plus a loopback port of their own.
+        let (listen, endpoint) = runner_endpoint(&[])?;
+        assert_eq!(listen.len(), 2);
+        assert_eq!(listen[0], "tcp/[::]:0");
+        assert_eq!(listen[1], endpoint);
+        assert!(endpoint.starts_with("tcp/127.0.0.1:") && !endpoint.ends_with(":0"));
+        // A port chosen by the system, or another address, is not reusable.
+        for given in ["tcp/0.0.0.0:0", "tcp/192.168.1.5:5447", "udp/0.0.0.0:5447"] {
+            let (listen, endpoint) = runner_endpoint(&[given.into()])?;
+            assert_eq!(listen.len(), 2, "{given}");
+            assert_ne!(endpoint, given);
+        }
+        Ok(())
     }
 }

@@ -30,16 +30,19 @@ pub struct NodeCapacity {
     pub available_bytes: u64,
     /// The address other ranks reach this node at.
     pub ip: String,
+    /// The first port of its ring connections.
+    pub ring_port_base: u16,
 }
 
 impl NodeCapacity {
-    /// Capacities of every node in `state` that reported its memory.
+    /// Capacities of every node in `state` that runs models and reported
+    /// its memory.
     pub fn from_state(state: &v1::ClusterState) -> Vec<Self> {
         state
             .nodes
             .iter()
             .filter_map(|(id, node)| {
-                let info = node.info.as_ref()?;
+                let info = node.info.as_ref().filter(|i| !i.no_worker)?;
                 let ip = info
                     .addresses
                     .iter()
@@ -50,6 +53,10 @@ impl NodeCapacity {
                     node_id: id.clone(),
                     available_bytes: info.memory_available_bytes,
                     ip,
+                    ring_port_base: u16::try_from(info.ring_port_base)
+                        .ok()
+                        .filter(|p| *p != 0)
+                        .unwrap_or(RING_BASE_PORT),
                 })
             })
             .collect()
@@ -417,7 +424,7 @@ fn build(
     let mut ranks = Vec::with_capacity(nodes.len());
     let mut memory = BTreeMap::new();
     for (rank, (node, (spec, bytes))) in nodes.iter().zip(shares).enumerate() {
-        let address = (RING_BASE_PORT..=u16::MAX)
+        let address = (node.ring_port_base..=u16::MAX)
             .map(|port| format!("{}:{port}", node.ip))
             .find(|a| !taken.contains(a))
             .unwrap_or_else(|| format!("{}:0", node.ip));
@@ -507,6 +514,7 @@ mod tests {
             node_id: id.into(),
             available_bytes: available,
             ip: "127.0.0.1".into(),
+            ring_port_base: RING_BASE_PORT,
         }
     }
 
@@ -531,6 +539,55 @@ mod tests {
             .iter()
             .map(|r| r.shard.as_ref().and_then(shard_from_proto))
             .collect()
+    }
+
+    #[test]
+    fn nodes_without_a_worker_or_memory_are_not_capacity() {
+        let info = |available: u64, no_worker: bool| v1::NodeState {
+            info: Some(v1::NodeInfo {
+                memory_available_bytes: available,
+                no_worker,
+                ring_port_base: 6000,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut state = v1::ClusterState::default();
+        state.nodes.insert("worker".into(), info(GB, false));
+        state.nodes.insert("leader-only".into(), info(8 * GB, true));
+        state
+            .nodes
+            .insert("silent".into(), v1::NodeState::default());
+        let nodes = NodeCapacity::from_state(&state);
+        assert_eq!(nodes.len(), 1);
+        assert_eq!(nodes[0].node_id, "worker");
+        assert_eq!(nodes[0].available_bytes, GB);
+        assert_eq!(nodes[0].ring_port_base, 6000);
+        // Ranks take the lowest free port from their node's base.
+        let mut nodes = nodes;
+        nodes.push(NodeCapacity {
+            node_id: "default-ports".into(),
+            available_bytes: GB,
+            ip: "127.0.0.1".into(),
+            ring_port_base: RING_BASE_PORT,
+        });
+        nodes[0].ip = "127.0.0.1".into();
+        let request = PlacementRequest {
+            model: &card(GB / 4, 30, 3),
+            sharding: Sharding::Pipeline,
+            min_nodes: 2,
+            node_ids: &[],
+        };
+        let used = BTreeSet::from(["127.0.0.1:6000".to_string()]);
+        let p = place(&request, &nodes, "i", &used, |r| format!("r{r}")).expect("fits");
+        let mut addresses: Vec<&str> = p
+            .instance
+            .ranks
+            .iter()
+            .map(|r| r.ring_address.as_str())
+            .collect();
+        addresses.sort();
+        assert_eq!(addresses, vec!["127.0.0.1:52500", "127.0.0.1:6001"]);
     }
 
     #[test]

@@ -1,15 +1,17 @@
 //! What a node's worker and its `tessera runner` child processes say to each
-//! other: one JSON object a line, over the child's stdin and stdout. Pipes
-//! rather than zenoh keep one zenoh session per node, and a child that dies
-//! closes them at once, so its death is noticed without a timeout.
+//! other over zenoh (`tessera/{ns}/runner/{runner_id}/…`, see
+//! `protos/README.md`): the worker puts a `Task` on `tasks`, the runner puts
+//! its `RunnerStatus` on `events`; rank 0 puts generation chunks straight on
+//! `chunks/{command_id}`. The worker learns of a child's death from the
+//! process itself, not from a missing message, so it needs no timeout.
 
-use serde::{Deserialize, Serialize};
-use tessera_protos::v1;
+use tessera_protos::v1::{self, task::Kind};
 
-/// Worker → runner.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case")]
-pub enum ToRunner {
+use crate::plan::Step;
+
+/// An order, as the runner reads it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Order {
     /// Join the instance's ring (multi-rank instances).
     Connect,
     /// Load this rank's shard.
@@ -28,21 +30,71 @@ pub enum ToRunner {
     Shutdown,
 }
 
-/// Runner → worker.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum FromRunner {
-    Status {
-        status: v1::RunnerStatus,
-    },
-    Chunk {
-        chunk: v1::GenerationChunk,
-    },
-    /// A generation ended (`error` set if it failed).
-    Finished {
-        task_id: String,
-        error: Option<String>,
-    },
+/// The task a worker sends its runner for a step of the plan; `generation`
+/// is the task being forwarded, for [`Step::Forward`]. None for steps the
+/// worker takes itself (creating the runner).
+pub fn task_for_step(step: &Step, generation: Option<&v1::Task>) -> Option<v1::Task> {
+    let bare = |kind: Kind| v1::Task {
+        kind: Some(kind),
+        ..Default::default()
+    };
+    Some(match step {
+        Step::CreateRunner { .. } => return None,
+        Step::Connect { runner_id } => bare(Kind::ConnectToGroup(v1::ConnectToGroupTask {
+            runner_id: runner_id.clone(),
+        })),
+        Step::Load { runner_id } => bare(Kind::LoadModel(v1::LoadModelTask {
+            runner_id: runner_id.clone(),
+        })),
+        Step::WarmUp { runner_id } => bare(Kind::StartWarmup(v1::StartWarmupTask {
+            runner_id: runner_id.clone(),
+        })),
+        Step::Forward { task_id, .. } => {
+            let task = generation?;
+            if task.task_id != *task_id {
+                return None;
+            }
+            task.clone()
+        }
+        Step::Cancel { task_id, .. } => bare(Kind::CancelTask(v1::CancelTaskTask {
+            target_task_id: task_id.clone(),
+        })),
+        Step::Shutdown { runner_id } => bare(Kind::Shutdown(v1::ShutdownTask {
+            runner_id: runner_id.clone(),
+        })),
+    })
+}
+
+/// Why a task is not an order a runner can follow.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum OrderError {
+    #[error("the task has no kind")]
+    Empty,
+    #[error("a {0} task is not for a runner")]
+    NotForARunner(&'static str),
+    #[error("the generation task has no parameters")]
+    NoParams,
+}
+
+/// The order a task stands for.
+pub fn order_from_task(task: &v1::Task) -> Result<Order, OrderError> {
+    match &task.kind {
+        None => Err(OrderError::Empty),
+        Some(Kind::ConnectToGroup(_)) => Ok(Order::Connect),
+        Some(Kind::LoadModel(_)) => Ok(Order::Load),
+        Some(Kind::StartWarmup(_)) => Ok(Order::WarmUp),
+        Some(Kind::TextGeneration(generation)) => Ok(Order::Generate {
+            task_id: task.task_id.clone(),
+            command_id: task.command_id.clone(),
+            params: Box::new(generation.params.clone().ok_or(OrderError::NoParams)?),
+        }),
+        Some(Kind::CancelTask(cancel)) => Ok(Order::Cancel {
+            task_id: cancel.target_task_id.clone(),
+        }),
+        Some(Kind::Shutdown(_)) => Ok(Order::Shutdown),
+        Some(Kind::CreateRunner(_)) => Err(OrderError::NotForARunner("create-runner")),
+        Some(Kind::DownloadModel(_)) => Err(OrderError::NotForARunner("download")),
+    }
 }
 
 #[cfg(test)]
@@ -50,28 +102,87 @@ mod tests {
     use super::*;
 
     #[test]
-    fn lines_round_trip() {
-        let messages = [
-            ToRunner::Connect,
-            ToRunner::Generate {
-                task_id: "t".into(),
-                command_id: "c".into(),
-                params: Box::new(v1::TextGenerationParams {
+    fn every_runner_step_becomes_a_task_and_back_the_same_order() {
+        let r = || "r1".to_string();
+        let generation = v1::Task {
+            task_id: "t".into(),
+            command_id: "c".into(),
+            kind: Some(Kind::TextGeneration(v1::TextGenerationTask {
+                params: Some(v1::TextGenerationParams {
                     model_id: "m".into(),
                     raw_prompt: Some("hi".into()),
                     ..Default::default()
                 }),
-            },
+                reply_node_id: "n".into(),
+            })),
+            ..Default::default()
+        };
+        let cases = [
+            (Step::Connect { runner_id: r() }, Order::Connect),
+            (Step::Load { runner_id: r() }, Order::Load),
+            (Step::WarmUp { runner_id: r() }, Order::WarmUp),
+            (
+                Step::Cancel {
+                    runner_id: r(),
+                    task_id: "t".into(),
+                },
+                Order::Cancel {
+                    task_id: "t".into(),
+                },
+            ),
+            (Step::Shutdown { runner_id: r() }, Order::Shutdown),
         ];
-        for message in messages {
-            let line = serde_json::to_string(&message).expect("encodes");
-            let back: ToRunner = serde_json::from_str(&line).expect("decodes");
+        for (step, order) in cases {
+            let task = task_for_step(&step, None);
             assert_eq!(
-                serde_json::to_string(&back).expect("encodes"),
-                line,
-                "{line}"
+                task.as_ref().map(order_from_task),
+                Some(Ok(order)),
+                "{step:?}"
             );
         }
-        assert!(serde_json::from_str::<ToRunner>("{\"op\":\"explode\"}").is_err());
+        let forward = Step::Forward {
+            runner_id: r(),
+            task_id: "t".into(),
+        };
+        let task = task_for_step(&forward, Some(&generation));
+        assert!(matches!(
+            task.as_ref().map(order_from_task),
+            Some(Ok(Order::Generate { ref task_id, ref command_id, .. }))
+                if task_id == "t" && command_id == "c"
+        ));
+        // The wrong task, or none, is not forwarded.
+        assert_eq!(task_for_step(&forward, None), None);
+        let other = v1::Task {
+            task_id: "u".into(),
+            ..generation.clone()
+        };
+        assert_eq!(task_for_step(&forward, Some(&other)), None);
+        let create = Step::CreateRunner {
+            instance_id: "i".into(),
+            runner_id: r(),
+            rank: 0,
+        };
+        assert_eq!(task_for_step(&create, None), None);
+    }
+
+    #[test]
+    fn tasks_a_runner_cannot_follow_are_refused() {
+        assert_eq!(
+            order_from_task(&v1::Task::default()),
+            Err(OrderError::Empty)
+        );
+        let download = v1::Task {
+            kind: Some(Kind::DownloadModel(v1::DownloadModelTask::default())),
+            ..Default::default()
+        };
+        assert!(matches!(
+            order_from_task(&download),
+            Err(OrderError::NotForARunner(_))
+        ));
+        let no_params = v1::Task {
+            kind: Some(Kind::TextGeneration(v1::TextGenerationTask::default())),
+            ..Default::default()
+        };
+        assert_eq!(order_from_task(&no_params), Err(OrderError::NoParams));
     }
 }

@@ -1,35 +1,45 @@
 //! The Worker actor: asks the pure [`plan`] for its next step and takes it.
-//! Each runner is a `tessera runner` child process supervised here: its
-//! orders go to its stdin, its reports come from its stdout and become
-//! local events (statuses, sent to the master for indexing) or generation
-//! chunks (published on `chunks/{command_id}`). A child that exits out of
-//! turn becomes `RunnerFailed`, its request gets an error chunk, and the
-//! runner is started again after a backoff.
+//! Each runner is a `tessera runner` child process supervised here. Its
+//! orders are `Task`s put on `runner/{id}/tasks`; its statuses arrive on
+//! `runner/{id}/events` and are relayed to the master as local events; rank 0
+//! puts its generation chunks straight on `chunks/{command_id}`. The child's
+//! exit is awaited on the process itself: one that exits out of turn becomes
+//! `RunnerFailed` (with the tail of its stderr), its request gets an error
+//! chunk, and the runner is started again after a backoff.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ractor::{call, Actor, ActorProcessingErr, ActorRef};
 use tessera_protos::v1::{
     self, command, event, generation_chunk, runner_status::State as Rs, Command, Event, LocalEvent,
 };
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::oneshot;
 
 use crate::bus::Bus;
 use crate::plan::{plan, LocalRunner, Step};
 use crate::replica::ReplicaMsg;
-use crate::runner_protocol::{FromRunner, ToRunner};
+use crate::runner_protocol::task_for_step;
+
+/// Lines of a runner's stderr kept for the diagnostics of its failure.
+const STDERR_TAIL: usize = 20;
+/// How long a runner told to shut down may take before it is killed.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 pub enum WorkerMsg {
     Tick,
-    /// A report from a runner's stdout.
-    Report(String, FromRunner),
-    /// A runner's process ended.
-    Exited(String, String),
+    /// A runner's status, from `runner/{id}/events`.
+    Status(String, v1::RunnerStatus),
+    /// A runner's process ended: its exit status and the tail of its stderr.
+    Exited {
+        runner_id: String,
+        exit: String,
+        stderr: String,
+    },
 }
 
 pub struct Worker;
@@ -45,12 +55,18 @@ pub struct WorkerArgs {
     pub data_dir: PathBuf,
     /// Compute threads per runner.
     pub threads: usize,
+    /// The loopback endpoint of this node's session, for its runners.
+    pub runner_endpoint: String,
 }
 
 struct RunnerProcess {
     local: LocalRunner,
-    stdin: ChildStdin,
-    child: Child,
+    /// Kills the child (its waiter holds the process).
+    kill: Option<oneshot::Sender<()>>,
+    /// Fires when the child has exited.
+    exited: Option<oneshot::Receiver<()>>,
+    /// The child's stdin, held open while this node lives.
+    _lifeline: Option<tokio::process::ChildStdin>,
     command_id: Option<String>,
     stopping: bool,
 }
@@ -62,6 +78,7 @@ pub struct WorkerState {
     handed: BTreeSet<String>,
     /// When a runner that failed may start again, and its backoff.
     backoff: BTreeMap<String, (Instant, Duration)>,
+    _statuses: zenoh::pubsub::Subscriber<()>,
 }
 
 impl WorkerState {
@@ -97,15 +114,18 @@ impl WorkerState {
         }
     }
 
-    async fn order(&mut self, runner_id: &str, order: &ToRunner) -> bool {
-        let Some(runner) = self.runners.get_mut(runner_id) else {
+    /// Puts `task` on the runner's `tasks` key.
+    async fn order(&self, runner_id: &str, task: &v1::Task) -> bool {
+        let Ok(key) = self.args.bus.keys.runner(runner_id, "tasks") else {
             return false;
         };
-        let Ok(mut line) = serde_json::to_string(order) else {
-            return false;
-        };
-        line.push('\n');
-        runner.stdin.write_all(line.as_bytes()).await.is_ok()
+        match self.args.bus.put(&key, task).await {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::warn!(%error, runner_id, "ordering a runner");
+                false
+            }
+        }
     }
 
     async fn start_runner(
@@ -127,31 +147,64 @@ impl WorkerState {
         let mut child = tokio::process::Command::new(&self.args.exe)
             .arg("runner")
             .args(["--runner-id", runner_id])
+            .args(["--node-id", &self.args.node_id])
+            .args(["--namespace", self.args.bus.keys.namespace()])
+            .args(["--connect", &self.args.runner_endpoint])
             .args(["--instance-json", &serde_json::to_string(instance)?])
             .args(["--threads", &self.args.threads.to_string()])
             .env("TESSERA_HOME", &self.args.data_dir)
+            // Never written: the child exits when it closes, i.e. when
+            // this node is gone.
             .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()?;
-        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-            return Err("runner pipes".into());
-        };
-        tracing::info!(runner_id, rank, "started a runner");
+        tracing::info!(runner_id, rank, pid = child.id(), "started a runner");
+        let lifeline = child.stdin.take();
+        // The child's log goes on to the node's stderr; its tail is kept.
+        let tail = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_TAIL)));
+        let stderr = child.stderr.take().map(|stderr| {
+            let tail = tail.clone();
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    eprintln!("{line}");
+                    if let Ok(mut tail) = tail.lock() {
+                        if tail.len() == STDERR_TAIL {
+                            tail.pop_front();
+                        }
+                        tail.push_back(line);
+                    }
+                }
+            })
+        });
+        let (kill, killed) = oneshot::channel::<()>();
+        let (exited_tx, exited) = oneshot::channel::<()>();
         let reporter = myself.clone();
         let id = runner_id.to_string();
         tokio::spawn(async move {
-            let mut lines = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                match serde_json::from_str::<FromRunner>(&line) {
-                    Ok(report) => {
-                        let _ = reporter.cast(WorkerMsg::Report(id.clone(), report));
-                    }
-                    Err(error) => tracing::warn!(%error, line, "runner said something odd"),
+            let status = tokio::select! {
+                status = child.wait() => status,
+                _ = killed => {
+                    let _ = child.start_kill();
+                    child.wait().await
                 }
+            };
+            if let Some(reader) = stderr {
+                let _ = tokio::time::timeout(Duration::from_secs(1), reader).await;
             }
-            let _ = reporter.cast(WorkerMsg::Exited(id, String::new()));
+            let stderr = tail
+                .lock()
+                .map(|t| t.iter().cloned().collect::<Vec<_>>().join("\n"))
+                .unwrap_or_default();
+            let exit = status.map_or_else(|e| e.to_string(), |s| s.to_string());
+            let _ = exited_tx.send(());
+            let _ = reporter.cast(WorkerMsg::Exited {
+                runner_id: id,
+                exit,
+                stderr,
+            });
         });
         self.runners.insert(
             runner_id.to_string(),
@@ -162,8 +215,9 @@ impl WorkerState {
                     pending: None,
                     task_id: None,
                 },
-                stdin,
-                child,
+                kill: Some(kill),
+                exited: Some(exited),
+                _lifeline: lifeline,
                 command_id: None,
                 stopping: false,
             },
@@ -184,6 +238,154 @@ impl WorkerState {
             let _ = self.args.bus.put(&key, &chunk).await;
         }
     }
+
+    /// Takes the plan's next step, if there is one.
+    async fn tick(&mut self, myself: &ActorRef<WorkerMsg>) -> Result<(), ActorProcessingErr> {
+        let cluster: v1::ClusterState = call!(self.args.replica, ReplicaMsg::GetState)?;
+        let locals: BTreeMap<String, LocalRunner> = self
+            .runners
+            .iter()
+            .map(|(id, r)| (id.clone(), r.local.clone()))
+            .collect();
+        let mut view = cluster.clone();
+        // Tasks already handed out are not offered again, even before the
+        // log has their acknowledgement.
+        for (id, task) in view.tasks.iter_mut() {
+            if self.handed.contains(id) {
+                task.acknowledged = true;
+            }
+        }
+        self.handed.retain(|id| cluster.tasks.contains_key(id));
+        let Some(step) = plan(&view, &self.args.node_id, &locals) else {
+            return Ok(());
+        };
+        tracing::debug!(?step, "next step");
+        let runner_id = match &step {
+            Step::CreateRunner {
+                instance_id,
+                runner_id,
+                rank,
+            } => {
+                return self
+                    .start_runner(myself, instance_id, runner_id, *rank)
+                    .await;
+            }
+            Step::Connect { runner_id }
+            | Step::Load { runner_id }
+            | Step::WarmUp { runner_id }
+            | Step::Forward { runner_id, .. }
+            | Step::Cancel { runner_id, .. }
+            | Step::Shutdown { runner_id } => runner_id.clone(),
+        };
+        let generation = match &step {
+            Step::Forward { task_id, .. } => cluster.tasks.get(task_id),
+            _ => None,
+        };
+        let Some(task) = task_for_step(&step, generation) else {
+            return Ok(());
+        };
+        let sent = self.order(&runner_id, &task).await;
+        match &step {
+            Step::Forward { task_id, .. } => {
+                self.handed.insert(task_id.clone());
+                if let Some(r) = self.runners.get_mut(&runner_id) {
+                    if sent {
+                        r.local.task_id = Some(task_id.clone());
+                        r.command_id = Some(task.command_id.clone());
+                    }
+                }
+                self.local_event(event::Kind::TaskAcknowledged(v1::TaskAcknowledged {
+                    task_id: task_id.clone(),
+                }))
+                .await;
+            }
+            Step::Shutdown { .. } => {
+                if let Some(r) = self.runners.get_mut(&runner_id) {
+                    r.stopping = true;
+                    // A runner that does not stop in time is killed.
+                    if let Some(kill) = r.kill.take() {
+                        tokio::spawn(async move {
+                            tokio::time::sleep(SHUTDOWN_GRACE).await;
+                            let _ = kill.send(());
+                        });
+                    }
+                }
+            }
+            _ => {}
+        }
+        if let Some(r) = self.runners.get_mut(&runner_id) {
+            r.local.pending = Some(step);
+        }
+        Ok(())
+    }
+
+    /// Relays a runner's status; the end of a run finishes its task.
+    async fn on_status(&mut self, runner_id: &str, status: v1::RunnerStatus) {
+        let Some(runner) = self.runners.get_mut(runner_id) else {
+            // Another node's runner, or one already gone.
+            return;
+        };
+        let Some(state) = status.state else {
+            self.args
+                .bus
+                .count_dropped(runner_id, "a runner status without a state");
+            return;
+        };
+        let finished = match (&runner.local.task_id, &state) {
+            (Some(task), Rs::Running(running)) if running.task_id == *task => None,
+            (Some(_), _) => {
+                runner.command_id = None;
+                runner.local.task_id.take()
+            }
+            (None, _) => None,
+        };
+        self.status(runner_id, state).await;
+        if let Some(task_id) = finished {
+            self.command(command::Kind::TaskFinished(v1::TaskFinished { task_id }))
+                .await;
+        }
+    }
+
+    async fn on_exit(&mut self, runner_id: String, exit: String, stderr: String) {
+        let Some(mut runner) = self.runners.remove(&runner_id) else {
+            return;
+        };
+        if runner.stopping {
+            self.status(&runner_id, Rs::Shutdown(v1::RunnerShutdown {}))
+                .await;
+            self.backoff.remove(&runner_id);
+            return;
+        }
+        let reason = format!("the runner process exited ({exit})");
+        tracing::warn!(runner_id, reason, "runner failed");
+        if let Some(command_id) = &runner.command_id {
+            self.error_chunk(command_id, &reason).await;
+        }
+        if let Some(task_id) = runner.local.task_id.take() {
+            self.command(command::Kind::TaskFinished(v1::TaskFinished { task_id }))
+                .await;
+        }
+        self.status(
+            &runner_id,
+            Rs::Failed(v1::RunnerFailed {
+                reason: reason.clone(),
+                diagnostics: stderr,
+            }),
+        )
+        .await;
+        // Gone from this node; started again after a backoff once the
+        // failure is in the log (plan creates it anew).
+        self.status(&runner_id, Rs::Shutdown(v1::RunnerShutdown {}))
+            .await;
+        let wait = self
+            .backoff
+            .get(&runner_id)
+            .map_or(Duration::from_millis(500), |(_, d)| {
+                (*d * 2).min(Duration::from_secs(30))
+            });
+        self.backoff
+            .insert(runner_id, (Instant::now() + wait, wait));
+    }
 }
 
 impl Actor for Worker {
@@ -196,12 +398,33 @@ impl Actor for Worker {
         myself: ActorRef<Self::Msg>,
         args: WorkerArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
+        let bus = args.bus.clone();
+        let me = myself.clone();
+        let statuses = args
+            .bus
+            .session
+            .declare_subscriber(args.bus.keys.runner_any("events")?)
+            .callback(move |sample| {
+                let key = sample.key_expr().as_str();
+                let Some(runner_id) = bus.keys.runner_of_key(key, "events") else {
+                    bus.count_dropped(key, "not a runner events key");
+                    return;
+                };
+                if let Some(status) =
+                    bus.decode::<v1::RunnerStatus>(key, &sample.payload().to_bytes())
+                {
+                    let _ = me.cast(WorkerMsg::Status(runner_id.to_string(), status));
+                }
+            })
+            .await
+            .map_err(|e| format!("subscribing to runner events: {e}"))?;
         myself.send_interval(Duration::from_millis(100), || WorkerMsg::Tick);
         Ok(WorkerState {
             args,
             runners: BTreeMap::new(),
             handed: BTreeSet::new(),
             backoff: BTreeMap::new(),
+            _statuses: statuses,
         })
     }
 
@@ -212,183 +435,13 @@ impl Actor for Worker {
         state: &mut WorkerState,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            WorkerMsg::Tick => {
-                let cluster: v1::ClusterState = call!(state.args.replica, ReplicaMsg::GetState)?;
-                let locals: BTreeMap<String, LocalRunner> = state
-                    .runners
-                    .iter()
-                    .map(|(id, r)| (id.clone(), r.local.clone()))
-                    .collect();
-                let mut view = cluster.clone();
-                // Tasks already handed out are not offered again, even before
-                // the log has their acknowledgement.
-                for (id, task) in view.tasks.iter_mut() {
-                    if state.handed.contains(id) {
-                        task.acknowledged = true;
-                    }
-                }
-                state.handed.retain(|id| cluster.tasks.contains_key(id));
-                let Some(step) = plan(&view, &state.args.node_id, &locals) else {
-                    return Ok(());
-                };
-                tracing::debug!(?step, "next step");
-                match &step {
-                    Step::CreateRunner {
-                        instance_id,
-                        runner_id,
-                        rank,
-                    } => {
-                        state
-                            .start_runner(&myself, instance_id, runner_id, *rank)
-                            .await?;
-                        return Ok(());
-                    }
-                    Step::Connect { runner_id } => {
-                        state.order(runner_id, &ToRunner::Connect).await;
-                    }
-                    Step::Load { runner_id } => {
-                        state.order(runner_id, &ToRunner::Load).await;
-                    }
-                    Step::WarmUp { runner_id } => {
-                        state.order(runner_id, &ToRunner::WarmUp).await;
-                    }
-                    Step::Forward { runner_id, task_id } => {
-                        let Some(task) = cluster.tasks.get(task_id) else {
-                            return Ok(());
-                        };
-                        let Some(v1::task::Kind::TextGeneration(generation)) = &task.kind else {
-                            return Ok(());
-                        };
-                        let order = ToRunner::Generate {
-                            task_id: task_id.clone(),
-                            command_id: task.command_id.clone(),
-                            params: Box::new(generation.params.clone().unwrap_or_default()),
-                        };
-                        state.handed.insert(task_id.clone());
-                        if state.order(runner_id, &order).await {
-                            if let Some(r) = state.runners.get_mut(runner_id) {
-                                r.local.task_id = Some(task_id.clone());
-                                r.command_id = Some(task.command_id.clone());
-                            }
-                        }
-                        state
-                            .local_event(event::Kind::TaskAcknowledged(v1::TaskAcknowledged {
-                                task_id: task_id.clone(),
-                            }))
-                            .await;
-                    }
-                    Step::Cancel { runner_id, task_id } => {
-                        state
-                            .order(
-                                runner_id,
-                                &ToRunner::Cancel {
-                                    task_id: task_id.clone(),
-                                },
-                            )
-                            .await;
-                    }
-                    Step::Shutdown { runner_id } => {
-                        if let Some(r) = state.runners.get_mut(runner_id) {
-                            r.stopping = true;
-                        }
-                        if !state.order(runner_id, &ToRunner::Shutdown).await {
-                            if let Some(mut r) = state.runners.remove(runner_id) {
-                                let _ = r.child.kill().await;
-                            }
-                            state
-                                .status(runner_id, Rs::Shutdown(v1::RunnerShutdown {}))
-                                .await;
-                        }
-                    }
-                }
-                let runner_id = match &step {
-                    Step::Connect { runner_id }
-                    | Step::Load { runner_id }
-                    | Step::WarmUp { runner_id }
-                    | Step::Forward { runner_id, .. }
-                    | Step::Cancel { runner_id, .. }
-                    | Step::Shutdown { runner_id } => runner_id.clone(),
-                    Step::CreateRunner { runner_id, .. } => runner_id.clone(),
-                };
-                if let Some(r) = state.runners.get_mut(&runner_id) {
-                    r.local.pending = Some(step);
-                }
-            }
-            WorkerMsg::Report(runner_id, report) => match report {
-                FromRunner::Status { status } => {
-                    if let Some(s) = status.state.clone() {
-                        state.status(&runner_id, s).await;
-                    }
-                }
-                FromRunner::Chunk { chunk } => {
-                    if let Ok(key) = state.args.bus.keys.chunks(&chunk.command_id) {
-                        if let Err(error) = state.args.bus.put(&key, &chunk).await {
-                            tracing::warn!(%error, "publishing a chunk");
-                        }
-                    }
-                }
-                FromRunner::Finished { task_id, error } => {
-                    if let Some(error) = error {
-                        tracing::warn!(task_id, error, "generation failed");
-                    }
-                    if let Some(r) = state.runners.get_mut(&runner_id) {
-                        r.local.task_id = None;
-                        r.command_id = None;
-                    }
-                    state
-                        .command(command::Kind::TaskFinished(v1::TaskFinished { task_id }))
-                        .await;
-                }
-            },
-            WorkerMsg::Exited(runner_id, _) => {
-                let Some(mut runner) = state.runners.remove(&runner_id) else {
-                    return Ok(());
-                };
-                let exit = runner.child.wait().await.ok();
-                if runner.stopping {
-                    state
-                        .status(&runner_id, Rs::Shutdown(v1::RunnerShutdown {}))
-                        .await;
-                    state.backoff.remove(&runner_id);
-                    return Ok(());
-                }
-                let reason = format!(
-                    "the runner process exited ({})",
-                    exit.map_or("unknown status".to_string(), |s| s.to_string())
-                );
-                tracing::warn!(runner_id, reason, "runner failed");
-                if let Some(command_id) = &runner.command_id {
-                    state.error_chunk(command_id, &reason).await;
-                }
-                if let Some(task_id) = runner.local.task_id.take() {
-                    state
-                        .command(command::Kind::TaskFinished(v1::TaskFinished { task_id }))
-                        .await;
-                }
-                state
-                    .status(
-                        &runner_id,
-                        Rs::Failed(v1::RunnerFailed {
-                            reason: reason.clone(),
-                            diagnostics: String::new(),
-                        }),
-                    )
-                    .await;
-                // Gone from this node; started again after a backoff once
-                // the failure is in the log (plan creates it anew).
-                state
-                    .status(&runner_id, Rs::Shutdown(v1::RunnerShutdown {}))
-                    .await;
-                let wait = state
-                    .backoff
-                    .get(&runner_id)
-                    .map_or(Duration::from_millis(500), |(_, d)| {
-                        (*d * 2).min(Duration::from_secs(30))
-                    });
-                state
-                    .backoff
-                    .insert(runner_id, (Instant::now() + wait, wait));
-            }
+            WorkerMsg::Tick => state.tick(&myself).await?,
+            WorkerMsg::Status(runner_id, status) => state.on_status(&runner_id, status).await,
+            WorkerMsg::Exited {
+                runner_id,
+                exit,
+                stderr,
+            } => state.on_exit(runner_id, exit, stderr).await,
         }
         Ok(())
     }
@@ -398,14 +451,27 @@ impl Actor for Worker {
         _: ActorRef<Self::Msg>,
         state: &mut WorkerState,
     ) -> Result<(), ActorProcessingErr> {
+        let ids: Vec<String> = state.runners.keys().cloned().collect();
+        for id in &ids {
+            let shutdown = task_for_step(
+                &Step::Shutdown {
+                    runner_id: id.clone(),
+                },
+                None,
+            );
+            if let Some(task) = shutdown {
+                state.order(id, &task).await;
+            }
+        }
         for (id, runner) in state.runners.iter_mut() {
             runner.stopping = true;
-            let line = "{\"op\":\"shutdown\"}\n";
-            let _ = runner.stdin.write_all(line.as_bytes()).await;
-            let stopped = tokio::time::timeout(Duration::from_secs(5), runner.child.wait()).await;
-            if stopped.is_err() {
-                tracing::warn!(runner = %id, "runner did not stop; killing it");
-                let _ = runner.child.kill().await;
+            if let Some(exited) = runner.exited.take() {
+                if tokio::time::timeout(SHUTDOWN_GRACE, exited).await.is_err() {
+                    tracing::warn!(runner = %id, "runner did not stop; killing it");
+                    if let Some(kill) = runner.kill.take() {
+                        let _ = kill.send(());
+                    }
+                }
             }
         }
         Ok(())

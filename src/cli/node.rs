@@ -32,6 +32,10 @@ pub struct NodeArgs {
     /// Compute threads of each runner (default: all cores).
     #[arg(long)]
     pub runner_threads: Option<usize>,
+    /// First TCP port for ring connections between runners (each rank
+    /// on this node takes the lowest free one from here).
+    #[arg(long, env = "TESSERA_RING_PORT_BASE", default_value_t = tessera_actors::placement::RING_BASE_PORT)]
+    pub ring_port_base: u16,
     /// Port of the HTTP API (served once the API issue lands).
     #[arg(long, default_value_t = 52415)]
     pub api_port: u16,
@@ -46,6 +50,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         multicast: !args.no_multicast,
         data_dir,
         worker: !args.no_worker,
+        ring_port_base: args.ring_port_base,
         runner_threads: args
             .runner_threads
             .filter(|t| *t > 0)

@@ -1,21 +1,26 @@
 //! `tessera runner`: one rank of one instance, started by its node's worker
 //! as a child process (a crash or out-of-memory here never takes the node
-//! down, and memory returns to the OS when it exits). It follows the worker's
-//! orders on stdin and reports on stdout (`runner_protocol`), walking the
-//! runner state machine: Idle → Connecting → Connected → Loading → Loaded →
-//! WarmingUp → Ready ⇄ Running → ShuttingDown → Shutdown, Failed from
-//! anywhere.
+//! down, and memory returns to the OS when it exits). It opens a zenoh client
+//! session to its node, follows the `Task`s put on `runner/{id}/tasks`, puts
+//! its status on `runner/{id}/events` and, as rank 0, its generation chunks
+//! on `chunks/{command_id}`. It walks the runner state machine: Idle →
+//! Connecting → Connected → Loading → Loaded → WarmingUp → Ready ⇄ Running →
+//! ShuttingDown → Shutdown, Failed from anywhere. It exits when its stdin
+//! closes, so a node killed outright leaves no runner behind.
 
-use std::io::{BufRead, Write};
 use std::net::SocketAddr;
 use std::ops::ControlFlow;
-use std::sync::mpsc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::{anyhow, bail, Context};
 use clap::Args;
+use prost::Message;
+use tessera_actors::keys::Keys;
+use tessera_actors::node::zenoh_config;
 use tessera_actors::placement::shard_from_proto;
-use tessera_actors::runner_protocol::{FromRunner, ToRunner};
+use tessera_actors::runner_protocol::{order_from_task, Order};
 use tessera_engine::chat_template::ChatMessage;
 use tessera_engine::collectives::{Group, SingleRank, TcpRing};
 use tessera_engine::executor::Executor;
@@ -24,16 +29,27 @@ use tessera_engine::generate::{
 };
 use tessera_engine::sampler::SamplingParams;
 use tessera_protos::v1::{self, generation_chunk, runner_status::State as Rs};
+use zenoh::Wait;
 
 use super::model_args::resolve_model;
 
 const CONNECT_WAIT: Duration = Duration::from_secs(60);
 const STEP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Loading progress is reported at most this often (it goes into the log).
+const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 
 #[derive(Debug, Args)]
 pub struct RunnerArgs {
     #[arg(long)]
     pub runner_id: String,
+    /// The node that started this runner.
+    #[arg(long)]
+    pub node_id: String,
+    #[arg(long, default_value = "default")]
+    pub namespace: String,
+    /// The node's zenoh endpoints, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub connect: Vec<String>,
     /// The instance, as proto3 JSON.
     #[arg(long)]
     pub instance_json: String,
@@ -41,41 +57,123 @@ pub struct RunnerArgs {
     pub threads: usize,
 }
 
-fn send(message: &FromRunner) {
-    if let Ok(line) = serde_json::to_string(message) {
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{line}");
-        let _ = out.flush();
+/// The runner's zenoh client session and its keys.
+struct Link {
+    session: zenoh::Session,
+    keys: Keys,
+    events: String,
+}
+
+impl Link {
+    fn put<M: Message>(&self, key: &str, message: &M) {
+        let sent = self
+            .session
+            .put(key, message.encode_to_vec())
+            .congestion_control(zenoh::qos::CongestionControl::Block)
+            .wait();
+        if let Err(error) = sent {
+            tracing::warn!(%error, key, "publishing");
+        }
+    }
+
+    fn status(&self, state: Rs) {
+        self.put(&self.events, &v1::RunnerStatus { state: Some(state) });
+    }
+
+    fn fail(&self, reason: &str) {
+        self.status(Rs::Failed(v1::RunnerFailed {
+            reason: reason.to_string(),
+            diagnostics: String::new(),
+        }));
+    }
+
+    fn chunk(&self, chunk: &v1::GenerationChunk) {
+        match self.keys.chunks(&chunk.command_id) {
+            Ok(key) => self.put(&key, chunk),
+            Err(error) => tracing::warn!(%error, "a chunk with a bad command id"),
+        }
+    }
+
+    /// Reports loading progress, at most every [`PROGRESS_EVERY`].
+    fn progress(&self) -> impl FnMut(usize, usize) + '_ {
+        let mut last: Option<Instant> = None;
+        move |done, total| {
+            if done < total && last.is_some_and(|at| at.elapsed() < PROGRESS_EVERY) {
+                return;
+            }
+            last = Some(Instant::now());
+            self.status(Rs::Loading(v1::RunnerLoading {
+                layers_loaded: done as u32,
+                layers_total: total as u32,
+                bytes_loaded: 0,
+            }));
+        }
     }
 }
 
-fn status(state: Rs) {
-    send(&FromRunner::Status {
-        status: v1::RunnerStatus { state: Some(state) },
-    });
-}
-
-fn fail(reason: &str) {
-    status(Rs::Failed(v1::RunnerFailed {
-        reason: reason.to_string(),
-        diagnostics: String::new(),
-    }));
-}
-
-/// Waits for the next order (None: the worker is gone).
-fn next(orders: &mpsc::Receiver<ToRunner>) -> Option<ToRunner> {
+/// Waits for the next order (None: the link is gone).
+fn next(orders: &mpsc::Receiver<Order>) -> Option<Order> {
     orders.recv().ok()
 }
 
 pub fn run(args: RunnerArgs) -> anyhow::Result<()> {
-    let result = run_inner(&args);
+    let keys = Keys::new(&args.namespace)?;
+    let config = zenoh_config("client", &[], &args.connect, false)?;
+    let session = zenoh::open(config)
+        .wait()
+        .map_err(|e| anyhow!("reaching the node at {}: {e}", args.connect.join(",")))?;
+    let link = Link {
+        events: keys.runner(&args.runner_id, "events")?,
+        keys: keys.clone(),
+        session: session.clone(),
+    };
+    // Orders are decoded as they arrive, so a generation can notice a cancel.
+    // A rank other than 0 that follows rank 0 reads no orders: a shutdown
+    // order ends its process at once.
+    let (tx, orders) = mpsc::channel();
+    let following = Arc::new(AtomicBool::new(false));
+    let following_flag = following.clone();
+    let _orders = session
+        .declare_subscriber(keys.runner(&args.runner_id, "tasks")?)
+        .callback(move |sample| {
+            let order = v1::Task::decode(sample.payload().to_bytes().as_ref())
+                .map_err(|e| e.to_string())
+                .and_then(|task| order_from_task(&task).map_err(|e| e.to_string()));
+            match order {
+                Ok(Order::Shutdown) if following_flag.load(Ordering::Relaxed) => {
+                    tracing::info!("shut down while following rank 0");
+                    std::process::exit(0);
+                }
+                Ok(order) => {
+                    let _ = tx.send(order);
+                }
+                Err(error) => tracing::warn!(error, "dropped an order that does not decode"),
+            }
+        })
+        .wait()
+        .map_err(|e| anyhow!("subscribing to orders: {e}"))?;
+    // The node holds the other end of stdin: end of file means the node is
+    // gone (even killed outright), and so is the reason to run.
+    // No log line: stderr went with the node, and a failed write panics.
+    std::thread::spawn(move || {
+        let mut sink = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut sink);
+        std::process::exit(2);
+    });
+    let result = run_inner(&args, &link, &orders, &following);
     if let Err(error) = &result {
-        fail(&format!("{error:#}"));
+        link.fail(&format!("{error:#}"));
     }
+    let _ = session.close().wait();
     result
 }
 
-fn run_inner(args: &RunnerArgs) -> anyhow::Result<()> {
+fn run_inner(
+    args: &RunnerArgs,
+    link: &Link,
+    orders: &mpsc::Receiver<Order>,
+    following: &AtomicBool,
+) -> anyhow::Result<()> {
     let instance: v1::Instance =
         serde_json::from_str(&args.instance_json).context("--instance-json")?;
     let me = instance
@@ -97,31 +195,16 @@ fn run_inner(args: &RunnerArgs) -> anyhow::Result<()> {
         .map(|m| m.model_id.clone())
         .context("the instance has no model")?;
     let path = resolve_model(&model_id)?;
-
-    // Orders arrive on stdin, read on their own thread so that a
-    // generation can notice a cancel.
-    let (tx, orders) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::stdin().lock().lines().map_while(Result::ok) {
-            match serde_json::from_str::<ToRunner>(&line) {
-                Ok(order) => {
-                    if tx.send(order).is_err() {
-                        break;
-                    }
-                }
-                Err(error) => tracing::warn!(%error, "ignored an order that does not parse"),
-            }
-        }
-    });
-    status(Rs::Idle(v1::RunnerIdle {}));
+    // Subscribed: orders sent from now on arrive.
+    link.status(Rs::Idle(v1::RunnerIdle {}));
 
     // Connect (several ranks), then load.
     let mut group: Box<dyn Group> = Box::new(SingleRank);
     loop {
-        match next(&orders) {
-            None | Some(ToRunner::Shutdown) => return shut_down(),
-            Some(ToRunner::Connect) if world > 1 => {
-                status(Rs::Connecting(v1::RunnerConnecting {}));
+        match next(orders) {
+            None | Some(Order::Shutdown) => return shut_down(link),
+            Some(Order::Connect) if world > 1 => {
+                link.status(Rs::Connecting(v1::RunnerConnecting {}));
                 let addrs = instance
                     .ranks
                     .iter()
@@ -131,44 +214,45 @@ fn run_inner(args: &RunnerArgs) -> anyhow::Result<()> {
                 let ring = TcpRing::connect(rank, &addrs, CONNECT_WAIT, STEP_TIMEOUT)
                     .context("joining the instance's ring")?;
                 group = Box::new(ring);
-                status(Rs::Connected(v1::RunnerConnected {}));
+                link.status(Rs::Connected(v1::RunnerConnected {}));
             }
-            Some(ToRunner::Load) => break,
+            Some(Order::Load) => break,
             Some(other) => tracing::warn!(?other, "order out of turn, ignored"),
         }
     }
-    status(Rs::Loading(v1::RunnerLoading::default()));
+    link.status(Rs::Loading(v1::RunnerLoading::default()));
     if rank != 0 {
-        let transformer = load_transformer(&path, &spec, |_, _| {})?;
-        status(Rs::Loaded(v1::RunnerLoaded {
+        let transformer = load_transformer(&path, &spec, link.progress())?;
+        link.status(Rs::Loaded(v1::RunnerLoaded {
             resident_bytes: transformer.weight_bytes() as u64,
         }));
         loop {
-            match next(&orders) {
-                None | Some(ToRunner::Shutdown) => return shut_down(),
-                Some(ToRunner::WarmUp) => break,
+            match next(orders) {
+                None | Some(Order::Shutdown) => return shut_down(link),
+                Some(Order::WarmUp) => break,
                 Some(other) => tracing::warn!(?other, "order out of turn, ignored"),
             }
         }
-        status(Rs::WarmingUp(v1::RunnerWarmingUp {}));
+        link.status(Rs::WarmingUp(v1::RunnerWarmingUp {}));
         let mut executor = Executor::new(&transformer, args.threads.max(1), group);
-        status(Rs::Ready(v1::RunnerReady {}));
+        following.store(true, Ordering::Relaxed);
+        link.status(Rs::Ready(v1::RunnerReady {}));
         // Follow rank 0 until it shuts down (its runner's end) or fails.
         executor.serve(None, STEP_TIMEOUT)?;
-        return shut_down();
+        return shut_down(link);
     }
-    let model = LoadedModel::load_shard(&path, Some(&spec), |_, _| {})?;
-    status(Rs::Loaded(v1::RunnerLoaded {
+    let model = LoadedModel::load_shard(&path, Some(&spec), link.progress())?;
+    link.status(Rs::Loaded(v1::RunnerLoaded {
         resident_bytes: model.transformer.weight_bytes() as u64,
     }));
     loop {
-        match next(&orders) {
-            None | Some(ToRunner::Shutdown) => return shut_down(),
-            Some(ToRunner::WarmUp) => break,
+        match next(orders) {
+            None | Some(Order::Shutdown) => return shut_down(link),
+            Some(Order::WarmUp) => break,
             Some(other) => tracing::warn!(?other, "order out of turn, ignored"),
         }
     }
-    status(Rs::WarmingUp(v1::RunnerWarmingUp {}));
+    link.status(Rs::WarmingUp(v1::RunnerWarmingUp {}));
     let mut session = Session::with_executor(
         &model,
         Executor::new(&model.transformer, args.threads.max(1), group),
@@ -179,50 +263,51 @@ fn run_inner(args: &RunnerArgs) -> anyhow::Result<()> {
     session
         .generate(&warm, |_| ControlFlow::Continue(()))
         .context("warming up")?;
-    status(Rs::Ready(v1::RunnerReady {}));
+    link.status(Rs::Ready(v1::RunnerReady {}));
     loop {
-        match next(&orders) {
-            None | Some(ToRunner::Shutdown) => {
-                status(Rs::ShuttingDown(v1::RunnerShuttingDown {}));
+        match next(orders) {
+            None | Some(Order::Shutdown) => {
+                link.status(Rs::ShuttingDown(v1::RunnerShuttingDown {}));
                 session.executor().shutdown().ok();
                 drop(session);
-                return shut_down();
+                return shut_down(link);
             }
-            Some(ToRunner::Generate {
+            Some(Order::Generate {
                 task_id,
                 command_id,
                 params,
             }) => {
-                status(Rs::Running(v1::RunnerRunning {
+                link.status(Rs::Running(v1::RunnerRunning {
                     task_id: task_id.clone(),
                 }));
                 let mut stop = false;
-                let error = generate(
+                if let Err(error) = generate(
                     &mut session,
-                    &orders,
+                    link,
+                    orders,
                     &task_id,
                     &command_id,
                     &params,
                     &mut stop,
-                )
-                .err()
-                .map(|e| format!("{e:#}"));
-                send(&FromRunner::Finished { task_id, error });
+                ) {
+                    tracing::warn!(task_id, "generation failed: {error:#}");
+                }
                 if stop {
-                    status(Rs::ShuttingDown(v1::RunnerShuttingDown {}));
+                    link.status(Rs::ShuttingDown(v1::RunnerShuttingDown {}));
                     session.executor().shutdown().ok();
                     drop(session);
-                    return shut_down();
+                    return shut_down(link);
                 }
-                status(Rs::Ready(v1::RunnerReady {}));
+                // Ready again: the worker takes it as the end of the task.
+                link.status(Rs::Ready(v1::RunnerReady {}));
             }
             Some(other) => tracing::debug!(?other, "nothing to do"),
         }
     }
 }
 
-fn shut_down() -> anyhow::Result<()> {
-    status(Rs::Shutdown(v1::RunnerShutdown {}));
+fn shut_down(link: &Link) -> anyhow::Result<()> {
+    link.status(Rs::Shutdown(v1::RunnerShutdown {}));
     Ok(())
 }
 
@@ -280,7 +365,8 @@ fn request_from(params: &v1::TextGenerationParams) -> anyhow::Result<GenerateReq
 /// Runs one generation, streaming chunks; a cancel order stops it.
 fn generate(
     session: &mut Session<'_>,
-    orders: &mpsc::Receiver<ToRunner>,
+    link: &Link,
+    orders: &mpsc::Receiver<Order>,
     task_id: &str,
     command_id: &str,
     params: &v1::TextGenerationParams,
@@ -288,12 +374,10 @@ fn generate(
 ) -> anyhow::Result<()> {
     let mut seq = 0u64;
     let mut chunk = |kind: generation_chunk::Kind| {
-        send(&FromRunner::Chunk {
-            chunk: v1::GenerationChunk {
-                command_id: command_id.to_string(),
-                seq,
-                kind: Some(kind),
-            },
+        link.chunk(&v1::GenerationChunk {
+            command_id: command_id.to_string(),
+            seq,
+            kind: Some(kind),
         });
         seq += 1;
     };
@@ -309,11 +393,11 @@ fn generate(
     };
     let result = session.generate(&request, |event| {
         match orders.try_recv() {
-            Ok(ToRunner::Cancel { task_id: cancelled }) if cancelled == task_id => {
+            Ok(Order::Cancel { task_id: cancelled }) if cancelled == task_id => {
                 return ControlFlow::Break(());
             }
             // Shutting down ends the generation first.
-            Ok(ToRunner::Shutdown) | Err(mpsc::TryRecvError::Disconnected) => {
+            Ok(Order::Shutdown) | Err(mpsc::TryRecvError::Disconnected) => {
                 *stop = true;
                 return ControlFlow::Break(());
             }

@@ -305,6 +305,8 @@ impl SyntheticEvents {
             engine_backends: vec![v1::EngineBackend::Cpu as i32],
             tessera_version: env!("CARGO_PKG_VERSION").into(),
             gathered_at_unix_ms: 1_764_000_000_000 + self.next_index * 10,
+            no_worker: false,
+            ring_port_base: 0,
         }
     }
 }
