@@ -230,8 +230,7 @@ fn three_nodes_elect_one_master_survive_its_death_and_restart_from_their_logs() 
         &[],
         &["--no-worker"],
     )];
-    wait_until(Duration::from_secs(20), || master_seen(ns, ports[0], None))
-        .expect("a leads alone");
+    wait_until(Duration::from_secs(20), || master_seen(ns, ports[0], None)).expect("a leads alone");
     nodes.push(Node::start(
         ns,
         with_model(&root.path().join("b")),

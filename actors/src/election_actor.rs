@@ -73,7 +73,16 @@ pub struct ElectionState {
     started: Instant,
     leadership: Leadership,
     alive: BTreeSet<String>,
+    /// Won round `clock`; the Master starts at `at_ms` if still leading.
+    settling: Option<(u64, u64)>,
 }
+
+/// How long a winner waits before its Master writes anything. Two nodes can
+/// both win a round when a campaign crosses the end of the other's round
+/// (a loaded machine); their victories settle it within one exchange, and
+/// only the node still leading afterwards starts indexing, so the log never
+/// gets two events at one index.
+const SETTLE_MS: u64 = crate::election::HEARTBEAT_MS;
 
 impl ElectionState {
     fn now_ms(&self) -> u64 {
@@ -109,6 +118,7 @@ impl Actor for ElectionActor {
             started: Instant::now(),
             leadership: args.leadership,
             alive: BTreeSet::new(),
+            settling: None,
         })
     }
 
@@ -135,7 +145,20 @@ impl Actor for ElectionActor {
                 }
                 state.election.on_message(&message, &me, now)
             }
-            ElectionMsg::Tick => state.election.on_tick(&me, now),
+            ElectionMsg::Tick => {
+                if let Some((clock, at)) = state.settling {
+                    let leading = state.election.master() == Some(state.node_id.as_str())
+                        && state.election.clock() == clock;
+                    if !leading {
+                        tracing::info!(clock, "lost the round while settling");
+                        state.settling = None;
+                    } else if now >= at {
+                        state.settling = None;
+                        start_master(state, clock, &myself).await;
+                    }
+                }
+                state.election.on_tick(&me, now)
+            }
             ElectionMsg::NodeAlive(node) => {
                 state.alive.insert(node.clone());
                 if let Some(master) = state.leadership.local_master() {
@@ -160,28 +183,10 @@ impl Actor for ElectionActor {
                     }
                 }
                 Output::BecameMaster { clock } => {
-                    tracing::info!(clock, "elected master");
-                    stop_local_master(state);
-                    let args = MasterArgs {
-                        node_id: state.node_id.clone(),
-                        clock,
-                        bus: state.bus.clone(),
-                        replica: state.replica.clone(),
-                        alive: state.alive.clone(),
-                    };
-                    let _ = state.replica.cast(ReplicaMsg::SetMaster {
-                        node_id: state.node_id.clone(),
-                        clock,
-                        last_index: 0,
-                    });
-                    match Actor::spawn_linked(None, Master, args, myself.get_cell()).await {
-                        Ok((master, _)) => {
-                            let mut inner = state.leadership.lock();
-                            inner.master = Some((state.node_id.clone(), clock));
-                            inner.local_master = Some(master);
-                        }
-                        Err(error) => tracing::error!(%error, "could not start the master"),
-                    }
+                    // Won: settle first (see SETTLE_MS); a tick starts the
+                    // Master if this node still leads then.
+                    tracing::info!(clock, "won the election; settling");
+                    state.settling = Some((clock, now + SETTLE_MS));
                 }
                 Output::Follow { master, clock } => {
                     tracing::info!(%master, clock, "following");
@@ -228,6 +233,32 @@ impl Actor for ElectionActor {
             }
         }
         Ok(())
+    }
+}
+
+/// Starts this node's Master for round `clock`.
+async fn start_master(state: &mut ElectionState, clock: u64, myself: &ActorRef<ElectionMsg>) {
+    tracing::info!(clock, "elected master");
+    stop_local_master(state);
+    let args = MasterArgs {
+        node_id: state.node_id.clone(),
+        clock,
+        bus: state.bus.clone(),
+        replica: state.replica.clone(),
+        alive: state.alive.clone(),
+    };
+    let _ = state.replica.cast(ReplicaMsg::SetMaster {
+        node_id: state.node_id.clone(),
+        clock,
+        last_index: 0,
+    });
+    match Actor::spawn_linked(None, Master, args, myself.get_cell()).await {
+        Ok((master, _)) => {
+            let mut inner = state.leadership.lock();
+            inner.master = Some((state.node_id.clone(), clock));
+            inner.local_master = Some(master);
+        }
+        Err(error) => tracing::error!(%error, "could not start the master"),
     }
 }
 

@@ -14,6 +14,7 @@
 //! The actors themselves (Router, Election, Master, Worker, RunnerSupervisor,
 //! Runner, Downloads, Api) build on these with the rest of the cluster issue.
 
+pub mod api;
 pub mod bus;
 pub mod catalogue;
 pub mod election;

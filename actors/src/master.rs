@@ -233,13 +233,22 @@ impl MasterState {
                     Vec::new()
                 }
             }
-            Some(command::Kind::CancelTask(cancel)) => vec![Event {
-                kind: Some(event::Kind::TaskStatusUpdated(v1::TaskStatusUpdated {
-                    task_id: cancel.task_id.clone(),
-                    status: v1::TaskStatus::Cancelled as i32,
-                    error: "cancelled".into(),
-                })),
-            }],
+            Some(command::Kind::CancelTask(cancel)) => {
+                let task = state.tasks.values().find(|t| {
+                    (!cancel.task_id.is_empty() && t.task_id == cancel.task_id)
+                        || (!cancel.command_id.is_empty() && t.command_id == cancel.command_id)
+                });
+                match task {
+                    Some(task) => vec![Event {
+                        kind: Some(event::Kind::TaskStatusUpdated(v1::TaskStatusUpdated {
+                            task_id: task.task_id.clone(),
+                            status: v1::TaskStatus::Cancelled as i32,
+                            error: "cancelled".into(),
+                        })),
+                    }],
+                    None => Vec::new(),
+                }
+            }
             _ => {
                 tracing::debug!("command not handled yet");
                 Vec::new()

@@ -41,6 +41,8 @@ pub struct NodeOptions {
     pub runner_threads: usize,
     /// First port of this node's ring connections.
     pub ring_port_base: u16,
+    /// The HTTP API, if served.
+    pub api: Option<crate::api::ApiOptions>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -169,6 +171,8 @@ pub fn runner_endpoint(listen: &[String]) -> Result<(Vec<String>, String), NodeE
 /// A running node; dropping it does not stop it, [`RunningNode::shutdown`] does.
 pub struct RunningNode {
     pub node_id: String,
+    /// Where the HTTP API listens, if it is served.
+    pub api_address: Option<std::net::SocketAddr>,
     bus: Bus,
     replica: ActorRef<ReplicaMsg>,
     election: ActorRef<ElectionMsg>,
@@ -301,7 +305,20 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
         .map_err(actor_error)?;
         worker = Some(actor);
     }
+    let mut api_address = None;
+    if let Some(api) = options.api.clone() {
+        let listen = api.listen;
+        let (address, task) = crate::api::serve(api, node_id.clone(), bus.clone(), replica.clone())
+            .await
+            .map_err(|source| NodeError::Io {
+                path: format!("the HTTP API address {listen}"),
+                source,
+            })?;
+        api_address = Some(address);
+        tasks.push(task);
+    }
     Ok(RunningNode {
+        api_address,
         node_id,
         bus,
         replica,

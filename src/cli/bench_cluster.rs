@@ -1,7 +1,10 @@
 //! `tessera bench cluster`: command-to-applied-event latency of a running
 //! cluster. A client publishes commands on `commands` one at a time
-//! (placing the default model, then deleting what it placed) and times each
-//! until the master's indexed event for it arrives on `events/global`.
+//! (creating an instance on a node that runs no models, then deleting it)
+//! and times each until the master's indexed event for it arrives on
+//! `events/global`: command in, indexed, persisted, published, applied.
+//! The instances name a `--no-worker` node so that no runner starts and the
+//! figure is the log's alone.
 
 use std::time::{Duration, Instant};
 
@@ -23,7 +26,7 @@ pub struct ClusterBenchArgs {
     /// Commands timed (half places, half deletes).
     #[arg(long, default_value_t = 1000)]
     pub commands: usize,
-    /// The model placed (it must fit the cluster).
+    /// The model the instances name.
     #[arg(long, default_value = "smollm2-135m-instruct-q4_1")]
     pub model: String,
 }
@@ -59,19 +62,47 @@ pub fn run(args: ClusterBenchArgs) -> anyhow::Result<()> {
             .declare_subscriber(bus.keys.global_events())
             .await
             .map_err(|e| anyhow::anyhow!("subscribing: {e}"))?;
+        // A node that runs no models, to name in the instances.
+        let nodes: v1::ListNodesReply = bus
+            .query(
+                &bus.keys.admin(tessera_actors::keys::AdminMethod::Nodes),
+                &v1::ListNodesRequest {},
+                Duration::from_secs(5),
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("no node answered ({e}); is the cluster up?"))?;
+        let Some(host) = nodes
+            .nodes
+            .iter()
+            .find(|n| n.info.as_ref().is_some_and(|i| i.no_worker))
+            .map(|n| n.node_id.clone())
+        else {
+            bail!("no node started with --no-worker: the bench creates instances on one so that no runner starts");
+        };
+        let card = tessera_actors::catalogue::card(&args.model)
+            .with_context(|| format!("unknown model {:?}", args.model))?;
         let mut times = Vec::with_capacity(args.commands);
         let mut placed: Vec<String> = Vec::new();
         for i in 0..args.commands {
             let command_id = format!("bench-{}-{i}", std::process::id());
             let place = i % 2 == 0;
             let (kind, expect_instance) = if place {
-                let kind = command::Kind::PlaceInstance(v1::PlaceInstance {
-                    model_id: args.model.clone(),
-                    sharding: v1::Sharding::Pipeline as i32,
-                    min_nodes: 1,
-                    node_ids: Vec::new(),
+                let instance_id = format!("instance-{command_id}");
+                let kind = command::Kind::CreateInstance(v1::CreateInstance {
+                    instance: Some(v1::Instance {
+                        instance_id: instance_id.clone(),
+                        model: Some(card.clone()),
+                        sharding: v1::Sharding::Pipeline as i32,
+                        ranks: vec![v1::InstanceRank {
+                            rank: 0,
+                            node_id: host.clone(),
+                            runner_id: format!("{instance_id}-rank0"),
+                            shard: None,
+                            ring_address: String::new(),
+                        }],
+                    }),
                 });
-                (kind, format!("instance-{command_id}"))
+                (kind, instance_id)
             } else {
                 let Some(instance) = placed.pop() else {
                     bail!("nothing placed to delete");
@@ -95,8 +126,7 @@ pub fn run(args: ClusterBenchArgs) -> anyhow::Result<()> {
                     .await
                     .map_err(|_| {
                         anyhow::anyhow!(
-                            "no indexed event for command {i} within 5 s (is a master up, and does {} fit?)",
-                            args.model
+                            "no indexed event for command {i} within 5 s (is a master up?)"
                         )
                     })?
                     .map_err(|e| anyhow::anyhow!("subscriber closed: {e}"))?;

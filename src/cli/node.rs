@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
+use tessera_actors::api::ApiOptions;
 use tessera_actors::node::{self, NodeOptions};
 
 #[derive(Debug, Args)]
@@ -36,9 +37,25 @@ pub struct NodeArgs {
     /// on this node takes the lowest free one from here).
     #[arg(long, env = "TESSERA_RING_PORT_BASE", default_value_t = tessera_actors::placement::RING_BASE_PORT)]
     pub ring_port_base: u16,
-    /// Port of the HTTP API (served once the API issue lands).
-    #[arg(long, default_value_t = 52415)]
+    /// Port of the HTTP API (0: any free port; the JSON line on stdout
+    /// says which).
+    #[arg(long, env = "TESSERA_API_PORT", default_value_t = 52415)]
     pub api_port: u16,
+    /// Address the HTTP API binds.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub api_host: std::net::IpAddr,
+    /// Serve no HTTP API.
+    #[arg(long)]
+    pub no_api: bool,
+    /// Answer 404 for a model with no instance instead of placing one.
+    #[arg(long)]
+    pub no_auto_place: bool,
+    /// Origin allowed by CORS (repeatable; default: any).
+    #[arg(long)]
+    pub cors_origin: Vec<String>,
+    /// Requests per model this node lets wait or run at once (then 429).
+    #[arg(long, default_value_t = 64)]
+    pub queue_limit: usize,
 }
 
 pub fn run(args: NodeArgs) -> anyhow::Result<()> {
@@ -51,6 +68,13 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         data_dir,
         worker: !args.no_worker,
         ring_port_base: args.ring_port_base,
+        api: (!args.no_api).then(|| {
+            let mut api = ApiOptions::new(std::net::SocketAddr::new(args.api_host, args.api_port));
+            api.auto_place = !args.no_auto_place;
+            api.cors_origins = args.cors_origin;
+            api.queue_limit = args.queue_limit.max(1);
+            api
+        }),
         runner_threads: args
             .runner_threads
             .filter(|t| *t > 0)
@@ -69,6 +93,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
             "{}",
             serde_json::json!({
                 "node_id": running.node_id,
+                "api": running.api_address.map(|a| a.to_string()),
                 "namespace": options.namespace,
                 "data_dir": options.data_dir,
             })
@@ -79,6 +104,9 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
             options.namespace,
             options.data_dir.display()
         );
+        if let Some(address) = running.api_address {
+            eprintln!("HTTP API on http://{address} (OpenAI-compatible: /v1/chat/completions)");
+        }
         wait_for_signal().await?;
         eprintln!("stopping: flushing the event log");
         running.shutdown().await;

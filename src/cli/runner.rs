@@ -27,7 +27,9 @@ use tessera_engine::executor::Executor;
 use tessera_engine::generate::{
     load_transformer, FinishReason, GenerateRequest, GenerationEvent, LoadedModel, Prompt, Session,
 };
+use tessera_engine::output_parser::ParsedChunk;
 use tessera_engine::sampler::SamplingParams;
+use tessera_engine::tokenizer::Tokenizer;
 use tessera_protos::v1::{self, generation_chunk, runner_status::State as Rs};
 use zenoh::Wait;
 
@@ -283,6 +285,7 @@ fn run_inner(
                 let mut stop = false;
                 if let Err(error) = generate(
                     &mut session,
+                    &model.tokenizer,
                     link,
                     orders,
                     &task_id,
@@ -318,19 +321,19 @@ fn request_from(params: &v1::TextGenerationParams) -> anyhow::Result<GenerateReq
             if params.messages.is_empty() {
                 bail!("the request has neither messages nor a raw prompt");
             }
+            let tools = params
+                .tools_json
+                .iter()
+                .map(|t| serde_json::from_str::<serde_json::Value>(t))
+                .collect::<Result<Vec<_>, _>>()
+                .context("a tool definition is not JSON")?;
             Prompt::Chat {
                 messages: params
                     .messages
                     .iter()
-                    .map(|m| ChatMessage {
-                        role: m.role.clone(),
-                        content: m.content.clone(),
-                        tool_calls: None,
-                        tool_call_id: (!m.tool_call_id.is_empty()).then(|| m.tool_call_id.clone()),
-                        name: (!m.name.is_empty()).then(|| m.name.clone()),
-                    })
-                    .collect(),
-                tools: None,
+                    .map(chat_message)
+                    .collect::<anyhow::Result<_>>()?,
+                tools: (!tools.is_empty()).then_some(serde_json::Value::Array(tools)),
             }
         }
     };
@@ -362,9 +365,68 @@ fn request_from(params: &v1::TextGenerationParams) -> anyhow::Result<GenerateReq
     Ok(request)
 }
 
-/// Runs one generation, streaming chunks; a cancel order stops it.
+/// A message of the wire protocol as the chat template takes it (earlier
+/// tool calls in OpenAI's shape).
+fn chat_message(m: &v1::ChatMessage) -> anyhow::Result<ChatMessage> {
+    let tool_calls = if m.tool_calls.is_empty() {
+        None
+    } else {
+        let calls = m
+            .tool_calls
+            .iter()
+            .map(|call| {
+                let arguments: serde_json::Value = serde_json::from_str(&call.arguments_json)
+                    .with_context(|| format!("the arguments of tool call {:?}", call.name))?;
+                Ok(serde_json::json!({
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": arguments},
+                }))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Some(serde_json::Value::Array(calls))
+    };
+    Ok(ChatMessage {
+        role: m.role.clone(),
+        content: m.content.clone(),
+        tool_calls,
+        tool_call_id: (!m.tool_call_id.is_empty()).then(|| m.tool_call_id.clone()),
+        name: (!m.name.is_empty()).then(|| m.name.clone()),
+    })
+}
+
+/// The token whose chunk is not sent yet: its parsed text, if any, comes
+/// right after it.
+struct PendingToken {
+    id: u32,
+    logprob: Option<f32>,
+    top: Vec<v1::TopLogprob>,
+}
+
+fn token_chunk(
+    pending: Option<PendingToken>,
+    text: String,
+    reasoning: bool,
+) -> generation_chunk::Kind {
+    let (token_id, logprob, top_logprobs) =
+        pending.map_or((0, None, Vec::new()), |p| (p.id, p.logprob, p.top));
+    generation_chunk::Kind::Token(v1::TokenChunk {
+        token_id,
+        text,
+        reasoning,
+        logprob,
+        top_logprobs,
+    })
+}
+
+/// Runs one generation, streaming chunks; a cancel order stops it. Chunks
+/// carry parsed output: answer text, reasoning (flagged) and tool calls;
+/// each sampled token's id and logprob ride on the first chunk it released
+/// (an empty one if it released nothing).
+#[allow(clippy::too_many_arguments)]
 fn generate(
     session: &mut Session<'_>,
+    tokenizer: &Tokenizer,
     link: &Link,
     orders: &mpsc::Receiver<Order>,
     task_id: &str,
@@ -373,7 +435,7 @@ fn generate(
     stop: &mut bool,
 ) -> anyhow::Result<()> {
     let mut seq = 0u64;
-    let mut chunk = |kind: generation_chunk::Kind| {
+    let mut send = |kind: generation_chunk::Kind| {
         link.chunk(&v1::GenerationChunk {
             command_id: command_id.to_string(),
             seq,
@@ -384,13 +446,17 @@ fn generate(
     let request = match request_from(params) {
         Ok(r) => r,
         Err(error) => {
-            chunk(generation_chunk::Kind::Error(v1::ErrorChunk {
+            send(generation_chunk::Kind::Error(v1::ErrorChunk {
                 kind: "invalid_request".into(),
                 message: format!("{error:#}"),
             }));
             return Err(error);
         }
     };
+    let text_of = |id: u32| String::from_utf8_lossy(tokenizer.token_bytes(id)).into_owned();
+    let mut pending: Option<PendingToken> = None;
+    let mut calls = 0usize;
+    let mut chunks: Vec<generation_chunk::Kind> = Vec::new();
     let result = session.generate(&request, |event| {
         match orders.try_recv() {
             Ok(Order::Cancel { task_id: cancelled }) if cancelled == task_id => {
@@ -406,33 +472,70 @@ fn generate(
         }
         match event {
             GenerationEvent::Token {
-                id, text, logprob, ..
-            } => chunk(generation_chunk::Kind::Token(v1::TokenChunk {
-                token_id: id,
-                text: text.to_string(),
-                reasoning: false,
-                logprob: request.logprobs.then_some(logprob),
-                top_logprobs: Vec::new(),
-            })),
-            GenerationEvent::PrefillProgress { done, total } => chunk(
+                id,
+                logprob,
+                top_logprobs,
+                ..
+            } => {
+                if let Some(previous) = pending.take() {
+                    chunks.push(token_chunk(Some(previous), String::new(), false));
+                }
+                pending = Some(PendingToken {
+                    id,
+                    logprob: request.logprobs.then_some(logprob),
+                    top: top_logprobs
+                        .iter()
+                        .map(|&(token_id, logprob)| v1::TopLogprob {
+                            token_id,
+                            text: text_of(token_id),
+                            logprob,
+                        })
+                        .collect(),
+                });
+            }
+            GenerationEvent::PrefillProgress { done, total } => chunks.push(
                 generation_chunk::Kind::PrefillProgress(v1::PrefillProgressChunk {
                     processed_tokens: done as u32,
                     total_tokens: total as u32,
                 }),
             ),
-            GenerationEvent::Parsed(_) => {}
+            GenerationEvent::Parsed(parsed) => chunks.push(match parsed {
+                ParsedChunk::Text(text) => token_chunk(pending.take(), text.clone(), false),
+                ParsedChunk::Reasoning(text) => token_chunk(pending.take(), text.clone(), true),
+                ParsedChunk::InvalidToolCall { raw, reason } => {
+                    tracing::debug!(reason, "a tool call that does not parse, kept as text");
+                    token_chunk(pending.take(), raw.clone(), false)
+                }
+                ParsedChunk::ToolCall(call) => {
+                    calls += 1;
+                    generation_chunk::Kind::ToolCall(v1::ToolCallChunk {
+                        call: Some(v1::ToolCall {
+                            id: format!("call_{}_{calls}", &command_id[..command_id.len().min(8)]),
+                            name: call.name.clone(),
+                            arguments_json: call.arguments.to_string(),
+                        }),
+                    })
+                }
+            }),
+        }
+        for kind in chunks.drain(..) {
+            send(kind);
         }
         ControlFlow::Continue(())
     });
+    if let Some(last) = pending.take() {
+        send(token_chunk(Some(last), String::new(), false));
+    }
     match result {
         Ok(output) => {
             let reason = match output.finish_reason {
+                _ if calls > 0 => v1::FinishReason::ToolCalls,
                 FinishReason::Stop | FinishReason::StopString => v1::FinishReason::Stop,
                 FinishReason::Length => v1::FinishReason::Length,
                 FinishReason::Cancelled => v1::FinishReason::Cancelled,
             };
             let s = &output.stats;
-            chunk(generation_chunk::Kind::Finish(v1::FinishChunk {
+            send(generation_chunk::Kind::Finish(v1::FinishChunk {
                 reason: reason as i32,
                 usage: Some(v1::Usage {
                     prompt_tokens: s.prompt_tokens as u32,
@@ -450,7 +553,7 @@ fn generate(
             Ok(())
         }
         Err(error) => {
-            chunk(generation_chunk::Kind::Error(v1::ErrorChunk {
+            send(generation_chunk::Kind::Error(v1::ErrorChunk {
                 kind: "engine".into(),
                 message: error.to_string(),
             }));

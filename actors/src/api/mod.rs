@@ -1,0 +1,643 @@
+//! The HTTP API every node serves (axum): OpenAI Chat Completions and
+//! models, and the cluster's own endpoints. Any node answers any request:
+//! a generation becomes a TextGeneration command for the master, which
+//! gives it to a ready instance, and the chunks come back from that
+//! instance's rank 0 on `chunks/{command_id}`.
+
+pub mod error;
+mod generation;
+pub mod openai;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderValue, Method};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use ractor::{call, ActorRef};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tessera_protos::v1::{self, generation_chunk, runner_status::State as Rs};
+use tower_http::cors::{AllowOrigin, Any, CorsLayer};
+
+use crate::bus::Bus;
+use crate::keys::AdminMethod;
+use crate::replica::ReplicaMsg;
+use error::ApiError;
+use generation::{chunk_error, Generation};
+use openai::{Answer, ChatRequest, ChunkWriter};
+
+/// How the API serves.
+#[derive(Clone, Debug)]
+pub struct ApiOptions {
+    pub listen: SocketAddr,
+    /// Origins allowed by CORS; empty: any.
+    pub cors_origins: Vec<String>,
+    /// Place a model that has no instance when a request asks for it.
+    pub auto_place: bool,
+    /// Requests per model this node lets wait or run at once; beyond it, 429.
+    pub queue_limit: usize,
+    pub max_body_bytes: usize,
+    /// The longest wait for a model to be placed and ready.
+    pub ready_timeout: Duration,
+    /// The longest wait for the next chunk of an answer.
+    pub chunk_timeout: Duration,
+}
+
+impl ApiOptions {
+    pub fn new(listen: SocketAddr) -> Self {
+        Self {
+            listen,
+            cors_origins: Vec::new(),
+            auto_place: true,
+            queue_limit: 64,
+            max_body_bytes: 4 << 20,
+            ready_timeout: Duration::from_secs(300),
+            chunk_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Api {
+    node_id: String,
+    bus: Bus,
+    replica: ActorRef<ReplicaMsg>,
+    options: Arc<ApiOptions>,
+    /// Requests in hand per model.
+    queues: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+/// Counts a request against its model's bound until dropped.
+struct QueueSlot {
+    queues: Arc<Mutex<HashMap<String, usize>>>,
+    model: String,
+}
+
+impl Drop for QueueSlot {
+    fn drop(&mut self) {
+        if let Ok(mut queues) = self.queues.lock() {
+            if let Some(n) = queues.get_mut(&self.model) {
+                *n = n.saturating_sub(1);
+            }
+        }
+    }
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn rank0_ready(state: &v1::ClusterState, instance: &v1::Instance) -> bool {
+    instance.ranks.iter().all(|rank| {
+        matches!(
+            state
+                .runners
+                .get(&rank.runner_id)
+                .and_then(|s| s.state.as_ref()),
+            Some(Rs::Ready(_)) | Some(Rs::Running(_))
+        )
+    })
+}
+
+/// What a request's `model` names.
+struct Target {
+    /// An instance named directly, or empty (any ready instance of the model).
+    instance_id: String,
+    model_id: String,
+    context: u32,
+}
+
+impl Api {
+    async fn state(&self) -> Result<v1::ClusterState, ApiError> {
+        call!(self.replica, ReplicaMsg::GetState)
+            .map_err(|e| ApiError::internal(format!("reading the state: {e}")))
+    }
+
+    fn take_slot(&self, model: &str) -> Result<QueueSlot, ApiError> {
+        let mut queues = self
+            .queues
+            .lock()
+            .map_err(|_| ApiError::internal("queue bookkeeping"))?;
+        let n = queues.entry(model.to_string()).or_insert(0);
+        if *n >= self.options.queue_limit {
+            return Err(ApiError::too_many(format!(
+                "{} requests for {model} are already waiting or running on this node; retry shortly",
+                self.options.queue_limit
+            )));
+        }
+        *n += 1;
+        Ok(QueueSlot {
+            queues: self.queues.clone(),
+            model: model.to_string(),
+        })
+    }
+
+    /// The instance for `model` (an instance id or a model id); places the
+    /// model and waits for it when allowed.
+    async fn resolve(&self, model: &str) -> Result<Target, ApiError> {
+        let state = self.state().await?;
+        if let Some(instance) = state.instances.get(model) {
+            let card = instance.model.clone().unwrap_or_default();
+            return Ok(Target {
+                instance_id: instance.instance_id.clone(),
+                model_id: card.model_id,
+                context: card.context_length,
+            });
+        }
+        let card = state
+            .instances
+            .values()
+            .filter_map(|i| i.model.as_ref())
+            .find(|m| m.model_id == model)
+            .cloned()
+            .or_else(|| crate::catalogue::card(model));
+        let Some(card) = card else {
+            let known: Vec<String> = crate::catalogue::cards()
+                .into_iter()
+                .map(|c| c.model_id)
+                .collect();
+            return Err(ApiError::not_found(
+                "model_not_found",
+                format!(
+                    "the model {model:?} does not exist (known: {})",
+                    known.join(", ")
+                ),
+            ));
+        };
+        let target = Target {
+            instance_id: String::new(),
+            model_id: card.model_id.clone(),
+            context: card.context_length,
+        };
+        let of_model = |state: &v1::ClusterState| -> (bool, bool) {
+            let mut any = false;
+            let mut ready = false;
+            for instance in state.instances.values() {
+                if instance.model.as_ref().is_some_and(|m| m.model_id == model) {
+                    any = true;
+                    ready |= rank0_ready(state, instance);
+                }
+            }
+            (any, ready)
+        };
+        let (any, ready) = of_model(&state);
+        if ready {
+            return Ok(target);
+        }
+        if !any {
+            if !self.options.auto_place {
+                return Err(ApiError::not_found(
+                    "model_not_placed",
+                    format!(
+                        "no instance of {model:?}: place one with `tessera admin place {model}` or POST /place_instance"
+                    ),
+                ));
+            }
+            tracing::info!(model, "no instance; placing one");
+            let reply: v1::PlaceInstanceReply = self
+                .bus
+                .query(
+                    &self.bus.keys.admin(AdminMethod::Place),
+                    &v1::PlaceInstanceRequest {
+                        model_id: model.to_string(),
+                        sharding: v1::Sharding::Pipeline as i32,
+                        min_nodes: 1,
+                        node_ids: Vec::new(),
+                    },
+                    Duration::from_secs(10),
+                )
+                .await
+                .map_err(|e| ApiError::unavailable(format!("placing {model}: {e}")))?;
+            if let Some(error) = reply.error {
+                return Err(ApiError {
+                    code: Some("model_does_not_fit"),
+                    ..ApiError::unavailable(format!("placing {model}: {}", error.message))
+                });
+            }
+        }
+        // Placed (now or before): wait for it to be ready.
+        let started = Instant::now();
+        let mut last_report = Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let state = self.state().await?;
+            match of_model(&state) {
+                (_, true) => {
+                    tracing::info!(model, waited = ?started.elapsed(), "instance ready");
+                    return Ok(target);
+                }
+                (false, _) if !self.options.auto_place => {
+                    return Err(ApiError::not_found(
+                        "model_not_placed",
+                        format!("the instance of {model:?} is gone"),
+                    ))
+                }
+                _ => {}
+            }
+            if started.elapsed() > self.options.ready_timeout {
+                return Err(ApiError::unavailable(format!(
+                    "{model} is not ready after {:?}",
+                    self.options.ready_timeout
+                )));
+            }
+            if last_report.elapsed() > Duration::from_secs(5) {
+                last_report = Instant::now();
+                tracing::info!(model, waited = ?started.elapsed(), "waiting for the instance");
+            }
+        }
+    }
+}
+
+/// Serves the API until the task is aborted; returns the bound address.
+pub async fn serve(
+    options: ApiOptions,
+    node_id: String,
+    bus: Bus,
+    replica: ActorRef<ReplicaMsg>,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let cors = if options.cors_origins.is_empty() {
+        CorsLayer::new()
+            .allow_origin(Any)
+            .allow_methods(Any)
+            .allow_headers(Any)
+    } else {
+        let origins: Vec<HeaderValue> = options
+            .cors_origins
+            .iter()
+            .filter_map(|o| HeaderValue::from_str(o).ok())
+            .collect();
+        CorsLayer::new()
+            .allow_origin(AllowOrigin::list(origins))
+            .allow_methods([Method::GET, Method::POST, Method::DELETE])
+            .allow_headers(Any)
+    };
+    let max_body = options.max_body_bytes;
+    let listener = tokio::net::TcpListener::bind(options.listen).await?;
+    let address = listener.local_addr()?;
+    let api = Api {
+        node_id,
+        bus,
+        replica,
+        options: Arc::new(options),
+        queues: Arc::new(Mutex::new(HashMap::new())),
+    };
+    let app = Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/models", get(models))
+        .route("/node_id", get(node_id_handler))
+        .route("/state", get(state_handler))
+        .route("/instance/previews", get(previews))
+        .route("/place_instance", post(place_instance))
+        .route("/instance/{id}", get(get_instance))
+        .route("/instance/{id}", delete(delete_instance))
+        .route("/events", get(events))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(cors)
+        .with_state(api);
+    tracing::info!(%address, "HTTP API listening");
+    let task = tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, app).await {
+            tracing::error!(%error, "the HTTP API stopped");
+        }
+    });
+    Ok((address, task))
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("not_found", "no such endpoint")
+}
+
+fn parse<T: serde::de::DeserializeOwned>(
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
+    let body = body.map_err(ApiError::from_rejection)?;
+    serde_json::from_slice(&body).map_err(|e| {
+        if e.is_data() {
+            ApiError::bad_request(format!("the request does not match the API: {e}"))
+        } else {
+            ApiError::bad_request(format!("the body is not valid JSON: {e}"))
+        }
+    })
+}
+
+async fn chat_completions(
+    State(api): State<Api>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let request: ChatRequest = parse(body)?;
+    let target = api.resolve(&request.model).await?;
+    let params = request.to_params(target.context)?;
+    let (stream, include_usage) = request.streaming();
+    let slot = api.take_slot(&target.model_id)?;
+    let mut generation = Generation::start(
+        &api.bus,
+        &api.node_id,
+        &target.instance_id,
+        params,
+        api.options.chunk_timeout,
+    )
+    .await?;
+    let id = format!("chatcmpl-{}", generation.command_id);
+    tracing::info!(request = %id, model = %request.model, stream, "chat completion");
+    // The first chunk decides the status: an error before any answer is
+    // an HTTP error.
+    let first = match generation.next().await {
+        Some(Ok(generation_chunk::Kind::Error(error))) => return Err(chunk_error(&error)),
+        Some(Ok(chunk)) => chunk,
+        Some(Err(error)) => return Err(error),
+        None => return Err(ApiError::internal("the answer ended before it began")),
+    };
+    let created = now_unix();
+    let logprobs = request.logprobs.unwrap_or(false);
+    if !stream {
+        let mut answer = Answer::default();
+        let mut chunk = Some(Ok(first));
+        while let Some(next) = chunk {
+            match next? {
+                generation_chunk::Kind::Error(error) => return Err(chunk_error(&error)),
+                kind => answer.push(&kind),
+            }
+            chunk = generation.next().await;
+        }
+        drop(slot);
+        return Ok(Json(answer.completion(&id, &request.model, created, logprobs)).into_response());
+    }
+    let mut writer = ChunkWriter::new(id, request.model.clone(), created, include_usage);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(256);
+    let data = |value: &Value| Ok(Event::default().data(value.to_string()));
+    tokio::spawn(async move {
+        let _slot = slot;
+        if tx.send(data(&writer.start())).await.is_err() {
+            return;
+        }
+        let mut chunk: Option<Result<generation_chunk::Kind, ApiError>> = Some(Ok(first));
+        while let Some(next) = chunk {
+            let events: Vec<Result<Event, Infallible>> = match next {
+                Ok(generation_chunk::Kind::Error(error)) => {
+                    vec![data(&chunk_error(&error).body())]
+                }
+                Ok(kind) => writer.write(&kind).iter().map(data).collect(),
+                Err(error) => vec![data(&error.body())],
+            };
+            for event in events {
+                if tx.send(event).await.is_err() {
+                    // The client is gone: dropping the generation cancels it.
+                    return;
+                }
+            }
+            chunk = tokio::select! {
+                next = generation.next() => next,
+                _ = tx.closed() => return,
+            };
+        }
+        let _ = tx.send(Ok(Event::default().data("[DONE]"))).await;
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|event| (event, rx))
+    });
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(10)))
+        .into_response())
+}
+
+async fn models(State(api): State<Api>) -> Result<Json<Value>, ApiError> {
+    let state = api.state().await?;
+    let mut cards: Vec<v1::ModelCard> = crate::catalogue::cards();
+    for instance in state.instances.values() {
+        if let Some(card) = &instance.model {
+            if !cards.iter().any(|c| c.model_id == card.model_id) {
+                cards.push(card.clone());
+            }
+        }
+    }
+    let data: Vec<Value> = cards
+        .iter()
+        .map(|card| {
+            let instances: Vec<&v1::Instance> = state
+                .instances
+                .values()
+                .filter(|i| {
+                    i.model
+                        .as_ref()
+                        .is_some_and(|m| m.model_id == card.model_id)
+                })
+                .collect();
+            let ready = instances.iter().any(|i| rank0_ready(&state, i));
+            json!({
+                "id": card.model_id,
+                "object": "model",
+                "created": 0,
+                "owned_by": "tessera",
+                "context_length": card.context_length,
+                "instances": instances.len(),
+                "ready": ready,
+            })
+        })
+        .collect();
+    Ok(Json(json!({"object": "list", "data": data})))
+}
+
+async fn node_id_handler(State(api): State<Api>) -> Json<Value> {
+    Json(json!(api.node_id))
+}
+
+async fn state_handler(State(api): State<Api>) -> Result<Json<Value>, ApiError> {
+    let state = api.state().await?;
+    let digest = tessera_state::State::from_proto(state.clone()).digest();
+    let last_index = state.last_index;
+    let state = serde_json::to_value(&state).map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(Json(json!({
+        "last_index": last_index,
+        "digest": digest.to_string(),
+        "state": state,
+    })))
+}
+
+#[derive(Deserialize)]
+struct PreviewsQuery {
+    model_id: String,
+}
+
+async fn previews(
+    State(api): State<Api>,
+    Query(query): Query<PreviewsQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let reply: v1::PlacementPreviewsReply = api
+        .bus
+        .query(
+            &api.bus.keys.admin(AdminMethod::Previews),
+            &v1::PlacementPreviewsRequest {
+                model_id: query.model_id,
+                node_ids: Vec::new(),
+            },
+            Duration::from_secs(5),
+        )
+        .await
+        .map_err(|e| ApiError::unavailable(e.to_string()))?;
+    if let Some(error) = &reply.error {
+        return Err(admin_error(error));
+    }
+    serde_json::to_value(&reply)
+        .map(Json)
+        .map_err(|e| ApiError::internal(e.to_string()))
+}
+
+fn admin_error(error: &v1::AdminError) -> ApiError {
+    match error.kind.as_str() {
+        "not_found" => ApiError::not_found("not_found", error.message.clone()),
+        "does_not_fit" | "invalid" => ApiError::bad_request(error.message.clone()),
+        "unavailable" => ApiError::unavailable(error.message.clone()),
+        _ => ApiError::internal(error.message.clone()),
+    }
+}
+
+#[derive(Deserialize)]
+struct PlaceBody {
+    #[serde(alias = "model")]
+    model_id: String,
+    #[serde(default)]
+    sharding: Option<String>,
+    #[serde(default)]
+    min_nodes: Option<u32>,
+}
+
+async fn place_instance(
+    State(api): State<Api>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let body: PlaceBody = parse(body)?;
+    let sharding = match body
+        .sharding
+        .as_deref()
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
+        None | Some("pipeline") => v1::Sharding::Pipeline,
+        Some("tensor") => v1::Sharding::Tensor,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "sharding",
+                format!("sharding must be pipeline or tensor, not {other:?}"),
+            ))
+        }
+    };
+    let reply: v1::PlaceInstanceReply = api
+        .bus
+        .query(
+            &api.bus.keys.admin(AdminMethod::Place),
+            &v1::PlaceInstanceRequest {
+                model_id: body.model_id,
+                sharding: sharding as i32,
+                min_nodes: body.min_nodes.unwrap_or(1),
+                node_ids: Vec::new(),
+            },
+            Duration::from_secs(10),
+        )
+        .await
+        .map_err(|e| ApiError::unavailable(e.to_string()))?;
+    if let Some(error) = &reply.error {
+        return Err(admin_error(error));
+    }
+    serde_json::to_value(&reply)
+        .map(Json)
+        .map_err(|e| ApiError::internal(e.to_string()))
+}
+
+async fn get_instance(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let state = api.state().await?;
+    let instance = state
+        .instances
+        .get(&id)
+        .ok_or_else(|| ApiError::not_found("not_found", format!("no instance {id:?}")))?;
+    let runners: serde_json::Map<String, Value> = instance
+        .ranks
+        .iter()
+        .filter_map(|r| {
+            let status = state.runners.get(&r.runner_id)?;
+            Some((r.runner_id.clone(), serde_json::to_value(status).ok()?))
+        })
+        .collect();
+    Ok(Json(json!({
+        "instance": serde_json::to_value(instance).map_err(|e| ApiError::internal(e.to_string()))?,
+        "runners": runners,
+        "ready": rank0_ready(&state, instance),
+    })))
+}
+
+async fn delete_instance(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let reply: v1::DeleteInstanceReply = api
+        .bus
+        .query(
+            &api.bus.keys.admin(AdminMethod::Delete),
+            &v1::DeleteInstanceRequest {
+                instance_id: id.clone(),
+            },
+            Duration::from_secs(10),
+        )
+        .await
+        .map_err(|e| ApiError::unavailable(e.to_string()))?;
+    if let Some(error) = &reply.error {
+        return Err(admin_error(error));
+    }
+    Ok(Json(json!({"deleted": id})))
+}
+
+#[derive(Deserialize)]
+struct EventsQuery {
+    #[serde(default)]
+    from: Option<u64>,
+}
+
+/// The indexed events from `from` on, then each new one as it is applied.
+async fn events(
+    State(api): State<Api>,
+    Query(query): Query<EventsQuery>,
+) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(256);
+    let mut next = query.from.unwrap_or(1).max(1);
+    tokio::spawn(async move {
+        loop {
+            let events = call!(api.replica, |reply| ReplicaMsg::GetRange {
+                from: next,
+                to: u64::MAX,
+                reply
+            })
+            .unwrap_or_default();
+            for event in events {
+                next = event.index + 1;
+                let Ok(text) = serde_json::to_string(&event) else {
+                    continue;
+                };
+                if tx.send(Ok(Event::default().data(text))).await.is_err() {
+                    return;
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                _ = tx.closed() => return,
+            }
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|event| (event, rx))
+    });
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(10)))
+}

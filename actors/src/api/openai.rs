@@ -1,0 +1,668 @@
+//! OpenAI Chat Completions: the request as clients send it, checked and
+//! turned into `TextGenerationParams`; answers and stream chunks in
+//! OpenAI's exact shapes. Pure functions, tested without a server.
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tessera_protos::v1::{self, generation_chunk};
+
+use super::error::ApiError;
+
+#[derive(Debug, Deserialize)]
+pub struct ChatRequest {
+    pub model: String,
+    pub messages: Vec<InMessage>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    #[serde(default)]
+    pub max_completion_tokens: Option<u32>,
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    #[serde(default)]
+    pub top_p: Option<f32>,
+    #[serde(default)]
+    pub top_k: Option<u32>,
+    #[serde(default)]
+    pub min_p: Option<f32>,
+    #[serde(default)]
+    pub frequency_penalty: Option<f32>,
+    #[serde(default)]
+    pub presence_penalty: Option<f32>,
+    #[serde(default)]
+    pub repetition_penalty: Option<f32>,
+    #[serde(default)]
+    pub seed: Option<u64>,
+    #[serde(default)]
+    pub stop: Option<Stop>,
+    #[serde(default)]
+    pub logprobs: Option<bool>,
+    #[serde(default)]
+    pub top_logprobs: Option<u32>,
+    #[serde(default)]
+    pub tools: Option<Vec<Value>>,
+    #[serde(default)]
+    pub tool_choice: Option<Value>,
+    #[serde(default)]
+    pub n: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct InMessage {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<Content>,
+    #[serde(default)]
+    pub tool_calls: Option<Vec<InToolCall>>,
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub reasoning_content: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Part {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct InToolCall {
+    #[serde(default)]
+    pub id: Option<String>,
+    pub function: InFunction,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct InFunction {
+    pub name: String,
+    /// JSON text, as OpenAI sends it (an object is accepted too).
+    pub arguments: Value,
+}
+
+/// Stop strings a request may give.
+const MAX_STOPS: usize = 16;
+const MAX_TOP_LOGPROBS: u32 = 20;
+
+fn range(param: &str, value: Option<f32>, low: f32, high: f32) -> Result<(), ApiError> {
+    match value {
+        Some(v) if !(low..=high).contains(&v) => Err(ApiError::invalid(
+            param,
+            format!("{param} must be between {low} and {high}, got {v}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn content_text(content: Option<&Content>, index: usize) -> Result<String, ApiError> {
+    match content {
+        None => Ok(String::new()),
+        Some(Content::Text(text)) => Ok(text.clone()),
+        Some(Content::Parts(parts)) => {
+            let mut text = String::new();
+            for part in parts {
+                match (part.kind.as_str(), &part.text) {
+                    ("text", Some(t)) => text.push_str(t),
+                    ("text", None) => {
+                        return Err(ApiError::invalid(
+                            &format!("messages[{index}].content"),
+                            "a text part needs `text`",
+                        ))
+                    }
+                    (other, _) => {
+                        return Err(ApiError::invalid(
+                            &format!("messages[{index}].content"),
+                            format!(
+                                "content parts of type {other:?} are not supported (text only)"
+                            ),
+                        ))
+                    }
+                }
+            }
+            Ok(text)
+        }
+    }
+}
+
+impl ChatRequest {
+    /// Whether the answer streams, and with usage at the end.
+    pub fn streaming(&self) -> (bool, bool) {
+        let stream = self.stream.unwrap_or(false);
+        let usage = self
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage);
+        (stream, usage)
+    }
+
+    /// The generation this request asks for; `context` is the model's
+    /// context length (0: unknown).
+    pub fn to_params(&self, context: u32) -> Result<v1::TextGenerationParams, ApiError> {
+        if self.model.trim().is_empty() {
+            return Err(ApiError::invalid("model", "model must not be empty"));
+        }
+        if self.messages.is_empty() {
+            return Err(ApiError::invalid("messages", "messages must not be empty"));
+        }
+        if self.n.is_some_and(|n| n != 1) {
+            return Err(ApiError::invalid("n", "only n = 1 is supported"));
+        }
+        range("temperature", self.temperature, 0.0, 2.0)?;
+        range("top_p", self.top_p, 0.0, 1.0)?;
+        range("min_p", self.min_p, 0.0, 1.0)?;
+        range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)?;
+        range("presence_penalty", self.presence_penalty, -2.0, 2.0)?;
+        range("repetition_penalty", self.repetition_penalty, 0.01, 10.0)?;
+        if self.top_logprobs.is_some_and(|k| k > MAX_TOP_LOGPROBS) {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                format!("top_logprobs must be at most {MAX_TOP_LOGPROBS}"),
+            ));
+        }
+        let max_tokens = self.max_completion_tokens.or(self.max_tokens);
+        match max_tokens {
+            Some(0) => {
+                return Err(ApiError::invalid(
+                    "max_tokens",
+                    "max_tokens must be at least 1",
+                ))
+            }
+            Some(n) if context > 0 && n > context => {
+                return Err(ApiError::invalid(
+                    "max_tokens",
+                    format!("max_tokens {n} is beyond the model's context of {context} tokens"),
+                ))
+            }
+            _ => {}
+        }
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(list)) => list.clone(),
+        };
+        if stop.len() > MAX_STOPS {
+            return Err(ApiError::invalid(
+                "stop",
+                format!("at most {MAX_STOPS} stop strings"),
+            ));
+        }
+        if stop.iter().any(String::is_empty) {
+            return Err(ApiError::invalid("stop", "stop strings must not be empty"));
+        }
+        let mut messages = Vec::with_capacity(self.messages.len());
+        for (index, m) in self.messages.iter().enumerate() {
+            let role = match m.role.as_str() {
+                "system" | "developer" => "system",
+                "user" => "user",
+                "assistant" => "assistant",
+                "tool" => "tool",
+                other => {
+                    return Err(ApiError::invalid(
+                        &format!("messages[{index}].role"),
+                        format!("unknown role {other:?} (system, user, assistant or tool)"),
+                    ))
+                }
+            };
+            let mut tool_calls = Vec::new();
+            for call in m.tool_calls.iter().flatten() {
+                let arguments_json = match &call.function.arguments {
+                    Value::String(text) => {
+                        serde_json::from_str::<Value>(text).map_err(|e| {
+                            ApiError::invalid(
+                                &format!("messages[{index}].tool_calls"),
+                                format!("arguments are not JSON: {e}"),
+                            )
+                        })?;
+                        text.clone()
+                    }
+                    other => other.to_string(),
+                };
+                tool_calls.push(v1::ToolCall {
+                    id: call.id.clone().unwrap_or_default(),
+                    name: call.function.name.clone(),
+                    arguments_json,
+                });
+            }
+            messages.push(v1::ChatMessage {
+                role: role.to_string(),
+                content: content_text(m.content.as_ref(), index)?,
+                reasoning_content: m.reasoning_content.clone().unwrap_or_default(),
+                tool_calls,
+                tool_call_id: m.tool_call_id.clone().unwrap_or_default(),
+                name: m.name.clone().unwrap_or_default(),
+            });
+        }
+        let tools_wanted = !matches!(&self.tool_choice, Some(Value::String(s)) if s == "none");
+        let tools_json = if tools_wanted {
+            self.tools
+                .iter()
+                .flatten()
+                .map(|t| {
+                    if t.get("function").is_none() && t.get("name").is_none() {
+                        Err(ApiError::invalid("tools", "each tool needs a function"))
+                    } else {
+                        Ok(t.to_string())
+                    }
+                })
+                .collect::<Result<Vec<_>, _>>()?
+        } else {
+            Vec::new()
+        };
+        let logprobs = self.logprobs.unwrap_or(false);
+        Ok(v1::TextGenerationParams {
+            model_id: self.model.clone(),
+            messages,
+            raw_prompt: None,
+            tools_json,
+            sampling: Some(v1::SamplingParams {
+                temperature: self.temperature,
+                top_p: self.top_p,
+                top_k: self.top_k,
+                min_p: self.min_p,
+                repetition_penalty: self.repetition_penalty,
+                presence_penalty: self.presence_penalty,
+                frequency_penalty: self.frequency_penalty,
+                seed: self.seed,
+                max_tokens,
+                stop,
+                stop_token_ids: Vec::new(),
+                logprobs,
+                top_logprobs: if logprobs {
+                    self.top_logprobs.unwrap_or(0)
+                } else {
+                    0
+                },
+            }),
+            enable_thinking: None,
+        })
+    }
+}
+
+pub fn finish_reason(reason: i32) -> &'static str {
+    match v1::FinishReason::try_from(reason) {
+        Ok(v1::FinishReason::Length) => "length",
+        Ok(v1::FinishReason::ToolCalls) => "tool_calls",
+        _ => "stop",
+    }
+}
+
+pub fn usage_json(usage: Option<&v1::Usage>) -> Value {
+    let usage = usage.cloned().unwrap_or_default();
+    json!({
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+    })
+}
+
+fn logprob_json(token: &v1::TokenChunk) -> Option<Value> {
+    let logprob = token.logprob?;
+    Some(json!({
+        "token": token.text,
+        "logprob": logprob,
+        "bytes": token.text.as_bytes(),
+        "top_logprobs": token.top_logprobs.iter().map(|t| json!({
+            "token": t.text,
+            "logprob": t.logprob,
+            "bytes": t.text.as_bytes(),
+        })).collect::<Vec<_>>(),
+    }))
+}
+
+fn tool_call_json(call: &v1::ToolCall) -> Value {
+    json!({
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments_json},
+    })
+}
+
+/// Gathers the chunks of a whole answer.
+#[derive(Debug, Default)]
+pub struct Answer {
+    pub content: String,
+    pub reasoning: String,
+    pub tool_calls: Vec<v1::ToolCall>,
+    pub logprobs: Vec<Value>,
+    pub finish: Option<v1::FinishChunk>,
+}
+
+impl Answer {
+    pub fn push(&mut self, chunk: &generation_chunk::Kind) {
+        match chunk {
+            generation_chunk::Kind::Token(token) => {
+                if token.reasoning {
+                    self.reasoning.push_str(&token.text);
+                } else {
+                    self.content.push_str(&token.text);
+                }
+                self.logprobs.extend(logprob_json(token));
+            }
+            generation_chunk::Kind::ToolCall(call) => {
+                self.tool_calls.extend(call.call.clone());
+            }
+            generation_chunk::Kind::Finish(finish) => self.finish = Some(*finish),
+            _ => {}
+        }
+    }
+
+    /// The `chat.completion` object.
+    pub fn completion(&self, id: &str, model: &str, created: u64, logprobs: bool) -> Value {
+        let mut message = json!({"role": "assistant", "content": self.content});
+        if !self.reasoning.is_empty() {
+            message["reasoning_content"] = json!(self.reasoning);
+        }
+        if !self.tool_calls.is_empty() {
+            message["tool_calls"] = self.tool_calls.iter().map(tool_call_json).collect();
+            if self.content.is_empty() {
+                message["content"] = Value::Null;
+            }
+        }
+        let finish = self.finish.as_ref();
+        json!({
+            "id": id,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [{
+                "index": 0,
+                "message": message,
+                "logprobs": if logprobs { json!({"content": self.logprobs}) } else { Value::Null },
+                "finish_reason": finish_reason(finish.map_or(0, |f| f.reason)),
+            }],
+            "usage": usage_json(finish.and_then(|f| f.usage.as_ref())),
+        })
+    }
+}
+
+/// Builds the `chat.completion.chunk` objects of a stream.
+pub struct ChunkWriter {
+    pub id: String,
+    pub model: String,
+    pub created: u64,
+    pub include_usage: bool,
+    tool_calls: usize,
+}
+
+impl ChunkWriter {
+    pub fn new(id: String, model: String, created: u64, include_usage: bool) -> Self {
+        Self {
+            id,
+            model,
+            created,
+            include_usage,
+            tool_calls: 0,
+        }
+    }
+
+    fn chunk(&self, delta: Value, finish: Option<&str>, logprobs: Option<Value>) -> Value {
+        let mut chunk = json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{
+                "index": 0,
+                "delta": delta,
+                "logprobs": logprobs.map(|l| json!({"content": [l]})),
+                "finish_reason": finish,
+            }],
+        });
+        if self.include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        chunk
+    }
+
+    /// The first chunk: the role.
+    pub fn start(&self) -> Value {
+        self.chunk(json!({"role": "assistant", "content": ""}), None, None)
+    }
+
+    /// The chunks one generation chunk becomes (none for progress).
+    pub fn write(&mut self, chunk: &generation_chunk::Kind) -> Vec<Value> {
+        match chunk {
+            generation_chunk::Kind::Token(token) => {
+                let logprobs = logprob_json(token);
+                if token.text.is_empty() && logprobs.is_none() {
+                    return Vec::new();
+                }
+                let delta = if token.reasoning {
+                    json!({"reasoning_content": token.text})
+                } else {
+                    json!({"content": token.text})
+                };
+                vec![self.chunk(delta, None, logprobs)]
+            }
+            generation_chunk::Kind::ToolCall(call) => {
+                let Some(call) = &call.call else {
+                    return Vec::new();
+                };
+                let index = self.tool_calls;
+                self.tool_calls += 1;
+                let mut value = tool_call_json(call);
+                value["index"] = json!(index);
+                vec![self.chunk(json!({"tool_calls": [value]}), None, None)]
+            }
+            generation_chunk::Kind::Finish(finish) => {
+                let mut out = vec![self.chunk(json!({}), Some(finish_reason(finish.reason)), None)];
+                if self.include_usage {
+                    out.push(json!({
+                        "id": self.id,
+                        "object": "chat.completion.chunk",
+                        "created": self.created,
+                        "model": self.model,
+                        "choices": [],
+                        "usage": usage_json(finish.usage.as_ref()),
+                    }));
+                }
+                out
+            }
+            _ => Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(body: Value) -> Result<ChatRequest, serde_json::Error> {
+        serde_json::from_value(body)
+    }
+
+    #[test]
+    fn a_request_becomes_generation_params() -> Result<(), Box<dyn std::error::Error>> {
+        let r = request(json!({
+            "model": "m",
+            "messages": [
+                {"role": "developer", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\":1}"}}
+                ]},
+                {"role": "tool", "tool_call_id": "c1", "content": "42"}
+            ],
+            "max_completion_tokens": 7,
+            "temperature": 0,
+            "stop": "END",
+            "logprobs": true,
+            "top_logprobs": 2,
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+            "stream": true,
+            "stream_options": {"include_usage": true},
+            "unknown_field": "ignored"
+        }))?;
+        assert_eq!(r.streaming(), (true, true));
+        let p = r.to_params(8192)?;
+        assert_eq!(p.messages.len(), 4);
+        assert_eq!(p.messages[0].role, "system");
+        assert_eq!(p.messages[1].content, "Hi there");
+        assert_eq!(p.messages[2].tool_calls[0].arguments_json, "{\"a\":1}");
+        assert_eq!(p.messages[3].tool_call_id, "c1");
+        let s = p.sampling.ok_or("sampling")?;
+        assert_eq!(s.max_tokens, Some(7));
+        assert_eq!(s.temperature, Some(0.0));
+        assert_eq!(s.stop, vec!["END".to_string()]);
+        assert!(s.logprobs);
+        assert_eq!(s.top_logprobs, 2);
+        assert_eq!(p.tools_json.len(), 1);
+        Ok(())
+    }
+
+    #[test]
+    fn bad_requests_are_refused_with_the_field_at_fault() {
+        let cases = [
+            (json!({"model": "m", "messages": []}), "messages"),
+            (
+                json!({"model": "m", "messages": [{"role": "robot", "content": "x"}]}),
+                "messages[0].role",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 3}),
+                "temperature",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 100000}),
+                "max_tokens",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}),
+                "max_tokens",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+                "messages[0].content",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2}),
+                "n",
+            ),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": [""]}),
+                "stop",
+            ),
+        ];
+        for (body, param) in cases {
+            let parsed = request(body.clone()).map_err(|e| e.to_string());
+            let error = parsed
+                .map(|r| r.to_params(8192))
+                .map(|p| p.err().and_then(|e| e.param));
+            assert_eq!(error, Ok(Some(param.to_string())), "{body}");
+        }
+        // Wrong types fail to parse at all (a 400 from the handler).
+        assert!(request(json!({"model": "m", "messages": "hi"})).is_err());
+        assert!(request(json!({"model": "m", "messages": [], "max_tokens": -1})).is_err());
+        // tool_choice "none" drops the tools.
+        let none = request(json!({
+            "model": "m",
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": "none"
+        }))
+        .ok()
+        .and_then(|r| r.to_params(0).ok());
+        assert_eq!(none.map(|p| p.tools_json.len()), Some(0));
+    }
+
+    fn token(text: &str, reasoning: bool) -> generation_chunk::Kind {
+        generation_chunk::Kind::Token(v1::TokenChunk {
+            text: text.into(),
+            reasoning,
+            ..Default::default()
+        })
+    }
+
+    fn finish(reason: v1::FinishReason) -> generation_chunk::Kind {
+        generation_chunk::Kind::Finish(v1::FinishChunk {
+            reason: reason as i32,
+            usage: Some(v1::Usage {
+                prompt_tokens: 5,
+                completion_tokens: 3,
+                ..Default::default()
+            }),
+            stats: None,
+        })
+    }
+
+    #[test]
+    fn answers_and_streams_take_openais_shapes() {
+        let call = generation_chunk::Kind::ToolCall(v1::ToolCallChunk {
+            call: Some(v1::ToolCall {
+                id: "call_1".into(),
+                name: "get_weather".into(),
+                arguments_json: "{\"city\":\"Paris\"}".into(),
+            }),
+        });
+        let chunks = [
+            token("Let me think.", true),
+            token("Hello", false),
+            token("", false),
+            call.clone(),
+            finish(v1::FinishReason::ToolCalls),
+        ];
+        let mut answer = Answer::default();
+        for c in &chunks {
+            answer.push(c);
+        }
+        let done = answer.completion("chatcmpl-1", "m", 7, false);
+        assert_eq!(done["object"], "chat.completion");
+        let message = &done["choices"][0]["message"];
+        assert_eq!(message["content"], "Hello");
+        assert_eq!(message["reasoning_content"], "Let me think.");
+        assert_eq!(message["tool_calls"][0]["function"]["name"], "get_weather");
+        assert_eq!(
+            message["tool_calls"][0]["function"]["arguments"],
+            "{\"city\":\"Paris\"}"
+        );
+        assert_eq!(done["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(done["usage"]["total_tokens"], 8);
+
+        let mut writer = ChunkWriter::new("chatcmpl-1".into(), "m".into(), 7, true);
+        assert_eq!(writer.start()["choices"][0]["delta"]["role"], "assistant");
+        let streamed: Vec<Value> = chunks.iter().flat_map(|c| writer.write(c)).collect();
+        // The empty token writes nothing; the finish writes two chunks.
+        assert_eq!(streamed.len(), 5);
+        assert_eq!(
+            streamed[0]["choices"][0]["delta"]["reasoning_content"],
+            "Let me think."
+        );
+        assert_eq!(streamed[1]["choices"][0]["delta"]["content"], "Hello");
+        assert_eq!(
+            streamed[2]["choices"][0]["delta"]["tool_calls"][0]["index"],
+            0
+        );
+        assert_eq!(streamed[3]["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(streamed[4]["choices"], json!([]));
+        assert_eq!(streamed[4]["usage"]["completion_tokens"], 3);
+    }
+}

@@ -1,0 +1,77 @@
+"""Drives a tessera node with the official OpenAI Python client.
+
+Usage: openai_client.py BASE_URL MODEL PROMPT MAX_TOKENS
+Prints one JSON object: what each call returned, for the Rust test to check.
+"""
+import json
+import sys
+
+import openai
+
+base_url, model, prompt, max_tokens = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
+messages = [{"role": "user", "content": prompt}]
+out = {}
+
+# Non-streaming, greedy.
+done = client.chat.completions.create(
+    model=model, messages=messages, max_tokens=max_tokens, temperature=0
+)
+out["text"] = done.choices[0].message.content
+out["finish_reason"] = done.choices[0].finish_reason
+out["usage"] = done.usage.model_dump()
+out["object"] = done.object
+
+# Streaming, with usage in the final chunk.
+pieces, finish, usage, roles = [], None, None, []
+stream = client.chat.completions.create(
+    model=model,
+    messages=messages,
+    max_tokens=max_tokens,
+    temperature=0,
+    stream=True,
+    stream_options={"include_usage": True},
+)
+for chunk in stream:
+    if chunk.usage is not None:
+        usage = chunk.usage.model_dump()
+    for choice in chunk.choices:
+        if choice.delta.role:
+            roles.append(choice.delta.role)
+        if choice.delta.content:
+            pieces.append(choice.delta.content)
+        if choice.finish_reason:
+            finish = choice.finish_reason
+out["stream_text"] = "".join(pieces)
+out["stream_finish_reason"] = finish
+out["stream_usage"] = usage
+out["stream_roles"] = roles
+
+# Logprobs.
+lp = client.chat.completions.create(
+    model=model, messages=messages, max_tokens=4, temperature=0, logprobs=True, top_logprobs=2
+)
+out["logprobs"] = [
+    {"logprob": t.logprob, "top": len(t.top_logprobs)} for t in lp.choices[0].logprobs.content
+]
+
+# Errors come back as the client's own exceptions.
+errors = {}
+cases = {
+    "unknown_model": dict(model="no-such-model", messages=messages),
+    "empty_messages": dict(model=model, messages=[]),
+    "max_tokens_beyond_context": dict(model=model, messages=messages, max_tokens=10_000_000),
+    "bad_temperature": dict(model=model, messages=messages, temperature=9),
+}
+for name, kwargs in cases.items():
+    try:
+        client.chat.completions.create(**kwargs)
+        errors[name] = None
+    except openai.APIStatusError as e:
+        errors[name] = {"status": e.status_code, "message": e.message}
+out["errors"] = errors
+
+# The model list.
+out["models"] = [m.id for m in client.models.list()]
+
+print(json.dumps(out))
