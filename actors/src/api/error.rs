@@ -7,7 +7,8 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 /// An error answered to an HTTP client.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{status}: {message}")]
 pub struct ApiError {
     pub status: StatusCode,
     pub message: String,

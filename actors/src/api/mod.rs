@@ -4,8 +4,10 @@
 //! gives it to a ready instance, and the chunks come back from that
 //! instance's rank 0 on `chunks/{command_id}`.
 
+pub mod anthropic;
 pub mod error;
 mod generation;
+pub mod ollama;
 pub mod openai;
 
 use std::collections::HashMap;
@@ -124,6 +126,31 @@ impl Api {
             .map_err(|e| ApiError::internal(format!("reading the state: {e}")))
     }
 
+    /// Asks the admin service; a query no node answers (no master yet, an
+    /// election under way) is asked again for up to 10 seconds. No answer
+    /// means no master took it, so asking again does not do it twice.
+    async fn ask<Req: prost::Message, Rep: prost::Message + Default>(
+        &self,
+        method: AdminMethod,
+        request: &Req,
+    ) -> Result<Rep, ApiError> {
+        let key = self.bus.keys.admin(method);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.bus.query(&key, request, Duration::from_secs(2)).await {
+                Ok(reply) => return Ok(reply),
+                Err(crate::bus::BusError::NoReply { .. }) if Instant::now() < deadline => {
+                    tracing::debug!(key, "no answer yet; asking again");
+                }
+                Err(error) => {
+                    return Err(ApiError::unavailable(format!(
+                        "the cluster did not answer ({error}); is a master elected?"
+                    )))
+                }
+            }
+        }
+    }
+
     fn take_slot(&self, model: &str) -> Result<QueueSlot, ApiError> {
         let mut queues = self
             .queues
@@ -204,21 +231,30 @@ impl Api {
                     ),
                 ));
             }
+            // Just after start-up the nodes may not have reported yet.
+            let waiting = Instant::now();
+            let mut state = state;
+            while !state
+                .nodes
+                .values()
+                .any(|n| n.info.as_ref().is_some_and(|i| !i.no_worker))
+                && waiting.elapsed() < Duration::from_secs(10)
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                state = self.state().await?;
+            }
             tracing::info!(model, "no instance; placing one");
             let reply: v1::PlaceInstanceReply = self
-                .bus
-                .query(
-                    &self.bus.keys.admin(AdminMethod::Place),
+                .ask(
+                    AdminMethod::Place,
                     &v1::PlaceInstanceRequest {
                         model_id: model.to_string(),
                         sharding: v1::Sharding::Pipeline as i32,
                         min_nodes: 1,
                         node_ids: Vec::new(),
                     },
-                    Duration::from_secs(10),
                 )
-                .await
-                .map_err(|e| ApiError::unavailable(format!("placing {model}: {e}")))?;
+                .await?;
             if let Some(error) = reply.error {
                 return Err(ApiError {
                     code: Some("model_does_not_fit"),
@@ -295,6 +331,11 @@ pub async fn serve(
     let app = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
+        .route("/v1/messages", post(messages))
+        .route("/api/version", get(ollama_version))
+        .route("/api/tags", get(ollama_tags))
+        .route("/api/chat", post(ollama_chat))
+        .route("/api/generate", post(ollama_generate))
         .route("/node_id", get(node_id_handler))
         .route("/state", get(state_handler))
         .route("/instance/previews", get(previews))
@@ -332,6 +373,283 @@ fn parse<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// A generation under way: the first chunk is in hand, so errors before
+/// any answer are HTTP errors.
+struct Begun {
+    generation: Generation,
+    first: generation_chunk::Kind,
+    slot: QueueSlot,
+}
+
+impl Api {
+    async fn begin(
+        &self,
+        target: &Target,
+        params: v1::TextGenerationParams,
+    ) -> Result<Begun, ApiError> {
+        let slot = self.take_slot(&target.model_id)?;
+        let mut generation = Generation::start(
+            &self.bus,
+            &self.node_id,
+            &target.instance_id,
+            params,
+            self.options.chunk_timeout,
+        )
+        .await?;
+        let first = match generation.next().await {
+            Some(Ok(generation_chunk::Kind::Error(error))) => return Err(chunk_error(&error)),
+            Some(Ok(chunk)) => chunk,
+            Some(Err(error)) => return Err(error),
+            None => return Err(ApiError::internal("the answer ended before it began")),
+        };
+        Ok(Begun {
+            generation,
+            first,
+            slot,
+        })
+    }
+}
+
+/// An error in Anthropic's shape.
+struct AnthropicError(ApiError);
+
+impl IntoResponse for AnthropicError {
+    fn into_response(self) -> Response {
+        (self.0.status, Json(anthropic::error_body(&self.0))).into_response()
+    }
+}
+
+impl From<ApiError> for AnthropicError {
+    fn from(error: ApiError) -> Self {
+        Self(error)
+    }
+}
+
+async fn messages(
+    State(api): State<Api>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, AnthropicError> {
+    let request: anthropic::MessagesRequest = parse(body)?;
+    let target = api.resolve(&request.model).await?;
+    let params = request.to_params(target.context)?;
+    let Begun {
+        mut generation,
+        first,
+        slot,
+    } = api.begin(&target, params).await?;
+    let id = format!("msg_{}", generation.command_id.replace('-', ""));
+    tracing::info!(request = %id, model = %request.model, stream = request.streaming(), "messages");
+    if !request.streaming() {
+        let mut chunks = vec![first];
+        while let Some(next) = generation.next().await {
+            match next? {
+                generation_chunk::Kind::Error(error) => return Err(chunk_error(&error).into()),
+                kind => chunks.push(kind),
+            }
+        }
+        drop(slot);
+        return Ok(Json(anthropic::message(&id, &request.model, &chunks)).into_response());
+    }
+    let mut writer = anthropic::EventWriter::new(id, request.model.clone());
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(256);
+    let event =
+        |(name, value): (&str, Value)| Ok(Event::default().event(name).data(value.to_string()));
+    tokio::spawn(async move {
+        let _slot = slot;
+        if tx.send(event(writer.start())).await.is_err() {
+            return;
+        }
+        let mut chunk: Option<Result<generation_chunk::Kind, ApiError>> = Some(Ok(first));
+        while let Some(next) = chunk {
+            let events: Vec<Result<Event, Infallible>> = match next {
+                Ok(generation_chunk::Kind::Error(error)) => {
+                    vec![event((
+                        "error",
+                        anthropic::error_body(&chunk_error(&error)),
+                    ))]
+                }
+                Ok(kind) => writer.write(&kind).into_iter().map(event).collect(),
+                Err(error) => vec![event(("error", anthropic::error_body(&error)))],
+            };
+            for e in events {
+                if tx.send(e).await.is_err() {
+                    return;
+                }
+            }
+            chunk = tokio::select! {
+                next = generation.next() => next,
+                _ = tx.closed() => return,
+            };
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|event| (event, rx))
+    });
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(10)))
+        .into_response())
+}
+
+/// An error in Ollama's shape.
+struct OllamaError(ApiError);
+
+impl IntoResponse for OllamaError {
+    fn into_response(self) -> Response {
+        (self.0.status, Json(ollama::error_body(&self.0))).into_response()
+    }
+}
+
+impl From<ApiError> for OllamaError {
+    fn from(error: ApiError) -> Self {
+        Self(error)
+    }
+}
+
+async fn ollama_version() -> Json<Value> {
+    Json(json!({"version": env!("CARGO_PKG_VERSION")}))
+}
+
+async fn ollama_tags(State(api): State<Api>) -> Result<Json<Value>, OllamaError> {
+    let state = api.state().await?;
+    let mut cards = crate::catalogue::cards();
+    for card in state.instances.values().filter_map(|i| i.model.as_ref()) {
+        if !cards.iter().any(|c| c.model_id == card.model_id) {
+            cards.push(card.clone());
+        }
+    }
+    let models: Vec<Value> = cards
+        .iter()
+        .map(|c| {
+            json!({
+                "name": c.model_id,
+                "model": c.model_id,
+                "modified_at": "1970-01-01T00:00:00Z",
+                "size": c.storage_size_bytes,
+                "digest": "",
+                "details": {
+                    "format": "gguf",
+                    "family": c.family,
+                    "families": [c.family],
+                    "parameter_size": "",
+                    "quantization_level": c.quantization,
+                },
+            })
+        })
+        .collect();
+    Ok(Json(json!({"models": models})))
+}
+
+fn rfc3339_now() -> String {
+    let seconds = now_unix();
+    // Civil date from days since the epoch (Howard Hinnant's algorithm).
+    let days = (seconds / 86_400) as i64;
+    let rest = seconds % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
+/// Answers an Ollama request: one object, or a stream of lines.
+async fn ollama_answer(
+    api: Api,
+    model: String,
+    stream: bool,
+    shape: ollama::Shape,
+    params: Result<v1::TextGenerationParams, ApiError>,
+    target: Target,
+) -> Result<Response, OllamaError> {
+    let params = params?;
+    let Begun {
+        mut generation,
+        first,
+        slot,
+    } = api.begin(&target, params).await?;
+    tracing::info!(request = %generation.command_id, model = %model, stream, "ollama");
+    let mut writer = ollama::LineWriter::new(shape, model, rfc3339_now());
+    if !stream {
+        let mut chunk = Some(Ok(first));
+        while let Some(next) = chunk {
+            match next? {
+                generation_chunk::Kind::Error(error) => return Err(chunk_error(&error).into()),
+                kind => {
+                    if let Some(done) = writer.gather(&kind) {
+                        drop(slot);
+                        return Ok(Json(done).into_response());
+                    }
+                }
+            }
+            chunk = generation.next().await;
+        }
+        return Err(ApiError::internal("the answer ended without a finish").into());
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(256);
+    let line = |value: &Value| Ok(Bytes::from(format!("{value}\n")));
+    tokio::spawn(async move {
+        let _slot = slot;
+        let mut chunk: Option<Result<generation_chunk::Kind, ApiError>> = Some(Ok(first));
+        while let Some(next) = chunk {
+            let out = match next {
+                Ok(generation_chunk::Kind::Error(error)) => {
+                    Some(ollama::error_body(&chunk_error(&error)))
+                }
+                Ok(kind) => writer.stream(&kind),
+                Err(error) => Some(ollama::error_body(&error)),
+            };
+            if let Some(value) = out {
+                if tx.send(line(&value)).await.is_err() {
+                    return;
+                }
+            }
+            chunk = tokio::select! {
+                next = generation.next() => next,
+                _ = tx.closed() => return,
+            };
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|line| (line, rx))
+    });
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
+        axum::body::Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+async fn ollama_chat(
+    State(api): State<Api>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, OllamaError> {
+    let request: ollama::ChatRequest = parse(body)?;
+    let target = api.resolve(&request.model).await?;
+    let params = request.to_params(target.context);
+    let (model, stream) = (request.model.clone(), request.streaming());
+    ollama_answer(api, model, stream, ollama::Shape::Chat, params, target).await
+}
+
+async fn ollama_generate(
+    State(api): State<Api>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, OllamaError> {
+    let request: ollama::GenerateRequest = parse(body)?;
+    let target = api.resolve(&request.model).await?;
+    let params = request.to_params(target.context);
+    let (model, stream) = (request.model.clone(), request.streaming());
+    ollama_answer(api, model, stream, ollama::Shape::Generate, params, target).await
+}
+
 async fn chat_completions(
     State(api): State<Api>,
     body: Result<Bytes, BytesRejection>,
@@ -340,25 +658,13 @@ async fn chat_completions(
     let target = api.resolve(&request.model).await?;
     let params = request.to_params(target.context)?;
     let (stream, include_usage) = request.streaming();
-    let slot = api.take_slot(&target.model_id)?;
-    let mut generation = Generation::start(
-        &api.bus,
-        &api.node_id,
-        &target.instance_id,
-        params,
-        api.options.chunk_timeout,
-    )
-    .await?;
+    let Begun {
+        mut generation,
+        first,
+        slot,
+    } = api.begin(&target, params).await?;
     let id = format!("chatcmpl-{}", generation.command_id);
     tracing::info!(request = %id, model = %request.model, stream, "chat completion");
-    // The first chunk decides the status: an error before any answer is
-    // an HTTP error.
-    let first = match generation.next().await {
-        Some(Ok(generation_chunk::Kind::Error(error))) => return Err(chunk_error(&error)),
-        Some(Ok(chunk)) => chunk,
-        Some(Err(error)) => return Err(error),
-        None => return Err(ApiError::internal("the answer ended before it began")),
-    };
     let created = now_unix();
     let logprobs = request.logprobs.unwrap_or(false);
     if !stream {
@@ -475,17 +781,14 @@ async fn previews(
     Query(query): Query<PreviewsQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let reply: v1::PlacementPreviewsReply = api
-        .bus
-        .query(
-            &api.bus.keys.admin(AdminMethod::Previews),
+        .ask(
+            AdminMethod::Previews,
             &v1::PlacementPreviewsRequest {
                 model_id: query.model_id,
                 node_ids: Vec::new(),
             },
-            Duration::from_secs(5),
         )
-        .await
-        .map_err(|e| ApiError::unavailable(e.to_string()))?;
+        .await?;
     if let Some(error) = &reply.error {
         return Err(admin_error(error));
     }
@@ -534,19 +837,16 @@ async fn place_instance(
         }
     };
     let reply: v1::PlaceInstanceReply = api
-        .bus
-        .query(
-            &api.bus.keys.admin(AdminMethod::Place),
+        .ask(
+            AdminMethod::Place,
             &v1::PlaceInstanceRequest {
                 model_id: body.model_id,
                 sharding: sharding as i32,
                 min_nodes: body.min_nodes.unwrap_or(1),
                 node_ids: Vec::new(),
             },
-            Duration::from_secs(10),
         )
-        .await
-        .map_err(|e| ApiError::unavailable(e.to_string()))?;
+        .await?;
     if let Some(error) = &reply.error {
         return Err(admin_error(error));
     }
@@ -584,16 +884,13 @@ async fn delete_instance(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let reply: v1::DeleteInstanceReply = api
-        .bus
-        .query(
-            &api.bus.keys.admin(AdminMethod::Delete),
+        .ask(
+            AdminMethod::Delete,
             &v1::DeleteInstanceRequest {
                 instance_id: id.clone(),
             },
-            Duration::from_secs(10),
         )
-        .await
-        .map_err(|e| ApiError::unavailable(e.to_string()))?;
+        .await?;
     if let Some(error) = &reply.error {
         return Err(admin_error(error));
     }

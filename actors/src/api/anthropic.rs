@@ -1,0 +1,571 @@
+//! Anthropic Messages: requests as Anthropic's clients send them, turned
+//! into `TextGenerationParams`; answers, stream events and errors in
+//! Anthropic's shapes. Pure functions, tested without a server.
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tessera_protos::v1::{self, generation_chunk};
+
+use super::error::ApiError;
+
+#[derive(Debug, Deserialize)]
+pub struct MessagesRequest {
+    pub model: String,
+    pub max_tokens: u32,
+    pub messages: Vec<InMessage>,
+    #[serde(default)]
+    pub system: Option<System>,
+    #[serde(default)]
+    pub stop_sequences: Option<Vec<String>>,
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    #[serde(default)]
+    pub top_p: Option<f32>,
+    #[serde(default)]
+    pub top_k: Option<u32>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(default)]
+    pub tools: Option<Vec<Tool>>,
+    #[serde(default)]
+    pub tool_choice: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum System {
+    Text(String),
+    Blocks(Vec<Block>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct InMessage {
+    pub role: String,
+    pub content: Content,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Blocks(Vec<Block>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Block {
+    Text {
+        text: String,
+    },
+    ToolUse {
+        id: String,
+        name: String,
+        input: Value,
+    },
+    ToolResult {
+        tool_use_id: String,
+        #[serde(default)]
+        content: Option<Content>,
+    },
+    Image {},
+    Thinking {
+        #[serde(default)]
+        thinking: String,
+    },
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Tool {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub input_schema: Option<Value>,
+}
+
+fn text_of(content: &Content, param: &str) -> Result<String, ApiError> {
+    match content {
+        Content::Text(text) => Ok(text.clone()),
+        Content::Blocks(blocks) => {
+            let mut text = String::new();
+            for block in blocks {
+                match block {
+                    Block::Text { text: t } => text.push_str(t),
+                    Block::Image {} => {
+                        return Err(ApiError::invalid(param, "images are not supported"))
+                    }
+                    _ => {}
+                }
+            }
+            Ok(text)
+        }
+    }
+}
+
+impl MessagesRequest {
+    pub fn streaming(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
+    pub fn to_params(&self, context: u32) -> Result<v1::TextGenerationParams, ApiError> {
+        if self.messages.is_empty() {
+            return Err(ApiError::invalid("messages", "messages must not be empty"));
+        }
+        if self.max_tokens == 0 {
+            return Err(ApiError::invalid(
+                "max_tokens",
+                "max_tokens must be at least 1",
+            ));
+        }
+        if context > 0 && self.max_tokens > context {
+            return Err(ApiError::invalid(
+                "max_tokens",
+                format!(
+                    "max_tokens {} is beyond the model's context of {context} tokens",
+                    self.max_tokens
+                ),
+            ));
+        }
+        if let Some(t) = self.temperature.filter(|t| !(0.0..=1.0).contains(t)) {
+            return Err(ApiError::invalid(
+                "temperature",
+                format!("temperature must be between 0 and 1, got {t}"),
+            ));
+        }
+        if let Some(p) = self.top_p.filter(|p| !(0.0..=1.0).contains(p)) {
+            return Err(ApiError::invalid(
+                "top_p",
+                format!("top_p must be between 0 and 1, got {p}"),
+            ));
+        }
+        let mut messages = Vec::new();
+        match &self.system {
+            Some(System::Text(text)) if !text.is_empty() => messages.push(v1::ChatMessage {
+                role: "system".into(),
+                content: text.clone(),
+                ..Default::default()
+            }),
+            Some(System::Blocks(blocks)) => {
+                let text = text_of(
+                    &Content::Blocks(blocks.iter().map(clone_text).collect()),
+                    "system",
+                )?;
+                if !text.is_empty() {
+                    messages.push(v1::ChatMessage {
+                        role: "system".into(),
+                        content: text,
+                        ..Default::default()
+                    });
+                }
+            }
+            _ => {}
+        }
+        for (index, m) in self.messages.iter().enumerate() {
+            let param = format!("messages[{index}]");
+            if m.role != "user" && m.role != "assistant" {
+                return Err(ApiError::invalid(
+                    &format!("{param}.role"),
+                    format!("role must be user or assistant, not {:?}", m.role),
+                ));
+            }
+            let blocks = match &m.content {
+                Content::Text(text) => {
+                    messages.push(v1::ChatMessage {
+                        role: m.role.clone(),
+                        content: text.clone(),
+                        ..Default::default()
+                    });
+                    continue;
+                }
+                Content::Blocks(blocks) => blocks,
+            };
+            let mut message = v1::ChatMessage {
+                role: m.role.clone(),
+                ..Default::default()
+            };
+            for block in blocks {
+                match block {
+                    Block::Text { text } => message.content.push_str(text),
+                    Block::Thinking { thinking } => message.reasoning_content.push_str(thinking),
+                    Block::ToolUse { id, name, input } => message.tool_calls.push(v1::ToolCall {
+                        id: id.clone(),
+                        name: name.clone(),
+                        arguments_json: input.to_string(),
+                    }),
+                    Block::ToolResult {
+                        tool_use_id,
+                        content,
+                    } => messages.push(v1::ChatMessage {
+                        role: "tool".into(),
+                        content: match content {
+                            Some(c) => text_of(c, &format!("{param}.content"))?,
+                            None => String::new(),
+                        },
+                        tool_call_id: tool_use_id.clone(),
+                        ..Default::default()
+                    }),
+                    Block::Image {} => {
+                        return Err(ApiError::invalid(
+                            &format!("{param}.content"),
+                            "images are not supported",
+                        ))
+                    }
+                }
+            }
+            if !message.content.is_empty() || !message.tool_calls.is_empty() {
+                messages.push(message);
+            }
+        }
+        let tools_wanted = !matches!(&self.tool_choice, Some(c) if c.get("type").and_then(Value::as_str) == Some("none"));
+        let tools_json = if tools_wanted {
+            self.tools
+                .iter()
+                .flatten()
+                .map(|t| {
+                    json!({
+                        "type": "function",
+                        "function": {
+                            "name": t.name,
+                            "description": t.description.clone().unwrap_or_default(),
+                            "parameters": t.input_schema.clone().unwrap_or(json!({"type": "object"})),
+                        }
+                    })
+                    .to_string()
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let stop = self.stop_sequences.clone().unwrap_or_default();
+        if stop.iter().any(String::is_empty) {
+            return Err(ApiError::invalid(
+                "stop_sequences",
+                "stop sequences must not be empty",
+            ));
+        }
+        Ok(v1::TextGenerationParams {
+            model_id: self.model.clone(),
+            messages,
+            raw_prompt: None,
+            tools_json,
+            sampling: Some(v1::SamplingParams {
+                temperature: self.temperature,
+                top_p: self.top_p,
+                top_k: self.top_k,
+                max_tokens: Some(self.max_tokens),
+                stop,
+                ..Default::default()
+            }),
+            enable_thinking: None,
+        })
+    }
+}
+
+fn clone_text(block: &Block) -> Block {
+    match block {
+        Block::Text { text } => Block::Text { text: text.clone() },
+        _ => Block::Text {
+            text: String::new(),
+        },
+    }
+}
+
+pub fn stop_reason(reason: i32) -> &'static str {
+    match v1::FinishReason::try_from(reason) {
+        Ok(v1::FinishReason::Length) => "max_tokens",
+        Ok(v1::FinishReason::ToolCalls) => "tool_use",
+        _ => "end_turn",
+    }
+}
+
+fn tool_input(call: &v1::ToolCall) -> Value {
+    serde_json::from_str(&call.arguments_json).unwrap_or_else(|_| json!({}))
+}
+
+/// The `message` object of a whole answer.
+pub fn message(id: &str, model: &str, chunks: &[generation_chunk::Kind]) -> Value {
+    let mut content: Vec<Value> = Vec::new();
+    let mut text = String::new();
+    let mut thinking = String::new();
+    let mut finish = None;
+    for chunk in chunks {
+        match chunk {
+            generation_chunk::Kind::Token(t) if t.reasoning => thinking.push_str(&t.text),
+            generation_chunk::Kind::Token(t) => text.push_str(&t.text),
+            generation_chunk::Kind::ToolCall(c) => {
+                if let Some(call) = &c.call {
+                    if !text.is_empty() {
+                        content.push(json!({"type": "text", "text": std::mem::take(&mut text)}));
+                    }
+                    content.push(json!({
+                        "type": "tool_use",
+                        "id": call.id,
+                        "name": call.name,
+                        "input": tool_input(call),
+                    }));
+                }
+            }
+            generation_chunk::Kind::Finish(f) => finish = Some(*f),
+            _ => {}
+        }
+    }
+    if !text.is_empty() || content.is_empty() {
+        content.push(json!({"type": "text", "text": text}));
+    }
+    if !thinking.is_empty() {
+        content.insert(
+            0,
+            json!({"type": "thinking", "thinking": thinking, "signature": ""}),
+        );
+    }
+    let usage = finish.and_then(|f| f.usage).unwrap_or_default();
+    json!({
+        "id": id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop_reason(finish.map_or(0, |f| f.reason)),
+        "stop_sequence": null,
+        "usage": {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens},
+    })
+}
+
+/// Turns chunks into Anthropic's stream events: `(event name, data)`.
+pub struct EventWriter {
+    id: String,
+    model: String,
+    /// The open content block: its index and kind ("text", "thinking").
+    open: Option<(usize, &'static str)>,
+    next_index: usize,
+}
+
+impl EventWriter {
+    pub fn new(id: String, model: String) -> Self {
+        Self {
+            id,
+            model,
+            open: None,
+            next_index: 0,
+        }
+    }
+
+    pub fn start(&self) -> (&'static str, Value) {
+        (
+            "message_start",
+            json!({"type": "message_start", "message": {
+                "id": self.id,
+                "type": "message",
+                "role": "assistant",
+                "model": self.model,
+                "content": [],
+                "stop_reason": null,
+                "stop_sequence": null,
+                "usage": {"input_tokens": 0, "output_tokens": 0},
+            }}),
+        )
+    }
+
+    fn close(&mut self, out: &mut Vec<(&'static str, Value)>) {
+        if let Some((index, _)) = self.open.take() {
+            out.push((
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": index}),
+            ));
+        }
+    }
+
+    fn open(
+        &mut self,
+        kind: &'static str,
+        block: Value,
+        out: &mut Vec<(&'static str, Value)>,
+    ) -> usize {
+        self.close(out);
+        let index = self.next_index;
+        self.next_index += 1;
+        out.push((
+            "content_block_start",
+            json!({"type": "content_block_start", "index": index, "content_block": block}),
+        ));
+        self.open = Some((index, kind));
+        index
+    }
+
+    pub fn write(&mut self, chunk: &generation_chunk::Kind) -> Vec<(&'static str, Value)> {
+        let mut out = Vec::new();
+        match chunk {
+            generation_chunk::Kind::Token(t) if !t.text.is_empty() => {
+                let (kind, block, delta) = if t.reasoning {
+                    (
+                        "thinking",
+                        json!({"type": "thinking", "thinking": ""}),
+                        json!({"type": "thinking_delta", "thinking": t.text}),
+                    )
+                } else {
+                    (
+                        "text",
+                        json!({"type": "text", "text": ""}),
+                        json!({"type": "text_delta", "text": t.text}),
+                    )
+                };
+                let index = match self.open {
+                    Some((index, open)) if open == kind => index,
+                    _ => self.open(kind, block, &mut out),
+                };
+                out.push((
+                    "content_block_delta",
+                    json!({"type": "content_block_delta", "index": index, "delta": delta}),
+                ));
+            }
+            generation_chunk::Kind::ToolCall(c) => {
+                if let Some(call) = &c.call {
+                    let index = self.open(
+                        "tool_use",
+                        json!({"type": "tool_use", "id": call.id, "name": call.name, "input": {}}),
+                        &mut out,
+                    );
+                    out.push((
+                        "content_block_delta",
+                        json!({"type": "content_block_delta", "index": index, "delta": {
+                            "type": "input_json_delta",
+                            "partial_json": tool_input(call).to_string(),
+                        }}),
+                    ));
+                    self.close(&mut out);
+                }
+            }
+            generation_chunk::Kind::Finish(f) => {
+                if self.next_index == 0 {
+                    // An empty answer still has its one text block.
+                    self.open("text", json!({"type": "text", "text": ""}), &mut out);
+                }
+                self.close(&mut out);
+                let usage = f.usage.unwrap_or_default();
+                out.push((
+                    "message_delta",
+                    json!({"type": "message_delta",
+                        "delta": {"stop_reason": stop_reason(f.reason), "stop_sequence": null},
+                        "usage": {"output_tokens": usage.completion_tokens}}),
+                ));
+                out.push(("message_stop", json!({"type": "message_stop"})));
+            }
+            _ => {}
+        }
+        out
+    }
+}
+
+/// An error in Anthropic's shape.
+pub fn error_body(error: &ApiError) -> Value {
+    let kind = match error.status.as_u16() {
+        400 => "invalid_request_error",
+        401 => "authentication_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        _ => "api_error",
+    };
+    json!({"type": "error", "error": {"type": kind, "message": error.message}})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_messages_request_becomes_generation_params() -> Result<(), Box<dyn std::error::Error>> {
+        let r: MessagesRequest = serde_json::from_value(json!({
+            "model": "m",
+            "max_tokens": 16,
+            "system": [{"type": "text", "text": "Be brief."}],
+            "messages": [
+                {"role": "user", "content": "What is the weather?"},
+                {"role": "assistant", "content": [
+                    {"type": "text", "text": "Let me look."},
+                    {"type": "tool_use", "id": "t1", "name": "weather", "input": {"city": "Paris"}}
+                ]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": "sunny"}
+                ]}
+            ],
+            "tools": [{"name": "weather", "input_schema": {"type": "object"}}],
+            "stop_sequences": ["END"],
+            "temperature": 0
+        }))?;
+        let p = r.to_params(8192)?;
+        let roles: Vec<&str> = p.messages.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, vec!["system", "user", "assistant", "tool"]);
+        assert_eq!(
+            p.messages[2].tool_calls[0].arguments_json,
+            "{\"city\":\"Paris\"}"
+        );
+        assert_eq!(p.messages[3].tool_call_id, "t1");
+        assert_eq!(p.messages[3].content, "sunny");
+        assert!(p.tools_json[0].contains("\"parameters\""));
+        let s = p.sampling.ok_or("sampling")?;
+        assert_eq!(s.max_tokens, Some(16));
+        assert_eq!(s.stop, vec!["END".to_string()]);
+        // Refusals name the field.
+        let bad: MessagesRequest = serde_json::from_value(json!({
+            "model": "m", "max_tokens": 16, "messages": [{"role": "system", "content": "x"}]
+        }))?;
+        assert_eq!(
+            bad.to_params(0).err().and_then(|e| e.param),
+            Some("messages[0].role".to_string())
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn answers_and_streams_take_anthropics_shapes() {
+        let chunks = vec![
+            generation_chunk::Kind::Token(v1::TokenChunk {
+                text: "Hi".into(),
+                ..Default::default()
+            }),
+            generation_chunk::Kind::ToolCall(v1::ToolCallChunk {
+                call: Some(v1::ToolCall {
+                    id: "t1".into(),
+                    name: "f".into(),
+                    arguments_json: "{\"a\":1}".into(),
+                }),
+            }),
+            generation_chunk::Kind::Finish(v1::FinishChunk {
+                reason: v1::FinishReason::ToolCalls as i32,
+                usage: Some(v1::Usage {
+                    prompt_tokens: 3,
+                    completion_tokens: 2,
+                    ..Default::default()
+                }),
+                stats: None,
+            }),
+        ];
+        let whole = message("msg_1", "m", &chunks);
+        assert_eq!(whole["content"][0], json!({"type": "text", "text": "Hi"}));
+        assert_eq!(whole["content"][1]["input"], json!({"a": 1}));
+        assert_eq!(whole["stop_reason"], "tool_use");
+        assert_eq!(whole["usage"]["output_tokens"], 2);
+
+        let mut writer = EventWriter::new("msg_1".into(), "m".into());
+        let names: Vec<&str> = std::iter::once(writer.start())
+            .chain(chunks.iter().flat_map(|c| writer.write(c)))
+            .map(|(name, _)| name)
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                "message_start",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+    }
+}

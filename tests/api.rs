@@ -1,0 +1,475 @@
+//! The HTTP API of a real `tessera node`, driven by the official OpenAI
+//! Python client (installed by `scripts/python-env`) and by plain HTTP:
+//! greedy answers equal `tessera generate`'s, streams end as OpenAI's do,
+//! errors come in OpenAI's format, and a client that goes away cancels its
+//! generation.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tessera");
+const MODEL: &str = "smollm2-135m-instruct-q4_1";
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+struct Node {
+    child: Child,
+    api: String,
+    log: std::path::PathBuf,
+}
+
+impl Node {
+    fn start(dir: &Path, extra: &[&str]) -> Node {
+        let models = dir
+            .join("models")
+            .join(tessera_engine::testing::DEFAULT_MODEL_DIR);
+        std::fs::create_dir_all(&models).expect("models dir");
+        std::os::unix::fs::symlink(
+            tessera_engine::testing::default_model_path(),
+            models.join(tessera_engine::testing::DEFAULT_MODEL_FILE),
+        )
+        .expect("link the model");
+        let log = dir.with_extension("log");
+        let mut child = Command::new(BIN)
+            .args(["node", "--namespace", "api-test", "--no-multicast"])
+            .args(["--listen", &format!("tcp/127.0.0.1:{}", free_port())])
+            .args(["--ring-port-base", &free_port().to_string()])
+            .args(["--runner-threads", "1", "--api-host", "127.0.0.1"])
+            .args(["--api-port", "0"])
+            .args(extra)
+            .arg("--data-dir")
+            .arg(dir)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("node starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("node prints its line");
+        let json: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+        Node {
+            child,
+            api: json["api"].as_str().expect("api address").to_string(),
+            log,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One HTTP/1.1 request; the status and the body (connection closed).
+fn http(address: &str, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    let mut stream = TcpStream::connect(address).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(120)))
+        .expect("timeout");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    // The server may answer (413) and close before the body is all sent.
+    let _ = stream
+        .write_all(head.as_bytes())
+        .and_then(|()| stream.write_all(body));
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response);
+    let response = String::from_utf8_lossy(&response).to_string();
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+fn greedy(prompt: &str, max_tokens: u32) -> String {
+    let out = Command::new(BIN)
+        .args(["generate", "--chat", prompt, "--json"])
+        .args(["--max-tokens", &max_tokens.to_string()])
+        .arg("--model")
+        .arg(tessera_engine::testing::default_model_path())
+        .output()
+        .expect("generate runs");
+    assert!(out.status.success());
+    let json: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    json["text"].as_str().expect("text").to_string()
+}
+
+fn python_lib() -> String {
+    let out = Command::new("bash")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/python-env"))
+        .output()
+        .expect("scripts/python-env runs");
+    assert!(
+        out.status.success(),
+        "the OpenAI client library installs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn the_openai_client_gets_greedy_answers_streams_and_errors() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let node = Node::start(&root.path().join("n"), &[]);
+    let prompt = "What is the capital of France?";
+    let expected = greedy(prompt, 24);
+    let out = Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/api/openai_client.py"
+        ))
+        .args([&format!("http://{}/v1", node.api), MODEL, prompt, "24"])
+        .env("PYTHONPATH", python_lib())
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        node.log()
+    );
+    let got: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    // The model is placed on the first request; greedy answers match.
+    assert_eq!(got["object"], "chat.completion");
+    assert_eq!(got["text"], expected.as_str(), "non-streaming");
+    assert_eq!(got["stream_text"], expected.as_str(), "streaming");
+    assert_eq!(got["finish_reason"], "length");
+    assert_eq!(got["stream_finish_reason"], "length");
+    assert_eq!(got["usage"]["completion_tokens"], 24);
+    assert_eq!(got["stream_usage"]["completion_tokens"], 24);
+    assert_eq!(got["stream_roles"], serde_json::json!(["assistant"]));
+    let logprobs = got["logprobs"].as_array().expect("logprobs");
+    assert_eq!(logprobs.len(), 4);
+    assert!(logprobs
+        .iter()
+        .all(|l| l["top"] == 2 && l["logprob"].as_f64().is_some_and(|p| p <= 0.0)));
+    let errors = &got["errors"];
+    assert_eq!(errors["unknown_model"]["status"], 404, "{errors}");
+    assert_eq!(errors["empty_messages"]["status"], 400, "{errors}");
+    assert_eq!(
+        errors["max_tokens_beyond_context"]["status"], 400,
+        "{errors}"
+    );
+    assert_eq!(errors["bad_temperature"]["status"], 400, "{errors}");
+    assert!(got["models"]
+        .as_array()
+        .is_some_and(|m| m.iter().any(|id| id == MODEL)));
+}
+
+#[test]
+fn the_anthropic_client_gets_the_same_greedy_answer() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let node = Node::start(&root.path().join("n"), &[]);
+    let prompt = "Name three colours.";
+    let expected = greedy(prompt, 16);
+    let out = Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/api/anthropic_client.py"
+        ))
+        .args([&format!("http://{}", node.api), MODEL, prompt, "16"])
+        .env("PYTHONPATH", python_lib())
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        node.log()
+    );
+    let got: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(got["type"], "message");
+    assert_eq!(got["text"], expected.as_str(), "non-streaming");
+    assert_eq!(got["stream_text"], expected.as_str(), "streaming");
+    assert_eq!(got["stop_reason"], "max_tokens");
+    assert_eq!(got["stream_stop_reason"], "max_tokens");
+    assert_eq!(got["output_tokens"], 16);
+    for event in [
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ] {
+        assert!(
+            got["stream_events"]
+                .as_array()
+                .is_some_and(|e| e.iter().any(|x| x == event)),
+            "{event} in {}",
+            got["stream_events"]
+        );
+    }
+    assert_eq!(got["errors"]["unknown_model"]["status"], 404);
+    assert_eq!(got["errors"]["unknown_model"]["type"], "not_found_error");
+    assert_eq!(got["errors"]["empty_messages"]["status"], 400);
+    assert_eq!(
+        got["errors"]["empty_messages"]["type"],
+        "invalid_request_error"
+    );
+}
+
+#[test]
+fn bad_bodies_get_clear_errors_and_a_gone_client_cancels_its_generation() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let node = Node::start(
+        &root.path().join("n"),
+        &["--no-auto-place", "--queue-limit", "2"],
+    );
+    let api = node.api.as_str();
+    // Malformed JSON, wrong types, an unknown endpoint, an oversized body.
+    let (status, body) = http(api, "POST", "/v1/chat/completions", b"{not json");
+    assert_eq!(status, 400, "{body}");
+    let error: Value = serde_json::from_str(&body).expect("an error object");
+    assert_eq!(error["error"]["type"], "invalid_request_error");
+    let (status, _) = http(
+        api,
+        "POST",
+        "/v1/chat/completions",
+        br#"{"model": 5, "messages": "hi"}"#,
+    );
+    assert_eq!(status, 400);
+    let (status, _) = http(api, "GET", "/v1/nothing", b"");
+    assert_eq!(status, 404);
+    let huge = vec![b' '; 5 << 20];
+    let (status, _) = http(api, "POST", "/v1/chat/completions", &huge);
+    assert_eq!(status, 413);
+    // Without auto-place, a model with no instance is a 404 that says how.
+    let chat = |max_tokens: u32, stream: bool| {
+        serde_json::json!({
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Tell me a long story."}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": stream,
+        })
+        .to_string()
+    };
+    let (status, body) = http(
+        api,
+        "POST",
+        "/v1/chat/completions",
+        chat(4, false).as_bytes(),
+    );
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("place_instance"), "{body}");
+
+    // Once the node is in the state, place the model through the API and
+    // wait for it.
+    let started = Instant::now();
+    loop {
+        let (_, body) = http(api, "GET", "/state", b"");
+        let state: Value = serde_json::from_str(&body).unwrap_or_default();
+        if state["state"]["nodes"]
+            .as_object()
+            .is_some_and(|n| !n.is_empty())
+        {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the node reports itself"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (status, body) = http(
+        api,
+        "POST",
+        "/place_instance",
+        format!(r#"{{"model_id": "{MODEL}"}}"#).as_bytes(),
+    );
+    assert_eq!(status, 200, "{body}");
+    let placed: Value = serde_json::from_str(&body).expect("JSON");
+    let instance = placed["instance"]["instanceId"]
+        .as_str()
+        .expect("instance id")
+        .to_string();
+    let started = Instant::now();
+    loop {
+        let (_, body) = http(api, "GET", &format!("/instance/{instance}"), b"");
+        let json: Value = serde_json::from_str(&body).unwrap_or_default();
+        if json["ready"] == true {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "ready\n{}",
+            node.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // A streaming client that leaves after a few chunks: its generation
+    // is cancelled (the task goes, the runner is Ready again) long before
+    // 2,000 tokens.
+    let mut stream = TcpStream::connect(api).expect("connect");
+    let body = chat(2000, true);
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {api}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).expect("write");
+    stream.write_all(body.as_bytes()).expect("write");
+    let mut reader = BufReader::new(stream);
+    let mut data_lines = 0;
+    let mut line = String::new();
+    while data_lines < 5 {
+        line.clear();
+        assert!(
+            reader.read_line(&mut line).expect("read") > 0,
+            "stream ended"
+        );
+        if line.starts_with("data: ") {
+            data_lines += 1;
+        }
+    }
+    drop(reader);
+    let left = Instant::now();
+    loop {
+        let (_, body) = http(api, "GET", "/state", b"");
+        let state: Value = serde_json::from_str(&body).expect("state");
+        let tasks = state["state"]["tasks"]
+            .as_object()
+            .map_or(0, serde_json::Map::len);
+        let runner = format!("{instance}-rank0");
+        let ready = state["state"]["runners"][&runner].get("ready").is_some();
+        if tasks == 0 && ready {
+            break;
+        }
+        assert!(
+            left.elapsed() < Duration::from_secs(20),
+            "the generation is cancelled\n{}",
+            node.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("client gone: cancelled within {:?}", left.elapsed());
+    assert!(node.log().contains("client gone; cancelling"));
+
+    // The cluster endpoints.
+    let (status, body) = http(api, "GET", "/node_id", b"");
+    assert_eq!(status, 200);
+    assert!(body.starts_with('"'));
+    let (status, body) = http(
+        api,
+        "GET",
+        &format!("/instance/previews?model_id={MODEL}"),
+        b"",
+    );
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = http(api, "GET", "/instance/no-such-instance", b"");
+    assert_eq!(status, 404);
+    let (status, body) = http(api, "DELETE", &format!("/instance/{instance}"), b"");
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = http(api, "DELETE", &format!("/instance/{instance}"), b"");
+    assert_eq!(status, 404);
+}
+
+#[test]
+fn ollama_endpoints_answer_in_ollamas_format() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let node = Node::start(&root.path().join("n"), &[]);
+    let api = node.api.as_str();
+    let (status, body) = http(api, "GET", "/api/version", b"");
+    assert_eq!(status, 200);
+    assert!(body.contains("\"version\""), "{body}");
+    let (status, body) = http(api, "GET", "/api/tags", b"");
+    assert_eq!(status, 200);
+    let tags: Value = serde_json::from_str(&body).expect("JSON");
+    assert!(tags["models"]
+        .as_array()
+        .is_some_and(|m| m.iter().any(|t| t["name"] == MODEL)));
+
+    let prompt = "Name a fruit.";
+    let expected = greedy(prompt, 12);
+    let chat = |stream: bool| {
+        serde_json::json!({
+            "model": MODEL,
+            "messages": [{"role": "user", "content": prompt}],
+            "stream": stream,
+            "options": {"temperature": 0, "num_predict": 12},
+        })
+        .to_string()
+    };
+    // Whole (the model is placed on this first request).
+    let (status, body) = http(api, "POST", "/api/chat", chat(false).as_bytes());
+    assert_eq!(status, 200, "{body}\n{}", node.log());
+    let whole: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(whole["message"]["content"], expected.as_str());
+    assert_eq!(whole["done"], true);
+    let count = whole["eval_count"].as_u64().unwrap_or(0);
+    let reason = if count == 12 { "length" } else { "stop" };
+    assert!((1..=12).contains(&count), "{whole}");
+    assert_eq!(whole["done_reason"], reason);
+    // Streamed: newline-delimited JSON, the last line done.
+    let (status, body) = http(api, "POST", "/api/chat", chat(true).as_bytes());
+    assert_eq!(status, 200);
+    // The body is chunked on the wire: keep only the JSON lines.
+    let lines: Vec<Value> = body
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v.is_object())
+        .collect();
+    let text: String = lines
+        .iter()
+        .filter_map(|l| l["message"]["content"].as_str())
+        .collect();
+    assert_eq!(text, expected);
+    assert_eq!(
+        lines.last().map(|l| l["done"].clone()),
+        Some(Value::Bool(true))
+    );
+    // Generate, raw prompt, not streamed.
+    let (status, body) = http(
+        api,
+        "POST",
+        "/api/generate",
+        format!(
+            r#"{{"model": "{MODEL}", "prompt": "The sky is", "raw": true, "stream": false, "options": {{"num_predict": 4}}}}"#
+        )
+        .as_bytes(),
+    );
+    assert_eq!(status, 200, "{body}");
+    let generated: Value = serde_json::from_str(&body).expect("JSON");
+    assert!(generated["response"]
+        .as_str()
+        .is_some_and(|r| !r.is_empty()));
+    // Errors in Ollama's shape.
+    let (status, body) = http(
+        api,
+        "POST",
+        "/api/chat",
+        br#"{"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]}"#,
+    );
+    assert_eq!(status, 404);
+    let error: Value = serde_json::from_str(&body).expect("JSON");
+    assert!(error["error"]
+        .as_str()
+        .is_some_and(|e| e.contains("no-such-model")));
+}
