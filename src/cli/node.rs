@@ -53,6 +53,10 @@ pub struct NodeArgs {
     /// Origin allowed by CORS (repeatable; default: any).
     #[arg(long)]
     pub cors_origin: Vec<String>,
+    /// Place MODEL when the node starts, unless an instance of it exists
+    /// (repeatable), e.g. smollm2-135m-instruct-q4_1.
+    #[arg(long = "model")]
+    pub models: Vec<String>,
     /// Requests per model this node lets wait or run at once (then 429).
     #[arg(long, default_value_t = 64)]
     pub queue_limit: usize,
@@ -73,6 +77,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
             api.auto_place = !args.no_auto_place;
             api.cors_origins = args.cors_origin;
             api.queue_limit = args.queue_limit.max(1);
+            api.preload = args.models.clone();
             api
         }),
         runner_threads: args

@@ -52,6 +52,8 @@ pub struct ApiOptions {
     pub ready_timeout: Duration,
     /// The longest wait for the next chunk of an answer.
     pub chunk_timeout: Duration,
+    /// Models placed (if no instance of them exists) when the node starts.
+    pub preload: Vec<String>,
 }
 
 impl ApiOptions {
@@ -64,6 +66,7 @@ impl ApiOptions {
             max_body_bytes: 4 << 20,
             ready_timeout: Duration::from_secs(300),
             chunk_timeout: Duration::from_secs(120),
+            preload: Vec::new(),
         }
     }
 }
@@ -173,6 +176,10 @@ impl Api {
     /// The instance for `model` (an instance id or a model id); places the
     /// model and waits for it when allowed.
     async fn resolve(&self, model: &str) -> Result<Target, ApiError> {
+        self.resolve_placing(model, self.options.auto_place).await
+    }
+
+    async fn resolve_placing(&self, model: &str, place: bool) -> Result<Target, ApiError> {
         let state = self.state().await?;
         if let Some(instance) = state.instances.get(model) {
             let card = instance.model.clone().unwrap_or_default();
@@ -223,7 +230,7 @@ impl Api {
             return Ok(target);
         }
         if !any {
-            if !self.options.auto_place {
+            if !place {
                 return Err(ApiError::not_found(
                     "model_not_placed",
                     format!(
@@ -273,7 +280,7 @@ impl Api {
                     tracing::info!(model, waited = ?started.elapsed(), "instance ready");
                     return Ok(target);
                 }
-                (false, _) if !self.options.auto_place => {
+                (false, _) if !place => {
                     return Err(ApiError::not_found(
                         "model_not_placed",
                         format!("the instance of {model:?} is gone"),
@@ -346,8 +353,17 @@ pub async fn serve(
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body))
         .layer(cors)
-        .with_state(api);
+        .with_state(api.clone());
     tracing::info!(%address, "HTTP API listening");
+    for model in api.options.preload.clone() {
+        let api = api.clone();
+        tokio::spawn(async move {
+            match api.resolve_placing(&model, true).await {
+                Ok(_) => tracing::info!(model, "serving"),
+                Err(error) => tracing::error!(model, %error, "could not serve the model"),
+            }
+        });
+    }
     let task = tokio::spawn(async move {
         if let Err(error) = axum::serve(listener, app).await {
             tracing::error!(%error, "the HTTP API stopped");
