@@ -169,6 +169,23 @@ fn the_openai_client_gets_greedy_answers_streams_and_errors() {
     assert!(logprobs
         .iter()
         .all(|l| l["top"] == 2 && l["logprob"].as_f64().is_some_and(|p| p <= 0.0)));
+    // The Responses API gives the same text, whole and streamed.
+    assert_eq!(got["responses_text"], expected.as_str(), "responses");
+    assert_eq!(got["responses_stream_text"], expected.as_str());
+    assert_eq!(
+        got["responses_status"], "incomplete",
+        "cut by max_output_tokens"
+    );
+    let kinds = got["responses_events"].as_array().expect("events");
+    for kind in [
+        "response.created",
+        "response.output_item.added",
+        "response.output_text.delta",
+        "response.output_item.done",
+        "response.incomplete",
+    ] {
+        assert!(kinds.iter().any(|k| k == kind), "{kind} in {kinds:?}");
+    }
     let errors = &got["errors"];
     assert_eq!(errors["unknown_model"]["status"], 404, "{errors}");
     assert_eq!(errors["empty_messages"]["status"], 400, "{errors}");
@@ -472,4 +489,233 @@ fn ollama_endpoints_answer_in_ollamas_format() {
     assert!(error["error"]
         .as_str()
         .is_some_and(|e| e.contains("no-such-model")));
+}
+
+/// A deterministic mutation of a valid body: byte edits or a field given
+/// a value of another type.
+fn mutate(base: &Value, rng: &mut rand::rngs::StdRng) -> Vec<u8> {
+    use rand::Rng;
+    let mut value = base.clone();
+    if rng.gen_bool(0.5) {
+        // Structural: one field (top level or in the first message) gets
+        // another type or an odd value.
+        let odd = [
+            Value::Null,
+            serde_json::json!(-1),
+            serde_json::json!(1e300),
+            serde_json::json!(""),
+            serde_json::json!("x".repeat(300)),
+            serde_json::json!([]),
+            serde_json::json!({}),
+            serde_json::json!(true),
+            serde_json::json!(4_294_967_296u64),
+        ];
+        let pick = odd[rng.gen_range(0..odd.len())].clone();
+        let target = if rng.gen_bool(0.3) {
+            value
+                .get_mut("messages")
+                .and_then(|m| m.get_mut(0))
+                .and_then(Value::as_object_mut)
+        } else {
+            value.as_object_mut()
+        };
+        if let Some(object) = target {
+            let keys: Vec<String> = object.keys().cloned().collect();
+            if !keys.is_empty() {
+                let key = keys[rng.gen_range(0..keys.len())].clone();
+                if rng.gen_bool(0.2) {
+                    object.remove(&key);
+                } else {
+                    object.insert(key, pick);
+                }
+            }
+        }
+        return value.to_string().into_bytes();
+    }
+    let mut bytes = value.to_string().into_bytes();
+    for _ in 0..rng.gen_range(1..4) {
+        if bytes.is_empty() {
+            break;
+        }
+        let at = rng.gen_range(0..bytes.len());
+        match rng.gen_range(0..4) {
+            0 => bytes[at] = rng.gen(),
+            1 => {
+                let end = (at + rng.gen_range(1..8)).min(bytes.len());
+                bytes.drain(at..end);
+            }
+            2 => {
+                let end = (at + rng.gen_range(1..16)).min(bytes.len());
+                let copy = bytes[at..end].to_vec();
+                bytes.splice(at..at, copy);
+            }
+            _ => bytes.insert(at, b"{}[]\",:0-e\\"[rng.gen_range(0..11)]),
+        }
+    }
+    bytes
+}
+
+/// Sends `count` mutated bodies from 4 threads; the answers that are not
+/// a valid answer (JSON, or a stream) or a 4xx with an error object.
+fn fuzz(
+    api: &str,
+    bases: &[(&str, Value)],
+    count: usize,
+    seed: u64,
+) -> (usize, usize, Vec<String>) {
+    use rand::SeedableRng;
+    let threads = 4;
+    let outcomes: Vec<(usize, usize, Vec<String>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                scope.spawn(move || {
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(seed * 100 + t as u64);
+                    let (mut answered, mut refused, mut bad) = (0, 0, Vec::new());
+                    for i in 0..count / threads {
+                        let (path, base) = &bases[(i + t) % bases.len()];
+                        let body = mutate(base, &mut rng);
+                        let (status, reply) = http(api, "POST", path, &body);
+                        let json: Option<Value> = serde_json::from_str(&reply).ok();
+                        let streamed = reply.contains("\"done\":true") || reply.contains("data: ");
+                        match status {
+                            200 if json.is_some() || streamed => answered += 1,
+                            400..=499
+                                if json.as_ref().is_some_and(|j| j.get("error").is_some()) =>
+                            {
+                                refused += 1
+                            }
+                            _ => bad.push(format!(
+                                "{path} {status}: {} <- {}",
+                                reply.chars().take(300).collect::<String>(),
+                                String::from_utf8_lossy(&body)
+                            )),
+                        }
+                    }
+                    (answered, refused, bad)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a fuzzing thread"))
+            .collect()
+    });
+    let answered = outcomes.iter().map(|o| o.0).sum();
+    let refused = outcomes.iter().map(|o| o.1).sum();
+    let bad = outcomes.into_iter().flat_map(|o| o.2).collect();
+    (answered, refused, bad)
+}
+
+#[test]
+fn ten_thousand_mutated_bodies_get_an_answer_or_a_4xx_and_never_a_panic() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let mut node = Node::start(&root.path().join("n"), &["--no-auto-place"]);
+    let api = node.api.clone();
+    let message = serde_json::json!([{"role": "user", "content": "Hi"}]);
+    let bases = [
+        (
+            "/v1/chat/completions",
+            serde_json::json!({"model": MODEL, "messages": message, "max_tokens": 1, "temperature": 0.5, "stop": ["x"]}),
+        ),
+        (
+            "/v1/messages",
+            serde_json::json!({"model": MODEL, "messages": message, "max_tokens": 1, "system": "Be brief."}),
+        ),
+        (
+            "/v1/responses",
+            serde_json::json!({"model": MODEL, "input": "Hi", "max_output_tokens": 1}),
+        ),
+        (
+            "/api/chat",
+            serde_json::json!({"model": MODEL, "messages": message, "stream": false, "options": {"num_predict": 1}}),
+        ),
+        (
+            "/api/generate",
+            serde_json::json!({"model": MODEL, "prompt": "Hi", "stream": false, "options": {"num_predict": 1}}),
+        ),
+    ];
+    // 10,000 with no instance: every body is parsed and checked in full
+    // (checks come before placement), and a valid one is a 404 that says
+    // how to place the model.
+    let (answered, refused, bad) = fuzz(&api, &bases, 10_000, 1);
+    eprintln!(
+        "fuzz, no instance: {answered} answered, {refused} refused, {} other",
+        bad.len()
+    );
+    assert!(
+        bad.is_empty(),
+        "{} bad answers, first: {:?}",
+        bad.len(),
+        &bad[..bad.len().min(5)]
+    );
+    assert_eq!(refused, 10_000);
+    // Then 400 more against a ready instance: odd but valid requests are
+    // answered by the engine.
+    let (status, body) = http(
+        &api,
+        "POST",
+        "/place_instance",
+        format!(r#"{{"model_id": "{MODEL}"}}"#).as_bytes(),
+    );
+    assert_eq!(status, 200, "{body}");
+    let started = Instant::now();
+    while http(&api, "GET", "/v1/models", b"")
+        .1
+        .contains("\"ready\":false")
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "{}",
+            node.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (answered, refused, bad) = fuzz(&api, &bases, 400, 2);
+    eprintln!(
+        "fuzz, ready: {answered} answered, {refused} refused, {} other",
+        bad.len()
+    );
+    assert!(
+        bad.is_empty(),
+        "{} bad answers, first: {:?}",
+        bad.len(),
+        &bad[..bad.len().min(5)]
+    );
+    assert!(answered > 20, "valid requests are answered: {answered}");
+    assert!(
+        node.child.try_wait().ok().flatten().is_none(),
+        "the node is still running"
+    );
+    assert!(!node.log().contains("panicked"), "{}", node.log());
+}
+
+#[test]
+fn the_load_bench_checks_every_answer_and_turns_excess_into_429s() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let node = Node::start(&root.path().join("n"), &["--queue-limit", "4"]);
+    let out = Command::new(BIN)
+        .args(["bench", "api", "--url", &format!("http://{}", node.api)])
+        .args(["--clients", "8", "--seconds", "6", "--max-tokens", "6"])
+        .args(["--prompts", "4", "--overhead-samples", "5"])
+        .output()
+        .expect("bench runs");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        node.log()
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    eprintln!("{report}");
+    assert!(
+        report["requests"].as_u64().is_some_and(|n| n > 0),
+        "{report}"
+    );
+    assert_eq!(report["mismatched"], 0, "no answer lost or mixed up");
+    assert_eq!(report["errors"], 0, "{report}");
+    assert!(
+        report["rejected_429"].as_u64().is_some_and(|n| n > 0),
+        "8 clients over a bound of 4 get 429s: {report}"
+    );
+    assert_eq!(report["overhead"]["samples"], 5);
 }

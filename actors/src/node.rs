@@ -226,6 +226,7 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
     let session = zenoh::open(config).await.map_err(BusError::zenoh)?;
     let bus = Bus::new(session, keys);
     let applied = Arc::new(AtomicU64::new(0));
+    let changed = Arc::new(tokio::sync::Notify::new());
     let actor_error = |e: ractor::SpawnErr| NodeError::Actor(e.to_string());
     let (replica, _) = Actor::spawn(
         None,
@@ -234,6 +235,7 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
             journal,
             bus: bus.clone(),
             applied: applied.clone(),
+            changed: changed.clone(),
         },
     )
     .await
@@ -299,6 +301,7 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
                 data_dir: options.data_dir.clone(),
                 threads: options.runner_threads.max(1),
                 runner_endpoint,
+                changed,
             },
         )
         .await

@@ -49,12 +49,15 @@ pub struct ReplicaArgs {
     pub bus: Bus,
     /// Updated after each applied event (the election reads it).
     pub applied: Arc<AtomicU64>,
+    /// Notified after each applied event (the worker plans at once).
+    pub changed: Arc<tokio::sync::Notify>,
 }
 
 pub struct ReplicaState {
     journal: Journal,
     bus: Bus,
     applied: Arc<AtomicU64>,
+    changed: Arc<tokio::sync::Notify>,
     master: Option<(String, u64)>,
     /// The master's last index, as its heartbeats say.
     master_last: u64,
@@ -89,6 +92,7 @@ impl ReplicaState {
         }
         self.journal.commit(event).map_err(|e| e.to_string())?;
         self.applied.store(self.last(), Ordering::Relaxed);
+        self.changed.notify_one();
         Ok(())
     }
 
@@ -126,6 +130,7 @@ impl Actor for Replica {
             journal: args.journal,
             bus: args.bus,
             applied: args.applied,
+            changed: args.changed,
             master: None,
             master_last: 0,
             early: BTreeMap::new(),

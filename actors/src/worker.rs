@@ -57,6 +57,9 @@ pub struct WorkerArgs {
     pub threads: usize,
     /// The loopback endpoint of this node's session, for its runners.
     pub runner_endpoint: String,
+    /// Notified when the replica applies an event: plan at once rather
+    /// than at the next tick (a forwarded generation waits for this).
+    pub changed: Arc<tokio::sync::Notify>,
 }
 
 struct RunnerProcess {
@@ -69,7 +72,17 @@ struct RunnerProcess {
     _lifeline: Option<tokio::process::ChildStdin>,
     command_id: Option<String>,
     stopping: bool,
+    /// The last status relayed (a runner repeats its status until it hears
+    /// from this node; repeats are not relayed again).
+    last_status: Option<Rs>,
+    /// When the pending step's order was sent.
+    ordered_at: Option<Instant>,
 }
+
+/// How long an order may go unanswered (the runner's status in the log
+/// unchanged) before it is sent again: a put can be lost while a fresh
+/// runner's zenoh session is still learning the routes.
+const ORDER_RETRY: Duration = Duration::from_secs(2);
 
 pub struct WorkerState {
     args: WorkerArgs,
@@ -220,6 +233,8 @@ impl WorkerState {
                 _lifeline: lifeline,
                 command_id: None,
                 stopping: false,
+                last_status: None,
+                ordered_at: None,
             },
         );
         Ok(())
@@ -242,6 +257,18 @@ impl WorkerState {
     /// Takes the plan's next step, if there is one.
     async fn tick(&mut self, myself: &ActorRef<WorkerMsg>) -> Result<(), ActorProcessingErr> {
         let cluster: v1::ClusterState = call!(self.args.replica, ReplicaMsg::GetState)?;
+        // Orders that may be lost are offered again (the runner ignores
+        // one it has already followed).
+        for runner in self.runners.values_mut() {
+            let resendable = matches!(
+                runner.local.pending,
+                Some(Step::Connect { .. } | Step::Load { .. } | Step::WarmUp { .. })
+            );
+            if resendable && runner.ordered_at.is_some_and(|at| at.elapsed() > ORDER_RETRY) {
+                runner.local.pending = None;
+                runner.ordered_at = None;
+            }
+        }
         let locals: BTreeMap<String, LocalRunner> = self
             .runners
             .iter()
@@ -315,6 +342,7 @@ impl WorkerState {
         }
         if let Some(r) = self.runners.get_mut(&runner_id) {
             r.local.pending = Some(step);
+            r.ordered_at = Some(Instant::now());
         }
         Ok(())
     }
@@ -331,6 +359,10 @@ impl WorkerState {
                 .count_dropped(runner_id, "a runner status without a state");
             return;
         };
+        if runner.last_status.as_ref() == Some(&state) {
+            return;
+        }
+        runner.last_status = Some(state.clone());
         let finished = match (&runner.local.task_id, &state) {
             (Some(task), Rs::Running(running)) if running.task_id == *task => None,
             (Some(_), _) => {
@@ -419,6 +451,16 @@ impl Actor for Worker {
             .await
             .map_err(|e| format!("subscribing to runner events: {e}"))?;
         myself.send_interval(Duration::from_millis(100), || WorkerMsg::Tick);
+        let changed = args.changed.clone();
+        let me = myself.clone();
+        tokio::spawn(async move {
+            loop {
+                changed.notified().await;
+                if me.cast(WorkerMsg::Tick).is_err() {
+                    break;
+                }
+            }
+        });
         Ok(WorkerState {
             args,
             runners: BTreeMap::new(),

@@ -1,6 +1,7 @@
 //! Command-line parsing and dispatch.
 
 mod admin;
+mod bench_api;
 mod bench_cluster;
 mod bench_collectives;
 mod bench_log;
@@ -73,6 +74,9 @@ enum BenchCommand {
     Collectives(bench_collectives::CollectivesBenchArgs),
     /// Command-to-applied-event latency of a running cluster.
     Cluster(bench_cluster::ClusterBenchArgs),
+    /// Load on a node's HTTP API: concurrent streaming clients, time to
+    /// first token, requests/s, and the API's own added latency.
+    Api(bench_api::ApiBenchArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
@@ -85,6 +89,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             Some(BenchCommand::Log(args)) => bench_log::run(args),
             Some(BenchCommand::Collectives(args)) => bench_collectives::run(args),
             Some(BenchCommand::Cluster(args)) => bench_cluster::run(args),
+            Some(BenchCommand::Api(args)) => bench_api::run(args),
             Some(BenchCommand::Model(args)) => bench_model::run(args),
             None => bench_model::run(model),
         },

@@ -64,6 +64,11 @@ struct Link {
     session: zenoh::Session,
     keys: Keys,
     events: String,
+    /// The last status sent, sent again until the node's first order shows
+    /// that the node hears this runner: a put made before the client
+    /// session has learnt of the node's subscriber is dropped by zenoh.
+    last: std::sync::Mutex<Option<v1::RunnerStatus>>,
+    heard_from_node: AtomicBool,
 }
 
 impl Link {
@@ -79,7 +84,22 @@ impl Link {
     }
 
     fn status(&self, state: Rs) {
-        self.put(&self.events, &v1::RunnerStatus { state: Some(state) });
+        let status = v1::RunnerStatus { state: Some(state) };
+        self.put(&self.events, &status);
+        if let Ok(mut last) = self.last.lock() {
+            *last = Some(status);
+        }
+    }
+
+    /// Sends the last status again, until the node has been heard from.
+    fn repeat_status(&self) {
+        if self.heard_from_node.load(Ordering::Relaxed) {
+            return;
+        }
+        let last = self.last.lock().ok().and_then(|l| l.clone());
+        if let Some(status) = last {
+            self.put(&self.events, &status);
+        }
     }
 
     fn fail(&self, reason: &str) {
@@ -114,8 +134,17 @@ impl Link {
 }
 
 /// Waits for the next order (None: the link is gone).
-fn next(orders: &mpsc::Receiver<Order>) -> Option<Order> {
-    orders.recv().ok()
+fn next(link: &Link, orders: &mpsc::Receiver<Order>) -> Option<Order> {
+    loop {
+        match orders.recv_timeout(Duration::from_millis(500)) {
+            Ok(order) => {
+                link.heard_from_node.store(true, Ordering::Relaxed);
+                return Some(order);
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => link.repeat_status(),
+            Err(mpsc::RecvTimeoutError::Disconnected) => return None,
+        }
+    }
 }
 
 pub fn run(args: RunnerArgs) -> anyhow::Result<()> {
@@ -128,6 +157,8 @@ pub fn run(args: RunnerArgs) -> anyhow::Result<()> {
         events: keys.runner(&args.runner_id, "events")?,
         keys: keys.clone(),
         session: session.clone(),
+        last: std::sync::Mutex::new(None),
+        heard_from_node: AtomicBool::new(false),
     };
     // Orders are decoded as they arrive, so a generation can notice a cancel.
     // A rank other than 0 that follows rank 0 reads no orders: a shutdown
@@ -202,10 +233,12 @@ fn run_inner(
 
     // Connect (several ranks), then load.
     let mut group: Box<dyn Group> = Box::new(SingleRank);
+    // An order may come twice (the node repeats one it thinks was lost).
+    let mut connected = false;
     loop {
-        match next(orders) {
+        match next(link, orders) {
             None | Some(Order::Shutdown) => return shut_down(link),
-            Some(Order::Connect) if world > 1 => {
+            Some(Order::Connect) if world > 1 && !connected => {
                 link.status(Rs::Connecting(v1::RunnerConnecting {}));
                 let addrs = instance
                     .ranks
@@ -216,6 +249,7 @@ fn run_inner(
                 let ring = TcpRing::connect(rank, &addrs, CONNECT_WAIT, STEP_TIMEOUT)
                     .context("joining the instance's ring")?;
                 group = Box::new(ring);
+                connected = true;
                 link.status(Rs::Connected(v1::RunnerConnected {}));
             }
             Some(Order::Load) => break,
@@ -229,7 +263,7 @@ fn run_inner(
             resident_bytes: transformer.weight_bytes() as u64,
         }));
         loop {
-            match next(orders) {
+            match next(link, orders) {
                 None | Some(Order::Shutdown) => return shut_down(link),
                 Some(Order::WarmUp) => break,
                 Some(other) => tracing::warn!(?other, "order out of turn, ignored"),
@@ -248,7 +282,7 @@ fn run_inner(
         resident_bytes: model.transformer.weight_bytes() as u64,
     }));
     loop {
-        match next(orders) {
+        match next(link, orders) {
             None | Some(Order::Shutdown) => return shut_down(link),
             Some(Order::WarmUp) => break,
             Some(other) => tracing::warn!(?other, "order out of turn, ignored"),
@@ -267,7 +301,7 @@ fn run_inner(
         .context("warming up")?;
     link.status(Rs::Ready(v1::RunnerReady {}));
     loop {
-        match next(orders) {
+        match next(link, orders) {
             None | Some(Order::Shutdown) => {
                 link.status(Rs::ShuttingDown(v1::RunnerShuttingDown {}));
                 session.executor().shutdown().ok();

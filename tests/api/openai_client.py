@@ -71,6 +71,22 @@ for name, kwargs in cases.items():
         errors[name] = {"status": e.status_code, "message": e.message}
 out["errors"] = errors
 
+# The Responses API, whole and streamed.
+resp = client.responses.create(
+    model=model, input=prompt, max_output_tokens=max_tokens, temperature=0
+)
+out["responses_text"] = resp.output_text
+out["responses_status"] = resp.status
+pieces, kinds = [], set()
+for event in client.responses.create(
+    model=model, input=prompt, max_output_tokens=max_tokens, temperature=0, stream=True
+):
+    kinds.add(event.type)
+    if event.type == "response.output_text.delta":
+        pieces.append(event.delta)
+out["responses_stream_text"] = "".join(pieces)
+out["responses_events"] = sorted(kinds)
+
 # The model list.
 out["models"] = [m.id for m in client.models.list()]
 

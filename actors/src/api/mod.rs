@@ -9,6 +9,7 @@ pub mod error;
 mod generation;
 pub mod ollama;
 pub mod openai;
+pub mod responses;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -175,11 +176,15 @@ impl Api {
 
     /// The instance for `model` (an instance id or a model id); places the
     /// model and waits for it when allowed.
-    async fn resolve(&self, model: &str) -> Result<Target, ApiError> {
-        self.resolve_placing(model, self.options.auto_place).await
+    async fn resolve_placing(&self, model: &str, place: bool) -> Result<Target, ApiError> {
+        let target = self.target(model).await?;
+        self.ready(&target, place).await?;
+        Ok(target)
     }
 
-    async fn resolve_placing(&self, model: &str, place: bool) -> Result<Target, ApiError> {
+    /// What `model` names (an instance or a model), without waiting: the
+    /// request is checked against its card before anything is placed.
+    async fn target(&self, model: &str) -> Result<Target, ApiError> {
         let state = self.state().await?;
         if let Some(instance) = state.instances.get(model) {
             let card = instance.model.clone().unwrap_or_default();
@@ -209,11 +214,22 @@ impl Api {
                 ),
             ));
         };
-        let target = Target {
+        Ok(Target {
             instance_id: String::new(),
             model_id: card.model_id.clone(),
             context: card.context_length,
-        };
+        })
+    }
+
+    /// Waits until an instance of the target's model is ready, placing one
+    /// first if there is none and `place` allows it.
+    async fn ready(&self, target: &Target, place: bool) -> Result<(), ApiError> {
+        if !target.instance_id.is_empty() {
+            // A named instance: the master says if it is not ready.
+            return Ok(());
+        }
+        let model = target.model_id.as_str();
+        let state = self.state().await?;
         let of_model = |state: &v1::ClusterState| -> (bool, bool) {
             let mut any = false;
             let mut ready = false;
@@ -227,7 +243,7 @@ impl Api {
         };
         let (any, ready) = of_model(&state);
         if ready {
-            return Ok(target);
+            return Ok(());
         }
         if !any {
             if !place {
@@ -278,7 +294,7 @@ impl Api {
             match of_model(&state) {
                 (_, true) => {
                     tracing::info!(model, waited = ?started.elapsed(), "instance ready");
-                    return Ok(target);
+                    return Ok(());
                 }
                 (false, _) if !place => {
                     return Err(ApiError::not_found(
@@ -339,6 +355,7 @@ pub async fn serve(
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
         .route("/v1/messages", post(messages))
+        .route("/v1/responses", post(responses_handler))
         .route("/api/version", get(ollama_version))
         .route("/api/tags", get(ollama_tags))
         .route("/api/chat", post(ollama_chat))
@@ -446,8 +463,9 @@ async fn messages(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, AnthropicError> {
     let request: anthropic::MessagesRequest = parse(body)?;
-    let target = api.resolve(&request.model).await?;
+    let target = api.target(&request.model).await?;
     let params = request.to_params(target.context)?;
+    api.ready(&target, api.options.auto_place).await?;
     let Begun {
         mut generation,
         first,
@@ -583,10 +601,9 @@ async fn ollama_answer(
     model: String,
     stream: bool,
     shape: ollama::Shape,
-    params: Result<v1::TextGenerationParams, ApiError>,
+    params: v1::TextGenerationParams,
     target: Target,
 ) -> Result<Response, OllamaError> {
-    let params = params?;
     let Begun {
         mut generation,
         first,
@@ -649,8 +666,9 @@ async fn ollama_chat(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, OllamaError> {
     let request: ollama::ChatRequest = parse(body)?;
-    let target = api.resolve(&request.model).await?;
-    let params = request.to_params(target.context);
+    let target = api.target(&request.model).await?;
+    let params = request.to_params(target.context)?;
+    api.ready(&target, api.options.auto_place).await?;
     let (model, stream) = (request.model.clone(), request.streaming());
     ollama_answer(api, model, stream, ollama::Shape::Chat, params, target).await
 }
@@ -660,10 +678,83 @@ async fn ollama_generate(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, OllamaError> {
     let request: ollama::GenerateRequest = parse(body)?;
-    let target = api.resolve(&request.model).await?;
-    let params = request.to_params(target.context);
+    let target = api.target(&request.model).await?;
+    let params = request.to_params(target.context)?;
+    api.ready(&target, api.options.auto_place).await?;
     let (model, stream) = (request.model.clone(), request.streaming());
     ollama_answer(api, model, stream, ollama::Shape::Generate, params, target).await
+}
+
+async fn responses_handler(
+    State(api): State<Api>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let request: responses::ResponsesRequest = parse(body)?;
+    let target = api.target(&request.model).await?;
+    let params = request.to_params(target.context)?;
+    api.ready(&target, api.options.auto_place).await?;
+    let Begun {
+        mut generation,
+        first,
+        slot,
+    } = api.begin(&target, params).await?;
+    let id = format!("resp_{}", generation.command_id.replace('-', ""));
+    tracing::info!(request = %id, model = %request.model, stream = request.streaming(), "responses");
+    let mut writer = responses::ResponseWriter::new(id, request.model.clone(), now_unix());
+    if !request.streaming() {
+        let mut chunk = Some(Ok(first));
+        while let Some(next) = chunk {
+            match next? {
+                generation_chunk::Kind::Error(error) => return Err(chunk_error(&error)),
+                generation_chunk::Kind::Finish(finish) => {
+                    writer.write(&generation_chunk::Kind::Finish(finish));
+                    drop(slot);
+                    return Ok(Json(writer.response(Some(&finish))).into_response());
+                }
+                kind => {
+                    writer.write(&kind);
+                }
+            }
+            chunk = generation.next().await;
+        }
+        return Err(ApiError::internal("the answer ended without a finish"));
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(256);
+    let event =
+        |(name, value): (&str, Value)| Ok(Event::default().event(name).data(value.to_string()));
+    tokio::spawn(async move {
+        let _slot = slot;
+        for e in writer.start() {
+            if tx.send(event(e)).await.is_err() {
+                return;
+            }
+        }
+        let mut chunk: Option<Result<generation_chunk::Kind, ApiError>> = Some(Ok(first));
+        while let Some(next) = chunk {
+            let events: Vec<Result<Event, Infallible>> = match next {
+                Ok(generation_chunk::Kind::Error(error)) => {
+                    vec![event(("error", chunk_error(&error).body()))]
+                }
+                Ok(kind) => writer.write(&kind).into_iter().map(event).collect(),
+                Err(error) => vec![event(("error", error.body()))],
+            };
+            for e in events {
+                if tx.send(e).await.is_err() {
+                    return;
+                }
+            }
+            chunk = tokio::select! {
+                next = generation.next() => next,
+                _ = tx.closed() => return,
+            };
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|event| (event, rx))
+    });
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(10)))
+        .into_response())
 }
 
 async fn chat_completions(
@@ -671,8 +762,9 @@ async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let request: ChatRequest = parse(body)?;
-    let target = api.resolve(&request.model).await?;
+    let target = api.target(&request.model).await?;
     let params = request.to_params(target.context)?;
+    api.ready(&target, api.options.auto_place).await?;
     let (stream, include_usage) = request.streaming();
     let Begun {
         mut generation,

@@ -324,6 +324,18 @@ pub fn usage_json(usage: Option<&v1::Usage>) -> Value {
     })
 }
 
+/// The engine's own figures for an answer, under a `tessera` key that
+/// OpenAI clients ignore (benchmarks subtract the engine's time to first
+/// token from the one seen through HTTP).
+pub fn stats_json(stats: Option<&v1::GenerationStats>) -> Value {
+    let s = stats.cloned().unwrap_or_default();
+    json!({
+        "time_to_first_token_ms": s.time_to_first_token_ms,
+        "prefill_tokens_per_second": s.prefill_tokens_per_second,
+        "decode_tokens_per_second": s.decode_tokens_per_second,
+    })
+}
+
 fn logprob_json(token: &v1::TokenChunk) -> Option<Value> {
     let logprob = token.logprob?;
     Some(json!({
@@ -400,6 +412,7 @@ impl Answer {
                 "finish_reason": finish_reason(finish.map_or(0, |f| f.reason)),
             }],
             "usage": usage_json(finish.and_then(|f| f.usage.as_ref())),
+            "tessera": stats_json(finish.and_then(|f| f.stats.as_ref())),
         })
     }
 }
@@ -483,6 +496,7 @@ impl ChunkWriter {
                         "model": self.model,
                         "choices": [],
                         "usage": usage_json(finish.usage.as_ref()),
+                        "tessera": stats_json(finish.stats.as_ref()),
                     }));
                 }
                 out
