@@ -466,6 +466,7 @@ impl Actor for Master {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             MasterMsg::Command(command) => {
+                tracing::debug!(command_id = command.command_id, "command");
                 for event in state.events_for(&command).await? {
                     state.index(event).await?;
                 }

@@ -264,7 +264,11 @@ impl WorkerState {
                 runner.local.pending,
                 Some(Step::Connect { .. } | Step::Load { .. } | Step::WarmUp { .. })
             );
-            if resendable && runner.ordered_at.is_some_and(|at| at.elapsed() > ORDER_RETRY) {
+            if resendable
+                && runner
+                    .ordered_at
+                    .is_some_and(|at| at.elapsed() > ORDER_RETRY)
+            {
                 runner.local.pending = None;
                 runner.ordered_at = None;
             }
@@ -314,6 +318,11 @@ impl WorkerState {
         let sent = self.order(&runner_id, &task).await;
         match &step {
             Step::Forward { task_id, .. } => {
+                tracing::debug!(
+                    task_id,
+                    command_id = task.command_id,
+                    "forwarded to the runner"
+                );
                 self.handed.insert(task_id.clone());
                 if let Some(r) = self.runners.get_mut(&runner_id) {
                     if sent {

@@ -313,6 +313,7 @@ fn run_inner(
                 command_id,
                 params,
             }) => {
+                tracing::debug!(command_id, "generation order");
                 link.status(Rs::Running(v1::RunnerRunning {
                     task_id: task_id.clone(),
                 }));
@@ -489,6 +490,7 @@ fn generate(
     };
     let text_of = |id: u32| String::from_utf8_lossy(tokenizer.token_bytes(id)).into_owned();
     let mut pending: Option<PendingToken> = None;
+    let mut first_token = true;
     let mut calls = 0usize;
     let mut chunks: Vec<generation_chunk::Kind> = Vec::new();
     let result = session.generate(&request, |event| {
@@ -513,6 +515,10 @@ fn generate(
             } => {
                 if let Some(previous) = pending.take() {
                     chunks.push(token_chunk(Some(previous), String::new(), false));
+                }
+                if first_token {
+                    first_token = false;
+                    tracing::debug!(command_id, "first token sampled");
                 }
                 pending = Some(PendingToken {
                     id,

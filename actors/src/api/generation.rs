@@ -51,6 +51,7 @@ impl Generation {
                 params: Some(params),
             })),
         };
+        tracing::debug!(command_id, "generation command sent");
         bus.put(&bus.keys.commands(), &command)
             .await
             .map_err(|e| ApiError::unavailable(format!("sending the request: {e}")))?;

@@ -381,6 +381,13 @@ pub async fn serve(
             }
         });
     }
+    // Small SSE writes must leave at once: with Nagle's algorithm a token
+    // waits for the client's delayed ACK (40 ms on Linux).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(error) = tcp.set_nodelay(true) {
+            tracing::debug!(%error, "TCP_NODELAY on an API connection");
+        }
+    });
     let task = tokio::spawn(async move {
         if let Err(error) = axum::serve(listener, app).await {
             tracing::error!(%error, "the HTTP API stopped");
@@ -429,7 +436,9 @@ impl Api {
             self.options.chunk_timeout,
         )
         .await?;
-        let first = match generation.next().await {
+        let first = generation.next().await;
+        tracing::debug!(command_id = generation.command_id, "first chunk");
+        let first = match first {
             Some(Ok(generation_chunk::Kind::Error(error))) => return Err(chunk_error(&error)),
             Some(Ok(chunk)) => chunk,
             Some(Err(error)) => return Err(error),
