@@ -169,6 +169,12 @@ fn the_openai_client_gets_greedy_answers_streams_and_errors() {
     assert!(logprobs
         .iter()
         .all(|l| l["top"] == 2 && l["logprob"].as_f64().is_some_and(|p| p <= 0.0)));
+    // A tool call, whole and streamed.
+    assert_eq!(got["tool_finish_reason"], "tool_calls", "{got}");
+    let call = serde_json::json!({"name": "get_weather", "arguments": {"city": "Paris"}});
+    assert_eq!(got["tool_calls"][0]["name"], call["name"]);
+    assert_eq!(got["tool_calls"][0]["arguments"], call["arguments"]);
+    assert_eq!(got["stream_tool_calls"], serde_json::json!([call]));
     // The Responses API gives the same text, whole and streamed.
     assert_eq!(got["responses_text"], expected.as_str(), "responses");
     assert_eq!(got["responses_stream_text"], expected.as_str());

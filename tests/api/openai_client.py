@@ -87,6 +87,41 @@ for event in client.responses.create(
 out["responses_stream_text"] = "".join(pieces)
 out["responses_events"] = sorted(kinds)
 
+# A tool call: the conversation shows the model how, and the client gets
+# it back as tool_calls with JSON arguments.
+weather = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+example = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+conversation = [
+    {"role": "system", "content": 'You call tools by writing <tool_call>{"name": NAME, "arguments": ARGS}</tool_call>.'},
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": example},
+    {"role": "user", "content": "Weather in Paris?"},
+]
+called = client.chat.completions.create(
+    model=model, messages=conversation, tools=[weather], temperature=0, max_tokens=40
+)
+choice = called.choices[0]
+out["tool_finish_reason"] = choice.finish_reason
+out["tool_calls"] = [
+    {"name": c.function.name, "arguments": json.loads(c.function.arguments), "id": c.id}
+    for c in (choice.message.tool_calls or [])
+]
+streamed_calls = []
+for chunk in client.chat.completions.create(
+    model=model, messages=conversation, tools=[weather], temperature=0, max_tokens=40, stream=True
+):
+    for c in chunk.choices:
+        for call in c.delta.tool_calls or []:
+            streamed_calls.append({"name": call.function.name, "arguments": json.loads(call.function.arguments)})
+out["stream_tool_calls"] = streamed_calls
+
 # The model list.
 out["models"] = [m.id for m in client.models.list()]
 
