@@ -725,3 +725,29 @@ fn the_load_bench_checks_every_answer_and_turns_excess_into_429s() {
     );
     assert_eq!(report["overhead"]["samples"], 5);
 }
+
+#[test]
+fn a_stream_for_a_model_not_yet_placed_reports_progress_then_answers() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let node = Node::start(&root.path().join("n"), &[]);
+    let api = node.api.as_str();
+    let body = serde_json::json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 4,
+        "temperature": 0,
+        "stream": true,
+    })
+    .to_string();
+    let (status, reply) = http(api, "POST", "/v1/chat/completions", body.as_bytes());
+    assert_eq!(status, 200, "{reply}\n{}", node.log());
+    let comments: Vec<&str> = reply.lines().filter(|l| l.starts_with(": ")).collect();
+    assert!(
+        comments
+            .iter()
+            .any(|c| c.contains("placing") || c.contains("waiting for")),
+        "progress comments while the model is placed: {reply}"
+    );
+    assert!(reply.contains("\"content\""), "{reply}");
+    assert!(reply.contains("data: [DONE]"), "{reply}");
+}

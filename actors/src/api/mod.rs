@@ -155,6 +155,60 @@ impl Api {
         }
     }
 
+    /// Whether a request for `target` can go to an instance now.
+    async fn is_ready(&self, target: &Target) -> Result<bool, ApiError> {
+        if !target.instance_id.is_empty() {
+            return Ok(true);
+        }
+        let state = self.state().await?;
+        Ok(state.instances.values().any(|i| {
+            i.model
+                .as_ref()
+                .is_some_and(|m| m.model_id == target.model_id)
+                && rank0_ready(&state, i)
+        }))
+    }
+
+    /// One line on how the instances of `model` are getting ready.
+    async fn progress(&self, model: &str) -> String {
+        let Ok(state) = self.state().await else {
+            return format!("waiting for {model}");
+        };
+        let mut parts = Vec::new();
+        for instance in state
+            .instances
+            .values()
+            .filter(|i| i.model.as_ref().is_some_and(|m| m.model_id == model))
+        {
+            for rank in &instance.ranks {
+                let status = match state
+                    .runners
+                    .get(&rank.runner_id)
+                    .and_then(|s| s.state.as_ref())
+                {
+                    None => "starting".to_string(),
+                    Some(Rs::Loading(l)) if l.layers_total > 0 => {
+                        format!("loading {}/{} layers", l.layers_loaded, l.layers_total)
+                    }
+                    Some(other) => format!("{other:?}")
+                        .split('(')
+                        .next()
+                        .unwrap_or_default()
+                        .to_lowercase(),
+                };
+                parts.push(format!(
+                    "{} rank {}: {status}",
+                    instance.instance_id, rank.rank
+                ));
+            }
+        }
+        if parts.is_empty() {
+            format!("placing {model}")
+        } else {
+            format!("waiting for {model}: {}", parts.join(", "))
+        }
+    }
+
     fn take_slot(&self, model: &str) -> Result<QueueSlot, ApiError> {
         let mut queues = self
             .queues
@@ -773,18 +827,18 @@ async fn chat_completions(
     let request: ChatRequest = parse(body)?;
     let target = api.target(&request.model).await?;
     let params = request.to_params(target.context)?;
-    api.ready(&target, api.options.auto_place).await?;
     let (stream, include_usage) = request.streaming();
-    let Begun {
-        mut generation,
-        first,
-        slot,
-    } = api.begin(&target, params).await?;
-    let id = format!("chatcmpl-{}", generation.command_id);
-    tracing::info!(request = %id, model = %request.model, stream, "chat completion");
     let created = now_unix();
-    let logprobs = request.logprobs.unwrap_or(false);
+    let model = request.model.clone();
     if !stream {
+        api.ready(&target, api.options.auto_place).await?;
+        let Begun {
+            mut generation,
+            first,
+            slot,
+        } = api.begin(&target, params).await?;
+        let id = format!("chatcmpl-{}", generation.command_id);
+        tracing::info!(request = %id, model = %model, stream, "chat completion");
         let mut answer = Answer::default();
         let mut chunk = Some(Ok(first));
         while let Some(next) = chunk {
@@ -795,13 +849,59 @@ async fn chat_completions(
             chunk = generation.next().await;
         }
         drop(slot);
-        return Ok(Json(answer.completion(&id, &request.model, created, logprobs)).into_response());
+        let logprobs = request.logprobs.unwrap_or(false);
+        return Ok(Json(answer.completion(&id, &model, created, logprobs)).into_response());
     }
-    let mut writer = ChunkWriter::new(id, request.model.clone(), created, include_usage);
+    // A model that must be placed or loaded first: the stream starts at
+    // once and tells how the wait goes in SSE comments; otherwise an error
+    // before the answer is still an HTTP error.
+    let begun = if api.is_ready(&target).await? {
+        Some(api.begin(&target, params.clone()).await?)
+    } else {
+        None
+    };
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(256);
     let data = |value: &Value| Ok(Event::default().data(value.to_string()));
     tokio::spawn(async move {
-        let _slot = slot;
+        let begun = match begun {
+            Some(begun) => begun,
+            None => {
+                let place = api.options.auto_place;
+                let wait = api.ready(&target, place);
+                tokio::pin!(wait);
+                let mut report = tokio::time::interval(Duration::from_secs(1));
+                let waited = loop {
+                    tokio::select! {
+                        result = &mut wait => break result,
+                        _ = report.tick() => {
+                            let line = api.progress(&target.model_id).await;
+                            if tx.send(Ok(Event::default().comment(line))).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                };
+                let begun = match waited {
+                    Ok(()) => api.begin(&target, params).await,
+                    Err(error) => Err(error),
+                };
+                match begun {
+                    Ok(begun) => begun,
+                    Err(error) => {
+                        let _ = tx.send(data(&error.body())).await;
+                        return;
+                    }
+                }
+            }
+        };
+        let Begun {
+            mut generation,
+            first,
+            slot: _slot,
+        } = begun;
+        let id = format!("chatcmpl-{}", generation.command_id);
+        tracing::info!(request = %id, model = %model, stream, "chat completion");
+        let mut writer = ChunkWriter::new(id, model, created, include_usage);
         if tx.send(data(&writer.start())).await.is_err() {
             return;
         }
