@@ -155,6 +155,19 @@ impl Api {
         }
     }
 
+    /// The target of `model`, the request's parameters checked against its
+    /// card, and a ready instance (placed first where allowed).
+    async fn prepare(
+        &self,
+        model: &str,
+        to_params: impl FnOnce(u32) -> Result<v1::TextGenerationParams, ApiError>,
+    ) -> Result<(Target, v1::TextGenerationParams), ApiError> {
+        let target = self.target(model).await?;
+        let params = to_params(target.context)?;
+        self.ready(&target, self.options.auto_place).await?;
+        Ok((target, params))
+    }
+
     /// Whether a request for `target` can go to an instance now.
     async fn is_ready(&self, target: &Target) -> Result<bool, ApiError> {
         if !target.instance_id.is_empty() {
@@ -506,6 +519,60 @@ impl Api {
     }
 }
 
+/// Sends what each chunk of a generation becomes (`render` maps a chunk,
+/// or an error, to the items to send) until the answer ends or the client
+/// leaves; dropping the generation then cancels it. False if the client
+/// left.
+async fn pump<T>(
+    tx: &tokio::sync::mpsc::Sender<T>,
+    begun: Begun,
+    mut render: impl FnMut(Result<generation_chunk::Kind, ApiError>) -> Vec<T>,
+) -> bool {
+    let Begun {
+        mut generation,
+        first,
+        slot: _slot,
+    } = begun;
+    let mut chunk = Some(Ok(first));
+    while let Some(next) = chunk {
+        for item in render(next) {
+            if tx.send(item).await.is_err() {
+                return false;
+            }
+        }
+        chunk = tokio::select! {
+            next = generation.next() => next,
+            _ = tx.closed() => return false,
+        };
+    }
+    true
+}
+
+type EventSender = tokio::sync::mpsc::Sender<Result<Event, Infallible>>;
+
+/// A channel whose events become an SSE response (with keep-alive
+/// comments during long prefills).
+fn sse_channel() -> (EventSender, Response) {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(256);
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|event| (event, rx))
+    });
+    let response = Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(10)))
+        .into_response();
+    (tx, response)
+}
+
+/// A named SSE event with a JSON body.
+fn named((name, value): (&str, Value)) -> Result<Event, Infallible> {
+    Ok(Event::default().event(name).data(value.to_string()))
+}
+
+/// An unnamed SSE event with a JSON body.
+fn data(value: &Value) -> Result<Event, Infallible> {
+    Ok(Event::default().data(value.to_string()))
+}
+
 /// An error in Anthropic's shape.
 struct AnthropicError(ApiError);
 
@@ -526,17 +593,18 @@ async fn messages(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, AnthropicError> {
     let request: anthropic::MessagesRequest = parse(body)?;
-    let target = api.target(&request.model).await?;
-    let params = request.to_params(target.context)?;
-    api.ready(&target, api.options.auto_place).await?;
-    let Begun {
-        mut generation,
-        first,
-        slot,
-    } = api.begin(&target, params).await?;
-    let id = format!("msg_{}", generation.command_id.replace('-', ""));
+    let (target, params) = api
+        .prepare(&request.model, |context| request.to_params(context))
+        .await?;
+    let begun = api.begin(&target, params).await?;
+    let id = format!("msg_{}", begun.generation.command_id.replace('-', ""));
     tracing::info!(request = %id, model = %request.model, stream = request.streaming(), "messages");
     if !request.streaming() {
+        let Begun {
+            mut generation,
+            first,
+            slot,
+        } = begun;
         let mut chunks = vec![first];
         while let Some(next) = generation.next().await {
             match next? {
@@ -548,43 +616,22 @@ async fn messages(
         return Ok(Json(anthropic::message(&id, &request.model, &chunks)).into_response());
     }
     let mut writer = anthropic::EventWriter::new(id, request.model.clone());
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(256);
-    let event =
-        |(name, value): (&str, Value)| Ok(Event::default().event(name).data(value.to_string()));
+    let (tx, response) = sse_channel();
     tokio::spawn(async move {
-        let _slot = slot;
-        if tx.send(event(writer.start())).await.is_err() {
+        if tx.send(named(writer.start())).await.is_err() {
             return;
         }
-        let mut chunk: Option<Result<generation_chunk::Kind, ApiError>> = Some(Ok(first));
-        while let Some(next) = chunk {
-            let events: Vec<Result<Event, Infallible>> = match next {
-                Ok(generation_chunk::Kind::Error(error)) => {
-                    vec![event((
-                        "error",
-                        anthropic::error_body(&chunk_error(&error)),
-                    ))]
-                }
-                Ok(kind) => writer.write(&kind).into_iter().map(event).collect(),
-                Err(error) => vec![event(("error", anthropic::error_body(&error)))],
-            };
-            for e in events {
-                if tx.send(e).await.is_err() {
-                    return;
-                }
-            }
-            chunk = tokio::select! {
-                next = generation.next() => next,
-                _ = tx.closed() => return,
-            };
-        }
+        pump(&tx, begun, |chunk| match chunk {
+            Ok(generation_chunk::Kind::Error(error)) => vec![named((
+                "error",
+                anthropic::error_body(&chunk_error(&error)),
+            ))],
+            Ok(kind) => writer.write(&kind).into_iter().map(named).collect(),
+            Err(error) => vec![named(("error", anthropic::error_body(&error)))],
+        })
+        .await;
     });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|event| (event, rx))
-    });
-    Ok(Sse::new(stream)
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(10)))
-        .into_response())
+    Ok(response)
 }
 
 /// An error in Ollama's shape.
@@ -691,28 +738,24 @@ async fn ollama_answer(
         return Err(ApiError::internal("the answer ended without a finish").into());
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(256);
-    let line = |value: &Value| Ok(Bytes::from(format!("{value}\n")));
+    let line = |value: Value| Ok(Bytes::from(format!("{value}\n")));
+    let begun = Begun {
+        generation,
+        first,
+        slot,
+    };
     tokio::spawn(async move {
-        let _slot = slot;
-        let mut chunk: Option<Result<generation_chunk::Kind, ApiError>> = Some(Ok(first));
-        while let Some(next) = chunk {
-            let out = match next {
+        pump(&tx, begun, |chunk| {
+            let value = match chunk {
                 Ok(generation_chunk::Kind::Error(error)) => {
                     Some(ollama::error_body(&chunk_error(&error)))
                 }
                 Ok(kind) => writer.stream(&kind),
                 Err(error) => Some(ollama::error_body(&error)),
             };
-            if let Some(value) = out {
-                if tx.send(line(&value)).await.is_err() {
-                    return;
-                }
-            }
-            chunk = tokio::select! {
-                next = generation.next() => next,
-                _ = tx.closed() => return,
-            };
-        }
+            value.into_iter().map(line).collect()
+        })
+        .await;
     });
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|line| (line, rx))
@@ -729,9 +772,9 @@ async fn ollama_chat(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, OllamaError> {
     let request: ollama::ChatRequest = parse(body)?;
-    let target = api.target(&request.model).await?;
-    let params = request.to_params(target.context)?;
-    api.ready(&target, api.options.auto_place).await?;
+    let (target, params) = api
+        .prepare(&request.model, |context| request.to_params(context))
+        .await?;
     let (model, stream) = (request.model.clone(), request.streaming());
     ollama_answer(api, model, stream, ollama::Shape::Chat, params, target).await
 }
@@ -741,9 +784,9 @@ async fn ollama_generate(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, OllamaError> {
     let request: ollama::GenerateRequest = parse(body)?;
-    let target = api.target(&request.model).await?;
-    let params = request.to_params(target.context)?;
-    api.ready(&target, api.options.auto_place).await?;
+    let (target, params) = api
+        .prepare(&request.model, |context| request.to_params(context))
+        .await?;
     let (model, stream) = (request.model.clone(), request.streaming());
     ollama_answer(api, model, stream, ollama::Shape::Generate, params, target).await
 }
@@ -753,9 +796,9 @@ async fn responses_handler(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let request: responses::ResponsesRequest = parse(body)?;
-    let target = api.target(&request.model).await?;
-    let params = request.to_params(target.context)?;
-    api.ready(&target, api.options.auto_place).await?;
+    let (target, params) = api
+        .prepare(&request.model, |context| request.to_params(context))
+        .await?;
     let Begun {
         mut generation,
         first,
@@ -782,42 +825,28 @@ async fn responses_handler(
         }
         return Err(ApiError::internal("the answer ended without a finish"));
     }
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(256);
-    let event =
-        |(name, value): (&str, Value)| Ok(Event::default().event(name).data(value.to_string()));
+    let (tx, response) = sse_channel();
+    let begun = Begun {
+        generation,
+        first,
+        slot,
+    };
     tokio::spawn(async move {
-        let _slot = slot;
         for e in writer.start() {
-            if tx.send(event(e)).await.is_err() {
+            if tx.send(named(e)).await.is_err() {
                 return;
             }
         }
-        let mut chunk: Option<Result<generation_chunk::Kind, ApiError>> = Some(Ok(first));
-        while let Some(next) = chunk {
-            let events: Vec<Result<Event, Infallible>> = match next {
-                Ok(generation_chunk::Kind::Error(error)) => {
-                    vec![event(("error", chunk_error(&error).body()))]
-                }
-                Ok(kind) => writer.write(&kind).into_iter().map(event).collect(),
-                Err(error) => vec![event(("error", error.body()))],
-            };
-            for e in events {
-                if tx.send(e).await.is_err() {
-                    return;
-                }
+        pump(&tx, begun, |chunk| match chunk {
+            Ok(generation_chunk::Kind::Error(error)) => {
+                vec![named(("error", chunk_error(&error).body()))]
             }
-            chunk = tokio::select! {
-                next = generation.next() => next,
-                _ = tx.closed() => return,
-            };
-        }
+            Ok(kind) => writer.write(&kind).into_iter().map(named).collect(),
+            Err(error) => vec![named(("error", error.body()))],
+        })
+        .await;
     });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|event| (event, rx))
-    });
-    Ok(Sse::new(stream)
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(10)))
-        .into_response())
+    Ok(response)
 }
 
 async fn chat_completions(
@@ -860,79 +889,65 @@ async fn chat_completions(
     } else {
         None
     };
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(256);
-    let data = |value: &Value| Ok(Event::default().data(value.to_string()));
+    let (tx, response) = sse_channel();
     tokio::spawn(async move {
         let begun = match begun {
             Some(begun) => begun,
-            None => {
-                let place = api.options.auto_place;
-                let wait = api.ready(&target, place);
-                tokio::pin!(wait);
-                let mut report = tokio::time::interval(Duration::from_secs(1));
-                let waited = loop {
-                    tokio::select! {
-                        result = &mut wait => break result,
-                        _ = report.tick() => {
-                            let line = api.progress(&target.model_id).await;
-                            if tx.send(Ok(Event::default().comment(line))).await.is_err() {
-                                return;
-                            }
-                        }
-                    }
-                };
-                let begun = match waited {
-                    Ok(()) => api.begin(&target, params).await,
-                    Err(error) => Err(error),
-                };
-                match begun {
+            None => match wait_with_progress(&api, &target, &tx).await {
+                Some(Ok(())) => match api.begin(&target, params).await {
                     Ok(begun) => begun,
                     Err(error) => {
                         let _ = tx.send(data(&error.body())).await;
                         return;
                     }
+                },
+                Some(Err(error)) => {
+                    let _ = tx.send(data(&error.body())).await;
+                    return;
                 }
-            }
+                None => return,
+            },
         };
-        let Begun {
-            mut generation,
-            first,
-            slot: _slot,
-        } = begun;
-        let id = format!("chatcmpl-{}", generation.command_id);
+        let id = format!("chatcmpl-{}", begun.generation.command_id);
         tracing::info!(request = %id, model = %model, stream, "chat completion");
         let mut writer = ChunkWriter::new(id, model, created, include_usage);
         if tx.send(data(&writer.start())).await.is_err() {
             return;
         }
-        let mut chunk: Option<Result<generation_chunk::Kind, ApiError>> = Some(Ok(first));
-        while let Some(next) = chunk {
-            let events: Vec<Result<Event, Infallible>> = match next {
-                Ok(generation_chunk::Kind::Error(error)) => {
-                    vec![data(&chunk_error(&error).body())]
-                }
-                Ok(kind) => writer.write(&kind).iter().map(data).collect(),
-                Err(error) => vec![data(&error.body())],
-            };
-            for event in events {
-                if tx.send(event).await.is_err() {
-                    // The client is gone: dropping the generation cancels it.
-                    return;
+        let finished = pump(&tx, begun, |chunk| match chunk {
+            Ok(generation_chunk::Kind::Error(error)) => vec![data(&chunk_error(&error).body())],
+            Ok(kind) => writer.write(&kind).iter().map(data).collect(),
+            Err(error) => vec![data(&error.body())],
+        })
+        .await;
+        if finished {
+            let _ = tx.send(Ok(Event::default().data("[DONE]"))).await;
+        }
+    });
+    Ok(response)
+}
+
+/// Waits for the target's instance, telling the client how it goes in SSE
+/// comments each second; None if the client left.
+async fn wait_with_progress(
+    api: &Api,
+    target: &Target,
+    tx: &EventSender,
+) -> Option<Result<(), ApiError>> {
+    let wait = api.ready(target, api.options.auto_place);
+    tokio::pin!(wait);
+    let mut report = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            result = &mut wait => return Some(result),
+            _ = report.tick() => {
+                let line = api.progress(&target.model_id).await;
+                if tx.send(Ok(Event::default().comment(line))).await.is_err() {
+                    return None;
                 }
             }
-            chunk = tokio::select! {
-                next = generation.next() => next,
-                _ = tx.closed() => return,
-            };
         }
-        let _ = tx.send(Ok(Event::default().data("[DONE]"))).await;
-    });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|event| (event, rx))
-    });
-    Ok(Sse::new(stream)
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(10)))
-        .into_response())
+    }
 }
 
 async fn models(State(api): State<Api>) -> Result<Json<Value>, ApiError> {
@@ -1121,11 +1136,8 @@ struct EventsQuery {
 }
 
 /// The indexed events from `from` on, then each new one as it is applied.
-async fn events(
-    State(api): State<Api>,
-    Query(query): Query<EventsQuery>,
-) -> Sse<impl futures_util::Stream<Item = Result<Event, Infallible>>> {
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(256);
+async fn events(State(api): State<Api>, Query(query): Query<EventsQuery>) -> Response {
+    let (tx, response) = sse_channel();
     let mut next = query.from.unwrap_or(1).max(1);
     tokio::spawn(async move {
         loop {
@@ -1150,8 +1162,5 @@ async fn events(
             }
         }
     });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|event| (event, rx))
-    });
-    Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(10)))
+    response
 }
