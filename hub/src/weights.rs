@@ -1,0 +1,155 @@
+//! Which files of a Hugging Face checkpoint a node needs.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
+
+/// The index of a sharded safetensors checkpoint.
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+/// The weights of an unsharded one.
+pub const SINGLE_FILE: &str = "model.safetensors";
+
+/// Files every node needs besides the weights: the config, the tokenizer and
+/// the chat template, in whichever of their forms the repository has.
+pub const SUPPORT_FILES: &[&str] = &[
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    INDEX_FILE,
+];
+
+/// The part of the model a node holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// Every layer (a whole model, or a tensor-parallel rank, which holds a
+    /// slice of every tensor).
+    Whole,
+    /// Layers `layers` of `n_layers`.
+    Layers { layers: Range<u32>, n_layers: u32 },
+}
+
+/// Why an index cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("{INDEX_FILE}: {0}")]
+pub struct IndexError(String);
+
+/// The tensor → file map of `model.safetensors.index.json`.
+pub fn parse_index(json: &[u8]) -> Result<BTreeMap<String, String>, IndexError> {
+    #[derive(serde::Deserialize)]
+    struct Index {
+        weight_map: BTreeMap<String, String>,
+    }
+    let index: Index = serde_json::from_slice(json).map_err(|e| IndexError(e.to_string()))?;
+    if index.weight_map.is_empty() {
+        return Err(IndexError("the weight map is empty".into()));
+    }
+    Ok(index.weight_map)
+}
+
+/// The layer a tensor belongs to (`model.layers.7.mlp.up_proj.weight` → 7).
+fn layer_of(tensor: &str) -> Option<u32> {
+    let (_, rest) = tensor.split_once(".layers.")?;
+    rest.split('.').next()?.parse().ok()
+}
+
+/// Whether `stage` loads the (non-layer) tensor `tensor`: the embedding on
+/// the first stage (and on the last when the LM head is tied to it), the
+/// final norm and LM head on the last; unknown non-layer tensors always.
+fn stage_needs(tensor: &str, stage: &Stage, tied_embeddings: bool) -> bool {
+    let (first, last) = match stage {
+        Stage::Whole => return true,
+        Stage::Layers { layers, n_layers } => (layers.start == 0, layers.end >= *n_layers),
+    };
+    if let Some(layer) = layer_of(tensor) {
+        return matches!(stage, Stage::Layers { layers, .. } if layers.contains(&layer));
+    }
+    if tensor.contains("embed_tokens") {
+        first || (last && tied_embeddings)
+    } else if tensor.starts_with("lm_head") || tensor.ends_with(".norm.weight") {
+        last
+    } else {
+        true
+    }
+}
+
+/// The weight files (as named in the index) that hold the tensors `stage`
+/// loads.
+pub fn files_for_stage(
+    weight_map: &BTreeMap<String, String>,
+    stage: &Stage,
+    tied_embeddings: bool,
+) -> BTreeSet<String> {
+    weight_map
+        .iter()
+        .filter(|(tensor, _)| stage_needs(tensor, stage, tied_embeddings))
+        .map(|(_, file)| file.clone())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Four layers over three files: embedding + layer 0 in the first,
+    /// layers 1-2 in the second, layer 3 + norm (+ head) in the third.
+    fn map(with_head: bool) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
+        let mut put = |t: &str, f: &str| {
+            m.insert(t.to_string(), f.to_string());
+        };
+        put("model.embed_tokens.weight", "a");
+        put("model.layers.0.mlp.up_proj.weight", "a");
+        put("model.layers.1.mlp.up_proj.weight", "b");
+        put("model.layers.2.self_attn.q_proj.weight", "b");
+        put("model.layers.3.input_layernorm.weight", "c");
+        put("model.norm.weight", "c");
+        if with_head {
+            put("lm_head.weight", "c");
+        }
+        m
+    }
+
+    fn names(set: BTreeSet<String>) -> Vec<String> {
+        set.into_iter().collect()
+    }
+
+    #[test]
+    fn pipeline_stages_take_only_their_files() {
+        let m = map(true);
+        let stage = |start, end| Stage::Layers {
+            layers: start..end,
+            n_layers: 4,
+        };
+        assert_eq!(names(files_for_stage(&m, &stage(0, 1), false)), ["a"]);
+        assert_eq!(names(files_for_stage(&m, &stage(1, 3), false)), ["b"]);
+        assert_eq!(names(files_for_stage(&m, &stage(3, 4), false)), ["c"]);
+        assert_eq!(names(files_for_stage(&m, &stage(0, 2), false)), ["a", "b"]);
+        assert_eq!(
+            names(files_for_stage(&m, &Stage::Whole, false)),
+            ["a", "b", "c"]
+        );
+    }
+
+    #[test]
+    fn a_tied_head_makes_the_last_stage_need_the_embedding() {
+        let m = map(false);
+        let last = Stage::Layers {
+            layers: 3..4,
+            n_layers: 4,
+        };
+        assert_eq!(names(files_for_stage(&m, &last, true)), ["a", "c"]);
+    }
+
+    #[test]
+    fn the_index_must_have_a_weight_map() {
+        assert!(parse_index(br#"{"weight_map": {"x": "a"}}"#).is_ok());
+        assert!(parse_index(br#"{"weight_map": {}}"#).is_err());
+        assert!(parse_index(b"not json").is_err());
+    }
+}
