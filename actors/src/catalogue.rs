@@ -38,6 +38,8 @@ struct SourceFile {
     #[serde(default)]
     hub_repo: String,
     #[serde(default)]
+    revision: String,
+    #[serde(default)]
     files: Vec<FileEntry>,
 }
 
@@ -78,7 +80,7 @@ pub fn parse(text: &str) -> Result<ModelCard, CardError> {
         storage_size_bytes: file.storage_size.in_bytes,
         source: Some(ModelSource {
             hub_repo: file.source.hub_repo,
-            revision: String::new(),
+            revision: file.source.revision,
             format: format as i32,
             files: file
                 .source
@@ -106,9 +108,205 @@ pub fn card(model_id: &str) -> Option<ModelCard> {
     cards().into_iter().find(|c| c.model_id == model_id)
 }
 
+/// The card for `model_id`: a custom one the cluster learnt, else a
+/// built-in one.
+pub fn find(state: &v1::ClusterState, model_id: &str) -> Option<ModelCard> {
+    state
+        .custom_cards
+        .get(model_id)
+        .cloned()
+        .or_else(|| card(model_id))
+}
+
+/// Every card the cluster knows: built-in ones, then custom ones.
+pub fn all(state: &v1::ClusterState) -> Vec<ModelCard> {
+    let mut cards = cards();
+    cards.retain(|c| !state.custom_cards.contains_key(&c.model_id));
+    cards.extend(state.custom_cards.values().cloned());
+    cards
+}
+
+/// Builds a card for a safetensors repository from its `config.json` and
+/// file listing; the model id is the repository's name (`OWNER/NAME`).
+pub async fn card_from_hub(
+    client: &tessera_hub::HubClient,
+    repo: &str,
+    revision: &str,
+) -> Result<ModelCard, CardError> {
+    let revision = if revision.is_empty() {
+        "main"
+    } else {
+        revision
+    };
+    let listing = client
+        .list(repo, revision)
+        .await
+        .map_err(|e| CardError(e.to_string()))?;
+    let weights: Vec<&tessera_hub::RepoFile> = listing
+        .files
+        .iter()
+        .filter(|f| f.path.ends_with(".safetensors") && !f.path.contains('/'))
+        .collect();
+    if weights.is_empty() {
+        let ggufs = listing
+            .files
+            .iter()
+            .filter(|f| f.path.ends_with(".gguf"))
+            .count();
+        return Err(CardError(if ggufs > 0 {
+            format!("{repo} holds GGUF files only; add a card file to resources/model_cards for one of its {ggufs} GGUF files")
+        } else {
+            format!("{repo} has no safetensors weights")
+        }));
+    }
+    if listing.get("config.json").is_none() {
+        return Err(CardError(format!("{repo} has no config.json")));
+    }
+    let config = client
+        .fetch_small(repo, &listing.commit, "config.json")
+        .await
+        .map_err(|e| CardError(e.to_string()))?;
+    card_from_config(repo, &listing, &config)
+}
+
+/// The pure half of [`card_from_hub`].
+pub fn card_from_config(
+    repo: &str,
+    listing: &tessera_hub::RepoListing,
+    config_json: &[u8],
+) -> Result<ModelCard, CardError> {
+    let config: serde_json::Value = serde_json::from_slice(config_json)
+        .map_err(|e| CardError(format!("{repo}/config.json: {e}")))?;
+    // Multimodal configs keep the language model's values in text_config.
+    let text = config.get("text_config").unwrap_or(&config);
+    let number = |key: &str| -> Option<u64> { text.get(key).and_then(|v| v.as_u64()) };
+    let need =
+        |key: &str| number(key).ok_or_else(|| CardError(format!("{repo}/config.json lacks {key}")));
+    let model_type = text
+        .get("model_type")
+        .and_then(|v| v.as_str())
+        .unwrap_or_default();
+    let family = match model_type {
+        "llama" | "mistral" | "smollm" | "smollm2" => "llama",
+        "qwen2" => "qwen2",
+        "qwen3" => "qwen3",
+        other => {
+            return Err(CardError(format!(
+                "{repo}: model type {other:?} is not one this engine runs (llama, mistral, qwen2, qwen3)"
+            )))
+        }
+    };
+    let heads = need("num_attention_heads")?;
+    let kv_heads = number("num_key_value_heads").unwrap_or(heads);
+    let dtype = text
+        .get("torch_dtype")
+        .or_else(|| text.get("dtype"))
+        .and_then(|v| v.as_str())
+        .unwrap_or("unknown");
+    let quantization = match dtype {
+        "bfloat16" => "bf16",
+        "float16" => "f16",
+        "float32" => "f32",
+        other => other,
+    };
+    let wanted = |path: &str| {
+        (path.ends_with(".safetensors") && !path.contains('/'))
+            || tessera_hub::weights::SUPPORT_FILES.contains(&path)
+    };
+    let files: Vec<v1::ModelFile> = listing
+        .files
+        .iter()
+        .filter(|f| wanted(&f.path))
+        .map(|f| v1::ModelFile {
+            path: f.path.clone(),
+            size_bytes: f.size,
+            sha256: f.sha256.clone().unwrap_or_default(),
+        })
+        .collect();
+    let storage: u64 = files
+        .iter()
+        .filter(|f| f.path.ends_with(".safetensors"))
+        .map(|f| f.size_bytes)
+        .sum();
+    let as_u32 =
+        |v: u64| u32::try_from(v).map_err(|_| CardError(format!("{repo}: {v} is too large")));
+    Ok(ModelCard {
+        model_id: repo.to_string(),
+        family: family.to_string(),
+        quantization: quantization.to_string(),
+        base_model: repo.to_string(),
+        n_layers: as_u32(need("num_hidden_layers")?)?,
+        hidden_size: as_u32(need("hidden_size")?)?,
+        num_attention_heads: as_u32(heads)?,
+        num_key_value_heads: as_u32(kv_heads)?,
+        context_length: as_u32(number("max_position_embeddings").unwrap_or(4096))?,
+        supports_tensor: kv_heads >= 2,
+        tasks: vec![v1::ModelTask::TextGeneration as i32],
+        capabilities: Vec::new(),
+        storage_size_bytes: storage,
+        source: Some(ModelSource {
+            hub_repo: repo.to_string(),
+            revision: listing.commit.clone(),
+            format: v1::WeightFormat::Safetensors as i32,
+            files,
+        }),
+        sampling_defaults: None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_card_is_built_from_a_config_and_a_listing() {
+        let listing = tessera_hub::RepoListing {
+            repo: "acme/m".into(),
+            commit: "abc".into(),
+            files: vec![
+                tessera_hub::RepoFile {
+                    path: "config.json".into(),
+                    size: 10,
+                    sha256: None,
+                },
+                tessera_hub::RepoFile {
+                    path: "model-00001-of-00002.safetensors".into(),
+                    size: 100,
+                    sha256: Some("aa".into()),
+                },
+                tessera_hub::RepoFile {
+                    path: "model-00002-of-00002.safetensors".into(),
+                    size: 50,
+                    sha256: None,
+                },
+                tessera_hub::RepoFile {
+                    path: "README.md".into(),
+                    size: 5,
+                    sha256: None,
+                },
+            ],
+        };
+        let config = br#"{"model_type": "qwen2", "num_hidden_layers": 24, "hidden_size": 896,
+            "num_attention_heads": 14, "num_key_value_heads": 2,
+            "max_position_embeddings": 32768, "torch_dtype": "bfloat16"}"#;
+        let card = card_from_config("acme/m", &listing, config).expect("card");
+        assert_eq!(card.model_id, "acme/m");
+        assert_eq!((card.n_layers, card.num_key_value_heads), (24, 2));
+        assert_eq!(card.storage_size_bytes, 150);
+        assert_eq!(card.quantization, "bf16");
+        let source = card.source.expect("source");
+        assert_eq!(source.revision, "abc");
+        assert_eq!(source.files.len(), 3, "README is not a model file");
+        let unsupported = br#"{"model_type": "gpt2", "num_hidden_layers": 1, "hidden_size": 1,
+            "num_attention_heads": 1}"#;
+        let error = card_from_config("acme/m", &listing, unsupported).expect_err("gpt2");
+        assert!(
+            error.to_string().contains("not one this engine runs"),
+            "{error}"
+        );
+        let missing = br#"{"model_type": "llama"}"#;
+        assert!(card_from_config("acme/m", &listing, missing).is_err());
+    }
 
     #[test]
     fn every_shipped_card_parses() {

@@ -31,10 +31,12 @@ pub enum AdminMethod {
     Models,
     Downloads,
     Events,
+    AddModel,
+    Download,
 }
 
 impl AdminMethod {
-    pub const ALL: [AdminMethod; 9] = [
+    pub const ALL: [AdminMethod; 11] = [
         Self::State,
         Self::Nodes,
         Self::Instances,
@@ -44,6 +46,8 @@ impl AdminMethod {
         Self::Models,
         Self::Downloads,
         Self::Events,
+        Self::AddModel,
+        Self::Download,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -57,6 +61,8 @@ impl AdminMethod {
             Self::Models => "models",
             Self::Downloads => "downloads",
             Self::Events => "events",
+            Self::AddModel => "add_model",
+            Self::Download => "download",
         }
     }
 }

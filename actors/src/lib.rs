@@ -17,6 +17,7 @@
 pub mod api;
 pub mod bus;
 pub mod catalogue;
+pub mod downloads;
 pub mod election;
 pub mod election_actor;
 pub mod keys;

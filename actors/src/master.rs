@@ -29,6 +29,10 @@ pub enum MasterMsg {
         v1::DeleteInstanceRequest,
         RpcReplyPort<v1::DeleteInstanceReply>,
     ),
+    /// The admin service's download start, cancel and delete.
+    Download(v1::DownloadRequest, RpcReplyPort<v1::DownloadReply>),
+    /// A custom card built from a hub repository by the asking node.
+    AddCard(v1::ModelCard, RpcReplyPort<v1::AddModelReply>),
     Local(LocalEvent),
     NodeAlive(String),
     /// A liveliness token went away; the node is checked again before it
@@ -249,8 +253,48 @@ impl MasterState {
                     None => Vec::new(),
                 }
             }
+            Some(command::Kind::StartDownload(c)) => {
+                let request = download_request(v1::DownloadAction::Start, &c.node_id, &c.model_id);
+                let mut events = Vec::new();
+                match download_event(&state, &request, &command.command_id) {
+                    Ok(mut event) => {
+                        if let (Some(event::Kind::NodeDownloadProgress(p)), Some(shard)) =
+                            (event.kind.as_mut(), &c.shard)
+                        {
+                            if let Some(progress) = p.progress.as_mut() {
+                                progress.shards.push(*shard);
+                            }
+                        }
+                        events.push(event);
+                    }
+                    Err(e) => tracing::warn!(reason = e.message, "download refused"),
+                }
+                events
+            }
+            Some(command::Kind::CancelDownload(c)) => {
+                let request = download_request(v1::DownloadAction::Cancel, &c.node_id, &c.model_id);
+                download_event(&state, &request, &command.command_id)
+                    .map_err(|e| tracing::warn!(reason = e.message, "cancel refused"))
+                    .into_iter()
+                    .collect()
+            }
+            Some(command::Kind::DeleteDownload(c)) => {
+                let request = download_request(v1::DownloadAction::Delete, &c.node_id, &c.model_id);
+                download_event(&state, &request, &command.command_id)
+                    .map_err(|e| tracing::warn!(reason = e.message, "delete refused"))
+                    .into_iter()
+                    .collect()
+            }
+            Some(command::Kind::AddModelCard(add)) => match &add.card {
+                Some(card) if crate::catalogue::card(&card.model_id).is_none() => vec![Event {
+                    kind: Some(event::Kind::ModelCardAdded(v1::ModelCardAdded {
+                        card: Some(card.clone()),
+                    })),
+                }],
+                _ => Vec::new(),
+            },
             _ => {
-                tracing::debug!("command not handled yet");
+                tracing::debug!("command not handled");
                 Vec::new()
             }
         };
@@ -339,7 +383,12 @@ impl MasterState {
             node_ids,
         };
         let command_id = uuid::Uuid::now_v7().to_string();
-        let instance_id = format!("{}-{}", card.model_id, &command_id[command_id.len() - 8..]);
+        // Ids become zenoh key chunks: hub-style model ids lose their '/'.
+        let instance_id = format!(
+            "{}-{}",
+            crate::downloads::folder_name(&card.model_id),
+            &command_id[command_id.len() - 8..]
+        );
         let used = placement::used_ring_addresses(state);
         let placed =
             match placement::place(&placement_request, &nodes, &instance_id, &used, |rank| {
@@ -414,6 +463,108 @@ impl MasterState {
     }
 }
 
+fn download_request(
+    action: v1::DownloadAction,
+    node_id: &str,
+    model_id: &str,
+) -> v1::DownloadRequest {
+    v1::DownloadRequest {
+        action: action as i32,
+        node_id: node_id.to_string(),
+        model_id: model_id.to_string(),
+    }
+}
+
+/// The event a download request stands for, or why it is refused.
+fn download_event(
+    state: &ClusterState,
+    request: &v1::DownloadRequest,
+    request_id: &str,
+) -> Result<Event, v1::AdminError> {
+    use v1::download_progress::State as Ds;
+    let node = state
+        .nodes
+        .get(&request.node_id)
+        .ok_or_else(|| admin_error("not_found", format!("no node {:?}", request.node_id)))?;
+    if node.info.as_ref().is_some_and(|i| i.no_worker) {
+        return Err(admin_error(
+            "invalid_argument",
+            format!("node {} runs no models (--no-worker)", request.node_id),
+        ));
+    }
+    let card = find_card(state, &request.model_id)
+        .ok_or_else(|| admin_error("not_found", format!("unknown model {:?}", request.model_id)))?;
+    let current = state
+        .downloads
+        .get(&request.node_id)
+        .and_then(|d| d.models.get(&request.model_id))
+        .and_then(|p| p.state.as_ref());
+    let request_id = request_id.to_string();
+    let new_state = match v1::DownloadAction::try_from(request.action) {
+        Ok(v1::DownloadAction::Start) => Ds::Pending(v1::DownloadPending {
+            total_bytes: card.storage_size_bytes,
+            request_id,
+        }),
+        Ok(v1::DownloadAction::Cancel) => {
+            if !matches!(current, Some(Ds::Pending(_) | Ds::Ongoing(_))) {
+                return Err(admin_error(
+                    "not_found",
+                    format!(
+                        "no download of {} in progress on {}",
+                        request.model_id, request.node_id
+                    ),
+                ));
+            }
+            Ds::Cancelled(v1::DownloadCancelled { request_id })
+        }
+        Ok(v1::DownloadAction::Delete) => {
+            let user = state.instances.values().find(|i| {
+                i.model
+                    .as_ref()
+                    .is_some_and(|m| m.model_id == request.model_id)
+                    && i.ranks.iter().any(|r| r.node_id == request.node_id)
+            });
+            if let Some(user) = user {
+                return Err(admin_error(
+                    "invalid_argument",
+                    format!(
+                        "instance {} uses {} on {}: delete the instance first",
+                        user.instance_id, request.model_id, request.node_id
+                    ),
+                ));
+            }
+            if matches!(current, Some(Ds::Completed(c)) if c.read_only) {
+                return Err(admin_error(
+                    "invalid_argument",
+                    format!(
+                        "{} on {} is in a read-only model folder and is never deleted",
+                        request.model_id, request.node_id
+                    ),
+                ));
+            }
+            Ds::Deleted(v1::DownloadDeleted { request_id })
+        }
+        _ => {
+            return Err(admin_error(
+                "invalid_argument",
+                "the action must be start, cancel or delete".into(),
+            ))
+        }
+    };
+    Ok(Event {
+        kind: Some(event::Kind::NodeDownloadProgress(
+            v1::NodeDownloadProgress {
+                node_id: request.node_id.clone(),
+                progress: Some(v1::DownloadProgress {
+                    model_id: request.model_id.clone(),
+                    state: Some(new_state),
+                    shards: Vec::new(),
+                }),
+            },
+        )),
+    })
+}
+
 /// A model card from the state's instances or the built-in catalogue.
 fn find_card(state: &ClusterState, model_id: &str) -> Option<v1::ModelCard> {
     state
@@ -422,7 +573,7 @@ fn find_card(state: &ClusterState, model_id: &str) -> Option<v1::ModelCard> {
         .filter_map(|i| i.model.as_ref())
         .find(|m| m.model_id == model_id)
         .cloned()
-        .or_else(|| crate::catalogue::card(model_id))
+        .or_else(|| crate::catalogue::find(state, model_id))
 }
 
 impl Actor for Master {
@@ -501,6 +652,65 @@ impl Actor for Master {
                 };
                 let _ = reply.send(answer);
             }
+            MasterMsg::Download(request, reply) => {
+                let command_id = uuid::Uuid::now_v7().to_string();
+                let cluster = state.state().await?;
+                let answer = match download_event(&cluster, &request, &command_id) {
+                    Ok(event) => {
+                        if state.index(event).await? {
+                            v1::DownloadReply {
+                                command_id,
+                                error: None,
+                            }
+                        } else {
+                            v1::DownloadReply {
+                                command_id: String::new(),
+                                error: Some(admin_error("internal", "the log refused it".into())),
+                            }
+                        }
+                    }
+                    Err(error) => v1::DownloadReply {
+                        command_id: String::new(),
+                        error: Some(error),
+                    },
+                };
+                let _ = reply.send(answer);
+            }
+            MasterMsg::AddCard(card, reply) => {
+                let answer = if crate::catalogue::card(&card.model_id).is_some() {
+                    v1::AddModelReply {
+                        error: Some(admin_error(
+                            "invalid_argument",
+                            format!("{} is a built-in model", card.model_id),
+                        )),
+                        ..Default::default()
+                    }
+                } else {
+                    let stored = state
+                        .index(Event {
+                            kind: Some(event::Kind::ModelCardAdded(v1::ModelCardAdded {
+                                card: Some(card.clone()),
+                            })),
+                        })
+                        .await?;
+                    if stored {
+                        v1::AddModelReply {
+                            card: Some(card),
+                            command_id: uuid::Uuid::now_v7().to_string(),
+                            error: None,
+                        }
+                    } else {
+                        v1::AddModelReply {
+                            error: Some(admin_error(
+                                "invalid_argument",
+                                "the card was refused by the log".into(),
+                            )),
+                            ..Default::default()
+                        }
+                    }
+                };
+                let _ = reply.send(answer);
+            }
             MasterMsg::Local(local) => {
                 let last = state.seen.get(&local.origin_node_id).copied();
                 if last.is_some_and(|seq| local.origin_seq <= seq) {
@@ -510,8 +720,13 @@ impl Actor for Master {
                     return Ok(());
                 };
                 // Workers speak only for themselves.
-                if let Some(event::Kind::NodeGatheredInfo(info)) = &event.kind {
-                    if info.node_id != local.origin_node_id {
+                let speaker = match &event.kind {
+                    Some(event::Kind::NodeGatheredInfo(info)) => Some(&info.node_id),
+                    Some(event::Kind::NodeDownloadProgress(p)) => Some(&p.node_id),
+                    _ => None,
+                };
+                if let Some(speaker) = speaker {
+                    if *speaker != local.origin_node_id {
                         let key = state.bus.keys.local_events();
                         state.bus.count_dropped(&key, "node info for another node");
                         return Ok(());

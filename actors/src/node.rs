@@ -43,6 +43,10 @@ pub struct NodeOptions {
     pub ring_port_base: u16,
     /// The HTTP API, if served.
     pub api: Option<crate::api::ApiOptions>,
+    /// Where model files live.
+    pub models: crate::downloads::ModelStore,
+    /// Use local model files only: never reach the hub.
+    pub offline: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -263,7 +267,23 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
         .await
         .map_err(BusError::zenoh)?;
 
+    let client = if options.offline {
+        None
+    } else {
+        Some(Arc::new(tessera_hub::HubClient::from_env().map_err(
+            |e| NodeError::Config {
+                key: "HF_ENDPOINT".into(),
+                reason: e.to_string(),
+            },
+        )?))
+    };
+    let downloader = Arc::new(crate::downloads::Downloader {
+        store: options.models.clone(),
+        client,
+        parallel: 4,
+    });
     let router = Router {
+        downloader: downloader.clone(),
         node_id: node_id.clone(),
         bus: bus.clone(),
         replica: replica.clone(),
@@ -302,6 +322,7 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
                 threads: options.runner_threads.max(1),
                 runner_endpoint,
                 changed,
+                downloader,
             },
         )
         .await
@@ -340,6 +361,8 @@ struct Router {
     replica: ActorRef<ReplicaMsg>,
     election: ActorRef<ElectionMsg>,
     leadership: Leadership,
+    /// Its hub client builds custom model cards (`add_model`).
+    downloader: Arc<crate::downloads::Downloader>,
 }
 
 impl Router {
@@ -491,6 +514,74 @@ impl Router {
             }
         }));
 
+        // Downloads and custom cards, answered by the master only (a card is
+        // built from the hub by the master's node).
+        for method in [AdminMethod::Download, AdminMethod::AddModel] {
+            let queryable = self
+                .bus
+                .session
+                .declare_queryable(keys.admin(method))
+                .await
+                .map_err(zenoh)?;
+            let this = self.clone();
+            tasks.push(tokio::spawn(async move {
+                while let Ok(query) = queryable.recv_async().await {
+                    let Some(master) = this.leadership.local_master() else {
+                        continue;
+                    };
+                    let key = query.key_expr().as_str().to_string();
+                    let payload = query
+                        .payload()
+                        .map(|p| p.to_bytes().to_vec())
+                        .unwrap_or_default();
+                    let bytes = if method == AdminMethod::Download {
+                        let Some(request) = this.bus.decode::<v1::DownloadRequest>(&key, &payload)
+                        else {
+                            continue;
+                        };
+                        match call!(master, MasterMsg::Download, request) {
+                            Ok(reply) => prost::Message::encode_to_vec(&reply),
+                            Err(_) => continue,
+                        }
+                    } else {
+                        let Some(request) = this.bus.decode::<v1::AddModelRequest>(&key, &payload)
+                        else {
+                            continue;
+                        };
+                        let refuse = |kind: &str, message: String| v1::AddModelReply {
+                            error: Some(AdminError {
+                                kind: kind.into(),
+                                message,
+                            }),
+                            ..Default::default()
+                        };
+                        let reply = match &this.downloader.client {
+                            None => refuse(
+                                "unavailable",
+                                "the master node is offline (--offline): it cannot read the hub"
+                                    .into(),
+                            ),
+                            Some(client) => match crate::catalogue::card_from_hub(
+                                client,
+                                &request.hub_repo,
+                                &request.revision,
+                            )
+                            .await
+                            {
+                                Ok(card) => match call!(master, MasterMsg::AddCard, card) {
+                                    Ok(reply) => reply,
+                                    Err(_) => continue,
+                                },
+                                Err(error) => refuse("invalid_argument", error.to_string()),
+                            },
+                        };
+                        prost::Message::encode_to_vec(&reply)
+                    };
+                    let _ = query.reply(query.key_expr().clone(), bytes).await;
+                }
+            }));
+        }
+
         // Admin mutations, answered by the master only.
         for method in [AdminMethod::Place, AdminMethod::Delete] {
             let queryable = self
@@ -544,6 +635,8 @@ impl Router {
             AdminMethod::Instances,
             AdminMethod::Previews,
             AdminMethod::Events,
+            AdminMethod::Models,
+            AdminMethod::Downloads,
         ] {
             let queryable = self
                 .bus
@@ -582,7 +675,7 @@ impl Router {
                             else {
                                 continue;
                             };
-                            let reply = match crate::catalogue::card(&request.model_id) {
+                            let reply = match crate::catalogue::find(&state, &request.model_id) {
                                 Some(card) => v1::PlacementPreviewsReply {
                                     previews: crate::placement::previews(
                                         &card,
@@ -624,6 +717,42 @@ impl Router {
                                 error: None,
                             })
                         }
+                        AdminMethod::Models => {
+                            let models = crate::catalogue::all(&state)
+                                .into_iter()
+                                .map(|card| v1::ModelListing {
+                                    downloaded_on: downloaded_on(&state, &card.model_id),
+                                    card: Some(card),
+                                })
+                                .collect();
+                            prost::Message::encode_to_vec(&v1::ListModelsReply {
+                                models,
+                                error: None,
+                            })
+                        }
+                        AdminMethod::Downloads => {
+                            let request = this
+                                .bus
+                                .decode::<v1::ListDownloadsRequest>(&key, &payload)
+                                .unwrap_or_default();
+                            let downloads = state
+                                .downloads
+                                .iter()
+                                .filter(|(node, _)| {
+                                    request.node_id.is_empty() || **node == request.node_id
+                                })
+                                .flat_map(|(node, d)| {
+                                    d.models.values().map(|p| v1::NodeDownloadEntry {
+                                        node_id: node.clone(),
+                                        progress: Some(p.clone()),
+                                    })
+                                })
+                                .collect();
+                            prost::Message::encode_to_vec(&v1::ListDownloadsReply {
+                                downloads,
+                                error: None,
+                            })
+                        }
                         AdminMethod::State => {
                             let digest = State::from_proto(state.clone()).digest();
                             prost::Message::encode_to_vec(&GetStateReply {
@@ -658,9 +787,23 @@ impl Router {
     }
 }
 
+/// The nodes that hold all the files of `model_id` (as far as the log says).
+pub fn downloaded_on(state: &ClusterState, model_id: &str) -> Vec<String> {
+    state
+        .downloads
+        .iter()
+        .filter(|(_, d)| {
+            d.models.get(model_id).is_some_and(|p| {
+                matches!(p.state, Some(v1::download_progress::State::Completed(_)))
+            })
+        })
+        .map(|(node, _)| node.clone())
+        .collect()
+}
+
 /// Gathers this machine's facts with `sysinfo`.
 pub fn gather_node_info(data_dir: &Path) -> v1::NodeInfo {
-    use sysinfo::{Disks, Networks, System};
+    use sysinfo::{Networks, System};
     let (memory_total_bytes, memory_available_bytes) = match System::new() {
         Ok(mut system) => {
             system.refresh_memory();
@@ -694,16 +837,7 @@ pub fn gather_node_info(data_dir: &Path) -> v1::NodeInfo {
         }
     }
     addresses.sort_by(|a, b| (a.kind, &a.ip).cmp(&(b.kind, &b.ip)));
-    let disk_available_bytes = Disks::new_with_refreshed_list()
-        .ok()
-        .and_then(|disks| {
-            disks
-                .iter()
-                .filter(|d| data_dir.starts_with(d.mount_point()))
-                .max_by_key(|d| d.mount_point().as_os_str().len())
-                .map(|d| d.available_space())
-        })
-        .unwrap_or(0);
+    let disk_available_bytes = crate::downloads::free_space(data_dir).unwrap_or(0);
     v1::NodeInfo {
         hostname: System::host_name().unwrap_or_default(),
         os: System::name().unwrap_or_default(),

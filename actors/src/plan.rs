@@ -4,21 +4,29 @@
 //! One step at a time, first match wins:
 //! 1. shut down a local runner whose instance is gone (or that failed: the
 //!    supervisor restarts it with backoff once it is gone);
-//! 2. create a runner for each rank of an instance placed on this node;
-//! 3. bring each runner along its state machine: connect once every rank of
+//! 2. downloads: act on each delete, cancel and start request in the log
+//!    once; download the files each rank placed here needs; cancel a
+//!    download no instance here needs any more (unless it was asked for);
+//! 3. create a runner for each rank of an instance placed on this node once
+//!    its files are here (so a runner exists only where the files are, and
+//!    ranks connect, hence load, only once every node has its files);
+//! 4. bring each runner along its state machine: connect once every rank of
 //!    its instance has a runner (ranks connect together), load once
 //!    connected (or at once with a single rank), warm up once every rank
 //!    has loaded (warm-up runs all ranks together);
-//! 4. hand a pending generation to the rank-0 runner once it is ready
+//! 5. hand a pending generation to the rank-0 runner once it is ready
 //!    (other ranks follow rank 0 through the ring, they need no task);
-//! 5. cancel a generation whose task was cancelled while it runs.
+//! 6. cancel a generation whose task was cancelled while it runs.
 //!
 //! Runner statuses are read from the state (each change is an event), so
 //! every node plans from the same facts.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use tessera_protos::v1::{runner_status::State as Rs, task, ClusterState, TaskStatus};
+use tessera_protos::v1::{
+    self, download_progress::State as Ds, runner_status::State as Rs, task, ClusterState,
+    TaskStatus,
+};
 
 /// A step for the worker to take.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,6 +56,116 @@ pub enum Step {
     Shutdown {
         runner_id: String,
     },
+    /// Bring in the files of `parts` of a model.
+    Download {
+        model_id: String,
+        parts: BTreeSet<Part>,
+        /// The instance that needs it, if one does.
+        instance_id: Option<String>,
+        /// The StartDownload request it answers, if one asked.
+        request_id: Option<String>,
+    },
+    /// Stop a download (or record that a stale one is not running).
+    CancelDownload {
+        model_id: String,
+        request_id: Option<String>,
+    },
+    /// Delete a model's files from the writable folders.
+    DeleteDownload {
+        model_id: String,
+        request_id: String,
+    },
+}
+
+/// The part of a model whose files a node needs.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Part {
+    /// Every layer (the whole model, or a tensor-parallel slice of all).
+    Whole,
+    Layers {
+        start: u32,
+        end: u32,
+        n_layers: u32,
+    },
+}
+
+impl Part {
+    pub fn of(shard: Option<&v1::ShardSpec>) -> Self {
+        match shard.and_then(|s| s.kind.as_ref()) {
+            Some(v1::shard_spec::Kind::Pipeline(p)) => Self::Layers {
+                start: p.start_layer,
+                end: p.end_layer,
+                n_layers: p.n_layers,
+            },
+            _ => Self::Whole,
+        }
+    }
+
+    pub fn to_proto(&self) -> Option<v1::ShardSpec> {
+        match self {
+            Self::Whole => None,
+            Self::Layers {
+                start,
+                end,
+                n_layers,
+            } => Some(v1::ShardSpec {
+                kind: Some(v1::shard_spec::Kind::Pipeline(v1::PipelineShard {
+                    start_layer: *start,
+                    end_layer: *end,
+                    n_layers: *n_layers,
+                })),
+            }),
+        }
+    }
+
+    /// Whether this part's files include `other`'s.
+    pub fn covers(&self, other: &Part) -> bool {
+        match (self, other) {
+            (Self::Whole, _) => true,
+            (Self::Layers { .. }, Self::Whole) => false,
+            (
+                Self::Layers { start, end, .. },
+                Self::Layers {
+                    start: s, end: e, ..
+                },
+            ) => start <= s && e <= end,
+        }
+    }
+}
+
+/// Where a local download stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    Running,
+    Done,
+    Failed,
+    Cancelled,
+}
+
+/// What the worker knows of a model's download on this node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalDownload {
+    pub parts: BTreeSet<Part>,
+    pub phase: Phase,
+    /// Asked for with StartDownload: kept even when no instance needs it.
+    pub explicit: bool,
+    /// Instances it was started for (a failed download is tried again for
+    /// a new instance, not again and again for the same one).
+    pub tried_for: BTreeSet<String>,
+}
+
+impl LocalDownload {
+    pub fn has(&self, part: &Part) -> bool {
+        self.parts.iter().any(|p| p.covers(part))
+    }
+}
+
+/// The worker's own download bookkeeping, an input of [`plan`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Downloads {
+    pub models: BTreeMap<String, LocalDownload>,
+    /// Download requests (command ids) already acted on.
+    pub handled: BTreeSet<String>,
 }
 
 /// What the worker knows of a runner it started.
@@ -91,6 +209,7 @@ pub fn plan(
     state: &ClusterState,
     node_id: &str,
     runners: &BTreeMap<String, LocalRunner>,
+    downloads: &Downloads,
 ) -> Option<Step> {
     // 1. Runners without an instance, or failed ones.
     for (runner_id, runner) in runners {
@@ -107,10 +226,19 @@ pub fn plan(
             });
         }
     }
-    // 2. Ranks placed here without a runner.
+    // 2. Downloads.
+    if let Some(step) = plan_downloads(state, node_id, downloads) {
+        return Some(step);
+    }
+    // 3. Ranks placed here without a runner, once their files are here.
     for instance in state.instances.values() {
         for rank in instance.ranks.iter().filter(|r| r.node_id == node_id) {
-            if !runners.contains_key(&rank.runner_id) {
+            let files_here = instance.model.as_ref().is_none_or(|m| {
+                downloads.models.get(&m.model_id).is_some_and(|d| {
+                    d.phase == Phase::Done && d.has(&Part::of(rank.shard.as_ref()))
+                })
+            });
+            if files_here && !runners.contains_key(&rank.runner_id) {
                 return Some(Step::CreateRunner {
                     instance_id: instance.instance_id.clone(),
                     runner_id: rank.runner_id.clone(),
@@ -119,7 +247,7 @@ pub fn plan(
             }
         }
     }
-    // 3. Along the state machine.
+    // 4. Along the state machine.
     for (runner_id, runner) in runners {
         let Some(instance) = state.instances.get(&runner.instance_id) else {
             continue;
@@ -159,7 +287,7 @@ pub fn plan(
             }
         }
     }
-    // 4 and 5. Generations, on rank 0 only.
+    // 5 and 6. Generations, on rank 0 only.
     for (runner_id, runner) in runners.iter().filter(|(_, r)| r.rank == 0) {
         if let Some(task_id) = &runner.task_id {
             let cancelled = state
@@ -190,6 +318,98 @@ pub fn plan(
             return Some(Step::Forward {
                 runner_id: runner_id.clone(),
                 task_id: task.task_id.clone(),
+            });
+        }
+    }
+    None
+}
+
+/// Step 2: requests from the log first (each once), then what the
+/// instances placed here need, then what nothing needs any more.
+fn plan_downloads(state: &ClusterState, node_id: &str, downloads: &Downloads) -> Option<Step> {
+    let entries = state.downloads.get(node_id).map(|d| &d.models);
+    for (model_id, progress) in entries.into_iter().flatten() {
+        let request = |id: &str| !id.is_empty() && !downloads.handled.contains(id);
+        match &progress.state {
+            Some(Ds::Deleted(d)) if request(&d.request_id) => {
+                return Some(Step::DeleteDownload {
+                    model_id: model_id.clone(),
+                    request_id: d.request_id.clone(),
+                })
+            }
+            Some(Ds::Cancelled(c)) if request(&c.request_id) => {
+                return Some(Step::CancelDownload {
+                    model_id: model_id.clone(),
+                    request_id: Some(c.request_id.clone()),
+                })
+            }
+            Some(Ds::Pending(p)) if request(&p.request_id) => {
+                let mut parts: BTreeSet<Part> =
+                    progress.shards.iter().map(|s| Part::of(Some(s))).collect();
+                if parts.is_empty() {
+                    parts.insert(Part::Whole);
+                }
+                return Some(Step::Download {
+                    model_id: model_id.clone(),
+                    parts,
+                    instance_id: None,
+                    request_id: Some(p.request_id.clone()),
+                });
+            }
+            _ => {}
+        }
+    }
+    // What the instances placed here need.
+    let mut needed: BTreeSet<&str> = BTreeSet::new();
+    for instance in state.instances.values() {
+        let Some(model) = &instance.model else {
+            continue;
+        };
+        for rank in instance.ranks.iter().filter(|r| r.node_id == node_id) {
+            needed.insert(&model.model_id);
+            let part = Part::of(rank.shard.as_ref());
+            let local = downloads.models.get(&model.model_id);
+            let retry = |d: &LocalDownload| {
+                matches!(d.phase, Phase::Failed | Phase::Cancelled)
+                    && !d.tried_for.contains(&instance.instance_id)
+            };
+            let wanted = match local {
+                None => Some(BTreeSet::from([part])),
+                Some(d) if d.phase == Phase::Running => None,
+                Some(d) if !d.has(&part) || retry(d) => {
+                    let mut parts = d.parts.clone();
+                    parts.insert(part);
+                    Some(parts)
+                }
+                Some(_) => None,
+            };
+            if let Some(parts) = wanted {
+                return Some(Step::Download {
+                    model_id: model.model_id.clone(),
+                    parts,
+                    instance_id: Some(instance.instance_id.clone()),
+                    request_id: None,
+                });
+            }
+        }
+    }
+    // Downloads nothing needs any more, and stale ones from before a
+    // restart that this node is not running.
+    for (model_id, local) in &downloads.models {
+        if local.phase == Phase::Running && !local.explicit && !needed.contains(model_id.as_str()) {
+            return Some(Step::CancelDownload {
+                model_id: model_id.clone(),
+                request_id: None,
+            });
+        }
+    }
+    for (model_id, progress) in entries.into_iter().flatten() {
+        if matches!(progress.state, Some(Ds::Ongoing(_)))
+            && !downloads.models.contains_key(model_id)
+        {
+            return Some(Step::CancelDownload {
+                model_id: model_id.clone(),
+                request_id: None,
             });
         }
     }
@@ -256,17 +476,21 @@ mod tests {
     fn a_placed_rank_gets_a_runner_and_a_single_rank_loads_at_once() {
         let s = state(&[instance("i", &["n1"])]);
         assert_eq!(
-            plan(&s, "n1", &BTreeMap::new()),
+            plan(&s, "n1", &BTreeMap::new(), &Downloads::default()),
             Some(Step::CreateRunner {
                 instance_id: "i".into(),
                 runner_id: "i-r0".into(),
                 rank: 0
             })
         );
-        assert_eq!(plan(&s, "n2", &BTreeMap::new()), None, "not placed on n2");
+        assert_eq!(
+            plan(&s, "n2", &BTreeMap::new(), &Downloads::default()),
+            None,
+            "not placed on n2"
+        );
         let mine = runners(&[("i-r0", local("i", 0))]);
         assert_eq!(
-            plan(&s, "n1", &mine),
+            plan(&s, "n1", &mine, &Downloads::default()),
             Some(Step::Load {
                 runner_id: "i-r0".into()
             })
@@ -278,27 +502,31 @@ mod tests {
         let mut s = state(&[instance("i", &["n1", "n2"])]);
         let mine = runners(&[("i-r0", local("i", 0))]);
         // The other rank has no runner yet: wait.
-        assert_eq!(plan(&s, "n1", &mine), None);
+        assert_eq!(plan(&s, "n1", &mine, &Downloads::default()), None);
         with_status(&mut s, "i-r1", Rs::Idle(RunnerIdle {}));
         assert_eq!(
-            plan(&s, "n1", &mine),
+            plan(&s, "n1", &mine, &Downloads::default()),
             Some(Step::Connect {
                 runner_id: "i-r0".into()
             })
         );
         with_status(&mut s, "i-r0", Rs::Connected(RunnerConnected {}));
         assert_eq!(
-            plan(&s, "n1", &mine),
+            plan(&s, "n1", &mine, &Downloads::default()),
             Some(Step::Load {
                 runner_id: "i-r0".into()
             })
         );
         with_status(&mut s, "i-r0", Rs::Loaded(RunnerLoaded::default()));
         with_status(&mut s, "i-r1", Rs::Connected(RunnerConnected {}));
-        assert_eq!(plan(&s, "n1", &mine), None, "rank 1 still loading");
+        assert_eq!(
+            plan(&s, "n1", &mine, &Downloads::default()),
+            None,
+            "rank 1 still loading"
+        );
         with_status(&mut s, "i-r1", Rs::Loaded(RunnerLoaded::default()));
         assert_eq!(
-            plan(&s, "n1", &mine),
+            plan(&s, "n1", &mine, &Downloads::default()),
             Some(Step::WarmUp {
                 runner_id: "i-r0".into()
             })
@@ -310,7 +538,7 @@ mod tests {
                 runner_id: "i-r0".into(),
             });
         }
-        assert_eq!(plan(&s, "n1", &asked), None);
+        assert_eq!(plan(&s, "n1", &asked, &Downloads::default()), None);
     }
 
     #[test]
@@ -331,23 +559,27 @@ mod tests {
         let rank0 = runners(&[("i-r0", local("i", 0))]);
         let rank1 = runners(&[("i-r1", local("i", 1))]);
         assert_eq!(
-            plan(&s, "n1", &rank0),
+            plan(&s, "n1", &rank0, &Downloads::default()),
             Some(Step::Forward {
                 runner_id: "i-r0".into(),
                 task_id: "t1".into()
             })
         );
-        assert_eq!(plan(&s, "n2", &rank1), None, "rank 1 follows rank 0");
+        assert_eq!(
+            plan(&s, "n2", &rank1, &Downloads::default()),
+            None,
+            "rank 1 follows rank 0"
+        );
         let mut busy = rank0.clone();
         if let Some(r) = busy.get_mut("i-r0") {
             r.task_id = Some("t1".into());
         }
-        assert_eq!(plan(&s, "n1", &busy), None);
+        assert_eq!(plan(&s, "n1", &busy, &Downloads::default()), None);
         if let Some(t) = s.tasks.get_mut("t1") {
             t.status = TaskStatus::Cancelled as i32;
         }
         assert_eq!(
-            plan(&s, "n1", &busy),
+            plan(&s, "n1", &busy, &Downloads::default()),
             Some(Step::Cancel {
                 runner_id: "i-r0".into(),
                 task_id: "t1".into()
@@ -360,7 +592,7 @@ mod tests {
         let mut s = state(&[instance("i", &["n1"])]);
         let mine = runners(&[("gone-r0", local("gone", 0)), ("i-r0", local("i", 0))]);
         assert_eq!(
-            plan(&s, "n1", &mine),
+            plan(&s, "n1", &mine, &Downloads::default()),
             Some(Step::Shutdown {
                 runner_id: "gone-r0".into()
             })
@@ -375,7 +607,7 @@ mod tests {
             }),
         );
         assert_eq!(
-            plan(&s, "n1", &only),
+            plan(&s, "n1", &only, &Downloads::default()),
             Some(Step::Shutdown {
                 runner_id: "i-r0".into()
             })
@@ -386,6 +618,203 @@ mod tests {
                 runner_id: "i-r0".into(),
             });
         }
-        assert_eq!(plan(&s, "n1", &asked), None);
+        assert_eq!(plan(&s, "n1", &asked, &Downloads::default()), None);
+    }
+
+    fn with_model(mut i: Instance, model: &str) -> Instance {
+        i.model = Some(v1::ModelCard {
+            model_id: model.into(),
+            n_layers: 4,
+            ..Default::default()
+        });
+        for (rank, r) in i.ranks.iter_mut().enumerate() {
+            r.shard = Part::Layers {
+                start: rank as u32 * 2,
+                end: rank as u32 * 2 + 2,
+                n_layers: 4,
+            }
+            .to_proto();
+        }
+        i
+    }
+
+    fn local_download(parts: &[Part], phase: Phase, explicit: bool) -> LocalDownload {
+        LocalDownload {
+            parts: parts.iter().cloned().collect(),
+            phase,
+            explicit,
+            tried_for: BTreeSet::from(["i".to_string()]),
+        }
+    }
+
+    fn downloads(model: &str, d: LocalDownload) -> Downloads {
+        Downloads {
+            models: BTreeMap::from([(model.to_string(), d)]),
+            handled: BTreeSet::new(),
+        }
+    }
+
+    fn entry(s: &mut ClusterState, node: &str, model: &str, state: Ds) {
+        s.downloads.entry(node.into()).or_default().models.insert(
+            model.into(),
+            v1::DownloadProgress {
+                model_id: model.into(),
+                state: Some(state),
+                shards: Vec::new(),
+            },
+        );
+    }
+
+    #[test]
+    fn a_rank_downloads_its_part_before_it_gets_a_runner() {
+        let s = state(&[with_model(instance("i", &["n1", "n2"]), "m")]);
+        let second_half = Part::Layers {
+            start: 2,
+            end: 4,
+            n_layers: 4,
+        };
+        assert_eq!(
+            plan(&s, "n2", &BTreeMap::new(), &Downloads::default()),
+            Some(Step::Download {
+                model_id: "m".into(),
+                parts: BTreeSet::from([second_half.clone()]),
+                instance_id: Some("i".into()),
+                request_id: None,
+            })
+        );
+        let running = downloads(
+            "m",
+            local_download(std::slice::from_ref(&second_half), Phase::Running, false),
+        );
+        assert_eq!(
+            plan(&s, "n2", &BTreeMap::new(), &running),
+            None,
+            "no runner while files come"
+        );
+        let done = downloads("m", local_download(&[Part::Whole], Phase::Done, false));
+        assert_eq!(
+            plan(&s, "n2", &BTreeMap::new(), &done),
+            Some(Step::CreateRunner {
+                instance_id: "i".into(),
+                runner_id: "i-r1".into(),
+                rank: 1
+            }),
+            "the whole model covers any part"
+        );
+        // Files of another part do not count: the union is fetched.
+        let other = downloads(
+            "m",
+            local_download(
+                &[Part::Layers {
+                    start: 0,
+                    end: 2,
+                    n_layers: 4,
+                }],
+                Phase::Done,
+                false,
+            ),
+        );
+        assert!(matches!(
+            plan(&s, "n2", &BTreeMap::new(), &other),
+            Some(Step::Download { parts, .. }) if parts.len() == 2
+        ));
+    }
+
+    #[test]
+    fn requests_in_the_log_are_acted_on_once() {
+        let mut s = state(&[]);
+        entry(
+            &mut s,
+            "n1",
+            "m",
+            Ds::Pending(v1::DownloadPending {
+                total_bytes: 1,
+                request_id: "c1".into(),
+            }),
+        );
+        let step = plan(&s, "n1", &BTreeMap::new(), &Downloads::default());
+        assert_eq!(
+            step,
+            Some(Step::Download {
+                model_id: "m".into(),
+                parts: BTreeSet::from([Part::Whole]),
+                instance_id: None,
+                request_id: Some("c1".into()),
+            })
+        );
+        let mut handled = downloads("m", local_download(&[Part::Whole], Phase::Running, true));
+        handled.handled.insert("c1".into());
+        assert_eq!(
+            plan(&s, "n1", &BTreeMap::new(), &handled),
+            None,
+            "explicit: kept"
+        );
+        entry(
+            &mut s,
+            "n1",
+            "m",
+            Ds::Cancelled(v1::DownloadCancelled {
+                request_id: "c2".into(),
+            }),
+        );
+        assert_eq!(
+            plan(&s, "n1", &BTreeMap::new(), &handled),
+            Some(Step::CancelDownload {
+                model_id: "m".into(),
+                request_id: Some("c2".into())
+            })
+        );
+        entry(
+            &mut s,
+            "n1",
+            "m",
+            Ds::Deleted(v1::DownloadDeleted {
+                request_id: "c3".into(),
+            }),
+        );
+        assert_eq!(
+            plan(&s, "n1", &BTreeMap::new(), &handled),
+            Some(Step::DeleteDownload {
+                model_id: "m".into(),
+                request_id: "c3".into()
+            })
+        );
+    }
+
+    #[test]
+    fn downloads_nothing_needs_are_cancelled_and_failures_retried_for_new_instances() {
+        let s = state(&[]);
+        let orphan = downloads("m", local_download(&[Part::Whole], Phase::Running, false));
+        assert_eq!(
+            plan(&s, "n1", &BTreeMap::new(), &orphan),
+            Some(Step::CancelDownload {
+                model_id: "m".into(),
+                request_id: None
+            })
+        );
+        let mut stale = state(&[]);
+        entry(
+            &mut stale,
+            "n1",
+            "m",
+            Ds::Ongoing(v1::DownloadOngoing::default()),
+        );
+        assert_eq!(
+            plan(&stale, "n1", &BTreeMap::new(), &Downloads::default()),
+            Some(Step::CancelDownload {
+                model_id: "m".into(),
+                request_id: None
+            }),
+            "a download from before a restart that nothing runs"
+        );
+        // Failed for instance "i": not again for it, but for a new one.
+        let failed = downloads("m", local_download(&[Part::Whole], Phase::Failed, false));
+        let same = state(&[with_model(instance("i", &["n1"]), "m")]);
+        assert_eq!(plan(&same, "n1", &BTreeMap::new(), &failed), None);
+        let fresh = state(&[with_model(instance("j", &["n1"]), "m")]);
+        assert!(matches!(
+            plan(&fresh, "n1", &BTreeMap::new(), &failed),
+            Some(Step::Download { instance_id: Some(id), .. }) if id == "j"
+        ));
     }
 }

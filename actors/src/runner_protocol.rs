@@ -39,7 +39,10 @@ pub fn task_for_step(step: &Step, generation: Option<&v1::Task>) -> Option<v1::T
         ..Default::default()
     };
     Some(match step {
-        Step::CreateRunner { .. } => return None,
+        Step::CreateRunner { .. }
+        | Step::Download { .. }
+        | Step::CancelDownload { .. }
+        | Step::DeleteDownload { .. } => return None,
         Step::Connect { runner_id } => bare(Kind::ConnectToGroup(v1::ConnectToGroupTask {
             runner_id: runner_id.clone(),
         })),

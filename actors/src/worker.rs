@@ -21,7 +21,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::oneshot;
 
 use crate::bus::Bus;
-use crate::plan::{plan, LocalRunner, Step};
+use crate::downloads::{Downloader, Outcome};
+use crate::plan::{plan, Downloads, LocalDownload, LocalRunner, Part, Phase, Step};
 use crate::replica::ReplicaMsg;
 use crate::runner_protocol::task_for_step;
 
@@ -39,6 +40,17 @@ pub enum WorkerMsg {
         runner_id: String,
         exit: String,
         stderr: String,
+    },
+    /// A download's progress (`job` tells a stale job's reports apart).
+    DownloadProgress {
+        model_id: String,
+        job: u64,
+        state: v1::download_progress::State,
+    },
+    DownloadDone {
+        model_id: String,
+        job: u64,
+        outcome: Outcome,
     },
 }
 
@@ -60,6 +72,16 @@ pub struct WorkerArgs {
     /// Notified when the replica applies an event: plan at once rather
     /// than at the next tick (a forwarded generation waits for this).
     pub changed: Arc<tokio::sync::Notify>,
+    /// Brings model files in.
+    pub downloader: Arc<Downloader>,
+}
+
+/// A download in progress or finished on this node.
+struct DownloadJob {
+    id: u64,
+    cancel: tessera_hub::CancellationToken,
+    /// What runners load, once complete.
+    path: Option<PathBuf>,
 }
 
 struct RunnerProcess {
@@ -91,6 +113,10 @@ pub struct WorkerState {
     handed: BTreeSet<String>,
     /// When a runner that failed may start again, and its backoff.
     backoff: BTreeMap<String, (Instant, Duration)>,
+    /// Downloads, as the plan sees them.
+    downloads: Downloads,
+    jobs: BTreeMap<String, DownloadJob>,
+    next_job: u64,
     _statuses: zenoh::pubsub::Subscriber<()>,
 }
 
@@ -104,6 +130,200 @@ impl WorkerState {
         let key = self.args.bus.keys.local_events();
         if let Err(error) = self.args.bus.put(&key, &local).await {
             tracing::warn!(%error, "publishing a local event");
+        }
+    }
+
+    async fn download_event(&self, model_id: &str, state: v1::download_progress::State) {
+        let shards = self
+            .downloads
+            .models
+            .get(model_id)
+            .map(|d| d.parts.iter().filter_map(Part::to_proto).collect())
+            .unwrap_or_default();
+        self.local_event(event::Kind::NodeDownloadProgress(
+            v1::NodeDownloadProgress {
+                node_id: self.args.node_id.clone(),
+                progress: Some(v1::DownloadProgress {
+                    model_id: model_id.to_string(),
+                    state: Some(state),
+                    shards,
+                }),
+            },
+        ))
+        .await;
+    }
+
+    /// Starts (or widens, or marks as asked for) a model's download.
+    async fn start_download(
+        &mut self,
+        myself: &ActorRef<WorkerMsg>,
+        cluster: &v1::ClusterState,
+        model_id: String,
+        parts: std::collections::BTreeSet<Part>,
+        instance_id: Option<String>,
+        request_id: Option<String>,
+    ) {
+        if let Some(request) = &request_id {
+            self.downloads.handled.insert(request.clone());
+        }
+        let explicit = request_id.is_some();
+        if let Some(local) = self.downloads.models.get_mut(&model_id) {
+            local.explicit |= explicit;
+            if let Some(instance) = &instance_id {
+                local.tried_for.insert(instance.clone());
+            }
+            if local.phase == Phase::Running {
+                // Widened (if need be) once this run ends.
+                return;
+            }
+        }
+        let card = cluster
+            .instances
+            .values()
+            .filter_map(|i| i.model.as_ref())
+            .find(|m| m.model_id == model_id)
+            .cloned()
+            .or_else(|| crate::catalogue::find(cluster, &model_id));
+        let local = self
+            .downloads
+            .models
+            .entry(model_id.clone())
+            .or_insert_with(|| LocalDownload {
+                parts: Default::default(),
+                phase: Phase::Running,
+                explicit,
+                tried_for: Default::default(),
+            });
+        local.parts.extend(parts);
+        local.phase = Phase::Running;
+        if let Some(instance) = instance_id {
+            local.tried_for.insert(instance);
+        }
+        let Some(card) = card else {
+            local.phase = Phase::Failed;
+            let reason = format!("unknown model {model_id:?}: no card in the catalogue");
+            self.download_event(
+                &model_id,
+                v1::download_progress::State::Failed(v1::DownloadFailed { reason }),
+            )
+            .await;
+            return;
+        };
+        let shards: Vec<v1::ShardSpec> = local.parts.iter().filter_map(Part::to_proto).collect();
+        let shards = if local.parts.contains(&Part::Whole) {
+            Vec::new()
+        } else {
+            shards
+        };
+        self.next_job += 1;
+        let job = self.next_job;
+        let cancel = tessera_hub::CancellationToken::new();
+        if let Some(old) = self.jobs.insert(
+            model_id.clone(),
+            DownloadJob {
+                id: job,
+                cancel: cancel.clone(),
+                path: None,
+            },
+        ) {
+            old.cancel.cancel();
+        }
+        tracing::info!(model_id, ?shards, "downloading");
+        let downloader = self.args.downloader.clone();
+        let me = myself.clone();
+        tokio::spawn(async move {
+            let reporter = me.clone();
+            let id = model_id.clone();
+            let report = move |state: v1::download_progress::State| {
+                let _ = reporter.cast(WorkerMsg::DownloadProgress {
+                    model_id: id.clone(),
+                    job,
+                    state,
+                });
+            };
+            let outcome = downloader.run(&card, &shards, &report, &cancel).await;
+            let _ = me.cast(WorkerMsg::DownloadDone {
+                model_id,
+                job,
+                outcome,
+            });
+        });
+    }
+
+    async fn on_download_done(&mut self, model_id: String, job: u64, outcome: Outcome) {
+        let Some(current) = self.jobs.get_mut(&model_id) else {
+            return;
+        };
+        if current.id != job {
+            return;
+        }
+        let phase = match &outcome {
+            Outcome::Completed { path, .. } => {
+                current.path = Some(path.clone());
+                tracing::info!(model_id, path = %path.display(), "model files ready");
+                Phase::Done
+            }
+            Outcome::Failed(reason) => {
+                tracing::warn!(model_id, reason, "download failed");
+                Phase::Failed
+            }
+            Outcome::Cancelled => Phase::Cancelled,
+        };
+        if let Some(local) = self.downloads.models.get_mut(&model_id) {
+            local.phase = phase;
+        }
+        self.download_event(&model_id, outcome.state()).await;
+    }
+
+    async fn cancel_download(&mut self, model_id: &str, request_id: Option<String>) {
+        let by_request = request_id.is_some();
+        if let Some(request) = request_id {
+            self.downloads.handled.insert(request);
+        }
+        let running = self
+            .downloads
+            .models
+            .get(model_id)
+            .is_some_and(|d| d.phase == Phase::Running);
+        if running {
+            if let Some(job) = self.jobs.get(model_id) {
+                // The job ends with Cancelled, which is then reported.
+                job.cancel.cancel();
+            }
+            return;
+        }
+        // Nothing runs: record it so the plan does not ask again, and
+        // correct the log's stale entry.
+        self.downloads
+            .models
+            .entry(model_id.to_string())
+            .or_insert_with(|| LocalDownload {
+                parts: Default::default(),
+                phase: Phase::Cancelled,
+                explicit: false,
+                tried_for: Default::default(),
+            });
+        if !by_request {
+            self.download_event(
+                model_id,
+                v1::download_progress::State::Cancelled(v1::DownloadCancelled::default()),
+            )
+            .await;
+        }
+    }
+
+    async fn delete_download(&mut self, model_id: &str, request_id: String) {
+        self.downloads.handled.insert(request_id);
+        if let Some(job) = self.jobs.remove(model_id) {
+            job.cancel.cancel();
+        }
+        self.downloads.models.remove(model_id);
+        let store = self.args.downloader.store.clone();
+        let id = model_id.to_string();
+        match tokio::task::spawn_blocking(move || store.delete(&id)).await {
+            Ok(Ok(n)) => tracing::info!(model_id, folders = n, "deleted the model's files"),
+            Ok(Err(error)) => tracing::warn!(model_id, %error, "deleting the model's files"),
+            Err(error) => tracing::warn!(model_id, %error, "deleting the model's files"),
         }
     }
 
@@ -157,8 +377,17 @@ impl WorkerState {
         let Some(instance) = state.instances.get(instance_id) else {
             return Ok(());
         };
-        let mut child = tokio::process::Command::new(&self.args.exe)
-            .arg("runner")
+        let model_path = instance
+            .model
+            .as_ref()
+            .and_then(|m| self.jobs.get(&m.model_id))
+            .and_then(|job| job.path.clone());
+        let mut command = tokio::process::Command::new(&self.args.exe);
+        command.arg("runner");
+        if let Some(path) = model_path {
+            command.arg("--model-path").arg(path);
+        }
+        let mut child = command
             .args(["--runner-id", runner_id])
             .args(["--node-id", &self.args.node_id])
             .args(["--namespace", self.args.bus.keys.namespace()])
@@ -287,11 +516,42 @@ impl WorkerState {
             }
         }
         self.handed.retain(|id| cluster.tasks.contains_key(id));
-        let Some(step) = plan(&view, &self.args.node_id, &locals) else {
+        let Some(step) = plan(&view, &self.args.node_id, &locals, &self.downloads) else {
             return Ok(());
         };
         tracing::debug!(?step, "next step");
         let runner_id = match &step {
+            Step::Download {
+                model_id,
+                parts,
+                instance_id,
+                request_id,
+            } => {
+                self.start_download(
+                    myself,
+                    &cluster,
+                    model_id.clone(),
+                    parts.clone(),
+                    instance_id.clone(),
+                    request_id.clone(),
+                )
+                .await;
+                return Ok(());
+            }
+            Step::CancelDownload {
+                model_id,
+                request_id,
+            } => {
+                self.cancel_download(model_id, request_id.clone()).await;
+                return Ok(());
+            }
+            Step::DeleteDownload {
+                model_id,
+                request_id,
+            } => {
+                self.delete_download(model_id, request_id.clone()).await;
+                return Ok(());
+            }
             Step::CreateRunner {
                 instance_id,
                 runner_id,
@@ -475,6 +735,9 @@ impl Actor for Worker {
             runners: BTreeMap::new(),
             handed: BTreeSet::new(),
             backoff: BTreeMap::new(),
+            downloads: Downloads::default(),
+            jobs: BTreeMap::new(),
+            next_job: 0,
             _statuses: statuses,
         })
     }
@@ -493,6 +756,24 @@ impl Actor for Worker {
                 exit,
                 stderr,
             } => state.on_exit(runner_id, exit, stderr).await,
+            WorkerMsg::DownloadProgress {
+                model_id,
+                job,
+                state: progress,
+            } => {
+                let current = state.jobs.get(&model_id).is_some_and(|j| j.id == job);
+                if current {
+                    state.download_event(&model_id, progress).await;
+                }
+            }
+            WorkerMsg::DownloadDone {
+                model_id,
+                job,
+                outcome,
+            } => {
+                state.on_download_done(model_id, job, outcome).await;
+                state.tick(&myself).await?;
+            }
         }
         Ok(())
     }

@@ -218,6 +218,10 @@ pub struct HfModelDir {
     config: HfConfig,
     files: Vec<WeightFile>,
     tensors: BTreeMap<String, TensorEntry>,
+    /// Tensors the index names in files that are not here (a node holding
+    /// one pipeline stage downloads only its files): reading one fails with
+    /// [`HfDirError::MissingWeightFile`].
+    missing: BTreeMap<String, HfDirError>,
 }
 
 /// The part of `model.safetensors.index.json` that matters; `metadata`
@@ -232,13 +236,16 @@ impl HfModelDir {
     /// the index and every file it names (the single file wins when both
     /// exist, as in `transformers`). Reads only the headers; fails if any file
     /// is missing, its header is corrupt, or its data is shorter than the
-    /// header declares.
+    /// header declares. Weight files the index names but that are absent
+    /// are allowed (a pipeline stage has only its own): their tensors fail
+    /// when read.
     pub fn open(dir: &Path) -> Result<Self, HfDirError> {
         let config = read_config(dir)?;
         let single = dir.join(SINGLE_FILE);
         let index = dir.join(INDEX_FILE);
         let mut files = Vec::new();
         let mut tensors = BTreeMap::new();
+        let mut missing = BTreeMap::new();
         if single.is_file() {
             let (file, metadata) = open_weight_file(dir, PathBuf::from(SINGLE_FILE))?;
             for (name, info) in metadata.tensors() {
@@ -261,11 +268,13 @@ impl HfModelDir {
                     None => {
                         let rel = checked_relative(&index, &file_name)?;
                         if !dir.join(&rel).is_file() {
-                            return Err(HfDirError::MissingWeightFile {
+                            let error = HfDirError::MissingWeightFile {
                                 index: index.clone(),
                                 file: dir.join(&rel),
-                                tensor,
-                            });
+                                tensor: tensor.clone(),
+                            };
+                            missing.insert(tensor, error);
+                            continue;
                         }
                         let (file, metadata) = open_weight_file(dir, rel)?;
                         files.push(file);
@@ -295,6 +304,7 @@ impl HfModelDir {
             config,
             files,
             tensors,
+            missing,
         })
     }
 
@@ -311,7 +321,7 @@ impl HfModelDir {
     /// Whether the checkpoint has a tensor of this name (e.g. to tell tied
     /// embeddings from an explicit `lm_head.weight`).
     pub fn contains(&self, name: &str) -> bool {
-        self.tensors.contains_key(name)
+        self.tensors.contains_key(name) || self.missing.contains_key(name)
     }
 
     /// All tensor names, sorted.
@@ -410,6 +420,18 @@ impl HfModelDir {
     }
 
     fn entry(&self, name: &str) -> Result<&TensorEntry, HfDirError> {
+        if let Some(HfDirError::MissingWeightFile {
+            index,
+            file,
+            tensor,
+        }) = self.missing.get(name)
+        {
+            return Err(HfDirError::MissingWeightFile {
+                index: index.clone(),
+                file: file.clone(),
+                tensor: tensor.clone(),
+            });
+        }
         self.tensors
             .get(name)
             .ok_or_else(|| HfDirError::TensorNotFound {
@@ -902,7 +924,10 @@ mod tests {
             tmp.path(),
             &[("x", "part-1.safetensors"), ("w", "part-3.safetensors")],
         );
-        let (e, s) = err_text(HfModelDir::open(tmp.path()));
+        // Opens (a stage may hold only its files); reading "w" fails.
+        let opened = HfModelDir::open(tmp.path()).expect("opens without part-3");
+        assert!(opened.contains("w"));
+        let (e, s) = err_text(opened.shape("w"));
         assert!(matches!(e, HfDirError::MissingWeightFile { .. }), "{e:?}");
         assert!(
             s.contains("part-3.safetensors") && s.contains(INDEX_FILE),

@@ -806,7 +806,8 @@ mod tests {
         assert!(matches!(e, HfDirError::MissingConfig { .. }), "{e:?}");
         assert!(e.to_string().contains("config.json"), "{e}");
         std::fs::copy(dir.join(CONFIG_FILE), partial.join(CONFIG_FILE)).unwrap();
-        let e = HfModelDir::open(&partial).unwrap_err();
+        let opened = HfModelDir::open(&partial).expect("opens: files are read on demand");
+        let e = opened.shape("model.embed_tokens.weight").unwrap_err();
         assert!(matches!(e, HfDirError::MissingWeightFile { .. }), "{e:?}");
         assert!(e.to_string().contains("-of-00003.safetensors"), "{e}");
     }

@@ -43,6 +43,7 @@ pub fn event_type_name(event: &v1::Event) -> &'static str {
             EventKind::TaskStatusUpdated(_) => "TaskStatusUpdated",
             EventKind::TaskDeleted(_) => "TaskDeleted",
             EventKind::NodeDownloadProgress(_) => "NodeDownloadProgress",
+            EventKind::ModelCardAdded(_) => "ModelCardAdded",
         },
     }
 }

@@ -69,6 +69,28 @@ pub enum AdminCommand {
         #[arg(long, default_value_t = 60.0)]
         chunk_timeout: f64,
     },
+    /// The model catalogue (built-in and custom cards) and which nodes
+    /// hold each model's files.
+    Models,
+    /// Build a model card from a hub repository (OWNER/NAME) and add it
+    /// to the cluster's catalogue.
+    AddModel {
+        repo: String,
+        /// Branch, tag or commit (default: main).
+        #[arg(long, default_value = "")]
+        revision: String,
+    },
+    /// Every node's downloads: progress, completion, failures.
+    Downloads,
+    /// Start, cancel or delete a model's download on nodes.
+    Download {
+        model: String,
+        /// The node (default: every node that runs models).
+        #[arg(long)]
+        on: Option<String>,
+        #[arg(long, value_enum, default_value = "start")]
+        action: DownloadActionArg,
+    },
     /// The indexed events, one JSON object a line.
     Events {
         #[arg(long, default_value_t = 1)]
@@ -77,6 +99,40 @@ pub enum AdminCommand {
         #[arg(long)]
         follow: bool,
     },
+}
+
+/// A download's state in one line.
+fn download_text(p: &v1::DownloadProgress) -> String {
+    use v1::download_progress::State as Ds;
+    let gb = |b: u64| format!("{:.2} GB", b as f64 / 1e9);
+    match &p.state {
+        Some(Ds::Pending(_)) => "pending".into(),
+        Some(Ds::Ongoing(o)) => format!(
+            "{} of {} ({:.0}%), {:.1} MB/s, ETA {}s",
+            gb(o.downloaded_bytes),
+            gb(o.total_bytes),
+            100.0 * o.downloaded_bytes as f64 / o.total_bytes.max(1) as f64,
+            o.bytes_per_second as f64 / 1e6,
+            o.eta_ms / 1000
+        ),
+        Some(Ds::Completed(c)) => format!(
+            "complete, {}{} in {}",
+            gb(c.total_bytes),
+            if c.read_only { " (read-only)" } else { "" },
+            c.path
+        ),
+        Some(Ds::Failed(f)) => format!("failed: {}", f.reason),
+        Some(Ds::Cancelled(_)) => "cancelled".into(),
+        Some(Ds::Deleted(_)) => "deleted".into(),
+        None => "?".into(),
+    }
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum DownloadActionArg {
+    Start,
+    Cancel,
+    Delete,
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -421,6 +477,138 @@ pub fn run(args: AdminArgs) -> anyhow::Result<()> {
                         }
                         _ => {}
                     }
+                }
+            }
+            AdminCommand::Models => {
+                let reply: v1::ListModelsReply = bus
+                    .query(
+                        &selector(AdminMethod::Models),
+                        &v1::ListModelsRequest {},
+                        timeout,
+                    )
+                    .await
+                    .map_err(|_| anyhow::anyhow!(unreachable()))?;
+                if args.json {
+                    println!("{}", serde_json::to_string_pretty(&reply.models)?);
+                } else {
+                    println!(
+                        "{:<44} {:>10} {:>7} {:>6}  downloaded on",
+                        "model", "size", "layers", "format"
+                    );
+                    for m in &reply.models {
+                        let card = m.card.clone().unwrap_or_default();
+                        let format = match card.source.as_ref().map(|s| s.format()) {
+                            Some(v1::WeightFormat::Gguf) => "gguf",
+                            Some(v1::WeightFormat::Safetensors) => "st",
+                            _ => "?",
+                        };
+                        println!(
+                            "{:<44} {:>10} {:>7} {:>6}  {}",
+                            card.model_id,
+                            format!("{:.2} GB", card.storage_size_bytes as f64 / 1e9),
+                            card.n_layers,
+                            format,
+                            if m.downloaded_on.is_empty() {
+                                "-".to_string()
+                            } else {
+                                m.downloaded_on.join(", ")
+                            }
+                        );
+                    }
+                }
+            }
+            AdminCommand::AddModel { repo, revision } => {
+                let request = v1::AddModelRequest {
+                    hub_repo: repo,
+                    revision,
+                };
+                // The master reads the hub: allow for a slow listing.
+                let reply: v1::AddModelReply = bus
+                    .query(
+                        &bus.keys.admin(AdminMethod::AddModel),
+                        &request,
+                        timeout * 10,
+                    )
+                    .await
+                    .map_err(|_| {
+                        anyhow::anyhow!(
+                            "no master answered within {:?}: is the cluster up?",
+                            timeout * 10
+                        )
+                    })?;
+                if let Some(error) = &reply.error {
+                    bail!("{} ({})", error.message, error.kind);
+                }
+                let card = reply.card.unwrap_or_default();
+                if args.json {
+                    println!("{}", serde_json::to_string_pretty(&card)?);
+                } else {
+                    println!(
+                        "added {} ({} layers, {:.2} GB, {})",
+                        card.model_id,
+                        card.n_layers,
+                        card.storage_size_bytes as f64 / 1e9,
+                        card.quantization
+                    );
+                }
+            }
+            AdminCommand::Downloads => {
+                let reply: v1::ListDownloadsReply = bus
+                    .query(
+                        &selector(AdminMethod::Downloads),
+                        &v1::ListDownloadsRequest::default(),
+                        timeout,
+                    )
+                    .await
+                    .map_err(|_| anyhow::anyhow!(unreachable()))?;
+                if args.json {
+                    println!("{}", serde_json::to_string_pretty(&reply.downloads)?);
+                } else {
+                    for d in &reply.downloads {
+                        let p = d.progress.clone().unwrap_or_default();
+                        println!("{}  {}  {}", d.node_id, p.model_id, download_text(&p));
+                    }
+                }
+            }
+            AdminCommand::Download { model, on, action } => {
+                let nodes: Vec<String> = match on {
+                    Some(node) => vec![node],
+                    None => {
+                        let reply: GetStateReply = bus
+                            .query(&selector(AdminMethod::State), &GetStateRequest {}, timeout)
+                            .await
+                            .map_err(|_| anyhow::anyhow!(unreachable()))?;
+                        let state = reply.state.unwrap_or_default();
+                        state
+                            .nodes
+                            .iter()
+                            .filter(|(_, n)| !n.info.as_ref().is_some_and(|i| i.no_worker))
+                            .map(|(id, _)| id.clone())
+                            .collect()
+                    }
+                };
+                for node in nodes {
+                    let request = v1::DownloadRequest {
+                        action: match action {
+                            DownloadActionArg::Start => v1::DownloadAction::Start,
+                            DownloadActionArg::Cancel => v1::DownloadAction::Cancel,
+                            DownloadActionArg::Delete => v1::DownloadAction::Delete,
+                        } as i32,
+                        node_id: node.clone(),
+                        model_id: model.clone(),
+                    };
+                    let reply: v1::DownloadReply = bus
+                        .query(&bus.keys.admin(AdminMethod::Download), &request, timeout)
+                        .await
+                        .map_err(|_| {
+                            anyhow::anyhow!(
+                                "no master answered within {timeout:?}: is the cluster up?"
+                            )
+                        })?;
+                    if let Some(error) = &reply.error {
+                        bail!("{node}: {} ({})", error.message, error.kind);
+                    }
+                    println!("{node}: {action:?} {model} asked");
                 }
             }
             AdminCommand::Events { from, follow } => {

@@ -4,10 +4,12 @@ mod admin;
 mod bench_api;
 mod bench_cluster;
 mod bench_collectives;
+mod bench_download;
 mod bench_log;
 mod bench_model;
 mod generate;
 mod model_args;
+mod models;
 mod node;
 mod ranks;
 mod replay;
@@ -36,6 +38,11 @@ enum Command {
     Node(node::NodeArgs),
     /// Ask the cluster: state, nodes (typed requests over zenoh).
     Admin(admin::AdminArgs),
+    /// The model catalogue and downloads: list, add, download, cancel,
+    /// delete.
+    Models(models::ModelsArgs),
+    /// A local hub: serve model repositories to machines without internet.
+    Hub(models::HubArgs),
     /// Fold a node's persisted event log offline and print the cluster state
     /// at any index, or the events themselves.
     Replay(replay::ReplayArgs),
@@ -77,12 +84,17 @@ enum BenchCommand {
     /// Load on a node's HTTP API: concurrent streaming clients, time to
     /// first token, requests/s, and the API's own added latency.
     Api(bench_api::ApiBenchArgs),
+    /// Download throughput from a local hub, against curl fetching the
+    /// same file from it in the same run.
+    Download(bench_download::DownloadBenchArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Node(args) => node::run(args),
         Command::Admin(args) => admin::run(args),
+        Command::Models(args) => models::run(args),
+        Command::Hub(args) => models::run_hub(args),
         Command::Replay(args) => replay::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Bench(BenchArgs { what, model }) => match what {
@@ -90,6 +102,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             Some(BenchCommand::Collectives(args)) => bench_collectives::run(args),
             Some(BenchCommand::Cluster(args)) => bench_cluster::run(args),
             Some(BenchCommand::Api(args)) => bench_api::run(args),
+            Some(BenchCommand::Download(args)) => bench_download::run(args),
             Some(BenchCommand::Model(args)) => bench_model::run(args),
             None => bench_model::run(model),
         },

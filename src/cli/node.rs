@@ -57,6 +57,19 @@ pub struct NodeArgs {
     /// (repeatable), e.g. smollm2-135m-instruct-q4_1.
     #[arg(long = "model")]
     pub models: Vec<String>,
+    /// A further writable model folder (repeatable); downloads go to the
+    /// first folder that already holds part of a model, else to
+    /// DATA_DIR/models.
+    #[arg(long = "models-dir")]
+    pub models_dirs: Vec<PathBuf>,
+    /// A read-only folder of pre-staged models (repeatable): a model found
+    /// there complete is used as it is and never downloaded or deleted.
+    #[arg(long = "staged-models-dir")]
+    pub staged_models_dirs: Vec<PathBuf>,
+    /// Never reach the hub: use local model files only, and say which are
+    /// missing (also set by HF_HUB_OFFLINE=1).
+    #[arg(long, env = "HF_HUB_OFFLINE")]
+    pub offline: bool,
     /// Requests per model this node lets wait or run at once (then 429).
     #[arg(long, default_value_t = 64)]
     pub queue_limit: usize,
@@ -69,6 +82,12 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         listen: args.listen,
         connect: args.connect,
         multicast: !args.no_multicast,
+        models: tessera_actors::downloads::ModelStore::new(
+            data_dir.join("models"),
+            args.models_dirs,
+            args.staged_models_dirs,
+        ),
+        offline: args.offline,
         data_dir,
         worker: !args.no_worker,
         ring_port_base: args.ring_port_base,

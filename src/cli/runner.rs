@@ -10,6 +10,7 @@
 
 use std::net::SocketAddr;
 use std::ops::ControlFlow;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -57,6 +58,11 @@ pub struct RunnerArgs {
     pub instance_json: String,
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    /// The model's files, as the node's download found them (a GGUF file
+    /// or a safetensors folder); without it, the model id is looked up
+    /// under `$TESSERA_HOME/models`.
+    #[arg(long)]
+    pub model_path: Option<PathBuf>,
 }
 
 /// The runner's zenoh client session and its keys.
@@ -227,7 +233,10 @@ fn run_inner(
         .as_ref()
         .map(|m| m.model_id.clone())
         .context("the instance has no model")?;
-    let path = resolve_model(&model_id)?;
+    let path = match &args.model_path {
+        Some(path) => path.clone(),
+        None => resolve_model(&model_id)?,
+    };
     // Subscribed: orders sent from now on arrive.
     link.status(Rs::Idle(v1::RunnerIdle {}));
 

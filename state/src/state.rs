@@ -395,6 +395,16 @@ impl State {
                     .models
                     .insert(progress.model_id.clone(), progress.clone());
             }
+            Kind::ModelCardAdded(e) => {
+                const EV: &str = "ModelCardAdded";
+                let card = e.card.as_ref().ok_or(Ignored::MissingField {
+                    event: EV,
+                    field: "card",
+                })?;
+                require(!card.model_id.is_empty(), EV, "card.model_id")?;
+                require(card.n_layers > 0, EV, "card.n_layers")?;
+                s.custom_cards.insert(card.model_id.clone(), card.clone());
+            }
         }
         Ok(())
     }
@@ -692,7 +702,9 @@ mod tests {
                     model_id: model.into(),
                     state: Some(v1::download_progress::State::Pending(v1::DownloadPending {
                         total_bytes: 1,
+                        request_id: String::new(),
                     })),
+                    shards: Vec::new(),
                 }),
             })
         };

@@ -125,6 +125,7 @@ impl SyntheticEvents {
                     v1::download_progress::State::Completed(v1::DownloadCompleted {
                         total_bytes: total,
                         read_only: false,
+                        path: String::new(),
                     })
                 } else {
                     v1::download_progress::State::Ongoing(v1::DownloadOngoing {
@@ -141,6 +142,7 @@ impl SyntheticEvents {
                         progress: Some(v1::DownloadProgress {
                             model_id: model_id.clone(),
                             state: Some(state),
+                            shards: Vec::new(),
                         }),
                     }));
             }

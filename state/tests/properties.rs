@@ -110,7 +110,9 @@ fn event_kind() -> impl Strategy<Value = Kind> {
                     model_id,
                     state: Some(v1::download_progress::State::Pending(v1::DownloadPending {
                         total_bytes,
+                        request_id: String::new(),
                     })),
+                    shards: Vec::new(),
                 }),
             })
         }),

@@ -267,9 +267,9 @@ impl Api {
             .filter_map(|i| i.model.as_ref())
             .find(|m| m.model_id == model)
             .cloned()
-            .or_else(|| crate::catalogue::card(model));
+            .or_else(|| crate::catalogue::find(&state, model));
         let Some(card) = card else {
-            let known: Vec<String> = crate::catalogue::cards()
+            let known: Vec<String> = crate::catalogue::all(&state)
                 .into_iter()
                 .map(|c| c.model_id)
                 .collect();
@@ -434,6 +434,9 @@ pub async fn serve(
         .route("/instance/{id}", get(get_instance))
         .route("/instance/{id}", delete(delete_instance))
         .route("/events", get(events))
+        .route("/models/add", post(add_model))
+        .route("/downloads", get(downloads))
+        .route("/download/{action}", post(download_action))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body))
         .layer(cors)
@@ -655,7 +658,7 @@ async fn ollama_version() -> Json<Value> {
 
 async fn ollama_tags(State(api): State<Api>) -> Result<Json<Value>, OllamaError> {
     let state = api.state().await?;
-    let mut cards = crate::catalogue::cards();
+    let mut cards = crate::catalogue::all(&state);
     for card in state.instances.values().filter_map(|i| i.model.as_ref()) {
         if !cards.iter().any(|c| c.model_id == card.model_id) {
             cards.push(card.clone());
@@ -952,7 +955,7 @@ async fn wait_with_progress(
 
 async fn models(State(api): State<Api>) -> Result<Json<Value>, ApiError> {
     let state = api.state().await?;
-    let mut cards: Vec<v1::ModelCard> = crate::catalogue::cards();
+    let mut cards: Vec<v1::ModelCard> = crate::catalogue::all(&state);
     for instance in state.instances.values() {
         if let Some(card) = &instance.model {
             if !cards.iter().any(|c| c.model_id == card.model_id) {
@@ -981,6 +984,7 @@ async fn models(State(api): State<Api>) -> Result<Json<Value>, ApiError> {
                 "context_length": card.context_length,
                 "instances": instances.len(),
                 "ready": ready,
+                "downloaded_on": crate::node::downloaded_on(&state, &card.model_id),
             })
         })
         .collect();
@@ -1076,6 +1080,91 @@ async fn place_instance(
                 sharding: sharding as i32,
                 min_nodes: body.min_nodes.unwrap_or(1),
                 node_ids: Vec::new(),
+            },
+        )
+        .await?;
+    if let Some(error) = &reply.error {
+        return Err(admin_error(error));
+    }
+    serde_json::to_value(&reply)
+        .map(Json)
+        .map_err(|e| ApiError::internal(e.to_string()))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AddModelBody {
+    /// A hub repository, `OWNER/NAME`.
+    model: String,
+    #[serde(default)]
+    revision: Option<String>,
+}
+
+/// `POST /models/add`: a custom card built from a hub repository.
+async fn add_model(
+    State(api): State<Api>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let body: AddModelBody = parse(body)?;
+    let reply: v1::AddModelReply = api
+        .ask(
+            AdminMethod::AddModel,
+            &v1::AddModelRequest {
+                hub_repo: body.model,
+                revision: body.revision.unwrap_or_default(),
+            },
+        )
+        .await?;
+    if let Some(error) = &reply.error {
+        return Err(admin_error(error));
+    }
+    serde_json::to_value(&reply)
+        .map(Json)
+        .map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// `GET /downloads`: every node's downloads, as the log has them.
+async fn downloads(State(api): State<Api>) -> Result<Json<Value>, ApiError> {
+    let state = api.state().await?;
+    serde_json::to_value(&state.downloads)
+        .map(Json)
+        .map_err(|e| ApiError::internal(e.to_string()))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DownloadBody {
+    model: String,
+    /// The node; empty: this one.
+    #[serde(default)]
+    node_id: Option<String>,
+}
+
+/// `POST /download/{start|cancel|delete}`.
+async fn download_action(
+    State(api): State<Api>,
+    Path(action): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let action = match action.as_str() {
+        "start" => v1::DownloadAction::Start,
+        "cancel" => v1::DownloadAction::Cancel,
+        "delete" => v1::DownloadAction::Delete,
+        other => {
+            return Err(ApiError::not_found(
+                "not_found",
+                format!("no download action {other:?} (start, cancel or delete)"),
+            ))
+        }
+    };
+    let body: DownloadBody = parse(body)?;
+    let reply: v1::DownloadReply = api
+        .ask(
+            AdminMethod::Download,
+            &v1::DownloadRequest {
+                action: action as i32,
+                node_id: body.node_id.unwrap_or_else(|| api.node_id.clone()),
+                model_id: body.model,
             },
         )
         .await?;
