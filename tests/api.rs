@@ -665,10 +665,16 @@ fn ten_thousand_mutated_bodies_get_an_answer_or_a_4xx_and_never_a_panic() {
     );
     assert_eq!(status, 200, "{body}");
     let started = Instant::now();
-    while http(&api, "GET", "/v1/models", b"")
-        .1
-        .contains("\"ready\":false")
-    {
+    let model_ready = || {
+        let models: serde_json::Value =
+            serde_json::from_str(&http(&api, "GET", "/v1/models", b"").1).unwrap_or_default();
+        models["data"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|m| m["id"] == MODEL && m["ready"] == true)
+    };
+    while !model_ready() {
         assert!(
             started.elapsed() < Duration::from_secs(120),
             "{}",

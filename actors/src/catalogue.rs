@@ -5,9 +5,13 @@ use serde::Deserialize;
 use tessera_protos::v1::{self, ModelCard, ModelSource};
 
 /// Every card shipped in `resources/model_cards/`.
-const CARDS: &[&str] = &[include_str!(
-    "../../resources/model_cards/smollm2-135m-instruct-q4_1.toml"
-)];
+const CARDS: &[&str] = &[
+    include_str!("../../resources/model_cards/smollm2-135m-instruct-q4_1.toml"),
+    include_str!("../../resources/model_cards/smollm2-1.7b-instruct.toml"),
+    include_str!("../../resources/model_cards/qwen2.5-0.5b-instruct.toml"),
+    include_str!("../../resources/model_cards/qwen3-0.6b.toml"),
+    include_str!("../../resources/model_cards/llama-3.1-8b-instruct.toml"),
+];
 
 #[derive(Deserialize)]
 struct CardFile {
@@ -313,6 +317,19 @@ mod tests {
         for text in CARDS {
             let card = parse(text).expect("card parses");
             assert!(card.n_layers > 0 && card.storage_size_bytes > 0);
+            // The stated size is the sum of the weight files listed.
+            let weights: u64 = card
+                .source
+                .as_ref()
+                .map(|s| {
+                    s.files
+                        .iter()
+                        .filter(|f| f.path.ends_with(".gguf") || f.path.ends_with(".safetensors"))
+                        .map(|f| f.size_bytes)
+                        .sum()
+                })
+                .unwrap_or(0);
+            assert_eq!(weights, card.storage_size_bytes, "{}", card.model_id);
         }
         let default = card("smollm2-135m-instruct-q4_1").expect("default card");
         assert_eq!(default.num_key_value_heads, 3);
