@@ -31,7 +31,7 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use crate::client::hash_file;
 
 /// Bytes read from disk per body chunk.
-const CHUNK: usize = 256 << 10;
+const CHUNK: usize = 1 << 20;
 
 /// Misbehaviour to show the client's resilience. Paths are
 /// `OWNER/NAME/PATH` keys.
@@ -433,8 +433,9 @@ async fn resolve(
         if let Some(cut) = s.cut {
             want = want.min((cut - s.sent) as usize).max(1);
         }
-        let mut buf = BytesMut::zeroed(want);
-        let read = match s.file.read(&mut buf).await {
+        // Filled straight from the file, without zeroing it first.
+        let mut buf = BytesMut::with_capacity(want);
+        let read = match (&mut s.file).take(want as u64).read_buf(&mut buf).await {
             Ok(0) => {
                 return Some((
                     Err(std::io::Error::other("file shrank while served")),
@@ -444,7 +445,6 @@ async fn resolve(
             Ok(n) => n,
             Err(e) => return Some((Err(e), Body_ { left: 0, ..s })),
         };
-        buf.truncate(read);
         if s.corrupt {
             buf[0] ^= 0xff;
             s.corrupt = false;
