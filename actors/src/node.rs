@@ -366,6 +366,62 @@ struct Router {
 }
 
 impl Router {
+    /// The master's answer to an admin mutation, encoded; `None` for a
+    /// payload that does not decode (dropped and counted) or a master gone.
+    async fn master_answer(
+        &self,
+        method: AdminMethod,
+        master: &ActorRef<MasterMsg>,
+        key: &str,
+        payload: &[u8],
+    ) -> Option<Vec<u8>> {
+        fn encode<M: prost::Message>(reply: &M) -> Option<Vec<u8>> {
+            Some(reply.encode_to_vec())
+        }
+        match method {
+            AdminMethod::Place => {
+                let request = self.bus.decode::<v1::PlaceInstanceRequest>(key, payload)?;
+                encode(&call!(master, MasterMsg::Place, request).ok()?)
+            }
+            AdminMethod::Delete => {
+                let request = self.bus.decode::<v1::DeleteInstanceRequest>(key, payload)?;
+                encode(&call!(master, MasterMsg::Delete, request).ok()?)
+            }
+            AdminMethod::Download => {
+                let request = self.bus.decode::<v1::DownloadRequest>(key, payload)?;
+                encode(&call!(master, MasterMsg::Download, request).ok()?)
+            }
+            AdminMethod::AddModel => {
+                let request = self.bus.decode::<v1::AddModelRequest>(key, payload)?;
+                let refuse = |kind: &str, message: String| v1::AddModelReply {
+                    error: Some(AdminError {
+                        kind: kind.into(),
+                        message,
+                    }),
+                    ..Default::default()
+                };
+                let reply = match &self.downloader.client {
+                    None => refuse(
+                        "unavailable",
+                        "the master node is offline (--offline): it cannot read the hub".into(),
+                    ),
+                    Some(client) => match crate::catalogue::card_from_hub(
+                        client,
+                        &request.hub_repo,
+                        &request.revision,
+                    )
+                    .await
+                    {
+                        Ok(card) => call!(master, MasterMsg::AddCard, card).ok()?,
+                        Err(error) => refuse("invalid_argument", error.to_string()),
+                    },
+                };
+                encode(&reply)
+            }
+            _ => None,
+        }
+    }
+
     async fn spawn_all(&self) -> Result<Vec<tokio::task::JoinHandle<()>>, NodeError> {
         let mut tasks = Vec::new();
         let zenoh = |e: zenoh::Error| NodeError::Bus(BusError::zenoh(e));
@@ -514,9 +570,14 @@ impl Router {
             }
         }));
 
-        // Downloads and custom cards, answered by the master only (a card is
+        // Admin mutations, answered by the master only (a custom card is
         // built from the hub by the master's node).
-        for method in [AdminMethod::Download, AdminMethod::AddModel] {
+        for method in [
+            AdminMethod::Place,
+            AdminMethod::Delete,
+            AdminMethod::Download,
+            AdminMethod::AddModel,
+        ] {
             let queryable = self
                 .bus
                 .session
@@ -534,95 +595,9 @@ impl Router {
                         .payload()
                         .map(|p| p.to_bytes().to_vec())
                         .unwrap_or_default();
-                    let bytes = if method == AdminMethod::Download {
-                        let Some(request) = this.bus.decode::<v1::DownloadRequest>(&key, &payload)
-                        else {
-                            continue;
-                        };
-                        match call!(master, MasterMsg::Download, request) {
-                            Ok(reply) => prost::Message::encode_to_vec(&reply),
-                            Err(_) => continue,
-                        }
-                    } else {
-                        let Some(request) = this.bus.decode::<v1::AddModelRequest>(&key, &payload)
-                        else {
-                            continue;
-                        };
-                        let refuse = |kind: &str, message: String| v1::AddModelReply {
-                            error: Some(AdminError {
-                                kind: kind.into(),
-                                message,
-                            }),
-                            ..Default::default()
-                        };
-                        let reply = match &this.downloader.client {
-                            None => refuse(
-                                "unavailable",
-                                "the master node is offline (--offline): it cannot read the hub"
-                                    .into(),
-                            ),
-                            Some(client) => match crate::catalogue::card_from_hub(
-                                client,
-                                &request.hub_repo,
-                                &request.revision,
-                            )
-                            .await
-                            {
-                                Ok(card) => match call!(master, MasterMsg::AddCard, card) {
-                                    Ok(reply) => reply,
-                                    Err(_) => continue,
-                                },
-                                Err(error) => refuse("invalid_argument", error.to_string()),
-                            },
-                        };
-                        prost::Message::encode_to_vec(&reply)
-                    };
-                    let _ = query.reply(query.key_expr().clone(), bytes).await;
-                }
-            }));
-        }
-
-        // Admin mutations, answered by the master only.
-        for method in [AdminMethod::Place, AdminMethod::Delete] {
-            let queryable = self
-                .bus
-                .session
-                .declare_queryable(keys.admin(method))
-                .await
-                .map_err(zenoh)?;
-            let this = self.clone();
-            tasks.push(tokio::spawn(async move {
-                while let Ok(query) = queryable.recv_async().await {
-                    let Some(master) = this.leadership.local_master() else {
-                        continue;
-                    };
-                    let key = query.key_expr().as_str().to_string();
-                    let payload = query
-                        .payload()
-                        .map(|p| p.to_bytes().to_vec())
-                        .unwrap_or_default();
-                    let bytes = if method == AdminMethod::Place {
-                        let Some(request) =
-                            this.bus.decode::<v1::PlaceInstanceRequest>(&key, &payload)
-                        else {
-                            continue;
-                        };
-                        match call!(master, MasterMsg::Place, request) {
-                            Ok(reply) => prost::Message::encode_to_vec(&reply),
-                            Err(_) => continue,
-                        }
-                    } else {
-                        let Some(request) =
-                            this.bus.decode::<v1::DeleteInstanceRequest>(&key, &payload)
-                        else {
-                            continue;
-                        };
-                        match call!(master, MasterMsg::Delete, request) {
-                            Ok(reply) => prost::Message::encode_to_vec(&reply),
-                            Err(_) => continue,
-                        }
-                    };
-                    let _ = query.reply(query.key_expr().clone(), bytes).await;
+                    if let Some(bytes) = this.master_answer(method, &master, &key, &payload).await {
+                        let _ = query.reply(query.key_expr().clone(), bytes).await;
+                    }
                 }
             }));
         }

@@ -65,6 +65,10 @@ pub struct RepoFile {
     pub size: u64,
     /// Lower-case hex SHA-256 (the hub gives it for LFS files).
     pub sha256: Option<String>,
+    /// The git blob id (SHA-1 of `blob LEN\0` and the content): what the
+    /// hub gives for a small file kept in git rather than LFS.
+    #[serde(default)]
+    pub git_oid: Option<String>,
 }
 
 /// A repository's files at one commit.
@@ -225,6 +229,8 @@ struct ApiSibling {
     rfilename: String,
     #[serde(default)]
     size: Option<u64>,
+    #[serde(default, rename = "blobId")]
+    blob_id: Option<String>,
     #[serde(default)]
     lfs: Option<ApiLfs>,
 }
@@ -332,11 +338,16 @@ impl HubClient {
                     path: s.rfilename,
                     size: lfs.size,
                     sha256: Some(lfs.sha256.to_ascii_lowercase()),
+                    git_oid: None,
                 },
                 None => RepoFile {
                     path: s.rfilename,
                     size: s.size.unwrap_or(0),
                     sha256: None,
+                    git_oid: s
+                        .blob_id
+                        .filter(|id| id.len() == 40)
+                        .map(|id| id.to_ascii_lowercase()),
                 },
             })
             .collect();
@@ -677,8 +688,30 @@ fn verify(
                 got: digest,
             });
         }
+    } else if let Some(expected) = &file.git_oid {
+        // A small file kept in git: check its blob id (read back: such
+        // files are config-sized).
+        let got = git_blob_id(partial)?;
+        if *expected != got {
+            remove(partial)?;
+            return Err(HubError::HashMismatch {
+                path: file.path.clone(),
+                expected: expected.clone(),
+                got,
+            });
+        }
     }
     Ok(())
+}
+
+/// The git blob id of a file: SHA-1 of `blob LEN\0` followed by it.
+pub(crate) fn git_blob_id(path: &Path) -> Result<String, HubError> {
+    use sha1::Digest as _;
+    let bytes = std::fs::read(path).map_err(HubError::io(path))?;
+    let mut hasher = sha1::Sha1::new();
+    hasher.update(format!("blob {}\0", bytes.len()));
+    hasher.update(&bytes);
+    Ok(hex(&hasher.finalize()))
 }
 
 fn check_repo(repo: &str) -> Result<(), HubError> {
@@ -718,9 +751,20 @@ fn status_error(what: &str, status: StatusCode, headers: &HeaderMap) -> HubError
     }
 }
 
-/// `Retry-After` as seconds or as an HTTP date.
+/// `Retry-After` as seconds or as an HTTP date; else the reset time of a
+/// `RateLimit` header (the IETF draft the hub sends: `...;t=SECONDS`, or
+/// the older `reset=SECONDS`).
 fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let value = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();
+    let Some(value) = headers.get(header::RETRY_AFTER) else {
+        let limit = headers.get("ratelimit")?.to_str().ok()?;
+        return limit
+            .split([';', ','])
+            .filter_map(|part| part.trim().split_once('='))
+            .find(|(key, _)| matches!(key.trim(), "t" | "reset"))
+            .and_then(|(_, v)| v.trim().parse().ok())
+            .map(Duration::from_secs);
+    };
+    let value = value.to_str().ok()?.trim();
     if let Ok(seconds) = value.parse::<u64>() {
         return Some(Duration::from_secs(seconds));
     }
@@ -798,6 +842,13 @@ mod tests {
     fn retry_after_reads_seconds_and_dates() {
         let mut headers = HeaderMap::new();
         headers.insert(header::RETRY_AFTER, "7".parse().unwrap());
+        // (Blob ids: `git hash-object` of "hello\n".)
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("f"), "hello\n").unwrap();
+        assert_eq!(
+            git_blob_id(&tmp.path().join("f")).unwrap(),
+            "ce013625030ba8dba906f756967f9e9ca394464a"
+        );
         assert_eq!(retry_after(&headers), Some(Duration::from_secs(7)));
         let later = SystemTime::now() + Duration::from_secs(30);
         headers.insert(
@@ -806,6 +857,14 @@ mod tests {
         );
         let wait = retry_after(&headers).unwrap();
         assert!(wait > Duration::from_secs(25) && wait <= Duration::from_secs(30));
+        let mut draft = HeaderMap::new();
+        draft.insert("ratelimit", "\"api\";r=0;t=42".parse().unwrap());
+        assert_eq!(retry_after(&draft), Some(Duration::from_secs(42)));
+        draft.insert(
+            "ratelimit",
+            "limit=100, remaining=0, reset=9".parse().unwrap(),
+        );
+        assert_eq!(retry_after(&draft), Some(Duration::from_secs(9)));
     }
 
     #[test]

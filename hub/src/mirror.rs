@@ -30,6 +30,8 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use crate::client::hash_file;
 
+/// Files from this size on are listed as LFS files.
+const LFS_FROM: u64 = 10 << 20;
 /// Bytes read from disk per body chunk.
 const CHUNK: usize = 1 << 20;
 
@@ -282,6 +284,7 @@ async fn listing(
     };
     let work = {
         let inner = inner.clone();
+        let dir = dir.clone();
         tokio::task::spawn_blocking(move || inner.listing(&dir))
     };
     let listing = match work.await {
@@ -298,14 +301,25 @@ async fn listing(
     } else {
         Inner::commit(&listing)
     };
+    // As on the hub: weights and big files in LFS (with their SHA-256),
+    // small ones in git (with their blob id).
     let siblings: Vec<serde_json::Value> = listing
         .iter()
         .map(|(path, size, sha)| {
-            serde_json::json!({
-                "rfilename": path,
-                "size": size,
-                "lfs": { "sha256": sha, "size": size, "pointerSize": 134 },
-            })
+            let lfs = *size >= LFS_FROM
+                || [".safetensors", ".gguf", ".bin"]
+                    .iter()
+                    .any(|e| path.ends_with(e));
+            if lfs {
+                serde_json::json!({
+                    "rfilename": path,
+                    "size": size,
+                    "lfs": { "sha256": sha, "size": size, "pointerSize": 134 },
+                })
+            } else {
+                let blob = crate::client::git_blob_id(&dir.join(path)).unwrap_or_default();
+                serde_json::json!({ "rfilename": path, "size": size, "blobId": blob })
+            }
         })
         .collect();
     axum::Json(serde_json::json!({

@@ -175,6 +175,7 @@ async fn missing_files_and_repos_fail_at_once_with_clear_errors() {
         path: "nope.bin".into(),
         size: 10,
         sha256: None,
+        git_oid: None,
     };
     let progress = FileProgress::default();
     let error = client

@@ -64,16 +64,19 @@ impl ModelArgs {
     }
 }
 
-/// A path as given, or a catalogue id under `$TESSERA_HOME/models`.
+/// A path as given, or a catalogue id under `$TESSERA_HOME/models` (a
+/// hub-style id `OWNER/NAME` in the folder `OWNER--NAME`).
 pub fn resolve_model(model: &str) -> anyhow::Result<PathBuf> {
     let as_path = Path::new(model);
     if as_path.exists() {
         return Ok(as_path.to_path_buf());
     }
-    if model.contains('/') || model.ends_with(".gguf") {
+    let models = super::default_data_dir().join("models");
+    let hub_style = models.join(tessera_actors::downloads::folder_name(model));
+    if model.contains('/') && !hub_style.is_dir() || model.ends_with(".gguf") {
         bail!("model path {model} does not exist");
     }
-    let folder = super::default_data_dir().join("models").join(model);
+    let folder = models.join(tessera_actors::downloads::folder_name(model));
     if !folder.is_dir() {
         bail!(
             "model `{model}` not found: it is not a path, and {} does not exist{}",

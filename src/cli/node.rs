@@ -60,11 +60,19 @@ pub struct NodeArgs {
     /// A further writable model folder (repeatable); downloads go to the
     /// first folder that already holds part of a model, else to
     /// DATA_DIR/models.
-    #[arg(long = "models-dir")]
+    #[arg(
+        long = "models-dir",
+        env = "TESSERA_MODELS_DIRS",
+        value_delimiter = ':'
+    )]
     pub models_dirs: Vec<PathBuf>,
     /// A read-only folder of pre-staged models (repeatable): a model found
     /// there complete is used as it is and never downloaded or deleted.
-    #[arg(long = "staged-models-dir")]
+    #[arg(
+        long = "staged-models-dir",
+        env = "TESSERA_MODELS_READ_ONLY_DIRS",
+        value_delimiter = ':'
+    )]
     pub staged_models_dirs: Vec<PathBuf>,
     /// Never reach the hub: use local model files only, and say which are
     /// missing (also set by HF_HUB_OFFLINE=1).

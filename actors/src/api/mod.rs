@@ -28,7 +28,9 @@ use axum::{Json, Router};
 use ractor::{call, ActorRef};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tessera_protos::v1::{self, generation_chunk, runner_status::State as Rs};
+use tessera_protos::v1::{
+    self, download_progress::State as Ds, generation_chunk, runner_status::State as Rs,
+};
 use tower_http::cors::{AllowOrigin, Any, CorsLayer};
 
 use crate::bus::Bus;
@@ -194,12 +196,24 @@ impl Api {
             .filter(|i| i.model.as_ref().is_some_and(|m| m.model_id == model))
         {
             for rank in &instance.ranks {
+                let download = state
+                    .downloads
+                    .get(&rank.node_id)
+                    .and_then(|d| d.models.get(model))
+                    .and_then(|p| p.state.as_ref());
                 let status = match state
                     .runners
                     .get(&rank.runner_id)
                     .and_then(|s| s.state.as_ref())
                 {
-                    None => "starting".to_string(),
+                    None => match download {
+                        Some(Ds::Ongoing(o)) => format!(
+                            "downloading {:.0}% ({:.1} MB/s)",
+                            100.0 * o.downloaded_bytes as f64 / o.total_bytes.max(1) as f64,
+                            o.bytes_per_second as f64 / 1e6
+                        ),
+                        _ => "starting".to_string(),
+                    },
                     Some(Rs::Loading(l)) if l.layers_total > 0 => {
                         format!("loading {}/{} layers", l.layers_loaded, l.layers_total)
                     }
@@ -371,6 +385,13 @@ impl Api {
                 }
                 _ => {}
             }
+            // A node that cannot get the files: say why at once (after a
+            // moment, so a failure left from an earlier try is retried).
+            if started.elapsed() > DOWNLOAD_RETRY_GRACE {
+                if let Some(reason) = download_failure(&state, model) {
+                    return Err(ApiError::unavailable(reason));
+                }
+            }
             if started.elapsed() > self.options.ready_timeout {
                 return Err(ApiError::unavailable(format!(
                     "{model} is not ready after {:?}",
@@ -437,6 +458,7 @@ pub async fn serve(
         .route("/models/add", post(add_model))
         .route("/downloads", get(downloads))
         .route("/download/{action}", post(download_action))
+        .route("/download/{node}/{*model}", delete(delete_download))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body))
         .layer(cors)
@@ -1025,12 +1047,7 @@ async fn previews(
             },
         )
         .await?;
-    if let Some(error) = &reply.error {
-        return Err(admin_error(error));
-    }
-    serde_json::to_value(&reply)
-        .map(Json)
-        .map_err(|e| ApiError::internal(e.to_string()))
+    admin_json(&reply, reply.error.as_ref())
 }
 
 fn admin_error(error: &v1::AdminError) -> ApiError {
@@ -1083,12 +1100,7 @@ async fn place_instance(
             },
         )
         .await?;
-    if let Some(error) = &reply.error {
-        return Err(admin_error(error));
-    }
-    serde_json::to_value(&reply)
-        .map(Json)
-        .map_err(|e| ApiError::internal(e.to_string()))
+    admin_json(&reply, reply.error.as_ref())
 }
 
 #[derive(Deserialize)]
@@ -1115,12 +1127,7 @@ async fn add_model(
             },
         )
         .await?;
-    if let Some(error) = &reply.error {
-        return Err(admin_error(error));
-    }
-    serde_json::to_value(&reply)
-        .map(Json)
-        .map_err(|e| ApiError::internal(e.to_string()))
+    admin_json(&reply, reply.error.as_ref())
 }
 
 /// `GET /downloads`: every node's downloads, as the log has them.
@@ -1158,20 +1165,69 @@ async fn download_action(
         }
     };
     let body: DownloadBody = parse(body)?;
+    let node_id = body.node_id.unwrap_or_else(|| api.node_id.clone());
+    download_request(&api, action, node_id, body.model).await
+}
+
+/// `DELETE /download/{node}/{model}` (exo's form of the delete).
+async fn delete_download(
+    State(api): State<Api>,
+    Path((node_id, model)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    download_request(&api, v1::DownloadAction::Delete, node_id, model).await
+}
+
+async fn download_request(
+    api: &Api,
+    action: v1::DownloadAction,
+    node_id: String,
+    model_id: String,
+) -> Result<Json<Value>, ApiError> {
     let reply: v1::DownloadReply = api
         .ask(
             AdminMethod::Download,
             &v1::DownloadRequest {
                 action: action as i32,
-                node_id: body.node_id.unwrap_or_else(|| api.node_id.clone()),
-                model_id: body.model,
+                node_id,
+                model_id,
             },
         )
         .await?;
-    if let Some(error) = &reply.error {
+    admin_json(&reply, reply.error.as_ref())
+}
+
+/// How long a failed download left from an earlier try may stand before a
+/// waiting request gives up on it (a new instance makes its nodes try again).
+const DOWNLOAD_RETRY_GRACE: Duration = Duration::from_secs(3);
+
+/// Why a node of an instance of `model` cannot get its files, if one cannot.
+fn download_failure(state: &v1::ClusterState, model: &str) -> Option<String> {
+    state
+        .instances
+        .values()
+        .filter(|i| i.model.as_ref().is_some_and(|m| m.model_id == model))
+        .flat_map(|i| &i.ranks)
+        .find_map(|rank| {
+            let progress = state.downloads.get(&rank.node_id)?.models.get(model)?;
+            match &progress.state {
+                Some(Ds::Failed(f)) => Some(format!(
+                    "node {} cannot get the files of {model}: {}",
+                    rank.node_id, f.reason
+                )),
+                _ => None,
+            }
+        })
+}
+
+/// An admin reply as the JSON answer, or its error as the API's.
+fn admin_json<T: serde::Serialize>(
+    reply: &T,
+    error: Option<&v1::AdminError>,
+) -> Result<Json<Value>, ApiError> {
+    if let Some(error) = error {
         return Err(admin_error(error));
     }
-    serde_json::to_value(&reply)
+    serde_json::to_value(reply)
         .map(Json)
         .map_err(|e| ApiError::internal(e.to_string()))
 }
