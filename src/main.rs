@@ -20,6 +20,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
 
+    tessera_hub::install_tls_provider();
     let args = cli::Cli::parse();
     match cli::run(args) {
         Ok(()) => ExitCode::SUCCESS,

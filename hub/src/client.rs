@@ -250,6 +250,7 @@ impl HubClient {
                 what: format!("hub endpoint {endpoint:?}"),
                 message: e.to_string(),
             })?;
+        crate::install_tls_provider();
         let http = reqwest::Client::builder()
             .user_agent(concat!("tessera/", env!("CARGO_PKG_VERSION")))
             .connect_timeout(Duration::from_secs(10))
@@ -728,10 +729,22 @@ fn check_repo(repo: &str) -> Result<(), HubError> {
     }
 }
 
-fn network(what: &str, error: &dyn std::fmt::Display) -> HubError {
+/// A transport failure, with its causes (reqwest's own message alone says
+/// only "error sending request").
+fn network(what: &str, error: &dyn std::error::Error) -> HubError {
+    let mut message = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        let text = inner.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        cause = inner.source();
+    }
     HubError::Network {
         what: what.to_string(),
-        message: error.to_string(),
+        message,
     }
 }
 
@@ -829,6 +842,32 @@ impl Write for HashWriter<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The public hub is HTTPS: the client speaks TLS (here a handshake
+    /// with a server that is not TLS fails as a network error, where a
+    /// client without TLS would refuse the scheme).
+    #[tokio::test]
+    async fn https_endpoints_are_supported() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let _ = socket.write_all(b"not tls\r\n\r\n").await;
+            }
+        });
+        let client = HubClient::new(&format!("https://{addr}"), None)
+            .unwrap()
+            .with_retry(RetryPolicy {
+                attempts: 1,
+                ..Default::default()
+            });
+        let error = client.list("acme/m", "main").await.unwrap_err();
+        let text = format!("{error} {:?}", error);
+        // A TLS handshake happened and failed ("corrupt message").
+        assert!(text.contains("corrupt message"), "{text}");
+        assert!(!text.contains("scheme"), "{text}");
+    }
 
     #[test]
     fn repo_names_are_checked() {

@@ -29,6 +29,13 @@ pub use client::{
 };
 pub use tokio_util::sync::CancellationToken;
 
+/// Makes rustls (on ring) the process's TLS provider, once; every
+/// `reqwest` client needs one (`https://huggingface.co` is TLS).
+pub fn install_tls_provider() {
+    // An error only means a provider is installed already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// The name a file has while it is being downloaded.
 pub fn partial_path(dest: &std::path::Path) -> std::path::PathBuf {
     let mut name = dest.file_name().unwrap_or_default().to_os_string();
