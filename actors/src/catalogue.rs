@@ -11,6 +11,9 @@ const CARDS: &[&str] = &[
     include_str!("../../resources/model_cards/qwen2.5-0.5b-instruct.toml"),
     include_str!("../../resources/model_cards/qwen3-0.6b.toml"),
     include_str!("../../resources/model_cards/llama-3.1-8b-instruct.toml"),
+    include_str!("../../resources/model_cards/qwen2.5-7b-instruct.toml"),
+    include_str!("../../resources/model_cards/qwen3-8b.toml"),
+    include_str!("../../resources/model_cards/mistral-7b-instruct-v0.3.toml"),
 ];
 
 #[derive(Deserialize)]

@@ -297,19 +297,19 @@ impl Downloader {
             listing
                 .files
                 .iter()
-                .filter(|f| SUPPORT_FILES.contains(&f.path.as_str()))
+                .filter(|f| SUPPORT_FILES.contains(&f.path.as_str()) && !present(&target, f))
                 .cloned()
                 .collect()
         } else {
             Vec::new()
         };
-        let total_support: u64 = support.iter().map(|f| f.size).sum();
+        // Small: no progress of their own (the weights' progress counts them).
         self.download_all(
             &source.hub_repo,
             &listing.commit,
             &target,
             &support,
-            total_support,
+            0,
             &|_| {},
             cancel,
         )
