@@ -251,7 +251,33 @@ impl HubClient {
                 message: e.to_string(),
             })?;
         crate::install_tls_provider();
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder();
+        // HTTPS_PROXY / HTTP_PROXY / ALL_PROXY (either case), NO_PROXY.
+        let var = |name: &str| {
+            std::env::var(name)
+                .or_else(|_| std::env::var(name.to_ascii_lowercase()))
+                .ok()
+                .filter(|v| !v.is_empty())
+        };
+        for (name, scheme) in [
+            ("HTTPS_PROXY", "https"),
+            ("HTTP_PROXY", "http"),
+            ("ALL_PROXY", "all"),
+        ] {
+            if let Some(url) = var(name) {
+                let proxy = match scheme {
+                    "https" => reqwest::Proxy::https(url.as_str()),
+                    "http" => reqwest::Proxy::http(url.as_str()),
+                    _ => reqwest::Proxy::all(url.as_str()),
+                };
+                let proxy = proxy.map_err(|e| HubError::Network {
+                    what: format!("proxy {url:?}"),
+                    message: e.to_string(),
+                })?;
+                builder = builder.proxy(proxy.no_proxy(reqwest::NoProxy::from_env()));
+            }
+        }
+        let http = builder
             .user_agent(concat!("tessera/", env!("CARGO_PKG_VERSION")))
             .connect_timeout(Duration::from_secs(10))
             // A stalled transfer fails (and resumes) rather than hanging.
