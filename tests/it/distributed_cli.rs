@@ -75,7 +75,7 @@ fn check_world_2(sharding: &str) {
     let ours = ids(&json);
     assert_eq!(ours.len(), reference.len());
     // Identical up to the first step one machine could flip with a
-    // last-bit change (engine/tests/distributed.rs checks every golden case
+    // last-bit change (engine/tests/it/distributed.rs checks every golden case
     // and prints each divergence with its margin).
     let compared = margins
         .iter()

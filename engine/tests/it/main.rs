@@ -1,0 +1,10 @@
+//! The engine's integration tests, in one binary: each test file used to be
+//! its own binary, and linking the engine and candle into each one cost CI
+//! minutes and gigabytes of disk.
+
+mod architectures;
+mod distributed;
+mod golden;
+mod kquants;
+mod safetensors;
+mod tensor_parallel;

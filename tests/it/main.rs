@@ -1,0 +1,9 @@
+//! The node's end-to-end tests, in one binary (one link of the whole stack
+//! instead of five): the HTTP API with official clients, the cluster of real
+//! nodes on loopback, and the CLI's generate, replay and distributed modes.
+
+mod api;
+mod cluster;
+mod distributed_cli;
+mod generate_cli;
+mod replay_cli;
