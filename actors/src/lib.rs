@@ -9,18 +9,22 @@
 //! - [`node`]: a running node: identity, zenoh session, router tasks;
 //!   [`replica`] (the persisted log, in order, with catch-up),
 //!   [`election_actor`] (which starts the [`master`] on the winner),
-//!   [`bus`] (typed zenoh), [`catalogue`] (built-in model cards).
-//!
-//! The actors themselves (Router, Election, Master, Worker, RunnerSupervisor,
-//! Runner, Downloads, Api) build on these with the rest of the cluster issue.
+//!   [`bus`] (typed zenoh), [`local_events`] (this node's reports to the
+//!   master, in one ordered sequence), [`catalogue`] (model cards).
+//! - [`worker`]: the Worker actor, which takes the plan's steps: runner
+//!   processes it supervises, and downloads it hands to its child, the
+//!   Downloads actor ([`downloads_actor`]), which runs [`downloads`] jobs.
+//! - [`api`]: the HTTP API (axum).
 
 pub mod api;
 pub mod bus;
 pub mod catalogue;
 pub mod downloads;
+pub mod downloads_actor;
 pub mod election;
 pub mod election_actor;
 pub mod keys;
+pub mod local_events;
 pub mod master;
 pub mod node;
 pub mod placement;

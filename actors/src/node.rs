@@ -5,13 +5,13 @@
 //! messages and answer the queryables.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{call, Actor, ActorRef};
 use tessera_protos::v1::{
-    self, event, AdminError, ClusterState, Command, ElectionMessage, Event, EventLogReply,
+    self, event, AdminError, ClusterState, Command, ElectionMessage, EventLogReply,
     EventLogRequest, GetStateReply, IndexedEvent, ListNodesReply, LocalEvent, NodeSummary,
 };
 use tessera_state::{Journal, State};
@@ -20,6 +20,7 @@ use zenoh::sample::SampleKind;
 use crate::bus::{Bus, BusError};
 use crate::election_actor::{ElectionActor, ElectionArgs, ElectionMsg, Leadership};
 use crate::keys::{AdminMethod, KeyError, Keys};
+use crate::local_events::LocalEvents;
 use crate::master::MasterMsg;
 use crate::replica::{Replica, ReplicaArgs, ReplicaMsg};
 use crate::worker::{Worker, WorkerArgs, WorkerMsg};
@@ -294,15 +295,13 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
     let mut worker = None;
     // Every node reports itself (a node without a worker too: it is a
     // member, shown by `admin nodes`, but placement skips it).
-    let seq = Arc::new(AtomicU64::new(0));
+    let events = Arc::new(LocalEvents::new(bus.clone(), node_id.clone()));
     tasks.push(tokio::spawn(publish_node_info(
-        bus.clone(),
-        node_id.clone(),
+        events.clone(),
         options.data_dir.clone(),
         options.worker,
         options.ring_port_base,
         replica.clone(),
-        seq.clone(),
     )));
     if options.worker {
         let exe = std::env::current_exe().map_err(|source| NodeError::Io {
@@ -316,7 +315,7 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
                 node_id: node_id.clone(),
                 bus: bus.clone(),
                 replica: replica.clone(),
-                seq,
+                events,
                 exe,
                 data_dir: options.data_dir.clone(),
                 threads: options.runner_threads.max(1),
@@ -837,14 +836,13 @@ pub fn gather_node_info(data_dir: &Path) -> v1::NodeInfo {
 /// elected yet), then whenever it changes materially (available memory by
 /// more than 5%), at most every 2 seconds and at least every 30 seconds.
 async fn publish_node_info(
-    bus: Bus,
-    node_id: String,
+    events: Arc<LocalEvents>,
     data_dir: PathBuf,
     worker: bool,
     ring_port_base: u16,
     replica: ActorRef<ReplicaMsg>,
-    seq: Arc<AtomicU64>,
 ) {
+    let node_id = events.node_id().to_string();
     let mut last_sent: Option<(u64, std::time::Instant)> = None;
     let mut interval = tokio::time::interval(Duration::from_millis(500));
     loop {
@@ -869,18 +867,11 @@ async fn publish_node_info(
         if !due {
             continue;
         }
-        let local = LocalEvent {
-            origin_node_id: node_id.clone(),
-            origin_seq: seq.fetch_add(1, Ordering::Relaxed) + 1,
-            event: Some(Event {
-                kind: Some(event::Kind::NodeGatheredInfo(v1::NodeGatheredInfo {
-                    node_id: node_id.clone(),
-                    info: Some(info),
-                })),
-            }),
-        };
-        let key = bus.keys.local_events();
-        match bus.put(&key, &local).await {
+        let event = event::Kind::NodeGatheredInfo(v1::NodeGatheredInfo {
+            node_id: node_id.clone(),
+            info: Some(info),
+        });
+        match events.publish(event).await {
             Ok(()) => last_sent = Some((available, std::time::Instant::now())),
             Err(error) => tracing::warn!(%error, "publishing node info"),
         }

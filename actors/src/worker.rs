@@ -9,19 +9,20 @@
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ractor::{call, Actor, ActorProcessingErr, ActorRef};
+use ractor::{call, Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tessera_protos::v1::{
-    self, command, event, generation_chunk, runner_status::State as Rs, Command, Event, LocalEvent,
+    self, command, event, generation_chunk, runner_status::State as Rs, Command,
 };
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::oneshot;
 
 use crate::bus::Bus;
 use crate::downloads::{Downloader, Outcome};
+use crate::downloads_actor::{DownloadsActor, DownloadsArgs, DownloadsMsg};
+use crate::local_events::LocalEvents;
 use crate::plan::{plan, Downloads, LocalDownload, LocalRunner, Part, Phase, Step};
 use crate::replica::ReplicaMsg;
 use crate::runner_protocol::task_for_step;
@@ -41,15 +42,10 @@ pub enum WorkerMsg {
         exit: String,
         stderr: String,
     },
-    /// A download's progress (`job` tells a stale job's reports apart).
-    DownloadProgress {
+    /// A download job of the Downloads actor has ended (and has been
+    /// reported).
+    DownloadEnded {
         model_id: String,
-        job: u64,
-        state: v1::download_progress::State,
-    },
-    DownloadDone {
-        model_id: String,
-        job: u64,
         outcome: Outcome,
     },
 }
@@ -60,8 +56,8 @@ pub struct WorkerArgs {
     pub node_id: String,
     pub bus: Bus,
     pub replica: ActorRef<ReplicaMsg>,
-    /// Sequence numbers of this node's local events (shared with node info).
-    pub seq: Arc<AtomicU64>,
+    /// This node's local events, in one ordered sequence.
+    pub events: Arc<LocalEvents>,
     /// The `tessera` binary to start runners with.
     pub exe: PathBuf,
     pub data_dir: PathBuf,
@@ -74,14 +70,6 @@ pub struct WorkerArgs {
     pub changed: Arc<tokio::sync::Notify>,
     /// Brings model files in.
     pub downloader: Arc<Downloader>,
-}
-
-/// A download in progress or finished on this node.
-struct DownloadJob {
-    id: u64,
-    cancel: tessera_hub::CancellationToken,
-    /// What runners load, once complete.
-    path: Option<PathBuf>,
 }
 
 struct RunnerProcess {
@@ -115,22 +103,16 @@ pub struct WorkerState {
     backoff: BTreeMap<String, (Instant, Duration)>,
     /// Downloads, as the plan sees them.
     downloads: Downloads,
-    jobs: BTreeMap<String, DownloadJob>,
-    next_job: u64,
+    /// Runs them (a child of this actor).
+    downloader: ActorRef<DownloadsMsg>,
+    /// What runners load, by model, once its files are complete.
+    model_paths: BTreeMap<String, PathBuf>,
     _statuses: zenoh::pubsub::Subscriber<()>,
 }
 
 impl WorkerState {
     async fn local_event(&self, event: event::Kind) {
-        let local = LocalEvent {
-            origin_node_id: self.args.node_id.clone(),
-            origin_seq: self.args.seq.fetch_add(1, Ordering::Relaxed) + 1,
-            event: Some(Event { kind: Some(event) }),
-        };
-        let key = self.args.bus.keys.local_events();
-        if let Err(error) = self.args.bus.put(&key, &local).await {
-            tracing::warn!(%error, "publishing a local event");
-        }
+        self.args.events.publish_or_log(event).await;
     }
 
     async fn download_event(&self, model_id: &str, state: v1::download_progress::State) {
@@ -156,7 +138,6 @@ impl WorkerState {
     /// Starts (or widens, or marks as asked for) a model's download.
     async fn start_download(
         &mut self,
-        myself: &ActorRef<WorkerMsg>,
         cluster: &v1::ClusterState,
         model_id: String,
         parts: std::collections::BTreeSet<Part>,
@@ -200,13 +181,8 @@ impl WorkerState {
             local.tried_for.insert(instance);
         }
         let Some(card) = card else {
-            local.phase = Phase::Failed;
             let reason = format!("unknown model {model_id:?}: no card in the catalogue");
-            self.download_event(
-                &model_id,
-                v1::download_progress::State::Failed(v1::DownloadFailed { reason }),
-            )
-            .await;
+            self.download_failed(&model_id, reason).await;
             return;
         };
         let shards: Vec<v1::ShardSpec> = local.parts.iter().filter_map(Part::to_proto).collect();
@@ -215,64 +191,43 @@ impl WorkerState {
         } else {
             shards
         };
-        self.next_job += 1;
-        let job = self.next_job;
-        let cancel = tessera_hub::CancellationToken::new();
-        if let Some(old) = self.jobs.insert(
-            model_id.clone(),
-            DownloadJob {
-                id: job,
-                cancel: cancel.clone(),
-                path: None,
-            },
-        ) {
-            old.cancel.cancel();
+        self.model_paths.remove(&model_id);
+        let start = DownloadsMsg::Start {
+            card: Box::new(card),
+            shards,
+        };
+        if let Err(error) = self.downloader.cast(start) {
+            self.download_failed(&model_id, format!("the downloads actor is gone: {error}"))
+                .await;
         }
-        tracing::info!(model_id, ?shards, "downloading");
-        let downloader = self.args.downloader.clone();
-        let me = myself.clone();
-        tokio::spawn(async move {
-            let reporter = me.clone();
-            let id = model_id.clone();
-            let report = move |state: v1::download_progress::State| {
-                let _ = reporter.cast(WorkerMsg::DownloadProgress {
-                    model_id: id.clone(),
-                    job,
-                    state,
-                });
-            };
-            let outcome = downloader.run(&card, &shards, &report, &cancel).await;
-            let _ = me.cast(WorkerMsg::DownloadDone {
-                model_id,
-                job,
-                outcome,
-            });
-        });
     }
 
-    async fn on_download_done(&mut self, model_id: String, job: u64, outcome: Outcome) {
-        let Some(current) = self.jobs.get_mut(&model_id) else {
-            return;
-        };
-        if current.id != job {
-            return;
+    /// Marks a download failed here and in the log (when its job could not
+    /// run at all).
+    async fn download_failed(&mut self, model_id: &str, reason: String) {
+        if let Some(local) = self.downloads.models.get_mut(model_id) {
+            local.phase = Phase::Failed;
         }
-        let phase = match &outcome {
+        self.download_event(
+            model_id,
+            v1::download_progress::State::Failed(v1::DownloadFailed { reason }),
+        )
+        .await;
+    }
+
+    /// Takes in a job's end, which the Downloads actor has reported.
+    fn on_download_ended(&mut self, model_id: &str, outcome: Outcome) {
+        let phase = match outcome {
             Outcome::Completed { path, .. } => {
-                current.path = Some(path.clone());
-                tracing::info!(model_id, path = %path.display(), "model files ready");
+                self.model_paths.insert(model_id.to_string(), path);
                 Phase::Done
             }
-            Outcome::Failed(reason) => {
-                tracing::warn!(model_id, reason, "download failed");
-                Phase::Failed
-            }
+            Outcome::Failed(_) => Phase::Failed,
             Outcome::Cancelled => Phase::Cancelled,
         };
-        if let Some(local) = self.downloads.models.get_mut(&model_id) {
+        if let Some(local) = self.downloads.models.get_mut(model_id) {
             local.phase = phase;
         }
-        self.download_event(&model_id, outcome.state()).await;
     }
 
     async fn cancel_download(&mut self, model_id: &str, request_id: Option<String>) {
@@ -286,11 +241,13 @@ impl WorkerState {
             .get(model_id)
             .is_some_and(|d| d.phase == Phase::Running);
         if running {
-            if let Some(job) = self.jobs.get(model_id) {
-                // The job ends with Cancelled, which is then reported.
-                job.cancel.cancel();
+            // The job ends with Cancelled, which is then reported.
+            let cancel = DownloadsMsg::Cancel {
+                model_id: model_id.to_string(),
+            };
+            if self.downloader.cast(cancel).is_ok() {
+                return;
             }
-            return;
         }
         // Nothing runs: record it so the plan does not ask again, and
         // correct the log's stale entry.
@@ -312,18 +269,15 @@ impl WorkerState {
         }
     }
 
-    async fn delete_download(&mut self, model_id: &str, request_id: String) {
+    fn delete_download(&mut self, model_id: &str, request_id: String) {
         self.downloads.handled.insert(request_id);
-        if let Some(job) = self.jobs.remove(model_id) {
-            job.cancel.cancel();
-        }
         self.downloads.models.remove(model_id);
-        let store = self.args.downloader.store.clone();
-        let id = model_id.to_string();
-        match tokio::task::spawn_blocking(move || store.delete(&id)).await {
-            Ok(Ok(n)) => tracing::info!(model_id, folders = n, "deleted the model's files"),
-            Ok(Err(error)) => tracing::warn!(model_id, %error, "deleting the model's files"),
-            Err(error) => tracing::warn!(model_id, %error, "deleting the model's files"),
+        self.model_paths.remove(model_id);
+        let delete = DownloadsMsg::Delete {
+            model_id: model_id.to_string(),
+        };
+        if let Err(error) = self.downloader.cast(delete) {
+            tracing::warn!(model_id, %error, "deleting the model's files");
         }
     }
 
@@ -380,8 +334,8 @@ impl WorkerState {
         let model_path = instance
             .model
             .as_ref()
-            .and_then(|m| self.jobs.get(&m.model_id))
-            .and_then(|job| job.path.clone());
+            .and_then(|m| self.model_paths.get(&m.model_id))
+            .cloned();
         let mut command = tokio::process::Command::new(&self.args.exe);
         command.arg("runner");
         if let Some(path) = model_path {
@@ -528,7 +482,6 @@ impl WorkerState {
                 request_id,
             } => {
                 self.start_download(
-                    myself,
                     &cluster,
                     model_id.clone(),
                     parts.clone(),
@@ -549,7 +502,7 @@ impl WorkerState {
                 model_id,
                 request_id,
             } => {
-                self.delete_download(model_id, request_id.clone()).await;
+                self.delete_download(model_id, request_id.clone());
                 return Ok(());
             }
             Step::CreateRunner {
@@ -689,6 +642,25 @@ impl WorkerState {
     }
 }
 
+/// Starts the Downloads actor as a child of the worker.
+async fn spawn_downloads(
+    worker: &ActorRef<WorkerMsg>,
+    args: &WorkerArgs,
+) -> Result<ActorRef<DownloadsMsg>, ActorProcessingErr> {
+    let (downloads, _) = Actor::spawn_linked(
+        None,
+        DownloadsActor,
+        DownloadsArgs {
+            downloader: args.downloader.clone(),
+            events: args.events.clone(),
+            worker: worker.clone(),
+        },
+        worker.get_cell(),
+    )
+    .await?;
+    Ok(downloads)
+}
+
 impl Actor for Worker {
     type Msg = WorkerMsg;
     type State = WorkerState;
@@ -719,6 +691,7 @@ impl Actor for Worker {
             })
             .await
             .map_err(|e| format!("subscribing to runner events: {e}"))?;
+        let downloader = spawn_downloads(&myself, &args).await?;
         myself.send_interval(Duration::from_millis(100), || WorkerMsg::Tick);
         let changed = args.changed.clone();
         let me = myself.clone();
@@ -736,8 +709,8 @@ impl Actor for Worker {
             handed: BTreeSet::new(),
             backoff: BTreeMap::new(),
             downloads: Downloads::default(),
-            jobs: BTreeMap::new(),
-            next_job: 0,
+            downloader,
+            model_paths: BTreeMap::new(),
             _statuses: statuses,
         })
     }
@@ -756,24 +729,43 @@ impl Actor for Worker {
                 exit,
                 stderr,
             } => state.on_exit(runner_id, exit, stderr).await,
-            WorkerMsg::DownloadProgress {
-                model_id,
-                job,
-                state: progress,
-            } => {
-                let current = state.jobs.get(&model_id).is_some_and(|j| j.id == job);
-                if current {
-                    state.download_event(&model_id, progress).await;
-                }
-            }
-            WorkerMsg::DownloadDone {
-                model_id,
-                job,
-                outcome,
-            } => {
-                state.on_download_done(model_id, job, outcome).await;
+            WorkerMsg::DownloadEnded { model_id, outcome } => {
+                state.on_download_ended(&model_id, outcome);
                 state.tick(&myself).await?;
             }
+        }
+        Ok(())
+    }
+
+    /// The Downloads actor only ends with this one, unless it panicked:
+    /// then its running downloads are failed (and tried again for the next
+    /// instance that needs them) and a new one takes over.
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut WorkerState,
+    ) -> Result<(), ActorProcessingErr> {
+        let (SupervisionEvent::ActorFailed(who, _) | SupervisionEvent::ActorTerminated(who, _, _)) =
+            &event
+        else {
+            return Ok(());
+        };
+        if who.get_id() != state.downloader.get_id() {
+            return Ok(());
+        }
+        tracing::error!(%event, "the downloads actor stopped; starting a new one");
+        state.downloader = spawn_downloads(&myself, &state.args).await?;
+        let running: Vec<String> = state
+            .downloads
+            .models
+            .iter()
+            .filter(|(_, d)| d.phase == Phase::Running)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for model_id in running {
+            let reason = format!("the downloads actor stopped: {event}");
+            state.download_failed(&model_id, reason).await;
         }
         Ok(())
     }
@@ -783,6 +775,7 @@ impl Actor for Worker {
         _: ActorRef<Self::Msg>,
         state: &mut WorkerState,
     ) -> Result<(), ActorProcessingErr> {
+        state.downloader.stop(None);
         let ids: Vec<String> = state.runners.keys().cloned().collect();
         for id in &ids {
             let shutdown = task_for_step(

@@ -1,0 +1,151 @@
+//! This node's local events (node info, runner statuses, download progress)
+//! on their way to the master, which indexes them into the log.
+//!
+//! The master drops a local event whose sequence number is not above the
+//! last one it indexed from that node (that is how it tells a re-send).
+//! Two things follow, and this publisher guarantees both:
+//! - numbers must reach the master in the order they were given, so one
+//!   lock covers taking a number and putting the event (zenoh keeps one
+//!   session's puts in order): several actors publish, and a number taken
+//!   by one and put after a later number of another would be lost;
+//! - a restarted node keeps its identity, so its numbers must continue
+//!   above its previous run's: they start at the microseconds since the
+//!   Unix epoch, which a node cannot outrun by sending one event per
+//!   microsecond, rather than at 1, which a master that saw the previous
+//!   run would ignore until the new run had sent as many events.
+
+#[cfg(test)]
+use std::time::Duration;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tessera_protos::v1::{event, Event, LocalEvent};
+use tokio::sync::Mutex;
+
+use crate::bus::{Bus, BusError};
+
+/// Publishes this node's local events in one ordered sequence. Shared by
+/// the actors that report (wrap it in an `Arc`).
+pub struct LocalEvents {
+    bus: Bus,
+    node_id: String,
+    /// The last sequence number given.
+    last_seq: Mutex<u64>,
+}
+
+impl LocalEvents {
+    pub fn new(bus: Bus, node_id: String) -> Self {
+        Self {
+            bus,
+            node_id,
+            last_seq: Mutex::new(first_seq() - 1),
+        }
+    }
+
+    /// The node these events come from.
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    /// Numbers `kind` and puts it on the local events key.
+    pub async fn publish(&self, kind: event::Kind) -> Result<(), BusError> {
+        let mut last = self.last_seq.lock().await;
+        *last += 1;
+        let local = LocalEvent {
+            origin_node_id: self.node_id.clone(),
+            origin_seq: *last,
+            event: Some(Event { kind: Some(kind) }),
+        };
+        self.bus.put(&self.bus.keys.local_events(), &local).await
+    }
+
+    /// Like [`publish`](Self::publish), logging a failure (a local event
+    /// lost to a broken session is re-established by the next report).
+    pub async fn publish_or_log(&self, kind: event::Kind) {
+        if let Err(error) = self.publish(kind).await {
+            tracing::warn!(%error, "publishing a local event");
+        }
+    }
+}
+
+/// The first sequence number of this run: above every number a previous
+/// run of this node gave, as long as the clock has not gone back by more
+/// than that run lasted.
+fn first_seq() -> u64 {
+    let micros = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|since| since.as_micros())
+        .unwrap_or(0);
+    u64::try_from(micros).unwrap_or(u64::MAX / 2).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use prost::Message;
+
+    use super::*;
+    use crate::keys::Keys;
+
+    /// A session of its own that reaches no one (no listening, no
+    /// scouting), whose subscriber hears its own puts.
+    async fn lonely_bus() -> Bus {
+        let mut config = crate::node::zenoh_config("peer", &[], &[], false).expect("config");
+        config
+            .insert_json5("listen/endpoints", "[]")
+            .expect("no listening");
+        let session = zenoh::open(config).await.expect("a zenoh session");
+        Bus::new(session, Keys::new("local-events-test").expect("keys"))
+    }
+
+    fn info(node_id: &str) -> event::Kind {
+        event::Kind::NodeGatheredInfo(tessera_protos::v1::NodeGatheredInfo {
+            node_id: node_id.to_string(),
+            info: None,
+        })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn numbers_arrive_in_order_from_concurrent_publishers_and_continue_after_a_restart() {
+        let bus = lonely_bus().await;
+        let subscriber = bus
+            .session
+            .declare_subscriber(bus.keys.local_events())
+            .await
+            .expect("subscriber");
+        let events = Arc::new(LocalEvents::new(bus.clone(), "n1".into()));
+        let publishers: Vec<_> = (0..4)
+            .map(|_| {
+                let events = events.clone();
+                tokio::spawn(async move {
+                    for _ in 0..50 {
+                        events.publish(info("n1")).await.expect("published");
+                    }
+                })
+            })
+            .collect();
+        for publisher in publishers {
+            publisher.await.expect("publisher ran");
+        }
+        // The node restarts under the same identity (which takes longer than
+        // this).
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let restarted = LocalEvents::new(bus.clone(), "n1".into());
+        restarted.publish(info("n1")).await.expect("published");
+
+        let mut seqs = Vec::new();
+        while seqs.len() < 201 {
+            let sample = tokio::time::timeout(Duration::from_secs(10), subscriber.recv_async())
+                .await
+                .expect("every event arrives")
+                .expect("subscriber open");
+            let local = LocalEvent::decode(&*sample.payload().to_bytes()).expect("a local event");
+            seqs.push(local.origin_seq);
+        }
+        // What the master needs: each number above the last it saw.
+        assert!(
+            seqs.windows(2).all(|pair| pair[0] < pair[1]),
+            "numbers in order: {seqs:?}"
+        );
+    }
+}
