@@ -700,13 +700,7 @@ mod tests {
         n: usize,
         body: impl Fn(&mut TcpRing) -> T + Send + Sync + Clone + 'static,
     ) -> Vec<T> {
-        let listeners: Vec<TcpListener> = (0..n)
-            .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind"))
-            .collect();
-        let addrs: Vec<SocketAddr> = listeners
-            .iter()
-            .map(|l| l.local_addr().expect("addr"))
-            .collect();
+        let (listeners, addrs) = crate::testing::loopback_listeners(n);
         let handles: Vec<_> = listeners
             .into_iter()
             .enumerate()

@@ -1,5 +1,7 @@
-//! Helpers for tests (of this crate and of others): where the default model is.
+//! Helpers for tests (of this crate and of others): where the default model
+//! is, and the listeners of a loopback ring.
 
+use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 
 /// The default model's file name inside its models folder.
@@ -27,4 +29,17 @@ pub fn default_model_path() -> PathBuf {
         path.display()
     );
     path
+}
+
+/// `n` listeners on free loopback ports and their addresses: one per rank of
+/// a ring run in one test.
+pub fn loopback_listeners(n: usize) -> (Vec<TcpListener>, Vec<SocketAddr>) {
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a loopback port"))
+        .collect();
+    let addrs = listeners
+        .iter()
+        .map(|l| l.local_addr().expect("a bound address"))
+        .collect();
+    (listeners, addrs)
 }

@@ -5,22 +5,16 @@
 //! generation.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_tessera");
-const MODEL: &str = "smollm2-135m-instruct-q4_1";
+use crate::support::{free_port, BIN};
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
+const MODEL: &str = "smollm2-135m-instruct-q4_1";
 
 struct Node {
     child: Child,
@@ -133,18 +127,12 @@ fn python_lib() -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-#[test]
-fn the_openai_client_gets_greedy_answers_streams_and_errors() {
-    let root = tempfile::tempdir().expect("temp dir");
-    let node = Node::start(&root.path().join("n"), &[]);
-    let prompt = "What is the capital of France?";
-    let expected = greedy(prompt, 24);
+/// Runs one of the official-client scripts in `tests/api/` against `node`
+/// and returns the JSON it prints.
+fn client_script(script: &str, node: &Node, args: &[&str]) -> Value {
     let out = Command::new("python3")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/api/openai_client.py"
-        ))
-        .args([&format!("http://{}/v1", node.api), MODEL, prompt, "24"])
+        .arg(format!("{}/tests/api/{script}", env!("CARGO_MANIFEST_DIR")))
+        .args(args)
         .env("PYTHONPATH", python_lib())
         .output()
         .expect("python runs");
@@ -154,7 +142,17 @@ fn the_openai_client_gets_greedy_answers_streams_and_errors() {
         String::from_utf8_lossy(&out.stderr),
         node.log()
     );
-    let got: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+#[test]
+fn the_openai_client_gets_greedy_answers_streams_and_errors() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let node = Node::start(&root.path().join("n"), &[]);
+    let prompt = "What is the capital of France?";
+    let expected = greedy(prompt, 24);
+    let api = format!("http://{}/v1", node.api);
+    let got = client_script("openai_client.py", &node, &[&api, MODEL, prompt, "24"]);
     // The model is placed on the first request; greedy answers match.
     assert_eq!(got["object"], "chat.completion");
     assert_eq!(got["text"], expected.as_str(), "non-streaming");
@@ -211,22 +209,8 @@ fn the_anthropic_client_gets_the_same_greedy_answer() {
     let node = Node::start(&root.path().join("n"), &[]);
     let prompt = "Name three colours.";
     let expected = greedy(prompt, 16);
-    let out = Command::new("python3")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/api/anthropic_client.py"
-        ))
-        .args([&format!("http://{}", node.api), MODEL, prompt, "16"])
-        .env("PYTHONPATH", python_lib())
-        .output()
-        .expect("python runs");
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        node.log()
-    );
-    let got: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let api = format!("http://{}", node.api);
+    let got = client_script("anthropic_client.py", &node, &[&api, MODEL, prompt, "16"]);
     assert_eq!(got["type"], "message");
     assert_eq!(got["text"], expected.as_str(), "non-streaming");
     assert_eq!(got["stream_text"], expected.as_str(), "streaming");

@@ -3,24 +3,13 @@
 //! killed mid-generation makes the run fail within 5 seconds, naming it.
 
 use std::io::{BufRead, BufReader, Read};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-fn tessera(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(args)
-        .output()
-        .expect("tessera runs")
-}
-
-fn model() -> String {
-    tessera_engine::testing::default_model_path()
-        .display()
-        .to_string()
-}
+use crate::support::{model, tessera};
 
 const PROMPT: &str = "The quick brown fox";
 const TOKENS: &str = "32";

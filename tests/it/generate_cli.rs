@@ -1,20 +1,7 @@
 //! `tessera generate` and `tessera bench` as a user runs them: real model,
 //! real process, JSON out; bad input gives a clear error and exit code 1.
 
-use std::process::{Command, Output};
-
-fn tessera(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(args)
-        .output()
-        .expect("tessera runs")
-}
-
-fn model() -> String {
-    tessera_engine::testing::default_model_path()
-        .display()
-        .to_string()
-}
+use crate::support::{model, tessera};
 
 fn failure(args: &[&str]) -> String {
     let out = tessera(args);

@@ -7,3 +7,4 @@ mod cluster;
 mod distributed_cli;
 mod generate_cli;
 mod replay_cli;
+mod support;

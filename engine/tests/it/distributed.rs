@@ -4,7 +4,6 @@
 //! up to the first step where its top-1/top-2 margin is below 0.05, and every
 //! divergence is printed with its step and margin (`--nocapture`).
 
-use std::net::{SocketAddr, TcpListener};
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -126,13 +125,7 @@ fn distributed_outputs(
     cases: &[(String, Prompt, usize)],
 ) -> Vec<Vec<u32>> {
     let layers = model_config(path).expect("config").layers;
-    let listeners: Vec<TcpListener> = (0..world)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind"))
-        .collect();
-    let addrs: Vec<SocketAddr> = listeners
-        .iter()
-        .map(|l| l.local_addr().expect("addr"))
-        .collect();
+    let (listeners, addrs) = tessera_engine::testing::loopback_listeners(world);
     let mut listeners = listeners.into_iter();
     let own = listeners.next().expect("rank 0 listener");
     let workers: Vec<_> = listeners

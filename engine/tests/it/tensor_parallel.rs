@@ -4,7 +4,6 @@
 //! tensors split section by section, a KV cache across two steps.
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, TcpListener};
 use std::ops::Range;
 use std::time::Duration;
 
@@ -168,13 +167,7 @@ fn single(fused: bool) -> Vec<Vec<f32>> {
 
 /// Every rank's logits, ranks as threads on a loopback ring.
 fn tensor_parallel(world: usize, fused: bool) -> Vec<Vec<Vec<f32>>> {
-    let listeners: Vec<TcpListener> = (0..world)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind"))
-        .collect();
-    let addrs: Vec<SocketAddr> = listeners
-        .iter()
-        .map(|l| l.local_addr().expect("addr"))
-        .collect();
+    let (listeners, addrs) = tessera_engine::testing::loopback_listeners(world);
     let ranks: Vec<_> = listeners
         .into_iter()
         .enumerate()

@@ -1,0 +1,28 @@
+//! What the end-to-end tests share: the binary under test, the default
+//! model, free ports.
+
+use std::net::TcpListener;
+use std::process::{Command, Output};
+
+/// The `tessera` binary cargo built for these tests.
+pub const BIN: &str = env!("CARGO_BIN_EXE_tessera");
+
+/// Runs `tessera ARGS` to the end.
+pub fn tessera(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().expect("tessera runs")
+}
+
+/// The default model's GGUF file, as `scripts/fetch-model` installed it.
+pub fn model() -> String {
+    tessera_engine::testing::default_model_path()
+        .display()
+        .to_string()
+}
+
+/// A TCP port free on loopback now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
