@@ -696,6 +696,7 @@ impl Router {
                                 .into_iter()
                                 .map(|card| v1::ModelListing {
                                     downloaded_on: downloaded_on(&state, &card.model_id),
+                                    partly_on: partly_on(&state, &card.model_id),
                                     card: Some(card),
                                 })
                                 .collect();
@@ -763,13 +764,23 @@ impl Router {
 
 /// The nodes that hold all the files of `model_id` (as far as the log says).
 pub fn downloaded_on(state: &ClusterState, model_id: &str) -> Vec<String> {
+    nodes_holding(state, model_id, true)
+}
+
+/// The nodes that hold the files of some of a model's shards only.
+pub fn partly_on(state: &ClusterState, model_id: &str) -> Vec<String> {
+    nodes_holding(state, model_id, false)
+}
+
+fn nodes_holding(state: &ClusterState, model_id: &str, whole: bool) -> Vec<String> {
     state
         .downloads
         .iter()
         .filter(|(_, d)| {
-            d.models.get(model_id).is_some_and(|p| {
-                matches!(p.state, Some(v1::download_progress::State::Completed(_)))
-            })
+            d.models
+                .get(model_id)
+                .and_then(crate::placement::files_held)
+                == Some(whole)
         })
         .map(|(node, _)| node.clone())
         .collect()

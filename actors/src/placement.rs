@@ -32,6 +32,9 @@ pub struct NodeCapacity {
     pub ip: String,
     /// The first port of its ring connections.
     pub ring_port_base: u16,
+    /// Models whose files it holds, each with whether all of them (rather
+    /// than some shards'): placement prefers nodes that need not download.
+    pub models_held: BTreeMap<String, bool>,
 }
 
 impl NodeCapacity {
@@ -49,9 +52,23 @@ impl NodeCapacity {
                     .find(|a| a.kind != v1::LinkKind::Loopback as i32)
                     .or(info.addresses.first())
                     .map_or_else(|| "127.0.0.1".to_string(), |a| a.ip.clone());
+                let models_held = state
+                    .downloads
+                    .get(id)
+                    .map(|downloads| {
+                        downloads
+                            .models
+                            .iter()
+                            .filter_map(|(model, progress)| {
+                                files_held(progress).map(|whole| (model.clone(), whole))
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
                 Some(Self {
                     node_id: id.clone(),
                     available_bytes: info.memory_available_bytes,
+                    models_held,
                     ip,
                     ring_port_base: u16::try_from(info.ring_port_base)
                         .ok()
@@ -62,6 +79,25 @@ impl NodeCapacity {
             .collect()
     }
 }
+
+/// Whether a node's download of a model left its files there: `Some(true)`
+/// for all of them, `Some(false)` for those of some shards only.
+pub fn files_held(progress: &v1::DownloadProgress) -> Option<bool> {
+    let completed = matches!(
+        progress.state,
+        Some(v1::download_progress::State::Completed(_))
+    );
+    completed.then(|| {
+        progress.shards.is_empty()
+            || progress
+                .shards
+                .iter()
+                .any(|shard| crate::plan::Part::of(Some(shard)) == crate::plan::Part::Whole)
+    })
+}
+
+/// Each rank's shard and the bytes it needs, in rank order.
+type Shares = Vec<(ShardSpec, u64)>;
 
 /// Why a model cannot be placed. Messages say exactly what is missing.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -155,17 +191,52 @@ pub fn place(
     let (lowest, highest) = rank_bounds(request, candidates.len())?;
     let mut last_error = None;
     for count in lowest..=highest {
-        match place_on(request, &candidates[..count]) {
-            Ok(shares) => {
+        match place_on_best(request, &candidates, count) {
+            Ok((chosen, shares)) => {
                 return Ok(build(
                     request,
-                    &candidates[..count],
+                    &chosen,
                     shares,
                     instance_id,
                     used_addresses,
                     &mut runner_ids,
                 ))
             }
+            Err(error) => last_error = Some(error),
+        }
+    }
+    Err(last_error.unwrap_or(PlacementError::NoNodes))
+}
+
+/// Splits the model over `count` of the candidates (roomiest first). The
+/// fewest nodes always win; at a given count, the nodes that already hold
+/// the model's files (all of them, then some) are tried first, since a
+/// download can take far longer than anything else placement decides.
+fn place_on_best(
+    request: &PlacementRequest<'_>,
+    candidates: &[NodeCapacity],
+    count: usize,
+) -> Result<(Vec<NodeCapacity>, Shares), PlacementError> {
+    let model_id = &request.model.model_id;
+    let held = |node: &NodeCapacity| match node.models_held.get(model_id) {
+        Some(true) => 2,
+        Some(false) => 1,
+        None => 0,
+    };
+    let mut holders_first = candidates.to_vec();
+    // Stable: roomiest first among nodes that hold as much.
+    holders_first.sort_by_key(|node| std::cmp::Reverse(held(node)));
+    let holders_first = &holders_first[..count];
+    let roomiest = &candidates[..count];
+    let attempts = if holders_first == roomiest {
+        vec![roomiest]
+    } else {
+        vec![holders_first, roomiest]
+    };
+    let mut last_error = None;
+    for nodes in attempts {
+        match place_on(request, nodes) {
+            Ok(shares) => return Ok((nodes.to_vec(), shares)),
             Err(error) => last_error = Some(error),
         }
     }
@@ -210,12 +281,12 @@ pub fn previews(
                 ..request.clone()
             };
             let result = rank_bounds(&request, candidates.len())
-                .and_then(|_| place_on(&request, &candidates[..count]));
+                .and_then(|_| place_on_best(&request, &candidates, count));
             let preview = match result {
-                Ok(shares) => {
+                Ok((chosen, shares)) => {
                     let placement = build(
                         &request,
-                        &candidates[..count],
+                        &chosen,
                         shares,
                         "preview",
                         &BTreeSet::new(),
@@ -320,7 +391,7 @@ fn rank_bounds(
 fn place_on(
     request: &PlacementRequest<'_>,
     nodes: &[NodeCapacity],
-) -> Result<Vec<(ShardSpec, u64)>, PlacementError> {
+) -> Result<Shares, PlacementError> {
     let model = request.model;
     let layers = model.n_layers;
     let storage = model.storage_size_bytes;
@@ -415,7 +486,7 @@ fn place_on(
 fn build(
     request: &PlacementRequest<'_>,
     nodes: &[NodeCapacity],
-    shares: Vec<(ShardSpec, u64)>,
+    shares: Shares,
     instance_id: &str,
     used_addresses: &BTreeSet<String>,
     runner_ids: &mut impl FnMut(usize) -> String,
@@ -515,7 +586,13 @@ mod tests {
             available_bytes: available,
             ip: "127.0.0.1".into(),
             ring_port_base: RING_BASE_PORT,
+            models_held: BTreeMap::new(),
         }
+    }
+
+    fn holding(mut node: NodeCapacity, model: &str, whole: bool) -> NodeCapacity {
+        node.models_held.insert(model.into(), whole);
+        node
     }
 
     fn run(
@@ -558,19 +635,46 @@ mod tests {
         state
             .nodes
             .insert("silent".into(), v1::NodeState::default());
+        // Its downloads: one whole, one of a shard, one still running.
+        let stage = |end_layer: u32| v1::ShardSpec {
+            kind: Some(v1::shard_spec::Kind::Pipeline(v1::PipelineShard {
+                start_layer: 0,
+                end_layer,
+                n_layers: 30,
+            })),
+        };
+        let progress = |state: v1::download_progress::State, shards: Vec<v1::ShardSpec>| {
+            v1::DownloadProgress {
+                state: Some(state),
+                shards,
+                ..Default::default()
+            }
+        };
+        let done = || v1::download_progress::State::Completed(v1::DownloadCompleted::default());
+        let running = v1::download_progress::State::Ongoing(v1::DownloadOngoing::default());
+        let downloads = state.downloads.entry("worker".into()).or_default();
+        let models = &mut downloads.models;
+        models.insert("whole".into(), progress(done(), vec![]));
+        models.insert("all-layers".into(), progress(done(), vec![stage(30)]));
+        models.insert("part".into(), progress(done(), vec![stage(10)]));
+        models.insert("running".into(), progress(running, vec![]));
         let nodes = NodeCapacity::from_state(&state);
         assert_eq!(nodes.len(), 1);
+        let held: Vec<(&str, bool)> = nodes[0]
+            .models_held
+            .iter()
+            .map(|(model, whole)| (model.as_str(), *whole))
+            .collect();
+        assert_eq!(
+            held,
+            [("all-layers", true), ("part", false), ("whole", true)]
+        );
         assert_eq!(nodes[0].node_id, "worker");
         assert_eq!(nodes[0].available_bytes, GB);
         assert_eq!(nodes[0].ring_port_base, 6000);
         // Ranks take the lowest free port from their node's base.
         let mut nodes = nodes;
-        nodes.push(NodeCapacity {
-            node_id: "default-ports".into(),
-            available_bytes: GB,
-            ip: "127.0.0.1".into(),
-            ring_port_base: RING_BASE_PORT,
-        });
+        nodes.push(node("default-ports", GB));
         nodes[0].ip = "127.0.0.1".into();
         let request = PlacementRequest {
             model: &card(GB / 4, 30, 3),
@@ -605,6 +709,48 @@ mod tests {
                 n_layers: 30
             })]
         );
+    }
+
+    #[test]
+    fn nodes_holding_the_files_are_preferred_but_never_over_fewer_nodes() {
+        let model = card(GB, 30, 3);
+        let nodes = [
+            node("a", 8 * GB),
+            holding(node("b", 4 * GB), "test-model", false),
+            holding(node("c", 3 * GB), "test-model", true),
+            holding(node("d", 8 * GB), "another-model", true),
+        ];
+        // One node is enough: the one with all the files, though roomier
+        // nodes exist.
+        let p = run(&model, Sharding::Pipeline, 1, &nodes).expect("fits");
+        let on: Vec<&str> = p
+            .instance
+            .ranks
+            .iter()
+            .map(|r| r.node_id.as_str())
+            .collect();
+        assert_eq!(on, ["c"]);
+        // Two nodes: all the files, then some.
+        let p = run(&model, Sharding::Pipeline, 2, &nodes).expect("fits");
+        let mut on: Vec<&str> = p
+            .instance
+            .ranks
+            .iter()
+            .map(|r| r.node_id.as_str())
+            .collect();
+        on.sort();
+        assert_eq!(on, ["b", "c"]);
+        // A model too big for the holder alone goes to one roomier node
+        // rather than to the holder and another.
+        let big = card(5 * GB, 30, 3);
+        let p = run(&big, Sharding::Pipeline, 1, &nodes).expect("fits");
+        let on: Vec<&str> = p
+            .instance
+            .ranks
+            .iter()
+            .map(|r| r.node_id.as_str())
+            .collect();
+        assert_eq!(on, ["a"]);
     }
 
     #[test]

@@ -92,6 +92,12 @@ pub enum Part {
 impl Part {
     pub fn of(shard: Option<&v1::ShardSpec>) -> Self {
         match shard.and_then(|s| s.kind.as_ref()) {
+            // A stage of every layer (a one-node instance) needs everything.
+            Some(v1::shard_spec::Kind::Pipeline(p))
+                if p.start_layer == 0 && p.end_layer >= p.n_layers =>
+            {
+                Self::Whole
+            }
             Some(v1::shard_spec::Kind::Pipeline(p)) => Self::Layers {
                 start: p.start_layer,
                 end: p.end_layer,

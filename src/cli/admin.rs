@@ -508,11 +508,7 @@ pub fn run(args: AdminArgs) -> anyhow::Result<()> {
                             format!("{:.2} GB", card.storage_size_bytes as f64 / 1e9),
                             card.n_layers,
                             format,
-                            if m.downloaded_on.is_empty() {
-                                "-".to_string()
-                            } else {
-                                m.downloaded_on.join(", ")
-                            }
+                            where_held(m)
                         );
                     }
                 }
@@ -637,6 +633,21 @@ pub fn run(args: AdminArgs) -> anyhow::Result<()> {
         }
         Ok(())
     })
+}
+
+/// Where a model's files are: "a, b, c (part)", or "-".
+fn where_held(listing: &v1::ModelListing) -> String {
+    let whole = listing.downloaded_on.iter().cloned();
+    let parts = listing
+        .partly_on
+        .iter()
+        .map(|node| format!("{node} (part)"));
+    let held: Vec<String> = whole.chain(parts).collect();
+    if held.is_empty() {
+        "-".to_string()
+    } else {
+        held.join(", ")
+    }
 }
 
 fn short(node: &str) -> &str {

@@ -1107,6 +1107,30 @@ fn a_pipeline_instance_downloads_only_each_nodes_files() {
             "only model files"
         );
     }
+    // The catalogue says both nodes hold parts of the model, neither all.
+    let listed = models(ns, ports[0], &["--json", "list"]);
+    let listed: Value = serde_json::from_slice(&listed.stdout).expect("models list JSON");
+    let listing = listed
+        .as_array()
+        .and_then(|l| l.iter().find(|m| m["card"]["modelId"] == repo_name))
+        .expect("the added model is listed");
+    let mut partly: Vec<&str> = listing["partlyOn"]
+        .as_array()
+        .expect("partly on")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    partly.sort();
+    let mut both = [first.id.as_str(), second.id.as_str()];
+    both.sort();
+    assert_eq!(partly, both, "{listing}");
+    assert!(
+        listing
+            .get("downloadedOn")
+            .is_none_or(|d| d == &serde_json::json!([])),
+        "{listing}"
+    );
+
     let cut_size = std::fs::metadata(repo.join(&cut_file)).expect("file").len();
     let served = hub
         .mirror

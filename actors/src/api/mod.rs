@@ -1007,6 +1007,7 @@ async fn models(State(api): State<Api>) -> Result<Json<Value>, ApiError> {
                 "instances": instances.len(),
                 "ready": ready,
                 "downloaded_on": crate::node::downloaded_on(&state, &card.model_id),
+                "partly_downloaded_on": crate::node::partly_on(&state, &card.model_id),
             })
         })
         .collect();
