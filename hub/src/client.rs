@@ -597,24 +597,18 @@ impl HubClient {
                 std::fs::File::create(&path)
             }
             .map_err(HubError::io(&path))?;
-            let mut out = std::io::BufWriter::with_capacity(WRITE_BUFFER, file);
+            let mut file = file;
             let mut len = start;
             let mut written_back = start;
             while let Some(batch) = rx.blocking_recv() {
-                for chunk in batch.iter() {
-                    out.write_all(chunk).map_err(HubError::io(&path))?;
-                    len += chunk.len() as u64;
-                }
+                write_batch(&mut file, &batch).map_err(HubError::io(&path))?;
+                len += batch.iter().map(|chunk| chunk.len() as u64).sum::<u64>();
                 writer_on_disk.store(len, Ordering::Relaxed);
                 if len - written_back >= WRITEBACK_EVERY {
-                    out.flush().map_err(HubError::io(&path))?;
-                    start_writeback(out.get_ref(), written_back, len - written_back);
+                    start_writeback(&file, written_back, len - written_back);
                     written_back = len;
                 }
             }
-            let file = out
-                .into_inner()
-                .map_err(|e| HubError::io(&path)(e.into_error()))?;
             // On disk before it is renamed into place and called complete
             // (most of it is already: writeback started as it arrived).
             file.sync_data().map_err(HubError::io(&path))?;
@@ -687,6 +681,25 @@ impl HubClient {
         };
         verify(&sized, server_sha, partial, len, hex(&digest))
     }
+}
+
+/// Writes a batch of chunks with `writev`, straight from the network's
+/// buffers: a buffered writer would copy every byte once more.
+fn write_batch(file: &mut std::fs::File, batch: &[Bytes]) -> std::io::Result<()> {
+    let mut slices: Vec<std::io::IoSlice<'_>> = batch
+        .iter()
+        .map(|chunk| std::io::IoSlice::new(chunk))
+        .collect();
+    let mut rest = &mut slices[..];
+    while !rest.is_empty() {
+        match file.write_vectored(rest) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(written) => std::io::IoSlice::advance_slices(&mut rest, written),
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(())
 }
 
 /// Checks a finished `.partial`; a wrong one is removed so the next try
