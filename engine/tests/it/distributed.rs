@@ -1,5 +1,5 @@
 //! Tensor and pipeline parallelism over a loopback TCP ring (ranks are
-//! threads here; `tests/distributed_cli.rs` at the root runs processes):
+//! threads here; `tests/it/distributed_cli.rs` at the root runs processes):
 //! greedy outputs on every golden case agree with the single-machine engine
 //! up to the first step where its top-1/top-2 margin is below 0.05, and every
 //! divergence is printed with its step and margin (`--nocapture`).
