@@ -610,6 +610,13 @@ mod tests {
         place(&request, nodes, "i1", &BTreeSet::new(), |r| format!("r{r}"))
     }
 
+    /// The nodes of a placement's ranks, sorted.
+    fn nodes_of(p: &Placement) -> Vec<String> {
+        let mut nodes: Vec<String> = p.instance.ranks.iter().map(|r| r.node_id.clone()).collect();
+        nodes.sort();
+        nodes
+    }
+
     fn shards(p: &Placement) -> Vec<Option<ShardSpec>> {
         p.instance
             .ranks
@@ -722,34 +729,15 @@ mod tests {
         ];
         // One node is enough: the one with all the files, though roomier
         // nodes exist.
-        let p = run(&model, Sharding::Pipeline, 1, &nodes).expect("fits");
-        let on: Vec<&str> = p
-            .instance
-            .ranks
-            .iter()
-            .map(|r| r.node_id.as_str())
-            .collect();
+        let on = nodes_of(&run(&model, Sharding::Pipeline, 1, &nodes).expect("fits"));
         assert_eq!(on, ["c"]);
         // Two nodes: all the files, then some.
-        let p = run(&model, Sharding::Pipeline, 2, &nodes).expect("fits");
-        let mut on: Vec<&str> = p
-            .instance
-            .ranks
-            .iter()
-            .map(|r| r.node_id.as_str())
-            .collect();
-        on.sort();
+        let on = nodes_of(&run(&model, Sharding::Pipeline, 2, &nodes).expect("fits"));
         assert_eq!(on, ["b", "c"]);
         // A model too big for the holder alone goes to one roomier node
         // rather than to the holder and another.
         let big = card(5 * GB, 30, 3);
-        let p = run(&big, Sharding::Pipeline, 1, &nodes).expect("fits");
-        let on: Vec<&str> = p
-            .instance
-            .ranks
-            .iter()
-            .map(|r| r.node_id.as_str())
-            .collect();
+        let on = nodes_of(&run(&big, Sharding::Pipeline, 1, &nodes).expect("fits"));
         assert_eq!(on, ["a"]);
     }
 
