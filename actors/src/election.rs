@@ -12,9 +12,21 @@
 //! - The master repeats its victory every [`HEARTBEAT_MS`]; a follower
 //!   that hears none for [`MASTER_TIMEOUT_MS`], or is told the master's
 //!   liveliness token is gone, starts a new round.
+//! - One master per clock: a node that starts with a log naming other
+//!   nodes has been a member; it listens for [`REJOIN_MS`] (longer than a
+//!   peer takes to reconnect) so that it follows a master elected while it
+//!   was away instead of leading alone at that master's clock. Should two
+//!   masters of one clock still meet (a partition heals, a frozen master
+//!   wakes), the smaller node id stays and the other steps down: the rule
+//!   compares what never changes, so both always reach the same verdict.
+//!   The node that steps down drops the events it wrote as master when it
+//!   follows ([`crate::log_sync`]).
+//! - Input is checked: messages from nodes without a liveliness token (not
+//!   members) are ignored, and a campaign may raise the clock by one only,
+//!   as the rules do; a forged or runaway clock cannot force a round.
 
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use tessera_protos::v1::{election_message, Campaign, ElectionMessage, Victory};
 
@@ -27,6 +39,10 @@ pub const MASTER_TIMEOUT_MS: u64 = 1_500;
 /// How long a starting node listens for a sitting master before it
 /// campaigns.
 pub const LISTEN_MS: u64 = 400;
+/// How long a node that was a member before (its log names other nodes)
+/// listens: a peer's zenoh session retries its connection at least once a
+/// second, so the cluster is heard well within this.
+pub const REJOIN_MS: u64 = 3_000;
 
 /// What a node stands on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,18 +104,30 @@ pub struct Election {
     role: Role,
     /// Candidates heard in the current round (this node included).
     candidates: BTreeMap<String, Credentials>,
+    /// Nodes whose liveliness token is present: the only voices heard.
+    members: BTreeSet<String>,
+    /// How long the first listen lasts.
+    listen_ms: u64,
 }
 
 impl Election {
     /// A node that starts at `now_ms` with the highest clock it has seen
-    /// (from its log's session), listening first.
-    pub fn new(me: impl Into<String>, clock: u64, now_ms: u64) -> Self {
+    /// (from its log's session), listening first: for [`LISTEN_MS`], or
+    /// [`REJOIN_MS`] when it `was_member` (its log names other nodes).
+    pub fn new(me: impl Into<String>, clock: u64, now_ms: u64, was_member: bool) -> Self {
         Self {
             me: me.into(),
             clock,
             role: Role::Listening { since_ms: now_ms },
             candidates: BTreeMap::new(),
+            members: BTreeSet::new(),
+            listen_ms: if was_member { REJOIN_MS } else { LISTEN_MS },
         }
+    }
+
+    /// `node`'s liveliness token appeared: its messages count from now on.
+    pub fn on_node_alive(&mut self, node: &str) {
+        self.members.insert(node.to_string());
     }
 
     pub fn clock(&self) -> u64 {
@@ -172,11 +200,16 @@ impl Election {
         now_ms: u64,
     ) -> Vec<Output> {
         let mut out = Vec::new();
-        if message.node_id == self.me || message.node_id.is_empty() {
+        if message.node_id == self.me || !self.members.contains(&message.node_id) {
             return out;
         }
         let theirs = Credentials::from_message(message);
         match message.kind {
+            // A campaign starts a round one above its sender's clock, and
+            // every member shares the master's clock: a larger step is
+            // not something the rules make.
+            Some(election_message::Kind::Campaign(_))
+                if message.clock > self.clock.saturating_add(1) => {}
             Some(election_message::Kind::Campaign(_)) => {
                 if message.clock > self.clock {
                     // A newer round: join it.
@@ -204,11 +237,14 @@ impl Election {
             Some(election_message::Kind::Victory(_)) => {
                 let newer = message.clock > self.clock;
                 let same = message.clock == self.clock;
-                let better = theirs.compare(me) == Ordering::Greater;
+                // Two masters of one clock: the smaller node id stays. Not
+                // the credentials: both logs grow while they compare, and a
+                // verdict on moving figures can differ on the two sides.
+                let outranks_me = theirs.node_id < self.me;
                 match self.role {
-                    Role::Leading { .. } if same && !better => {
+                    Role::Leading { .. } if same && !outranks_me => {
                         // Two masters of one round (a healed partition): the
-                        // better one stays and says so.
+                        // one that stays says so.
                         out.push(Output::Send(
                             self.message(me, election_message::Kind::Victory(Victory {})),
                         ));
@@ -228,7 +264,7 @@ impl Election {
     pub fn on_tick(&mut self, me: &Credentials, now_ms: u64) -> Vec<Output> {
         let mut out = Vec::new();
         match self.role.clone() {
-            Role::Listening { since_ms } if now_ms >= since_ms + LISTEN_MS => {
+            Role::Listening { since_ms } if now_ms >= since_ms + self.listen_ms => {
                 self.campaign(me, 0, now_ms, &mut out);
             }
             Role::Campaigning { ends_ms } if now_ms >= ends_ms => {
@@ -272,6 +308,7 @@ impl Election {
     pub fn on_node_gone(&mut self, node: &str, me: &Credentials, now_ms: u64) -> Vec<Output> {
         let mut out = Vec::new();
         self.candidates.remove(node);
+        self.members.remove(node);
         if self.master() == Some(node) {
             self.campaign(me, 0, now_ms, &mut out);
         }
@@ -289,14 +326,24 @@ mod tests {
         now: u64,
     }
 
+    /// An election that knows `members` are alive.
+    fn election_of(id: &str, now: u64, members: &[&str]) -> Election {
+        let mut election = Election::new(id, 0, now, false);
+        for member in members {
+            election.on_node_alive(member);
+        }
+        election
+    }
+
     impl Cluster {
         fn new(creds: &[(&str, u64, u64)]) -> Self {
+            let ids: Vec<&str> = creds.iter().map(|c| c.0).collect();
             Self {
                 nodes: creds
                     .iter()
                     .map(|(id, index, seniority)| {
                         (
-                            Election::new(*id, 0, 0),
+                            election_of(id, 0, &ids),
                             Credentials {
                                 node_id: id.to_string(),
                                 last_applied_index: *index,
@@ -429,8 +476,11 @@ mod tests {
         assert_eq!(cluster.masters(), vec![Some("a".to_string()); 2]);
         // A newcomer with a better log still follows the sitting master: it
         // hears the heartbeat before it campaigns.
+        for node in &mut cluster.nodes {
+            node.0.on_node_alive("z");
+        }
         cluster.nodes.push((
-            Election::new("z", 0, cluster.now),
+            election_of("z", cluster.now, &["a", "b"]),
             Credentials {
                 node_id: "z".into(),
                 last_applied_index: 0,
@@ -449,7 +499,8 @@ mod tests {
             last_applied_index: 1,
             seniority_ms: 1,
         };
-        let mut e = Election::new("a", 5, 0);
+        let mut e = election_of("a", 0, &["b"]);
+        e.clock = 5;
         let own = ElectionMessage {
             clock: 9,
             node_id: "a".into(),
@@ -467,5 +518,75 @@ mod tests {
         assert_eq!(e.master(), None);
         let empty = ElectionMessage::default();
         assert!(e.on_message(&empty, &me, 1).is_empty());
+    }
+
+    #[test]
+    fn strangers_and_runaway_clocks_are_not_heard() {
+        let me = Credentials {
+            node_id: "a".into(),
+            last_applied_index: 1,
+            seniority_ms: 1,
+        };
+        let mut e = election_of("a", 0, &["b"]);
+        e.clock = 1;
+        e.role = Role::Following {
+            master: "b".into(),
+            heard_ms: 0,
+        };
+        let message = |node: &str, clock, kind| ElectionMessage {
+            clock,
+            node_id: node.into(),
+            last_applied_index: 99,
+            seniority_ms: 99,
+            kind: Some(kind),
+        };
+        let victory = election_message::Kind::Victory(Victory {});
+        let campaign = election_message::Kind::Campaign(Campaign {});
+        // A victory from a node with no liveliness token: nothing at all.
+        assert!(e
+            .on_message(&message("ghost", 1001, victory), &me, 5)
+            .is_empty());
+        // A member's campaign five rounds ahead: not a step the rules make.
+        assert!(e.on_message(&message("b", 6, campaign), &me, 5).is_empty());
+        assert_eq!((e.clock(), e.master()), (1, Some("b")));
+        // One round ahead is a real round: joined.
+        assert!(!e.on_message(&message("b", 2, campaign), &me, 5).is_empty());
+        assert_eq!(e.clock(), 2);
+        // A member that leaves is not heard either.
+        e.on_node_gone("b", &me, 6);
+        assert!(e.on_message(&message("b", 3, victory), &me, 7).is_empty());
+    }
+
+    #[test]
+    fn of_two_masters_of_one_clock_the_smaller_id_stays() {
+        let creds = |id: &str, index| Credentials {
+            node_id: id.into(),
+            last_applied_index: index,
+            seniority_ms: 0,
+        };
+        let victory = |node: &str, index| ElectionMessage {
+            clock: 2,
+            node_id: node.into(),
+            last_applied_index: index,
+            seniority_ms: 0,
+            kind: Some(election_message::Kind::Victory(Victory {})),
+        };
+        let leader = |id: &str, other: &str| {
+            let mut e = election_of(id, 0, &[other]);
+            e.clock = 2;
+            e.role = Role::Leading { sent_ms: 0 };
+            e
+        };
+        // Whatever each log holds, both sides reach the same verdict.
+        for (a_index, b_index) in [(5, 9), (9, 5), (7, 7)] {
+            let mut a = leader("a", "b");
+            let mut b = leader("b", "a");
+            let out_a = a.on_message(&victory("b", b_index), &creds("a", a_index), 1);
+            let out_b = b.on_message(&victory("a", a_index), &creds("b", b_index), 1);
+            assert_eq!(a.master(), Some("a"));
+            assert!(matches!(out_a.as_slice(), [Output::Send(_)]));
+            assert_eq!(b.master(), Some("a"));
+            assert!(out_b.contains(&Output::SteppedDown));
+        }
     }
 }

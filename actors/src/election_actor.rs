@@ -61,6 +61,8 @@ pub struct ElectionArgs {
     pub applied: Arc<AtomicU64>,
     /// The highest election clock this node has seen (from its log).
     pub clock: u64,
+    /// The log names other nodes: this node rejoins a cluster.
+    pub was_member: bool,
     pub leadership: Leadership,
 }
 
@@ -110,7 +112,7 @@ impl Actor for ElectionActor {
     ) -> Result<Self::State, ActorProcessingErr> {
         myself.send_interval(Duration::from_millis(25), || ElectionMsg::Tick);
         Ok(ElectionState {
-            election: Election::new(args.node_id.clone(), args.clock, 0),
+            election: Election::new(args.node_id.clone(), args.clock, 0, args.was_member),
             node_id: args.node_id,
             bus: args.bus,
             replica: args.replica,
@@ -141,6 +143,7 @@ impl Actor for ElectionActor {
                         node_id: message.node_id.clone(),
                         clock: message.clock,
                         last_index: message.last_applied_index,
+                        is_me: false,
                     });
                 }
                 state.election.on_message(&message, &me, now)
@@ -160,6 +163,7 @@ impl Actor for ElectionActor {
                 state.election.on_tick(&me, now)
             }
             ElectionMsg::NodeAlive(node) => {
+                state.election.on_node_alive(&node);
                 state.alive.insert(node.clone());
                 if let Some(master) = state.leadership.local_master() {
                     let _ = master.cast(MasterMsg::NodeAlive(node));
@@ -196,6 +200,7 @@ impl Actor for ElectionActor {
                         node_id: master,
                         clock,
                         last_index: 0,
+                        is_me: false,
                     });
                 }
                 Output::SteppedDown => {
@@ -251,6 +256,7 @@ async fn start_master(state: &mut ElectionState, clock: u64, myself: &ActorRef<E
         node_id: state.node_id.clone(),
         clock,
         last_index: 0,
+        is_me: true,
     });
     match Actor::spawn_linked(None, Master, args, myself.get_cell()).await {
         Ok((master, _)) => {

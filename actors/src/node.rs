@@ -134,6 +134,12 @@ pub fn zenoh_config(
         set("connect/endpoints", list(connect))?;
     }
     set("scouting/multicast/enabled", multicast.to_string())?;
+    // A peer that went away (a node restarting) is dialled again within a
+    // second, well inside the election's rejoin listen.
+    set(
+        "connect/retry",
+        "{ period_init_ms: 250, period_max_ms: 1000, period_increase_factor: 2 }".into(),
+    )?;
     Ok(config)
 }
 
@@ -221,6 +227,12 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
     let journal = Journal::open(&events_dir, Journal::DEFAULT_SNAPSHOT_EVERY)
         .map_err(|e| NodeError::Log(format!("{}: {e}", events_dir.display())))?;
     let clock = journal.state().session().map_or(0, |s| s.election_clock);
+    let was_member = journal
+        .state()
+        .as_proto()
+        .nodes
+        .keys()
+        .any(|node| *node != node_id);
     tracing::info!(
         node_id,
         last_index = journal.state().last_index(),
@@ -255,6 +267,7 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
             replica: replica.clone(),
             applied: applied.clone(),
             clock,
+            was_member,
             leadership: leadership.clone(),
         },
     )
@@ -538,6 +551,9 @@ impl Router {
                 if this.leadership.local_master().is_none() {
                     continue;
                 }
+                let Some((master_node_id, election_clock)) = this.leadership.master() else {
+                    continue;
+                };
                 let key = query.key_expr().as_str().to_string();
                 let request = query
                     .payload()
@@ -559,7 +575,14 @@ impl Router {
                 .unwrap_or_default();
                 let last_index =
                     call!(this.replica, ReplicaMsg::GetState).map_or(0, |state| state.last_index);
-                let reply = EventLogReply { events, last_index };
+                let reply = EventLogReply {
+                    events,
+                    last_index,
+                    session: Some(v1::SessionId {
+                        master_node_id,
+                        election_clock,
+                    }),
+                };
                 let _ = query
                     .reply(
                         query.key_expr().clone(),

@@ -1,6 +1,9 @@
 //! The Replica actor: this node's copy of the indexed event log. It
 //! persists each event before applying it, strictly in index order, buffers
 //! what arrives early and fills gaps from the master's event-log queryable.
+//! After a change of master it first brings its log into agreement with the
+//! new master's ([`crate::log_sync`]): a tail that a losing master wrote is
+//! dropped before anything of the new master's is taken.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,10 +11,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use tessera_protos::v1::{ClusterState, EventLogReply, EventLogRequest, IndexedEvent};
+use tessera_protos::v1::{ClusterState, EventLogReply, EventLogRequest, IndexedEvent, SessionId};
 use tessera_state::Journal;
 
 use crate::bus::Bus;
+use crate::log_sync::{LocalLog, LogSync};
+use crate::throttle::Throttle;
 
 /// At most this many early events are held while a gap is filled.
 const MAX_BUFFERED: usize = 10_000;
@@ -23,13 +28,19 @@ pub enum ReplicaMsg {
     Global(IndexedEvent),
     /// The local master: persist and apply before publishing.
     Commit(IndexedEvent, RpcReplyPort<Result<(), String>>),
-    /// Events from a catch-up query.
-    CatchUp(Vec<IndexedEvent>),
+    /// The answer to a catch-up query that started at `asked_from`
+    /// (`None`: no master answered in time).
+    CatchUp {
+        asked_from: u64,
+        reply: Option<EventLogReply>,
+    },
     /// The master to accept events from, and its last index if known.
     SetMaster {
         node_id: String,
         clock: u64,
         last_index: u64,
+        /// This node is that master.
+        is_me: bool,
     },
     /// The state as folded so far.
     GetState(RpcReplyPort<ClusterState>),
@@ -58,25 +69,32 @@ pub struct ReplicaState {
     bus: Bus,
     applied: Arc<AtomicU64>,
     changed: Arc<tokio::sync::Notify>,
-    master: Option<(String, u64)>,
+    sync: LogSync,
     /// The master's last index, as its heartbeats say.
     master_last: u64,
     early: BTreeMap<u64, IndexedEvent>,
     catching_up: bool,
+    /// Errors repeat while a fork is repaired: say each kind at most once a
+    /// few seconds, with the count of those not said.
+    errors: Throttle,
+}
+
+/// The journal as [`LocalLog`] for the agreement rules.
+struct JournalView<'a>(&'a Journal);
+
+impl LocalLog for JournalView<'_> {
+    fn last_index(&self) -> u64 {
+        self.0.state().last_index()
+    }
+
+    fn event(&self, index: u64) -> Option<IndexedEvent> {
+        self.0.log().get(index).ok().flatten()
+    }
 }
 
 impl ReplicaState {
     fn last(&self) -> u64 {
         self.journal.state().last_index()
-    }
-
-    fn is_from_master(&self, event: &IndexedEvent) -> bool {
-        match (&self.master, &event.session) {
-            (Some((node, clock)), Some(session)) => {
-                &session.master_node_id == node && session.election_clock == *clock
-            }
-            _ => false,
-        }
     }
 
     fn commit(&mut self, event: &IndexedEvent) -> Result<(), String> {
@@ -96,11 +114,17 @@ impl ReplicaState {
         Ok(())
     }
 
-    /// Applies buffered events that are now next.
+    /// Applies buffered events that are now next (once the log is known to
+    /// agree with the master's).
     fn drain(&mut self) {
+        if !self.sync.verified() {
+            return;
+        }
         while let Some(event) = self.early.remove(&(self.last() + 1)) {
             if let Err(error) = self.commit(&event) {
-                tracing::error!(%error, "could not apply a buffered event");
+                if self.errors.allow("buffered") {
+                    tracing::error!(%error, "could not apply a buffered event");
+                }
                 break;
             }
         }
@@ -109,7 +133,43 @@ impl ReplicaState {
     }
 
     fn behind(&self) -> bool {
-        !self.early.is_empty() || self.master_last > self.last()
+        !self.sync.verified() || !self.early.is_empty() || self.master_last > self.last()
+    }
+
+    /// Takes a catch-up reply: drops a forked tail, then commits.
+    fn reconcile(&mut self, asked_from: u64, reply: &EventLogReply) {
+        let step = self
+            .sync
+            .on_reply(asked_from, reply, &JournalView(&self.journal));
+        if let Some(keep) = step.truncate_after {
+            let before = self.last();
+            match self.journal.truncate_after(keep) {
+                Ok(dropped) => {
+                    tracing::warn!(
+                        dropped,
+                        from = keep + 1,
+                        to = before,
+                        master = ?self.sync.master(),
+                        "dropped events the master does not hold (written by a master that lost its election)"
+                    );
+                    self.applied.store(self.last(), Ordering::Relaxed);
+                    self.changed.notify_one();
+                }
+                Err(error) => {
+                    tracing::error!(%error, keep, "could not drop a forked tail");
+                    return;
+                }
+            }
+        }
+        for event in step.append {
+            if let Err(error) = self.commit(&event) {
+                if self.errors.allow("catch-up") {
+                    tracing::error!(%error, "could not apply a caught-up event");
+                }
+                break;
+            }
+        }
+        self.drain();
     }
 }
 
@@ -131,10 +191,11 @@ impl Actor for Replica {
             bus: args.bus,
             applied: args.applied,
             changed: args.changed,
-            master: None,
+            sync: LogSync::new(),
             master_last: 0,
             early: BTreeMap::new(),
             catching_up: false,
+            errors: Throttle::new(Duration::from_secs(5)),
         })
     }
 
@@ -146,7 +207,7 @@ impl Actor for Replica {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             ReplicaMsg::Global(event) => {
-                if !state.is_from_master(&event) {
+                if !state.sync.from_master(&event) {
                     // Not the master we follow (a stale master, garbage, or
                     // a new master we have not heard of yet: its heartbeat
                     // will bring us back to it through a catch-up).
@@ -154,33 +215,42 @@ impl Actor for Replica {
                     state.bus.count_dropped(&key, "not from the current master");
                     return Ok(());
                 }
-                if event.index == state.last() + 1 {
+                if state.sync.verified() && event.index == state.last() + 1 {
                     if let Err(error) = state.commit(&event) {
-                        tracing::error!(%error, index = event.index, "could not persist an event");
+                        if state.errors.allow("live") {
+                            tracing::error!(%error, index = event.index, "could not persist an event");
+                        }
                     }
                     state.drain();
-                } else if event.index > state.last() + 1 && state.early.len() < MAX_BUFFERED {
+                } else if event.index > state.last() && state.early.len() < MAX_BUFFERED {
                     state.master_last = state.master_last.max(event.index);
                     state.early.insert(event.index, event);
                     request_catch_up(&myself, state);
                 }
             }
             ReplicaMsg::Commit(event, reply) => {
-                let result = state.commit(&event);
+                // Only the master this replica follows writes: a Master that
+                // has just stepped down finds its session gone.
+                // Durable before the master publishes it: an event anyone
+                // has seen survives the master's SIGKILL.
+                let result = if state.sync.from_master(&event) {
+                    state
+                        .commit(&event)
+                        .and_then(|()| state.journal.flush().map_err(|error| error.to_string()))
+                } else {
+                    Err(format!(
+                        "event {} is from {:?}, not from the master followed",
+                        event.index, event.session
+                    ))
+                };
                 state.drain();
                 let _ = reply.send(result);
             }
-            ReplicaMsg::CatchUp(events) => {
+            ReplicaMsg::CatchUp { asked_from, reply } => {
                 state.catching_up = false;
-                for event in events {
-                    if event.index == state.last() + 1 {
-                        if let Err(error) = state.commit(&event) {
-                            tracing::error!(%error, "could not apply a caught-up event");
-                            break;
-                        }
-                    }
+                if let Some(reply) = reply {
+                    state.reconcile(asked_from, &reply);
                 }
-                state.drain();
                 if state.behind() {
                     request_catch_up(&myself, state);
                 }
@@ -189,12 +259,18 @@ impl Actor for Replica {
                 node_id,
                 clock,
                 last_index,
+                is_me,
             } => {
-                if state.master.as_ref() != Some(&(node_id.clone(), clock)) {
+                let session = SessionId {
+                    master_node_id: node_id,
+                    election_clock: clock,
+                };
+                if state.sync.master() != Some(&session) {
                     state.early.clear();
                     state.master_last = 0;
+                    tracing::debug!(?session, is_me, "replica follows a new master");
                 }
-                state.master = Some((node_id, clock));
+                state.sync.follow(session, is_me);
                 state.master_last = state.master_last.max(last_index);
                 if state.behind() {
                     request_catch_up(&myself, state);
@@ -244,13 +320,18 @@ impl Actor for Replica {
     }
 }
 
-/// Asks the master for what is missing; the answer comes back as CatchUp.
+/// Asks the master for what is missing (or, while unverified, for what to
+/// compare); the answer comes back as CatchUp. Only the followed master's
+/// reply is taken.
 fn request_catch_up(myself: &ActorRef<ReplicaMsg>, state: &mut ReplicaState) {
-    if state.catching_up || state.master.is_none() {
+    let Some(master) = state.sync.master().cloned() else {
+        return;
+    };
+    if state.catching_up {
         return;
     }
     state.catching_up = true;
-    let from = state.last() + 1;
+    let from = state.sync.ask_from(&JournalView(&state.journal));
     let bus = state.bus.clone();
     let myself = myself.clone();
     tokio::spawn(async move {
@@ -259,16 +340,21 @@ fn request_catch_up(myself: &ActorRef<ReplicaMsg>, state: &mut ReplicaState) {
             to_index: 0,
         };
         let key = bus.keys.event_log();
-        let events = match bus
-            .query::<_, EventLogReply>(&key, &request, Duration::from_secs(2))
+        let reply = match bus
+            .query_all::<_, EventLogReply>(&key, &request, Duration::from_secs(2))
             .await
         {
-            Ok(reply) => reply.events,
+            Ok(replies) => replies
+                .into_iter()
+                .find(|r| r.session.as_ref() == Some(&master)),
             Err(error) => {
                 tracing::debug!(%error, "catch-up query");
-                Vec::new()
+                None
             }
         };
-        let _ = myself.cast(ReplicaMsg::CatchUp(events));
+        let _ = myself.cast(ReplicaMsg::CatchUp {
+            asked_from: from,
+            reply,
+        });
     });
 }

@@ -175,6 +175,36 @@ impl EventLog {
         Ok(())
     }
 
+    /// Removes every event after `index`, and every snapshot after it, in
+    /// one atomic batch per tree: the log then ends at `index`. The only
+    /// way a stored event is ever undone: a follower drops the tail that a
+    /// master which lost its election wrote (see the Replica's fork repair).
+    pub fn truncate_after(&mut self, index: u64) -> Result<u64, LogError> {
+        if index >= self.last_index {
+            return Ok(0);
+        }
+        let start = index.saturating_add(1).to_be_bytes();
+        let mut events = sled::Batch::default();
+        let mut removed = 0;
+        for key in self.events.range(start..).keys() {
+            events.remove(key?);
+            removed += 1;
+        }
+        let mut snapshots = sled::Batch::default();
+        for key in self.snapshots.range(start..).keys() {
+            snapshots.remove(key?);
+        }
+        // Snapshots first: a crash between the two batches leaves events
+        // without a newer snapshot, never a snapshot past the log's end.
+        self.snapshots.apply_batch(snapshots)?;
+        self.events.apply_batch(events)?;
+        self.last_index = match self.events.last()? {
+            Some((key, _)) => decode_key(&key)?,
+            None => 0,
+        };
+        Ok(removed)
+    }
+
     /// Makes everything appended so far durable.
     pub fn flush(&self) -> Result<(), LogError> {
         self.db.flush()?;

@@ -173,6 +173,17 @@ impl Journal {
         Ok(applied)
     }
 
+    /// Drops every event after `index` and folds the state again up to it
+    /// (from the nearest snapshot). Returns how many events were dropped.
+    pub fn truncate_after(&mut self, index: u64) -> Result<u64, JournalError> {
+        let removed = self.log.truncate_after(index)?;
+        if removed > 0 {
+            self.log.flush()?;
+            self.state = replay(&self.log, ReplayOptions::default())?.state;
+        }
+        Ok(removed)
+    }
+
     /// Makes every committed event durable.
     pub fn flush(&self) -> Result<(), JournalError> {
         Ok(self.log.flush()?)

@@ -302,12 +302,19 @@ impl State {
                     .insert(instance.instance_id.clone(), instance.clone());
             }
             Kind::InstanceDeleted(e) => {
+                let instance = s.instances.remove(&e.instance_id);
                 known(
-                    s.instances.remove(&e.instance_id).is_some(),
+                    instance.is_some(),
                     "InstanceDeleted",
                     "instance",
                     &e.instance_id,
                 )?;
+                // Its runners and tasks go with it: nothing is left to show
+                // them as ready or running.
+                for rank in instance.iter().flat_map(|i| &i.ranks) {
+                    s.runners.remove(&rank.runner_id);
+                }
+                s.tasks.retain(|_, task| task.instance_id != e.instance_id);
             }
             Kind::RunnerStatusUpdated(e) => {
                 const EV: &str = "RunnerStatusUpdated";
@@ -630,6 +637,7 @@ mod tests {
                     status: v1::TaskStatus::Failed as i32,
                     error: "boom".into(),
                 }),
+                runner("i-r0", R::Ready(v1::RunnerReady {})),
                 K::InstanceDeleted(v1::InstanceDeleted {
                     instance_id: "i".into(),
                 }),
@@ -651,13 +659,14 @@ mod tests {
                 "changed",
                 "changed",
                 "changed",
-                "changed",
+                "RunnerStatusUpdated names unknown runner \"i-r0\"",
+                "TaskDeleted names unknown task \"t\"",
             ],
         );
         assert!(state.instances.is_empty());
         assert!(
             state.runners.is_empty(),
-            "a runner that shut down leaves the state"
+            "the runners of a deleted instance leave the state with it"
         );
         assert!(state.tasks.is_empty());
     }

@@ -12,26 +12,32 @@ use serde_json::Value;
 
 use crate::support::{free_port, BIN};
 
-struct Node {
-    child: Child,
-    id: String,
-    port: u16,
-    dir: PathBuf,
+pub(crate) struct Node {
+    pub(crate) child: Child,
+    pub(crate) id: String,
+    pub(crate) port: u16,
+    pub(crate) dir: PathBuf,
     stderr: PathBuf,
     /// The HTTP API's address.
-    api: String,
+    pub(crate) api: String,
 }
 
 impl Node {
-    fn start(namespace: &str, dir: &Path, port: u16, connect: &[u16]) -> Node {
+    pub(crate) fn start(namespace: &str, dir: &Path, port: u16, connect: &[u16]) -> Node {
         Self::start_with(namespace, dir, port, connect, &[])
     }
 
-    fn start_with(namespace: &str, dir: &Path, port: u16, connect: &[u16], extra: &[&str]) -> Node {
+    pub(crate) fn start_with(
+        namespace: &str,
+        dir: &Path,
+        port: u16,
+        connect: &[u16],
+        extra: &[&str],
+    ) -> Node {
         Self::start_env(namespace, dir, port, connect, extra, &[])
     }
 
-    fn start_env(
+    pub(crate) fn start_env(
         namespace: &str,
         dir: &Path,
         port: u16,
@@ -75,13 +81,13 @@ impl Node {
         }
     }
 
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 
     /// SIGTERM, and wait for a clean exit (the log is flushed).
-    fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
@@ -96,7 +102,7 @@ impl Node {
         panic!("node {} did not stop on SIGTERM", self.id);
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.stderr).unwrap_or_default()
     }
 }
@@ -109,7 +115,7 @@ impl Drop for Node {
 
 /// Gives a node's data dir the default model, as `tessera node` would find
 /// it after a download.
-fn with_model(dir: &Path) -> &Path {
+pub(crate) fn with_model(dir: &Path) -> &Path {
     let models = dir
         .join("models")
         .join(tessera_engine::testing::DEFAULT_MODEL_DIR);
@@ -123,7 +129,7 @@ fn with_model(dir: &Path) -> &Path {
 }
 
 /// `tessera admin ... --json` through `via`, or `None` if it failed.
-fn admin(namespace: &str, via: u16, node: Option<&str>, what: &str) -> Option<Value> {
+pub(crate) fn admin(namespace: &str, via: u16, node: Option<&str>, what: &str) -> Option<Value> {
     let mut command = Command::new(BIN);
     command.args([
         "admin",
@@ -146,7 +152,11 @@ fn admin(namespace: &str, via: u16, node: Option<&str>, what: &str) -> Option<Va
 }
 
 /// The master every listed node agrees on, as seen through `via`.
-fn master_seen(namespace: &str, via: u16, node: Option<&str>) -> Option<(String, usize)> {
+pub(crate) fn master_seen(
+    namespace: &str,
+    via: u16,
+    node: Option<&str>,
+) -> Option<(String, usize)> {
     let nodes = admin(namespace, via, node, "nodes")?;
     let nodes = nodes.as_array()?;
     let masters: Vec<&str> = nodes
@@ -160,7 +170,10 @@ fn master_seen(namespace: &str, via: u16, node: Option<&str>) -> Option<(String,
     }
 }
 
-fn wait_until<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<(T, Duration)> {
+pub(crate) fn wait_until<T>(
+    limit: Duration,
+    mut f: impl FnMut() -> Option<T>,
+) -> Option<(T, Duration)> {
     let started = Instant::now();
     while started.elapsed() < limit {
         if let Some(value) = f() {
@@ -171,7 +184,7 @@ fn wait_until<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<(T
     None
 }
 
-fn state_of(namespace: &str, via: u16, node: &str) -> Option<(u64, String)> {
+pub(crate) fn state_of(namespace: &str, via: u16, node: &str) -> Option<(u64, String)> {
     let state = admin(namespace, via, Some(node), "state")?;
     Some((
         state["last_index"].as_u64()?,
@@ -179,7 +192,7 @@ fn state_of(namespace: &str, via: u16, node: &str) -> Option<(u64, String)> {
     ))
 }
 
-fn replay(dir: &Path, until: Option<u64>) -> (u64, String) {
+pub(crate) fn replay(dir: &Path, until: Option<u64>) -> (u64, String) {
     let mut command = Command::new(BIN);
     command.args(["replay", "--json", "--data-dir"]).arg(dir);
     if let Some(until) = until {
@@ -199,7 +212,7 @@ fn replay(dir: &Path, until: Option<u64>) -> (u64, String) {
 }
 
 /// Every index from 1 to the end is in the log, once.
-fn indices_contiguous(dir: &Path) -> u64 {
+pub(crate) fn indices_contiguous(dir: &Path) -> u64 {
     let out = Command::new(BIN)
         .args(["replay", "--events", "--data-dir"])
         .arg(dir)

@@ -5,6 +5,7 @@
 mod api;
 mod cluster;
 mod distributed_cli;
+mod faults;
 mod generate_cli;
 mod replay_cli;
 mod support;

@@ -256,3 +256,40 @@ fn a_journal_reopens_where_it_left_off_and_refuses_bad_events() -> TestResult {
     assert_eq!(journal.state().last_index(), 120);
     Ok(())
 }
+
+#[test]
+fn a_truncated_journal_equals_one_that_never_had_the_tail() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let events = SyntheticEvents::new(9, 3).take_events(130);
+    let mut journal = Journal::open(dir.path(), 50)?;
+    for event in &events {
+        journal.commit(event)?;
+    }
+    // Past the snapshot at 100, and back before it.
+    for (keep, snapshots) in [(120, vec![50, 100]), (75, vec![50])] {
+        let before = journal.log().last_index();
+        assert_eq!(journal.truncate_after(keep)?, before - keep);
+        assert_eq!(journal.log().last_index(), keep);
+        let mut expected = State::new();
+        for event in &events[..keep as usize] {
+            expected.apply(event)?;
+        }
+        assert_eq!(journal.state().digest(), expected.digest(), "after {keep}");
+        assert_eq!(
+            journal.log().snapshot_indices()?,
+            snapshots,
+            "none past the cut"
+        );
+        // The log goes on from the cut, and survives a reopen.
+        journal.commit(&events[keep as usize])?;
+        journal.flush()?;
+        drop(journal);
+        journal = Journal::open(dir.path(), 50)?;
+        assert_eq!(journal.state().last_index(), keep + 1);
+    }
+    assert_eq!(journal.truncate_after(500)?, 0, "nothing past the end");
+    assert_eq!(journal.truncate_after(0)?, 76);
+    assert_eq!(journal.state().last_index(), 0);
+    assert_eq!(journal.log().range(1, 1_000).count(), 0);
+    Ok(())
+}
