@@ -213,3 +213,179 @@ proptest! {
         prop_assert_eq!(Some(partial.state.digest()), prefix_digest);
     }
 }
+
+/// Decodes `bytes` as every message of the wire protocol, then encodes
+/// what decoded and decodes it again: no panic, and a round trip gives the
+/// same bytes (bytes, not values: a float field may decode to NaN).
+macro_rules! decode_as_every_message {
+    ($bytes:expr; $($message:ty,)*) => {{
+        use prost::Message;
+        let mut decoded = 0;
+        $(
+            if let Ok(message) = <$message>::decode($bytes) {
+                decoded += 1;
+                let bytes = message.encode_to_vec();
+                let again = <$message>::decode(bytes.as_slice()).map(|m| m.encode_to_vec());
+                assert_eq!(again.as_ref(), Ok(&bytes));
+            }
+        )*
+        decoded
+    }};
+}
+
+fn decode_everything(bytes: &[u8]) -> usize {
+    decode_as_every_message!(bytes;
+        v1::AdminError,
+        v1::GetStateRequest,
+        v1::GetStateReply,
+        v1::ListNodesRequest,
+        v1::NodeSummary,
+        v1::ListNodesReply,
+        v1::ListInstancesRequest,
+        v1::ListInstancesReply,
+        v1::PlacementPreviewsRequest,
+        v1::PlacementPreview,
+        v1::PlacementPreviewsReply,
+        v1::PlaceInstanceRequest,
+        v1::PlaceInstanceReply,
+        v1::DeleteInstanceRequest,
+        v1::DeleteInstanceReply,
+        v1::ListModelsRequest,
+        v1::ModelListing,
+        v1::ListModelsReply,
+        v1::ListDownloadsRequest,
+        v1::NodeDownloadEntry,
+        v1::ListDownloadsReply,
+        v1::AddModelRequest,
+        v1::AddModelReply,
+        v1::DownloadRequest,
+        v1::DownloadReply,
+        v1::EventsRangeRequest,
+        v1::EventsRangeReply,
+        v1::GenerationChunk,
+        v1::TokenChunk,
+        v1::TopLogprob,
+        v1::ToolCallChunk,
+        v1::PrefillProgressChunk,
+        v1::FinishChunk,
+        v1::Usage,
+        v1::GenerationStats,
+        v1::ErrorChunk,
+        v1::Command,
+        v1::PlaceInstance,
+        v1::CreateInstance,
+        v1::DeleteInstance,
+        v1::TextGeneration,
+        v1::CancelTask,
+        v1::TaskFinished,
+        v1::RequestEventLog,
+        v1::AddModelCard,
+        v1::StartDownload,
+        v1::DeleteDownload,
+        v1::CancelDownload,
+        v1::SessionId,
+        v1::DownloadProgress,
+        v1::DownloadPending,
+        v1::DownloadOngoing,
+        v1::FileProgress,
+        v1::DownloadCompleted,
+        v1::DownloadFailed,
+        v1::DownloadCancelled,
+        v1::DownloadDeleted,
+        v1::ElectionMessage,
+        v1::Campaign,
+        v1::Victory,
+        v1::Event,
+        v1::IndexedEvent,
+        v1::LocalEvent,
+        v1::NodeGatheredInfo,
+        v1::NodeTimedOut,
+        v1::TopologyEdgeCreated,
+        v1::TopologyEdgeDeleted,
+        v1::InstanceCreated,
+        v1::InstanceDeleted,
+        v1::RunnerStatusUpdated,
+        v1::RunnerDeleted,
+        v1::TaskCreated,
+        v1::TaskAcknowledged,
+        v1::TaskStatusUpdated,
+        v1::TaskDeleted,
+        v1::ModelCardAdded,
+        v1::NodeDownloadProgress,
+        v1::EventLogRequest,
+        v1::EventLogReply,
+        v1::ShardSpec,
+        v1::PipelineShard,
+        v1::TensorShard,
+        v1::InstanceRank,
+        v1::Instance,
+        v1::ModelCard,
+        v1::ModelSource,
+        v1::ModelFile,
+        v1::SamplingDefaults,
+        v1::NodeInfo,
+        v1::NetworkAddress,
+        v1::TopologyEdge,
+        v1::RunnerStatus,
+        v1::RunnerIdle,
+        v1::RunnerConnecting,
+        v1::RunnerConnected,
+        v1::RunnerLoading,
+        v1::RunnerLoaded,
+        v1::RunnerWarmingUp,
+        v1::RunnerReady,
+        v1::RunnerRunning,
+        v1::RunnerShuttingDown,
+        v1::RunnerShutdown,
+        v1::RunnerFailed,
+        v1::ClusterState,
+        v1::NodeState,
+        v1::NodeDownloads,
+        v1::Task,
+        v1::CreateRunnerTask,
+        v1::DownloadModelTask,
+        v1::ConnectToGroupTask,
+        v1::LoadModelTask,
+        v1::StartWarmupTask,
+        v1::TextGenerationTask,
+        v1::CancelTaskTask,
+        v1::ShutdownTask,
+        v1::TextGenerationParams,
+        v1::ChatMessage,
+        v1::ToolCall,
+        v1::SamplingParams,
+    )
+}
+
+proptest! {
+    #![proptest_config(config(2_000))]
+
+    #[test]
+    fn every_protocol_message_decodes_random_bytes_without_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+        decode_everything(&bytes);
+    }
+
+    #[test]
+    fn every_protocol_message_decodes_mutated_events_without_panic(
+        events in event_sequence(4),
+        flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+    ) {
+        use prost::Message;
+        for event in &events {
+            // A valid encoding with a few bytes changed reaches deep into
+            // nested messages, where random bytes rarely go.
+            let mut bytes = event.encode_to_vec();
+            if bytes.is_empty() {
+                continue;
+            }
+            for (at, value) in &flips {
+                let i = at.index(bytes.len());
+                bytes[i] ^= value;
+            }
+            decode_everything(&bytes);
+            if let Ok(mutated) = v1::IndexedEvent::decode(bytes.as_slice()) {
+                let _ = State::new().apply(&mutated);
+            }
+        }
+    }
+}
