@@ -57,6 +57,21 @@ pub enum EngineError {
     Distributed(ExecError),
 }
 
+impl EngineError {
+    /// The request itself is at fault (a client sees a 400), not the
+    /// engine or the model.
+    pub fn is_invalid_request(&self) -> bool {
+        matches!(
+            self,
+            Self::Template(_)
+                | Self::EmptyPrompt
+                | Self::PromptTooLong { .. }
+                | Self::ZeroMaxTokens
+                | Self::Sampling(_)
+        )
+    }
+}
+
 /// What to generate from.
 #[derive(Clone, Debug)]
 pub enum Prompt {

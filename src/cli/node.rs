@@ -47,6 +47,13 @@ pub struct NodeArgs {
     /// Serve no HTTP API.
     #[arg(long)]
     pub no_api: bool,
+    /// Seconds an API connection may take to send its headers, or stay
+    /// idle between requests, before it is closed.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub api_idle_timeout: u64,
+    /// API connections served at once (one more is closed at once).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub api_max_connections: u64,
     /// Answer 404 for a model with no instance instead of placing one.
     #[arg(long)]
     pub no_auto_place: bool,
@@ -105,6 +112,8 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
             api.cors_origins = args.cors_origin;
             api.queue_limit = args.queue_limit.max(1);
             api.preload = args.models.clone();
+            api.idle_timeout = std::time::Duration::from_secs(args.api_idle_timeout);
+            api.max_connections = usize::try_from(args.api_max_connections).unwrap_or(usize::MAX);
             api
         }),
         runner_threads: args

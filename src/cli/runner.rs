@@ -602,8 +602,15 @@ fn generate(
             Ok(())
         }
         Err(error) => {
+            // A prompt beyond the context, a template that fails on these
+            // messages: the client's 400, not a server error.
+            let kind = if error.is_invalid_request() {
+                "invalid_request"
+            } else {
+                "engine"
+            };
             send(generation_chunk::Kind::Error(v1::ErrorChunk {
-                kind: "engine".into(),
+                kind: kind.into(),
                 message: error.to_string(),
             }));
             Err(error.into())

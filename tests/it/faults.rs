@@ -230,3 +230,89 @@ fn a_node_that_led_alone_drops_its_forked_events_when_it_rejoins() {
     );
     logs_agree(&mut nodes);
 }
+
+/// Reads until the server closes the connection or `limit` passes; true
+/// when it closed.
+fn closed_within(stream: &mut std::net::TcpStream, limit: Duration) -> bool {
+    use std::io::Read;
+    let deadline = Instant::now() + limit;
+    let mut buf = [0u8; 1024];
+    while Instant::now() < deadline {
+        let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+#[test]
+fn idle_and_slow_api_connections_are_closed_and_bounded() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    let root = tempfile::tempdir().expect("temp dir");
+    let ns = "faults-http";
+    let node = Node::start_with(
+        ns,
+        &root.path().join("a"),
+        free_port(),
+        &[],
+        &[
+            "--no-worker",
+            "--api-idle-timeout",
+            "1",
+            "--api-max-connections",
+            "8",
+        ],
+    );
+    let address = node
+        .api
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    let get = |path: &str| {
+        let mut stream = TcpStream::connect(&address).expect("connect");
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .expect("write");
+        let mut answer = String::new();
+        let _ = std::io::Read::read_to_string(&mut stream, &mut answer);
+        answer
+    };
+    assert!(get("/node_id").starts_with("HTTP/1.1 200"));
+
+    // Eight silent connections fill the bound; a ninth is closed at once.
+    let started = Instant::now();
+    let mut idle: Vec<TcpStream> = (0..8)
+        .map(|_| TcpStream::connect(&address).expect("connect"))
+        .collect();
+    // A slow client: half a header, then nothing.
+    idle[0]
+        .write_all(b"GET /node_id HTTP/1.1\r\nHo")
+        .expect("write");
+    std::thread::sleep(Duration::from_millis(200));
+    let mut ninth = TcpStream::connect(&address).expect("connect");
+    let refused = closed_within(&mut ninth, Duration::from_millis(500));
+    assert!(refused, "the connection over the bound is closed at once");
+    // Each silent or slow one is closed after the idle timeout.
+    for (i, stream) in idle.iter_mut().enumerate() {
+        assert!(
+            closed_within(stream, Duration::from_secs(5)),
+            "idle connection {i} is closed"
+        );
+    }
+    let closed_after = started.elapsed();
+    assert!(closed_after < Duration::from_secs(4), "{closed_after:?}");
+    // With the bound free again, requests are served.
+    assert!(get("/node_id").starts_with("HTTP/1.1 200"));
+    eprintln!(
+        "FAULT http: 9th connection over a bound of 8 closed at once; 8 idle or slow \
+         connections closed after {closed_after:?} (timeout 1 s); served again after"
+    );
+}

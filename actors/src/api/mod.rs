@@ -57,6 +57,11 @@ pub struct ApiOptions {
     pub chunk_timeout: Duration,
     /// Models placed (if no instance of them exists) when the node starts.
     pub preload: Vec<String>,
+    /// How long a connection may take to send a request's headers, and how
+    /// long it may sit idle between requests, before it is closed.
+    pub idle_timeout: Duration,
+    /// Connections served at once; one more is closed at once.
+    pub max_connections: usize,
 }
 
 impl ApiOptions {
@@ -70,6 +75,8 @@ impl ApiOptions {
             ready_timeout: Duration::from_secs(300),
             chunk_timeout: Duration::from_secs(120),
             preload: Vec::new(),
+            idle_timeout: Duration::from_secs(30),
+            max_connections: 1024,
         }
     }
 }
@@ -473,19 +480,68 @@ pub async fn serve(
             }
         });
     }
-    // Small SSE writes must leave at once: with Nagle's algorithm a token
-    // waits for the client's delayed ACK (40 ms on Linux).
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+    let limits = ConnectionLimits {
+        idle_timeout: api.options.idle_timeout,
+        max_connections: api.options.max_connections.max(1),
+    };
+    let task = tokio::spawn(accept_loop(listener, app, limits));
+    Ok((address, task))
+}
+
+#[derive(Clone, Copy)]
+struct ConnectionLimits {
+    idle_timeout: Duration,
+    max_connections: usize,
+}
+
+/// Accepts connections and serves HTTP/1.1 on each, with a header-read and
+/// idle timeout (a slow or silent client does not hold a connection) and a
+/// bound on connections (one over it is closed at once, so a flood cannot
+/// exhaust the node's file descriptors).
+async fn accept_loop(listener: tokio::net::TcpListener, app: Router, limits: ConnectionLimits) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let mut refusals = crate::throttle::Throttle::new(Duration::from_secs(5));
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of file descriptors, say: wait a moment, then go on.
+                if refusals.allow("accept") {
+                    tracing::warn!(%error, "accepting an API connection");
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            if refusals.allow("limit") {
+                tracing::warn!(
+                    %peer,
+                    limit = limits.max_connections,
+                    "too many API connections; closing a new one"
+                );
+            }
+            drop(tcp);
+            continue;
+        };
+        // Small SSE writes must leave at once: with Nagle's algorithm a
+        // token waits for the client's delayed ACK (40 ms on Linux).
         if let Err(error) = tcp.set_nodelay(true) {
             tracing::debug!(%error, "TCP_NODELAY on an API connection");
         }
-    });
-    let task = tokio::spawn(async move {
-        if let Err(error) = axum::serve(listener, app).await {
-            tracing::error!(%error, "the HTTP API stopped");
-        }
-    });
-    Ok((address, task))
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let served = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(limits.idle_timeout)
+                .serve_connection(hyper_util::rt::TokioIo::new(tcp), service)
+                .await;
+            if let Err(error) = served {
+                tracing::debug!(%peer, %error, "API connection ended");
+            }
+            drop(permit);
+        });
+    }
 }
 
 async fn not_found() -> ApiError {
