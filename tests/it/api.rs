@@ -332,6 +332,24 @@ fn bad_bodies_get_clear_errors_and_a_gone_client_cancels_its_generation() {
         std::thread::sleep(Duration::from_millis(100));
     }
 
+    // A conversation far beyond the context: each dialect's 400.
+    let messages: Vec<Value> = (0..10_000)
+        .map(|i| serde_json::json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": "hi"}))
+        .collect();
+    for (path, extra) in [
+        ("/v1/chat/completions", serde_json::json!({"max_tokens": 4})),
+        ("/v1/messages", serde_json::json!({"max_tokens": 4})),
+        ("/api/chat", serde_json::json!({"stream": false})),
+    ] {
+        let mut body = serde_json::json!({"model": MODEL, "messages": messages});
+        if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+            body.extend(extra.clone());
+        }
+        let (status, answer) = http(api, "POST", path, body.to_string().as_bytes());
+        assert_eq!(status, 400, "{path}: {}", &answer[..answer.len().min(300)]);
+        assert!(answer.contains("context"), "{path}: {answer}");
+    }
+
     // A streaming client that leaves after a few chunks: its generation
     // is cancelled (the task goes, the runner is Ready again) long before
     // 2,000 tokens.
