@@ -328,6 +328,7 @@ impl Sim {
                     node_id: format!("{}-{index}", node.id),
                 })),
             }),
+            ..Default::default()
         };
         if node.may_append(&event) {
             node.log.push(event.clone());

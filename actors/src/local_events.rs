@@ -1,9 +1,10 @@
-//! This node's local events (node info, runner statuses, download progress)
-//! on their way to the master, which indexes them into the log.
+//! This node's local events (node info, runner statuses, download progress,
+//! finished tasks) on their way to the master, which indexes them into the
+//! log.
 //!
 //! The master drops a local event whose sequence number is not above the
-//! last one it indexed from that node (that is how it tells a re-send).
-//! Two things follow, and this publisher guarantees both:
+//! last one it indexed from that node (that is how it tells a re-send), and
+//! one whose predecessor it has not indexed (that one was lost). So:
 //! - numbers must reach the master in the order they were given, so one
 //!   lock covers taking a number and putting the event (zenoh keeps one
 //!   session's puts in order): several actors publish, and a number taken
@@ -12,24 +13,43 @@
 //!   above its previous run's: they start at the microseconds since the
 //!   Unix epoch, which a node cannot outrun by sending one event per
 //!   microsecond, rather than at 1, which a master that saw the previous
-//!   run would ignore until the new run had sent as many events.
+//!   run would ignore until the new run had sent as many events;
+//! - a report put while the master was dying is lost with it: each report
+//!   is kept until the state shows it indexed (`local_seqs`), and what is
+//!   not indexed a second after it was put is put again, in order
+//!   ([`LocalEvents::acknowledge`]). The new master starts from the
+//!   state's numbers, so a report the old one indexed is not taken twice.
 
+use std::collections::VecDeque;
 #[cfg(test)]
 use std::time::Duration;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use tessera_protos::v1::{event, Event, LocalEvent};
 use tokio::sync::Mutex;
 
 use crate::bus::{Bus, BusError};
 
+/// Reports kept for a resend; beyond it the oldest are given up (the
+/// master has been away for thousands of reports).
+const MAX_UNACKNOWLEDGED: usize = 4_096;
+/// How long a report may go unindexed before it is put again.
+const RESEND_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Publishes this node's local events in one ordered sequence. Shared by
 /// the actors that report (wrap it in an `Arc`).
 pub struct LocalEvents {
     bus: Bus,
     node_id: String,
+    inner: Mutex<Sequence>,
+}
+
+struct Sequence {
     /// The last sequence number given.
-    last_seq: Mutex<u64>,
+    last_seq: u64,
+    /// Put but not yet seen in the state, oldest first, with when each was
+    /// last put.
+    unacknowledged: VecDeque<(LocalEvent, Instant)>,
 }
 
 impl LocalEvents {
@@ -37,7 +57,10 @@ impl LocalEvents {
         Self {
             bus,
             node_id,
-            last_seq: Mutex::new(first_seq() - 1),
+            inner: Mutex::new(Sequence {
+                last_seq: first_seq() - 1,
+                unacknowledged: VecDeque::new(),
+            }),
         }
     }
 
@@ -48,22 +71,74 @@ impl LocalEvents {
 
     /// Numbers `kind` and puts it on the local events key.
     pub async fn publish(&self, kind: event::Kind) -> Result<(), BusError> {
-        let mut last = self.last_seq.lock().await;
-        *last += 1;
+        let mut sequence = self.inner.lock().await;
+        let previous_seq = sequence
+            .unacknowledged
+            .back()
+            .map_or(0, |(last, _)| last.origin_seq);
+        sequence.last_seq += 1;
         let local = LocalEvent {
             origin_node_id: self.node_id.clone(),
-            origin_seq: *last,
+            origin_seq: sequence.last_seq,
             event: Some(Event { kind: Some(kind) }),
+            previous_seq,
         };
+        if sequence.unacknowledged.len() >= MAX_UNACKNOWLEDGED {
+            sequence.unacknowledged.pop_front();
+            // The chain starts again: the master takes the new oldest one
+            // whatever came before it.
+            if let Some((oldest, _)) = sequence.unacknowledged.front_mut() {
+                oldest.previous_seq = 0;
+            }
+            tracing::warn!("gave up the oldest unindexed report (no master for a long time)");
+        }
+        sequence
+            .unacknowledged
+            .push_back((local.clone(), Instant::now()));
         self.bus.put(&self.bus.keys.local_events(), &local).await
     }
 
-    /// Like [`publish`](Self::publish), logging a failure (a local event
-    /// lost to a broken session is re-established by the next report).
+    /// Like [`publish`](Self::publish), logging a failure (a report that
+    /// could not be put is put again by [`acknowledge`](Self::acknowledge)).
     pub async fn publish_or_log(&self, kind: event::Kind) {
         if let Err(error) = self.publish(kind).await {
             tracing::warn!(%error, "publishing a local event");
         }
+    }
+
+    /// The state has indexed this node's reports up to `indexed`: those are
+    /// forgotten, and the rest are put again, in order, once the oldest has
+    /// waited [`RESEND_AFTER`]. Returns how many were put again.
+    pub async fn acknowledge(&self, indexed: u64) -> usize {
+        let mut sequence = self.inner.lock().await;
+        while sequence
+            .unacknowledged
+            .front()
+            .is_some_and(|(local, _)| local.origin_seq <= indexed)
+        {
+            sequence.unacknowledged.pop_front();
+        }
+        let due = sequence
+            .unacknowledged
+            .front()
+            .is_some_and(|(_, put)| put.elapsed() >= RESEND_AFTER);
+        if !due {
+            return 0;
+        }
+        let key = self.bus.keys.local_events();
+        let mut resent = 0;
+        for (local, put) in sequence.unacknowledged.iter_mut() {
+            if let Err(error) = self.bus.put(&key, local).await {
+                tracing::debug!(%error, "putting a report again");
+                break;
+            }
+            *put = Instant::now();
+            resent += 1;
+        }
+        if resent > 0 {
+            tracing::info!(resent, indexed, "reports not indexed yet; sent again");
+        }
+        resent
     }
 }
 

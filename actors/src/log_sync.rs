@@ -210,6 +210,7 @@ mod tests {
                     node_id: format!("{master}{index}"),
                 })),
             }),
+            ..Default::default()
         }
     }
 

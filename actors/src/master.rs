@@ -111,10 +111,22 @@ impl MasterState {
     /// Indexes, persists, applies and publishes one event. A refused event
     /// (it names something unknown) is neither stored nor published.
     async fn index(&mut self, event: Event) -> Result<bool, ActorProcessingErr> {
+        self.index_from(event, String::new(), 0).await
+    }
+
+    /// [`index`](Self::index) for a node's report, numbered `origin_seq`.
+    async fn index_from(
+        &mut self,
+        event: Event,
+        origin_node_id: String,
+        origin_seq: u64,
+    ) -> Result<bool, ActorProcessingErr> {
         let indexed = IndexedEvent {
             index: self.next_index,
             session: Some(self.session.clone()),
             event: Some(event),
+            origin_node_id,
+            origin_seq,
         };
         let committed = call!(self.replica, ReplicaMsg::Commit, indexed.clone())?;
         if let Err(reason) = committed {
@@ -177,6 +189,13 @@ impl MasterState {
                     instance_id: delete.instance_id.clone(),
                 })),
             }],
+            Some(command::Kind::TextGeneration(_))
+                if tessera_state::command_applied(&state, &command.command_id) =>
+            {
+                // Sent again by an API node that has not seen its task yet.
+                tracing::debug!(command_id = command.command_id, "already applied");
+                Vec::new()
+            }
             Some(command::Kind::TextGeneration(generation)) => {
                 let model_id = generation
                     .params
@@ -596,7 +615,9 @@ impl Actor for Master {
             bus: args.bus,
             replica: args.replica,
             next_index: state.last_index + 1,
-            seen: BTreeMap::new(),
+            // Where each node's reports stand in the log: a report the old
+            // master indexed is not indexed again when it is sent again.
+            seen: state.local_seqs.clone(),
             alive: args.alive,
         };
         // Nodes the log knows that are gone now (the old master among them).
@@ -712,9 +733,20 @@ impl Actor for Master {
                 let _ = reply.send(answer);
             }
             MasterMsg::Local(local) => {
-                let last = state.seen.get(&local.origin_node_id).copied();
-                if last.is_some_and(|seq| local.origin_seq <= seq) {
+                let last = state.seen.get(&local.origin_node_id).copied().unwrap_or(0);
+                if local.origin_seq <= last {
                     return Ok(()); // a re-send
+                }
+                if local.previous_seq > last {
+                    // One before it was lost (sent to the master before this
+                    // one): its sender sends both again, in order.
+                    tracing::debug!(
+                        origin = local.origin_node_id,
+                        seq = local.origin_seq,
+                        missing = local.previous_seq,
+                        "a report arrived before the one it follows"
+                    );
+                    return Ok(());
                 }
                 let Some(event) = local.event else {
                     return Ok(());
@@ -735,7 +767,9 @@ impl Actor for Master {
                 state
                     .seen
                     .insert(local.origin_node_id.clone(), local.origin_seq);
-                state.index(event).await?;
+                state
+                    .index_from(event, local.origin_node_id, local.origin_seq)
+                    .await?;
             }
             MasterMsg::NodeAlive(node) => {
                 state.alive.insert(node);

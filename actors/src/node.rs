@@ -227,11 +227,14 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
     let journal = Journal::open(&events_dir, Journal::DEFAULT_SNAPSHOT_EVERY)
         .map_err(|e| NodeError::Log(format!("{}: {e}", events_dir.display())))?;
     let clock = journal.state().session().map_or(0, |s| s.election_clock);
-    let was_member = journal
-        .state()
-        .as_proto()
+    // Any other node in the log (even one this node timed out while it led
+    // alone): this node has been in a cluster and rejoins it.
+    let logged = journal.state().as_proto();
+    let was_member = logged
         .nodes
         .keys()
+        .chain(logged.local_seqs.keys())
+        .chain(logged.session.iter().map(|s| &s.master_node_id))
         .any(|node| *node != node_id);
     tracing::info!(
         node_id,
@@ -309,6 +312,10 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
     // Every node reports itself (a node without a worker too: it is a
     // member, shown by `admin nodes`, but placement skips it).
     let events = Arc::new(LocalEvents::new(bus.clone(), node_id.clone()));
+    tasks.push(tokio::spawn(resend_unindexed_reports(
+        events.clone(),
+        replica.clone(),
+    )));
     tasks.push(tokio::spawn(publish_node_info(
         events.clone(),
         options.data_dir.clone(),
@@ -869,6 +876,20 @@ pub fn gather_node_info(data_dir: &Path) -> v1::NodeInfo {
 /// Publishes this node's info until the log holds it (a master may not be
 /// elected yet), then whenever it changes materially (available memory by
 /// more than 5%), at most every 2 seconds and at least every 30 seconds.
+/// Puts this node's reports that the state does not show yet again (the
+/// master that was to index them died), twice a second at most.
+async fn resend_unindexed_reports(events: Arc<LocalEvents>, replica: ActorRef<ReplicaMsg>) {
+    let mut interval = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        interval.tick().await;
+        let Ok(state) = ractor::call_t!(replica, ReplicaMsg::GetState, 2_000) else {
+            continue;
+        };
+        let indexed = state.local_seqs.get(events.node_id()).copied().unwrap_or(0);
+        events.acknowledge(indexed).await;
+    }
+}
+
 async fn publish_node_info(
     events: Arc<LocalEvents>,
     data_dir: PathBuf,

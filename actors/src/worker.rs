@@ -13,9 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ractor::{call, Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
-use tessera_protos::v1::{
-    self, command, event, generation_chunk, runner_status::State as Rs, Command,
-};
+use tessera_protos::v1::{self, event, generation_chunk, runner_status::State as Rs};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::oneshot;
 
@@ -289,16 +287,11 @@ impl WorkerState {
         .await;
     }
 
-    async fn command(&self, kind: command::Kind) {
-        let command = Command {
-            command_id: uuid::Uuid::now_v7().to_string(),
-            origin_node_id: self.args.node_id.clone(),
-            kind: Some(kind),
-        };
-        let key = self.args.bus.keys.commands();
-        if let Err(error) = self.args.bus.put(&key, &command).await {
-            tracing::warn!(%error, "sending a command");
-        }
+    /// A task its runner is done with leaves the state: as a report, so
+    /// that it is delivered across a change of master.
+    async fn task_done(&self, task_id: String) {
+        let event = event::Kind::TaskDeleted(v1::TaskDeleted { task_id });
+        self.args.events.publish_or_log(event).await;
     }
 
     /// Puts `task` on the runner's `tasks` key.
@@ -595,8 +588,7 @@ impl WorkerState {
         };
         self.status(runner_id, state).await;
         if let Some(task_id) = finished {
-            self.command(command::Kind::TaskFinished(v1::TaskFinished { task_id }))
-                .await;
+            self.task_done(task_id).await;
         }
     }
 
@@ -616,8 +608,7 @@ impl WorkerState {
             self.error_chunk(command_id, &reason).await;
         }
         if let Some(task_id) = runner.local.task_id.take() {
-            self.command(command::Kind::TaskFinished(v1::TaskFinished { task_id }))
-                .await;
+            self.task_done(task_id).await;
         }
         self.status(
             &runner_id,

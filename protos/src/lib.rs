@@ -67,6 +67,8 @@ mod tests {
                     task_id: "t".into(),
                 })),
             }),
+            origin_node_id: "n2".into(),
+            origin_seq: 11,
         };
         let bytes = event.encode_to_vec();
         assert_eq!(v1::IndexedEvent::decode(bytes.as_slice())?, event);

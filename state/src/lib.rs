@@ -27,5 +27,7 @@ pub mod synthetic;
 
 pub use log::{EventLog, LogError};
 pub use replay::{replay, Journal, JournalError, ReplayError, ReplayOptions, Replayed};
-pub use state::{validate_event, Applied, ApplyError, Ignored, InvalidEvent, State};
+pub use state::{
+    command_applied, validate_event, Applied, ApplyError, Ignored, InvalidEvent, State,
+};
 pub use tessera_protos::v1;

@@ -195,6 +195,14 @@ impl State {
             Some(kind) => self.apply_kind(kind, event.index),
         };
         self.inner.last_index = event.index;
+        if !event.origin_node_id.is_empty() {
+            let seq = self
+                .inner
+                .local_seqs
+                .entry(event.origin_node_id.clone())
+                .or_insert(0);
+            *seq = (*seq).max(event.origin_seq);
+        }
         if self.inner.session != event.session {
             self.inner.session = event.session.clone();
         }
@@ -363,6 +371,18 @@ impl State {
                     "instance",
                     &task.instance_id,
                 )?;
+                if !task.command_id.is_empty() {
+                    fresh(
+                        !s.recent_command_ids.contains(&task.command_id),
+                        EV,
+                        "command",
+                        &task.command_id,
+                    )?;
+                    if s.recent_command_ids.len() >= RECENT_COMMANDS {
+                        s.recent_command_ids.remove(0);
+                    }
+                    s.recent_command_ids.push(task.command_id.clone());
+                }
                 s.tasks.insert(task.task_id.clone(), task.clone());
             }
             Kind::TaskAcknowledged(e) => {
@@ -428,6 +448,17 @@ fn edge_key(edge: &v1::TopologyEdge) -> (&str, &str, &str) {
     (&edge.source_node_id, &edge.sink_node_id, &edge.address)
 }
 
+/// How many task command ids the state remembers for de-duplication.
+pub const RECENT_COMMANDS: usize = 1024;
+
+/// Whether a command with this id already made a task (it is being sent
+/// again, or is still running).
+pub fn command_applied(state: &ClusterState, command_id: &str) -> bool {
+    !command_id.is_empty()
+        && (state.recent_command_ids.iter().any(|id| id == command_id)
+            || state.tasks.values().any(|t| t.command_id == command_id))
+}
+
 fn require(present: bool, event: &'static str, field: &'static str) -> Result<(), Ignored> {
     if present {
         Ok(())
@@ -490,6 +521,7 @@ mod tests {
             index,
             session: session("m", 1),
             event: Some(v1::Event { kind: Some(kind) }),
+            ..Default::default()
         }
     }
 
@@ -669,6 +701,53 @@ mod tests {
             "the runners of a deleted instance leave the state with it"
         );
         assert!(state.tasks.is_empty());
+    }
+
+    #[test]
+    fn a_command_makes_one_task_however_often_it_is_sent() {
+        let with_command = |id: &str, command: &str| {
+            let K::TaskCreated(mut created) = task(id, "i") else {
+                unreachable!("task() makes a TaskCreated")
+            };
+            if let Some(task) = created.task.as_mut() {
+                task.command_id = command.into();
+            }
+            K::TaskCreated(created)
+        };
+        let state = check(
+            vec![
+                node("a"),
+                instance("i", &["a"]),
+                with_command("t1", "c1"),
+                with_command("t2", "c1"),
+                K::TaskDeleted(v1::TaskDeleted {
+                    task_id: "t1".into(),
+                }),
+                with_command("t3", "c1"),
+            ],
+            &[
+                "changed",
+                "changed",
+                "changed",
+                "TaskCreated names command \"c1\" which already exists",
+                "changed",
+                "TaskCreated names command \"c1\" which already exists",
+            ],
+        );
+        assert!(command_applied(state.as_proto(), "c1"));
+        assert!(!command_applied(state.as_proto(), "c2"));
+        // The memory is bounded: the oldest ids go first.
+        let mut state = state;
+        for n in 0..RECENT_COMMANDS as u64 + 5 {
+            let index = state.last_index() + 1;
+            let event = indexed(index, with_command(&format!("x{n}"), &format!("cmd{n}")));
+            assert!(state.apply(&event).is_ok());
+        }
+        assert_eq!(state.as_proto().recent_command_ids.len(), RECENT_COMMANDS);
+        assert!(!state
+            .as_proto()
+            .recent_command_ids
+            .contains(&"c1".to_string()));
     }
 
     #[test]

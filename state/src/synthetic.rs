@@ -57,6 +57,7 @@ impl SyntheticEvents {
             index,
             session: Some(self.session.clone()),
             event: Some(v1::Event { kind }),
+            ..Default::default()
         }
     }
 

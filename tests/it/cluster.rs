@@ -58,7 +58,11 @@ impl Node {
             .arg("--data-dir")
             .arg(dir)
             .args(extra)
-            .env("RUST_LOG", "info")
+            // TESSERA_TEST_LOG sets the nodes' log filter when debugging.
+            .env(
+                "RUST_LOG",
+                std::env::var("TESSERA_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&stderr).expect("log file"));
@@ -613,7 +617,7 @@ fn garbage_on_every_key_is_dropped_and_the_cluster_keeps_working() {
 }
 
 /// Every runner of `instance` is Ready, as `via` sees it.
-fn all_ready(namespace: &str, via: u16, instance: &str) -> bool {
+pub(crate) fn all_ready(namespace: &str, via: u16, instance: &str) -> bool {
     let Some(state) = admin(namespace, via, None, "state") else {
         return false;
     };
@@ -631,7 +635,7 @@ fn place(namespace: &str, via: u16, sharding: &str) -> String {
     place_on(namespace, via, sharding, 2)
 }
 
-fn place_on(namespace: &str, via: u16, sharding: &str, min_nodes: u32) -> String {
+pub(crate) fn place_on(namespace: &str, via: u16, sharding: &str, min_nodes: u32) -> String {
     let out = Command::new(BIN)
         .args(["admin", "--namespace", namespace, "--connect"])
         .arg(format!("tcp/127.0.0.1:{via}"))
@@ -775,7 +779,7 @@ fn models(namespace: &str, via: u16, args: &[&str]) -> std::process::Output {
 }
 
 /// A bare HTTP/1.1 request; the status and the body.
-fn http(api: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+pub(crate) fn http(api: &str, method: &str, path: &str, body: &str) -> (u16, String) {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(api).expect("API reachable");
     write!(

@@ -1,14 +1,20 @@
 //! Fault injection on real `tessera node` processes on loopback: the master
 //! killed and restarted again and again, a frozen master (SIGSTOP, then
-//! SIGCONT), a forged election message. Each scenario prints its figures
-//! (`FAULT` lines) and ends with one master and equal logs everywhere.
+//! SIGCONT), a node that led alone rejoining, rank 0's node killed under a
+//! stream, requests sent while the master dies, idle and slow HTTP
+//! connections. Each scenario prints its figures (`FAULT` lines).
 
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::cluster::{indices_contiguous, master_seen, replay, state_of, wait_until, Node};
-use crate::support::free_port;
+use crate::cluster::{
+    admin, all_ready, http, indices_contiguous, master_seen, place_on, replay, state_of,
+    wait_until, with_model, Node,
+};
+use crate::support::{free_port, BIN};
+
+const MODEL: &str = "smollm2-135m-instruct-q4_1";
 
 /// The master every node in `nodes` reports, if they all report the same
 /// one and see all of them.
@@ -220,9 +226,14 @@ fn a_node_that_led_alone_drops_its_forked_events_when_it_rejoins() {
         panic!("the forked node rejoins\n{logs}")
     });
     let log = nodes[lone].log();
+    let logs: String = nodes.iter().map(Node::log).collect();
+    assert!(
+        !log.contains("elected master"),
+        "the node that led alone follows the cluster's master when it rejoins\n{logs}"
+    );
     assert!(
         log.contains("dropped events the master does not hold"),
-        "the fork was repaired by dropping its tail\n{log}"
+        "the fork was repaired by dropping its tail\n{logs}"
     );
     eprintln!(
         "FAULT fork-repair: a lone master wrote up to index {forked}; on rejoining it \
@@ -314,5 +325,255 @@ fn idle_and_slow_api_connections_are_closed_and_bounded() {
     eprintln!(
         "FAULT http: 9th connection over a bound of 8 closed at once; 8 idle or slow \
          connections closed after {closed_after:?} (timeout 1 s); served again after"
+    );
+}
+
+/// A chat request body for the default model.
+fn chat(max_tokens: u32, stream: bool) -> String {
+    serde_json::json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me a long story about a fox."}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": stream,
+    })
+    .to_string()
+}
+
+/// What a streaming client saw, line by line, with the time of each.
+enum Seen {
+    Data,
+    Error(Instant, String),
+    End(Instant),
+}
+
+/// Streams a chat on its own thread; each SSE data line is reported.
+fn stream_chat(api: &str) -> std::sync::mpsc::Receiver<Seen> {
+    use std::io::{BufRead, BufReader, Write};
+    let (tx, rx) = std::sync::mpsc::channel();
+    let api = api.to_string();
+    std::thread::spawn(move || {
+        let mut stream = std::net::TcpStream::connect(&api).expect("connect");
+        let body = chat(4000, true);
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).expect("write");
+        stream.write_all(body.as_bytes()).expect("write");
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(150)));
+        let mut reader = BufReader::new(stream);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match reader.read_line(&mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            if let Some(data) = line.strip_prefix("data: ") {
+                let now = Instant::now();
+                if data.trim() == "[DONE]" {
+                    break;
+                }
+                let seen = if data.contains("\"error\"") {
+                    Seen::Error(now, data.trim().to_string())
+                } else {
+                    Seen::Data
+                };
+                if tx.send(seen).is_err() {
+                    return;
+                }
+            }
+        }
+        let _ = tx.send(Seen::End(Instant::now()));
+    });
+    rx
+}
+
+/// The node running rank 0 of `instance`.
+fn rank0_node(ns: &str, via: u16, instance: &str) -> String {
+    let state = admin(ns, via, None, "state").expect("state");
+    state["state"]["instances"][instance]["ranks"][0]["nodeId"]
+        .as_str()
+        .expect("rank 0")
+        .to_string()
+}
+
+#[test]
+fn losing_rank_0s_node_mid_stream_ends_the_stream_at_once_and_the_model_serves_again() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let ns = "faults-rank0";
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    // a leads and serves the API but runs no model; b and c hold it.
+    let a = Node::start_with(ns, &root.path().join("a"), ports[0], &[], &["--no-worker"]);
+    wait_until(Duration::from_secs(20), || master_seen(ns, ports[0], None)).expect("a leads");
+    let mut workers: Vec<Node> = ["b", "c"]
+        .iter()
+        .map(|name| {
+            Node::start(
+                ns,
+                with_model(&root.path().join(name)),
+                free_port(),
+                &[ports[0]],
+            )
+        })
+        .collect();
+    wait_until(Duration::from_secs(20), || {
+        master_seen(ns, ports[0], None).filter(|(_, n)| *n == 3)
+    })
+    .expect("three nodes");
+    let instance = place_on(ns, ports[0], "tensor", 2);
+    wait_until(Duration::from_secs(90), || {
+        all_ready(ns, ports[0], &instance).then_some(())
+    })
+    .unwrap_or_else(|| panic!("ready\n{}{}", workers[0].log(), workers[1].log()));
+
+    let seen = stream_chat(&a.api);
+    let mut tokens = 0;
+    while tokens < 5 {
+        match seen.recv_timeout(Duration::from_secs(60)).expect("tokens") {
+            Seen::Data => tokens += 1,
+            Seen::Error(_, e) => panic!("error before the kill: {e}"),
+            Seen::End(_) => panic!("the stream ended before the kill"),
+        }
+    }
+    let victim = rank0_node(ns, ports[0], &instance);
+    let dead = workers
+        .iter()
+        .position(|w| w.id == victim)
+        .expect("rank 0 on a worker");
+    workers[dead].kill();
+    let killed = Instant::now();
+    let ended = loop {
+        match seen
+            .recv_timeout(Duration::from_secs(150))
+            .expect("the stream ends")
+        {
+            Seen::Data => {}
+            Seen::Error(at, error) => break (at, Some(error)),
+            Seen::End(at) => break (at, None),
+        }
+    };
+    let to_error = ended.0.saturating_duration_since(killed);
+    let error = ended
+        .1
+        .expect("the stream ends with an error, not silently");
+    assert!(
+        to_error <= Duration::from_secs(2),
+        "error after {to_error:?}: {error}"
+    );
+
+    // A new request, without any retry by the client, waits for the model
+    // to be placed again on the node left and is answered.
+    let asked = Instant::now();
+    let (status, body) = http(&a.api, "POST", "/v1/chat/completions", &chat(8, false));
+    assert_eq!(status, 200, "{body}\n{}", a.log());
+    let served_after = asked.elapsed();
+    // No ghosts: the deleted instance's runners left the state.
+    let state = admin(ns, ports[0], None, "state").expect("state");
+    let ghosts: Vec<&String> = state["state"]["runners"]
+        .as_object()
+        .map(|r| r.keys().filter(|k| k.starts_with(&instance)).collect())
+        .unwrap_or_default();
+    assert!(
+        ghosts.is_empty(),
+        "runners of the deleted instance: {ghosts:?}"
+    );
+    eprintln!(
+        "FAULT rank0-node-sigkill mid-stream: the client's stream ended with an error \
+         {to_error:?} after the kill ({}); a new request was answered {served_after:?} \
+         later, once the model was placed again",
+        &error[..error.len().min(160)]
+    );
+}
+
+#[test]
+fn twenty_requests_sent_while_the_master_dies_all_succeed_once() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let ns = "faults-requests";
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let mut a = Node::start_with(ns, &root.path().join("a"), ports[0], &[], &["--no-worker"]);
+    wait_until(Duration::from_secs(20), || master_seen(ns, ports[0], None)).expect("a leads");
+    let mut b = Node::start(
+        ns,
+        with_model(&root.path().join("b")),
+        ports[1],
+        &[ports[0]],
+    );
+    let mut c = Node::start_with(
+        ns,
+        &root.path().join("c"),
+        ports[2],
+        &[ports[0], ports[1]],
+        &["--no-worker"],
+    );
+    wait_until(Duration::from_secs(20), || {
+        master_seen(ns, ports[0], None).filter(|(_, n)| *n == 3)
+    })
+    .expect("three nodes");
+    let instance = place_on(ns, ports[0], "pipeline", 1);
+    wait_until(Duration::from_secs(90), || {
+        all_ready(ns, ports[1], &instance).then_some(())
+    })
+    .unwrap_or_else(|| panic!("ready\n{}", b.log()));
+    let (status, body) = http(&b.api, "POST", "/v1/chat/completions", &chat(4, false));
+    assert_eq!(status, 200, "{body}");
+
+    a.kill();
+    let killed = Instant::now();
+    let requests: Vec<_> = (0..20)
+        .map(|i| {
+            let api = b.api.clone();
+            std::thread::sleep(Duration::from_millis(150));
+            std::thread::spawn(move || {
+                let sent = killed.elapsed();
+                let started = Instant::now();
+                let (status, body) = http(&api, "POST", "/v1/chat/completions", &chat(4, false));
+                (i, sent, started.elapsed(), status, body)
+            })
+        })
+        .collect();
+    let mut slowest = Duration::ZERO;
+    for request in requests {
+        let (i, sent, took, status, body) = request.join().expect("request thread");
+        assert_eq!(
+            status,
+            200,
+            "request {i} sent {sent:?} after the kill: {body}\n{}",
+            b.log()
+        );
+        slowest = slowest.max(took);
+    }
+    let resends = b.log().matches("sending it again").count();
+    b.stop();
+    c.stop();
+    // Every command made one task.
+    let out = Command::new(BIN)
+        .args(["replay", "--events", "--data-dir"])
+        .arg(&b.dir)
+        .output()
+        .expect("replay runs");
+    let mut tasks_per_command = std::collections::BTreeMap::<String, usize>::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let event: serde_json::Value = serde_json::from_str(line).expect("JSON");
+        if event["type"] != "TaskCreated" {
+            continue;
+        }
+        if let Some(command) = event
+            .pointer("/event/task/commandId")
+            .and_then(|c| c.as_str())
+        {
+            *tasks_per_command.entry(command.to_string()).or_default() += 1;
+        }
+    }
+    assert!(
+        tasks_per_command.len() >= 21,
+        "tasks in the log: {tasks_per_command:?}"
+    );
+    let twice: Vec<_> = tasks_per_command.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "commands applied twice: {twice:?}");
+    eprintln!(
+        "FAULT master-sigkill with 20 requests in the 3 s after: 20 answered 200 (slowest \
+         {slowest:?}), {resends} commands sent again, none applied twice"
     );
 }

@@ -569,34 +569,105 @@ struct Begun {
     slot: QueueSlot,
 }
 
+/// How often a request whose instance went away before it answered is
+/// tried again (on the instance placed in its stead).
+const MAX_ATTEMPTS: u32 = 10;
+
 impl Api {
+    /// Starts a generation and waits for its first chunk. If the instance
+    /// goes away before it answers (its node was lost, the master is being
+    /// replaced), the request waits for a ready instance and tries again:
+    /// the client sees a slower answer, not an error.
     async fn begin(
         &self,
         target: &Target,
         params: v1::TextGenerationParams,
     ) -> Result<Begun, ApiError> {
         let slot = self.take_slot(&target.model_id)?;
-        let mut generation = Generation::start(
-            &self.bus,
-            &self.node_id,
-            &target.instance_id,
-            params,
-            self.options.chunk_timeout,
-        )
-        .await?;
-        let first = generation.next().await;
-        tracing::debug!(command_id = generation.command_id, "first chunk");
-        let first = match first {
-            Some(Ok(generation_chunk::Kind::Error(error))) => return Err(chunk_error(&error)),
-            Some(Ok(chunk)) => chunk,
-            Some(Err(error)) => return Err(error),
-            None => return Err(ApiError::internal("the answer ended before it began")),
+        let started = Instant::now();
+        for attempt in 1.. {
+            let mut generation = Generation::start(
+                &self.bus,
+                &self.replica,
+                &self.node_id,
+                &target.instance_id,
+                params.clone(),
+                self.options.chunk_timeout,
+            )
+            .await?;
+            let first = generation.next().await;
+            tracing::debug!(command_id = generation.command_id, attempt, "first chunk");
+            let first = match first {
+                Some(Ok(generation_chunk::Kind::Error(error))) => {
+                    if self
+                        .may_try_again(target, &generation, &error, attempt, started)
+                        .await
+                    {
+                        tracing::info!(
+                            model = target.model_id,
+                            attempt,
+                            reason = error.message,
+                            "the instance went away before it answered; trying again"
+                        );
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                        self.ready(target, self.options.auto_place).await?;
+                        continue;
+                    }
+                    return Err(chunk_error(&error));
+                }
+                Some(Ok(chunk)) => chunk,
+                Some(Err(error)) => return Err(error),
+                None => return Err(ApiError::internal("the answer ended before it began")),
+            };
+            return Ok(Begun {
+                generation,
+                first,
+                slot,
+            });
+        }
+        Err(ApiError::internal("no attempt was made"))
+    }
+
+    /// Whether an error before the first token came from the instance going
+    /// away (rather than from the request), so that another instance of
+    /// the model may answer it.
+    async fn may_try_again(
+        &self,
+        target: &Target,
+        generation: &Generation,
+        error: &v1::ErrorChunk,
+        attempt: u32,
+        started: Instant,
+    ) -> bool {
+        if !target.instance_id.is_empty()
+            || attempt >= MAX_ATTEMPTS
+            || started.elapsed() > self.options.ready_timeout
+            || error.kind == "invalid_request"
+        {
+            return false;
+        }
+        if error.kind == generation::INSTANCE_LOST || error.kind == "not_found" {
+            return true;
+        }
+        // An engine error (a ring peer gone): only if its instance is no
+        // longer ready, which the state shows within a moment.
+        let Some(instance_id) = generation.instance_id() else {
+            return false;
         };
-        Ok(Begun {
-            generation,
-            first,
-            slot,
-        })
+        for _ in 0..10 {
+            let Ok(state) = self.state().await else {
+                return false;
+            };
+            let ready = state
+                .instances
+                .get(instance_id)
+                .is_some_and(|i| rank0_ready(&state, i));
+            if !ready {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        false
     }
 }
 

@@ -136,6 +136,7 @@ fn event_sequence(max: usize) -> impl Strategy<Value = Vec<v1::IndexedEvent>> {
                         election_clock: clock,
                     }),
                     event: Some(v1::Event { kind: Some(kind) }),
+                    ..Default::default()
                 }
             })
             .collect()
