@@ -40,8 +40,9 @@ pub struct NodeOptions {
     pub worker: bool,
     /// Compute threads of each runner process.
     pub runner_threads: usize,
-    /// First port of this node's ring connections.
-    pub ring_port_base: u16,
+    /// Where to start looking for this node's slot of ring ports (`None`:
+    /// a place picked from the node id; see [`claim_ring_slot`]).
+    pub ring_port_base: Option<u16>,
     /// The HTTP API, if served.
     pub api: Option<crate::api::ApiOptions>,
     /// Where model files live.
@@ -190,6 +191,46 @@ pub struct RunningNode {
     worker: Option<ActorRef<WorkerMsg>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     _token: zenoh::liveliness::LivelinessToken,
+    _ring_slot: RingSlot,
+}
+
+/// The slot of ring ports a node claimed: its first port stays bound for as
+/// long as the node runs, so that no other node on this machine (of this
+/// cluster or another) claims the same slot; its ranks use the ports after.
+pub struct RingSlot {
+    pub base: u16,
+    _held: std::net::TcpListener,
+}
+
+/// Claims the first free slot of [`placement::RING_SLOT`] ports at or after
+/// `preferred` (or after a place picked from the node id, so that nodes
+/// that start at once rarely try the same slot), wrapping within
+/// [`placement::RING_PORTS`].
+pub fn claim_ring_slot(preferred: Option<u16>, node_id: &str) -> Result<RingSlot, NodeError> {
+    use crate::placement::{RING_PORTS, RING_SLOT};
+    let slots = (RING_PORTS.end - RING_PORTS.start) / RING_SLOT;
+    let picked = node_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    let (first, from_slot) = match preferred {
+        Some(base) => (Some(base), 0),
+        None => (None, (picked % u64::from(slots)) as u16),
+    };
+    let candidates = first
+        .into_iter()
+        .chain((0..slots).map(|i| RING_PORTS.start + ((from_slot + i) % slots) * RING_SLOT));
+    for base in candidates {
+        if let Ok(held) = std::net::TcpListener::bind(("0.0.0.0", base)) {
+            return Ok(RingSlot { base, _held: held });
+        }
+    }
+    Err(NodeError::Config {
+        key: "ring ports".into(),
+        reason: format!(
+            "no free slot of {RING_SLOT} ports in {}..{}",
+            RING_PORTS.start, RING_PORTS.end
+        ),
+    })
 }
 
 impl RunningNode {
@@ -241,6 +282,8 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
         last_index = journal.state().last_index(),
         "opened the event log"
     );
+    let ring_slot = claim_ring_slot(options.ring_port_base, &node_id)?;
+    tracing::info!(base = ring_slot.base, "ring ports");
     let (listen, runner_endpoint) = runner_endpoint(&options.listen)?;
     let config = zenoh_config("peer", &listen, &options.connect, options.multicast)?;
     let session = zenoh::open(config).await.map_err(BusError::zenoh)?;
@@ -320,7 +363,7 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
         events.clone(),
         options.data_dir.clone(),
         options.worker,
-        options.ring_port_base,
+        ring_slot.base,
         replica.clone(),
     )));
     if options.worker {
@@ -369,6 +412,7 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
         worker,
         tasks,
         _token: token,
+        _ring_slot: ring_slot,
     })
 }
 
@@ -873,9 +917,6 @@ pub fn gather_node_info(data_dir: &Path) -> v1::NodeInfo {
     }
 }
 
-/// Publishes this node's info until the log holds it (a master may not be
-/// elected yet), then whenever it changes materially (available memory by
-/// more than 5%), at most every 2 seconds and at least every 30 seconds.
 /// Puts this node's reports that the state does not show yet again (the
 /// master that was to index them died), twice a second at most.
 async fn resend_unindexed_reports(events: Arc<LocalEvents>, replica: ActorRef<ReplicaMsg>) {
@@ -890,6 +931,9 @@ async fn resend_unindexed_reports(events: Arc<LocalEvents>, replica: ActorRef<Re
     }
 }
 
+/// Publishes this node's info until the log holds it (a master may not be
+/// elected yet), then whenever it changes materially (available memory by
+/// more than 5%), at most every 2 seconds and at least every 30 seconds.
 async fn publish_node_info(
     events: Arc<LocalEvents>,
     data_dir: PathBuf,

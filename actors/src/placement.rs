@@ -18,9 +18,15 @@ use tessera_protos::v1::{
     self, shard_spec, Instance, InstanceRank, ModelCard, PipelineShard, Sharding, TensorShard,
 };
 
-/// The first port ring connections use; each rank on an address gets the
-/// lowest free port from here.
-pub const RING_BASE_PORT: u16 = 52_500;
+/// Ring ports lie below Linux's ephemeral range (32768-60999), where an
+/// outgoing connection of any program could hold one, and above the
+/// well-known ports.
+pub const RING_PORTS: std::ops::Range<u16> = 20_000..32_000;
+/// Each node claims a slot of this many ports (`node::claim_ring_slot`):
+/// it holds the first, and each of its ranks gets the lowest free one after.
+pub const RING_SLOT: u16 = 64;
+/// A node that reports no slot is taken to hold the first.
+pub const RING_BASE_PORT: u16 = RING_PORTS.start;
 
 /// What placement knows about one node.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -494,11 +500,26 @@ fn build(
     let mut taken = used_addresses.clone();
     let mut ranks = Vec::with_capacity(nodes.len());
     let mut memory = BTreeMap::new();
+    // Ranks all on one machine reach each other on loopback, whatever the
+    // machine's other addresses (a cluster on loopback, a laptop whose
+    // Wi-Fi address changes).
+    let one_machine = nodes.windows(2).all(|pair| pair[0].ip == pair[1].ip);
     for (rank, (node, (spec, bytes))) in nodes.iter().zip(shares).enumerate() {
-        let address = (node.ring_port_base..=u16::MAX)
-            .map(|port| format!("{}:{port}", node.ip))
-            .find(|a| !taken.contains(a))
-            .unwrap_or_else(|| format!("{}:0", node.ip));
+        let ip = if one_machine {
+            "127.0.0.1"
+        } else {
+            node.ip.as_str()
+        };
+        // A port is taken on the machine whichever address names it.
+        let free = |port: &u16| {
+            !taken.contains(&format!("{}:{port}", node.ip))
+                && !taken.contains(&format!("127.0.0.1:{port}"))
+        };
+        let port = (node.ring_port_base.saturating_add(1)..=u16::MAX)
+            .find(free)
+            .unwrap_or(0);
+        let address = format!("{ip}:{port}");
+        taken.insert(format!("{}:{port}", node.ip));
         taken.insert(address.clone());
         memory.insert(node.node_id.clone(), bytes);
         ranks.push(InstanceRank {
@@ -698,7 +719,8 @@ mod tests {
             .map(|r| r.ring_address.as_str())
             .collect();
         addresses.sort();
-        assert_eq!(addresses, vec!["127.0.0.1:52500", "127.0.0.1:6001"]);
+        // Each after its node's held first port (6000 is also in use).
+        assert_eq!(addresses, vec!["127.0.0.1:20001", "127.0.0.1:6001"]);
     }
 
     #[test]
@@ -765,8 +787,8 @@ mod tests {
             ]
         );
         // Distinct ring ports on one address.
-        assert_eq!(p.instance.ranks[0].ring_address, "127.0.0.1:52500");
-        assert_eq!(p.instance.ranks[1].ring_address, "127.0.0.1:52501");
+        assert_eq!(p.instance.ranks[0].ring_address, "127.0.0.1:20001");
+        assert_eq!(p.instance.ranks[1].ring_address, "127.0.0.1:20002");
     }
 
     #[test]
@@ -878,7 +900,7 @@ mod tests {
     fn ring_ports_avoid_addresses_in_use() {
         let model = card(GB, 30, 3);
         let nodes = [node("a", 8 * GB), node("b", 8 * GB)];
-        let used: BTreeSet<String> = ["127.0.0.1:52500".to_string()].into();
+        let used: BTreeSet<String> = ["127.0.0.1:20001".to_string()].into();
         let request = PlacementRequest {
             model: &model,
             sharding: Sharding::Tensor,
@@ -892,6 +914,49 @@ mod tests {
             .iter()
             .map(|r| r.ring_address.as_str())
             .collect();
-        assert_eq!(addresses, ["127.0.0.1:52501", "127.0.0.1:52502"]);
+        assert_eq!(addresses, ["127.0.0.1:20002", "127.0.0.1:20003"]);
+    }
+
+    #[test]
+    fn ranks_on_one_machine_meet_on_loopback_and_others_on_their_address() {
+        let model = card(GB, 30, 3);
+        let request = PlacementRequest {
+            model: &model,
+            sharding: Sharding::Tensor,
+            min_nodes: 2,
+            node_ids: &[],
+        };
+        let on = |id: &str, ip: &str, base: u16| NodeCapacity {
+            ip: ip.into(),
+            ring_port_base: base,
+            ..node(id, 8 * GB)
+        };
+        let addresses = |nodes: &[NodeCapacity], used: &BTreeSet<String>| {
+            let p = place(&request, nodes, "i", used, |r| format!("r{r}")).expect("fits");
+            p.instance
+                .ranks
+                .iter()
+                .map(|r| r.ring_address.clone())
+                .collect::<Vec<_>>()
+        };
+        // Two nodes of one machine (its LAN address): loopback, and their
+        // own slots' ports.
+        let same = [on("a", "192.0.2.2", 20_000), on("b", "192.0.2.2", 20_064)];
+        assert_eq!(
+            addresses(&same, &BTreeSet::new()),
+            ["127.0.0.1:20001", "127.0.0.1:20065"]
+        );
+        // A port in use under the machine's address is in use on loopback.
+        let used = BTreeSet::from(["192.0.2.2:20001".to_string()]);
+        assert_eq!(
+            addresses(&same, &used),
+            ["127.0.0.1:20002", "127.0.0.1:20065"]
+        );
+        // Two machines: each rank at its machine's address.
+        let apart = [on("a", "192.0.2.2", 20_000), on("b", "192.0.2.3", 20_000)];
+        assert_eq!(
+            addresses(&apart, &BTreeSet::new()),
+            ["192.0.2.2:20001", "192.0.2.3:20001"]
+        );
     }
 }

@@ -153,6 +153,16 @@ fn check_gather(
 
 /// Frame header: magic, operation sequence number, payload bytes.
 const MAGIC: u32 = 0x5445_5352; // "TESR"
+/// A connection's first bytes: this magic, the connecting rank (u32), then
+/// the ring's id (u16 length, UTF-8). A listener takes only its own ring's
+/// predecessor: another instance's rank that reaches this port (placed at
+/// once on the same nodes, or left from an instance deleted a moment ago)
+/// is turned away, and the listener keeps waiting for the right one.
+const HELLO_MAGIC: u32 = 0x5445_5348; // "TESH"
+/// The longest ring id a hello carries.
+const MAX_RING_ID: usize = 1_024;
+/// How long a connection may take to say hello.
+const HELLO_WAIT: Duration = Duration::from_secs(2);
 const HEADER: usize = 12;
 /// The largest byte message a rank accepts (a command with a long prompt is
 /// far smaller; anything bigger is garbage).
@@ -165,6 +175,89 @@ const GATHER_REDUCE_BYTES: usize = 64 * 1024;
 /// them); larger ones are written from a second thread so two ranks sending
 /// to each other at once cannot deadlock.
 const INLINE_WRITE: usize = 16 * 1024;
+
+/// The hello `rank` of ring `ring_id` sends its successor.
+fn hello(rank: usize, ring_id: &str) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(10 + ring_id.len());
+    bytes.extend_from_slice(&HELLO_MAGIC.to_le_bytes());
+    bytes.extend_from_slice(&(rank as u32).to_le_bytes());
+    bytes.extend_from_slice(&(ring_id.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(ring_id.as_bytes());
+    bytes
+}
+
+/// Reads a hello: the rank and ring id it claims, or why it is no hello.
+fn read_hello(stream: &mut TcpStream) -> Result<(usize, String), String> {
+    let mut head = [0u8; 10];
+    stream.read_exact(&mut head).map_err(|e| e.to_string())?;
+    let word = |i: usize| u32::from_le_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
+    if word(0) != HELLO_MAGIC {
+        return Err("not a ring hello".into());
+    }
+    let len = usize::from(u16::from_le_bytes([head[8], head[9]]));
+    if len > MAX_RING_ID {
+        return Err(format!("a ring id of {len} bytes"));
+    }
+    let mut id = vec![0u8; len];
+    stream.read_exact(&mut id).map_err(|e| e.to_string())?;
+    let id = String::from_utf8(id).map_err(|_| "a ring id that is not UTF-8".to_string())?;
+    Ok((word(4) as usize, id))
+}
+
+/// Accepts connections until one says hello as `prev_rank` of `ring_id`;
+/// others are closed (and logged) and the wait goes on until `deadline`.
+fn accept_predecessor(
+    listener: &TcpListener,
+    rank: usize,
+    prev_rank: usize,
+    ring_id: &str,
+    own: SocketAddr,
+    deadline: Instant,
+) -> Result<TcpStream, CollectiveError> {
+    let io = |source| CollectiveError::Io {
+        rank,
+        peer: prev_rank,
+        source,
+    };
+    listener.set_nonblocking(true).map_err(io)?;
+    let mut refused = 0;
+    loop {
+        let (mut stream, from) = match listener.accept() {
+            Ok(accepted) => accepted,
+            Err(error) if error.kind() == ErrorKind::WouldBlock && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            }
+            Err(error) => {
+                return Err(CollectiveError::Connect {
+                    rank,
+                    peer: prev_rank,
+                    addr: own,
+                    reason: format!(
+                    "no connection from the previous rank ({refused} others turned away): {error}"
+                ),
+                })
+            }
+        };
+        stream.set_nonblocking(false).map_err(io)?;
+        stream.set_read_timeout(Some(HELLO_WAIT)).map_err(io)?;
+        match read_hello(&mut stream) {
+            Ok((claimed, id)) if claimed == prev_rank && id == ring_id => return Ok(stream),
+            Ok((claimed, id)) => {
+                tracing::warn!(
+                    rank,
+                    %from,
+                    claimed_rank = claimed,
+                    claimed_ring = id,
+                    ring = ring_id,
+                    "ring: turned away a rank of another ring"
+                );
+            }
+            Err(reason) => tracing::warn!(rank, %from, reason, "ring: turned away a connection"),
+        }
+        refused += 1;
+    }
+}
 
 /// A ring of TCP connections: each rank talks to `rank + 1` and `rank - 1`.
 pub struct TcpRing {
@@ -180,10 +273,12 @@ pub struct TcpRing {
 }
 
 impl TcpRing {
-    /// Binds `addrs[rank]` and joins the ring, retrying until `deadline`.
+    /// Binds `addrs[rank]` and joins ring `ring_id` (an instance's id: only
+    /// ranks that name the same id are taken), retrying until `deadline`.
     pub fn connect(
         rank: usize,
         addrs: &[SocketAddr],
+        ring_id: &str,
         connect_within: Duration,
         op_timeout: Duration,
     ) -> Result<Self, CollectiveError> {
@@ -195,7 +290,7 @@ impl TcpRing {
             peer: rank,
             source,
         })?;
-        Self::from_listener(rank, listener, addrs, connect_within, op_timeout)
+        Self::from_listener(rank, listener, addrs, ring_id, connect_within, op_timeout)
     }
 
     /// Joins the ring with an already bound listener (tests bind port 0).
@@ -203,6 +298,7 @@ impl TcpRing {
         rank: usize,
         listener: TcpListener,
         addrs: &[SocketAddr],
+        ring_id: &str,
         connect_within: Duration,
         op_timeout: Duration,
     ) -> Result<Self, CollectiveError> {
@@ -210,6 +306,12 @@ impl TcpRing {
         if size < 2 || rank >= size {
             return Err(CollectiveError::Invalid(format!(
                 "rank {rank} of a ring of {size}"
+            )));
+        }
+        if ring_id.len() > MAX_RING_ID {
+            return Err(CollectiveError::Invalid(format!(
+                "a ring id of {} bytes (at most {MAX_RING_ID})",
+                ring_id.len()
             )));
         }
         let deadline = Instant::now() + connect_within;
@@ -236,27 +338,9 @@ impl TcpRing {
         };
         next.set_nodelay(true).map_err(io(next_rank))?;
         let mut next = next;
-        next.write_all(&(rank as u32).to_le_bytes())
+        next.write_all(&hello(rank, ring_id))
             .map_err(io(next_rank))?;
-        listener.set_nonblocking(true).map_err(io(prev_rank))?;
-        let prev = loop {
-            match listener.accept() {
-                Ok((stream, _)) => break stream,
-                Err(error)
-                    if error.kind() == ErrorKind::WouldBlock && Instant::now() < deadline =>
-                {
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                Err(error) => {
-                    return Err(CollectiveError::Connect {
-                        rank,
-                        peer: prev_rank,
-                        addr: addrs[rank],
-                        reason: format!("no connection from the previous rank: {error}"),
-                    })
-                }
-            }
-        };
+        let prev = accept_predecessor(&listener, rank, prev_rank, ring_id, addrs[rank], deadline)?;
         // Reads poll briefly before they block (see `read_full`).
         prev.set_nonblocking(true).map_err(io(prev_rank))?;
         prev.set_nodelay(true).map_err(io(prev_rank))?;
@@ -268,7 +352,7 @@ impl TcpRing {
                 .set_write_timeout(Some(op_timeout))
                 .map_err(io(next_rank))?;
         }
-        let mut ring = Self {
+        Ok(Self {
             rank,
             size,
             next,
@@ -278,18 +362,7 @@ impl TcpRing {
             recv_buffer: Vec::new(),
             scratch: Vec::new(),
             gathered: Vec::new(),
-        };
-        let mut hello = [0u8; 4];
-        ring.read_exact_from_prev(&mut hello)?;
-        let claimed = u32::from_le_bytes(hello) as usize;
-        if claimed != prev_rank {
-            return Err(CollectiveError::Protocol {
-                rank,
-                peer: prev_rank,
-                reason: format!("connected as rank {claimed}"),
-            });
-        }
-        Ok(ring)
+        })
     }
 
     fn prev_rank(&self) -> usize {
@@ -708,8 +781,9 @@ mod tests {
                 let addrs = addrs.clone();
                 let body = body.clone();
                 std::thread::spawn(move || {
-                    let mut ring = TcpRing::from_listener(rank, listener, &addrs, TIMEOUT, TIMEOUT)
-                        .expect("ring");
+                    let mut ring =
+                        TcpRing::from_listener(rank, listener, &addrs, "test", TIMEOUT, TIMEOUT)
+                            .expect("ring");
                     body(&mut ring)
                 })
             })
@@ -818,14 +892,13 @@ mod tests {
         let impostor = std::thread::spawn(move || {
             let (mut from_rank0, _) = peer.accept().expect("accept");
             let mut to_rank0 = TcpStream::connect(addrs[0]).expect("connect");
-            to_rank0.write_all(&1u32.to_le_bytes()).expect("hello");
-            let mut hello = [0u8; 4];
-            from_rank0.read_exact(&mut hello).expect("hello");
+            to_rank0.write_all(&hello(1, "test")).expect("hello");
+            read_hello(&mut from_rank0).expect("hello");
             to_rank0.write_all(&[0xAB; 64]).expect("garbage");
             std::thread::sleep(Duration::from_millis(500));
         });
-        let mut ring =
-            TcpRing::from_listener(0, listener, &addrs_copy, TIMEOUT, TIMEOUT).expect("joins");
+        let mut ring = TcpRing::from_listener(0, listener, &addrs_copy, "test", TIMEOUT, TIMEOUT)
+            .expect("joins");
         let mut data = vec![1.0f32; 8];
         let error = ring
             .all_reduce_sum(&mut data)
@@ -835,5 +908,45 @@ mod tests {
             "{error}"
         );
         impostor.join().expect("impostor");
+    }
+
+    #[test]
+    fn ranks_of_another_ring_and_strangers_are_turned_away() {
+        let own = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let peer = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addrs = vec![
+            own.local_addr().expect("addr"),
+            peer.local_addr().expect("addr"),
+        ];
+        // Before rank 1 of this ring: rank 1 of another ring, and garbage.
+        let mut other_ring = TcpStream::connect(addrs[0]).expect("connect");
+        other_ring
+            .write_all(&hello(1, "instance-b"))
+            .expect("hello");
+        let mut stranger = TcpStream::connect(addrs[0]).expect("connect");
+        stranger.write_all(&[0xAB; 16]).expect("garbage");
+        let addrs_copy = addrs.clone();
+        let rank1 = std::thread::spawn(move || {
+            let mut ring =
+                TcpRing::from_listener(1, peer, &addrs_copy, "instance-a", TIMEOUT, TIMEOUT)
+                    .expect("rank 1 joins");
+            let mut data = vec![2.0f32; 4];
+            ring.all_reduce_sum(&mut data).expect("all-reduce");
+            data
+        });
+        let mut ring = TcpRing::from_listener(0, own, &addrs, "instance-a", TIMEOUT, TIMEOUT)
+            .expect("rank 0 joins its own ring");
+        let mut data = vec![1.0f32; 4];
+        ring.all_reduce_sum(&mut data).expect("all-reduce");
+        assert_eq!(data, vec![3.0; 4]);
+        assert_eq!(rank1.join().expect("rank 1"), vec![3.0; 4]);
+        // Both intruders were closed.
+        for stream in [&mut other_ring, &mut stranger] {
+            stream
+                .set_read_timeout(Some(Duration::from_secs(2)))
+                .expect("timeout");
+            let mut buf = [0u8; 8];
+            assert_eq!(stream.read(&mut buf).unwrap_or(0), 0, "closed");
+        }
     }
 }

@@ -33,10 +33,12 @@ pub struct NodeArgs {
     /// Compute threads of each runner (default: all cores).
     #[arg(long)]
     pub runner_threads: Option<usize>,
-    /// First TCP port for ring connections between runners (each rank
-    /// on this node takes the lowest free one from here).
-    #[arg(long, env = "TESSERA_RING_PORT_BASE", default_value_t = tessera_actors::placement::RING_BASE_PORT)]
-    pub ring_port_base: u16,
+    /// Where this node's slot of 64 ring ports starts (it holds the first
+    /// port, its ranks take the next free ones). Default: the first free
+    /// slot in 20000-31999 from a place picked by the node id, so that
+    /// several nodes on one machine never share ports.
+    #[arg(long, env = "TESSERA_RING_PORT_BASE")]
+    pub ring_port_base: Option<u16>,
     /// Port of the HTTP API (0: any free port; the JSON line on stdout
     /// says which).
     #[arg(long, env = "TESSERA_API_PORT", default_value_t = 52415)]

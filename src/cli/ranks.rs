@@ -164,10 +164,14 @@ impl LocalRanks {
             children: Vec::new(),
         };
         let mut addrs = vec![own.local_addr()?];
+        // One id for this run's ring: ranks of another run on the same
+        // machine cannot join it.
+        let ring_id = format!("local-{}", std::process::id());
         for rank in 1..world {
             let mut child = Command::new(&exe)
                 .arg("rank")
                 .args(["--rank", &rank.to_string(), "--world", &world.to_string()])
+                .args(["--ring-id", &ring_id])
                 .arg("--ring-from-stdin")
                 .args(rank_args)
                 .stdin(Stdio::piped())
@@ -198,7 +202,7 @@ impl LocalRanks {
             let mut stdin = child.stdin.take().context("child stdin")?;
             writeln!(stdin, "{list}").with_context(|| format!("rank {rank} exited early"))?;
         }
-        let ring = TcpRing::from_listener(0, own, &addrs, CONNECT_WAIT, ring_timeout)
+        let ring = TcpRing::from_listener(0, own, &addrs, &ring_id, CONNECT_WAIT, ring_timeout)
             .context("joining the ring")?;
         Ok((ranks, ring))
     }
@@ -321,6 +325,10 @@ pub struct RankArgs {
     /// ring's addresses as one comma-separated line on stdin.
     #[arg(long)]
     pub ring_from_stdin: bool,
+    /// The ring's name: every rank of one run gives the same (a rank of
+    /// another ring is turned away).
+    #[arg(long, default_value = "tessera")]
+    pub ring_id: String,
     #[arg(long)]
     pub model: Option<String>,
     #[arg(long, value_enum, default_value = "tensor")]
@@ -381,8 +389,15 @@ pub fn run_rank(args: RankArgs) -> anyhow::Result<()> {
             args.world
         );
     }
-    let ring = TcpRing::from_listener(args.rank, listener, &addrs, CONNECT_WAIT, ring_timeout)
-        .context("joining the ring")?;
+    let ring = TcpRing::from_listener(
+        args.rank,
+        listener,
+        &addrs,
+        &args.ring_id,
+        CONNECT_WAIT,
+        ring_timeout,
+    )
+    .context("joining the ring")?;
     if let Some(iterations) = args.all_reduce_iterations {
         let mut ring = ring;
         let mut data = vec![1.0f32; args.len];

@@ -255,8 +255,16 @@ fn run_inner(
                     .map(|r| r.ring_address.parse::<SocketAddr>())
                     .collect::<Result<Vec<_>, _>>()
                     .context("ring addresses")?;
-                let ring = TcpRing::connect(rank, &addrs, CONNECT_WAIT, STEP_TIMEOUT)
-                    .context("joining the instance's ring")?;
+                // The instance id names the ring: a rank of another
+                // instance that reaches this port is turned away.
+                let ring = TcpRing::connect(
+                    rank,
+                    &addrs,
+                    &instance.instance_id,
+                    CONNECT_WAIT,
+                    STEP_TIMEOUT,
+                )
+                .context("joining the instance's ring")?;
                 group = Box::new(ring);
                 connected = true;
                 link.status(Rs::Connected(v1::RunnerConnected {}));

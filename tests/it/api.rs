@@ -37,7 +37,6 @@ impl Node {
         let mut child = Command::new(BIN)
             .args(["node", "--namespace", "api-test", "--no-multicast"])
             .args(["--listen", &format!("tcp/127.0.0.1:{}", free_port())])
-            .args(["--ring-port-base", &free_port().to_string()])
             .args(["--runner-threads", "1", "--api-host", "127.0.0.1"])
             .args(["--api-port", "0"])
             .args(extra)

@@ -52,8 +52,6 @@ impl Node {
             .args(["node", "--namespace", namespace, "--no-multicast"])
             .args(["--runner-threads", "1"])
             .args(["--api-host", "127.0.0.1", "--api-port", "0"])
-            // Each node its own ring ports: tests run side by side.
-            .args(["--ring-port-base", &free_port().to_string()])
             .args(["--listen", &format!("tcp/127.0.0.1:{port}")])
             .arg("--data-dir")
             .arg(dir)

@@ -577,3 +577,90 @@ fn twenty_requests_sent_while_the_master_dies_all_succeed_once() {
          {slowest:?}), {resends} commands sent again, none applied twice"
     );
 }
+
+#[test]
+fn forged_election_messages_change_nothing() {
+    use prost::Message;
+    use tessera_protos::v1::{election_message, Campaign, ElectionMessage, Victory};
+    let root = tempfile::tempdir().expect("temp dir");
+    let ns = "faults-forged";
+    let ports: Vec<u16> = (0..2).map(|_| free_port()).collect();
+    let a = Node::start_with(ns, &root.path().join("a"), ports[0], &[], &["--no-worker"]);
+    wait_until(Duration::from_secs(20), || master_seen(ns, ports[0], None)).expect("a leads");
+    let b = Node::start_with(
+        ns,
+        &root.path().join("b"),
+        ports[1],
+        &[ports[0]],
+        &["--no-worker"],
+    );
+    let nodes = [a, b];
+    let master = wait_until(Duration::from_secs(20), || agreed_master(ns, &nodes))
+        .expect("one master")
+        .0;
+    let follower = nodes.iter().find(|n| n.id != master).expect("a follower");
+    let before: Vec<usize> = nodes
+        .iter()
+        .map(|n| n.log().matches("following").count())
+        .collect();
+
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let mut config = zenoh::Config::default();
+        config.insert_json5("mode", "\"client\"").expect("mode");
+        config
+            .insert_json5(
+                "connect/endpoints",
+                &format!("[\"tcp/127.0.0.1:{}\"]", ports[0]),
+            )
+            .expect("connect");
+        config
+            .insert_json5("scouting/multicast/enabled", "false")
+            .expect("scouting");
+        let session = zenoh::open(config).await.expect("session");
+        let forged = [
+            // A victory from a node that does not exist, far ahead.
+            ElectionMessage {
+                clock: 1001,
+                node_id: "ghost".into(),
+                last_applied_index: u64::MAX,
+                seniority_ms: u64::MAX,
+                kind: Some(election_message::Kind::Victory(Victory {})),
+            },
+            // A campaign in a member's name, a thousand rounds ahead.
+            ElectionMessage {
+                clock: 1001,
+                node_id: follower.id.clone(),
+                last_applied_index: u64::MAX,
+                seniority_ms: u64::MAX,
+                kind: Some(election_message::Kind::Campaign(Campaign {})),
+            },
+        ];
+        for message in &forged {
+            for _ in 0..5 {
+                session
+                    .put(format!("tessera/{ns}/election"), message.encode_to_vec())
+                    .await
+                    .expect("put");
+            }
+        }
+        session.close().await.expect("close");
+    });
+    // Heartbeats go on meanwhile; nothing may change.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(agreed_master(ns, &nodes).as_deref(), Some(master.as_str()));
+    let after: Vec<usize> = nodes
+        .iter()
+        .map(|n| n.log().matches("following").count())
+        .collect();
+    let logs: String = nodes.iter().map(Node::log).collect();
+    assert_eq!(before, after, "no node followed anyone new\n{logs}");
+    assert!(
+        !logs.contains("won the election; settling clock=2"),
+        "{logs}"
+    );
+    eprintln!(
+        "FAULT forged election messages (victory of a node that does not exist at clock \
+         1001, a member's campaign 1000 rounds ahead): master and clock unchanged"
+    );
+}

@@ -136,8 +136,8 @@ fn distributed_outputs(
             std::thread::spawn(move || {
                 let shard = spec(sharding, rank, world, layers);
                 let transformer = load_transformer(&path, &shard, |_, _| {}).expect("loads");
-                let ring =
-                    TcpRing::from_listener(rank, listener, &addrs, TIMEOUT, TIMEOUT).expect("ring");
+                let ring = TcpRing::from_listener(rank, listener, &addrs, "test", TIMEOUT, TIMEOUT)
+                    .expect("ring");
                 let mut executor = Executor::new(&transformer, 1, Box::new(ring));
                 executor.serve(None, TIMEOUT).expect("serves");
             })
@@ -145,7 +145,7 @@ fn distributed_outputs(
         .collect();
     let shard = spec(sharding, 0, world, layers);
     let model = LoadedModel::load_shard(path, Some(&shard), |_, _| {}).expect("loads");
-    let ring = TcpRing::from_listener(0, own, &addrs, TIMEOUT, TIMEOUT).expect("ring");
+    let ring = TcpRing::from_listener(0, own, &addrs, "test", TIMEOUT, TIMEOUT).expect("ring");
     let mut session =
         Session::with_executor(&model, Executor::new(&model.transformer, 1, Box::new(ring)));
     let outputs = cases

@@ -186,7 +186,7 @@ fn tensor_parallel(world: usize, fused: bool) -> Vec<Vec<Vec<f32>>> {
                     Box::new(SingleRank)
                 } else {
                     Box::new(
-                        TcpRing::from_listener(rank, listener, &addrs, timeout, timeout)
+                        TcpRing::from_listener(rank, listener, &addrs, "test", timeout, timeout)
                             .expect("ring"),
                     )
                 };
