@@ -100,6 +100,8 @@ pub struct MasterState {
     next_index: u64,
     /// The last local event sequence number indexed, by origin node.
     seen: BTreeMap<String, u64>,
+    /// Runner failures in a row, by instance.
+    runner_failures: BTreeMap<String, u32>,
     alive: BTreeSet<String>,
 }
 
@@ -187,6 +189,7 @@ impl MasterState {
             Some(command::Kind::DeleteInstance(delete)) => vec![Event {
                 kind: Some(event::Kind::InstanceDeleted(v1::InstanceDeleted {
                     instance_id: delete.instance_id.clone(),
+                    ..Default::default()
                 })),
             }],
             Some(command::Kind::TextGeneration(_))
@@ -447,6 +450,7 @@ impl MasterState {
             self.index(Event {
                 kind: Some(event::Kind::InstanceDeleted(v1::InstanceDeleted {
                     instance_id: instance.instance_id.clone(),
+                    ..Default::default()
                 })),
             })
             .await?;
@@ -478,6 +482,68 @@ impl MasterState {
                 ),
             }
         }
+        Ok(())
+    }
+}
+
+/// Instances whose runners fail this many times in a row are given up.
+pub const MAX_RUNNER_FAILURES: u32 = 5;
+
+/// A runner's report in `event`: its id, and why it failed if it did
+/// (`None`: it is ready, so its instance's failures are forgiven). Other
+/// events and statuses: `None`.
+fn runner_report(event: &Event) -> Option<(String, Option<String>)> {
+    let Some(event::Kind::RunnerStatusUpdated(update)) = &event.kind else {
+        return None;
+    };
+    match update.status.as_ref()?.state.as_ref()? {
+        v1::runner_status::State::Failed(failed) => {
+            Some((update.runner_id.clone(), Some(failed.reason.clone())))
+        }
+        v1::runner_status::State::Ready(_) => Some((update.runner_id.clone(), None)),
+        _ => None,
+    }
+}
+
+impl MasterState {
+    /// Counts a runner's failure against its instance; at
+    /// [`MAX_RUNNER_FAILURES`] in a row the instance is deleted with the
+    /// reason, which the state keeps for the model's requests.
+    async fn on_runner_report(
+        &mut self,
+        runner_id: &str,
+        failed: Option<String>,
+    ) -> Result<(), ActorProcessingErr> {
+        let state = self.state().await?;
+        let Some(instance) = state
+            .instances
+            .values()
+            .find(|i| i.ranks.iter().any(|r| r.runner_id == runner_id))
+        else {
+            return Ok(());
+        };
+        let instance_id = instance.instance_id.clone();
+        let Some(reason) = failed else {
+            self.runner_failures.remove(&instance_id);
+            return Ok(());
+        };
+        let count = self.runner_failures.entry(instance_id.clone()).or_insert(0);
+        *count += 1;
+        if *count < MAX_RUNNER_FAILURES {
+            return Ok(());
+        }
+        self.runner_failures.remove(&instance_id);
+        let reason = format!(
+            "its runners failed {MAX_RUNNER_FAILURES} times in a row; the last time: {reason}"
+        );
+        tracing::warn!(instance_id, reason, "giving the instance up");
+        self.index(Event {
+            kind: Some(event::Kind::InstanceDeleted(v1::InstanceDeleted {
+                instance_id,
+                reason,
+            })),
+        })
+        .await?;
         Ok(())
     }
 }
@@ -618,6 +684,7 @@ impl Actor for Master {
             // Where each node's reports stand in the log: a report the old
             // master indexed is not indexed again when it is sent again.
             seen: state.local_seqs.clone(),
+            runner_failures: BTreeMap::new(),
             alive: args.alive,
         };
         // Nodes the log knows that are gone now (the old master among them).
@@ -666,6 +733,7 @@ impl Actor for Master {
                         .index(Event {
                             kind: Some(event::Kind::InstanceDeleted(v1::InstanceDeleted {
                                 instance_id: request.instance_id.clone(),
+                                ..Default::default()
                             })),
                         })
                         .await?;
@@ -767,9 +835,13 @@ impl Actor for Master {
                 state
                     .seen
                     .insert(local.origin_node_id.clone(), local.origin_seq);
+                let runner = runner_report(&event);
                 state
                     .index_from(event, local.origin_node_id, local.origin_seq)
                     .await?;
+                if let Some((runner_id, failed)) = runner {
+                    state.on_runner_report(&runner_id, failed).await?;
+                }
             }
             MasterMsg::NodeAlive(node) => {
                 state.alive.insert(node);

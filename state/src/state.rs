@@ -306,11 +306,19 @@ impl State {
                         &rank.node_id,
                     )?;
                 }
+                if let Some(model) = &instance.model {
+                    s.given_up.remove(&model.model_id);
+                }
                 s.instances
                     .insert(instance.instance_id.clone(), instance.clone());
             }
             Kind::InstanceDeleted(e) => {
                 let instance = s.instances.remove(&e.instance_id);
+                if let Some(model) = instance.as_ref().and_then(|i| i.model.as_ref()) {
+                    if !e.reason.is_empty() {
+                        s.given_up.insert(model.model_id.clone(), e.reason.clone());
+                    }
+                }
                 known(
                     instance.is_some(),
                     "InstanceDeleted",
@@ -672,6 +680,7 @@ mod tests {
                 runner("i-r0", R::Ready(v1::RunnerReady {})),
                 K::InstanceDeleted(v1::InstanceDeleted {
                     instance_id: "i".into(),
+                    ..Default::default()
                 }),
                 runner("i-r0", R::Shutdown(v1::RunnerShutdown {})),
                 K::TaskDeleted(v1::TaskDeleted {
@@ -701,6 +710,47 @@ mod tests {
             "the runners of a deleted instance leave the state with it"
         );
         assert!(state.tasks.is_empty());
+    }
+
+    #[test]
+    fn a_given_up_model_keeps_its_reason_until_it_is_placed_again() {
+        let of_model = |id: &str| {
+            let K::InstanceCreated(mut created) = instance(id, &["a"]) else {
+                unreachable!("instance() makes an InstanceCreated")
+            };
+            if let Some(instance) = created.instance.as_mut() {
+                instance.model = Some(v1::ModelCard {
+                    model_id: "m".into(),
+                    ..Default::default()
+                });
+            }
+            K::InstanceCreated(created)
+        };
+        let deleted = |id: &str, reason: &str| {
+            K::InstanceDeleted(v1::InstanceDeleted {
+                instance_id: id.into(),
+                reason: reason.into(),
+            })
+        };
+        let ok = ["changed"; 5];
+        let state = check(
+            vec![
+                node("a"),
+                of_model("i1"),
+                deleted("i1", ""),
+                of_model("i2"),
+                deleted("i2", "runners kept failing"),
+            ],
+            &ok,
+        );
+        assert_eq!(
+            state.as_proto().given_up.get("m").map(String::as_str),
+            Some("runners kept failing")
+        );
+        let mut state = state;
+        let index = state.last_index() + 1;
+        assert!(state.apply(&indexed(index, of_model("i3"))).is_ok());
+        assert!(state.as_proto().given_up.is_empty(), "placed again");
     }
 
     #[test]

@@ -205,7 +205,10 @@ impl SyntheticEvents {
             );
         }
         self.pending
-            .push_back(Kind::InstanceDeleted(v1::InstanceDeleted { instance_id }));
+            .push_back(Kind::InstanceDeleted(v1::InstanceDeleted {
+                instance_id,
+                ..Default::default()
+            }));
         for rank in &ranks {
             self.push_runner(
                 &rank.runner_id,

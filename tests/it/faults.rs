@@ -664,3 +664,45 @@ fn forged_election_messages_change_nothing() {
          1001, a member's campaign 1000 rounds ahead): master and clock unchanged"
     );
 }
+
+#[test]
+fn an_instance_whose_runners_keep_failing_is_given_up_and_its_requests_fail_fast() {
+    use std::io::{Seek, SeekFrom, Write};
+    let root = tempfile::tempdir().expect("temp dir");
+    let ns = "faults-given-up";
+    // The model's file, whole in size but with a broken header: every
+    // runner fails to load it.
+    let dir = root.path().join("a");
+    let models = dir
+        .join("models")
+        .join(tessera_engine::testing::DEFAULT_MODEL_DIR);
+    std::fs::create_dir_all(&models).expect("models dir");
+    let broken = models.join(tessera_engine::testing::DEFAULT_MODEL_FILE);
+    std::fs::copy(tessera_engine::testing::default_model_path(), &broken).expect("copy");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&broken)
+        .expect("open");
+    file.seek(SeekFrom::Start(0)).expect("seek");
+    file.write_all(b"NOPE").expect("break the magic");
+    drop(file);
+    let node = Node::start_with(ns, &dir, free_port(), &[], &["--offline"]);
+    let asked = Instant::now();
+    let (status, body) = http(&node.api, "POST", "/v1/chat/completions", &chat(4, false));
+    let first = asked.elapsed();
+    assert_eq!(status, 503, "{body}\n{}", node.log());
+    assert!(body.contains("given up"), "{body}");
+    assert!(body.contains("failed 5 times"), "{body}");
+    // From now on at once, with the reason.
+    let asked = Instant::now();
+    let (status, again) = http(&node.api, "POST", "/v1/chat/completions", &chat(4, false));
+    let second = asked.elapsed();
+    assert_eq!(status, 503, "{again}");
+    assert!(again.contains("given up"), "{again}");
+    assert!(second < Duration::from_secs(1), "{second:?}");
+    eprintln!(
+        "FAULT runners that keep failing (a broken model file): the instance was given up \
+         after 5 failures; the waiting request got 503 with the reason after {first:?}, \
+         the next one after {second:?}"
+    );
+}

@@ -334,6 +334,9 @@ impl Api {
             return Ok(());
         }
         if !any {
+            if let Some(reason) = state.given_up.get(model) {
+                return Err(given_up(model, reason));
+            }
             if !place {
                 return Err(ApiError::not_found(
                     "model_not_placed",
@@ -383,6 +386,10 @@ impl Api {
                 (_, true) => {
                     tracing::info!(model, waited = ?started.elapsed(), "instance ready");
                     return Ok(());
+                }
+                (false, _) if state.given_up.contains_key(model) => {
+                    let reason = state.given_up.get(model).cloned().unwrap_or_default();
+                    return Err(given_up(model, &reason));
                 }
                 (false, _) if !place => {
                     return Err(ApiError::not_found(
@@ -541,6 +548,17 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router, limits: Con
             }
             drop(permit);
         });
+    }
+}
+
+/// A request for a model whose instance the cluster gave up.
+fn given_up(model: &str, reason: &str) -> ApiError {
+    ApiError {
+        code: Some("model_failed"),
+        ..ApiError::unavailable(format!(
+            "the instance of {model} was given up: {reason}; fix the cause, then place it \
+             again with `tessera admin place {model}` or POST /place_instance"
+        ))
     }
 }
 

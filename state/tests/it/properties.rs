@@ -75,8 +75,10 @@ fn event_kind() -> impl Strategy<Value = Kind> {
                 }),
             })
         }),
-        id("i", 4)
-            .prop_map(|instance_id| Kind::InstanceDeleted(v1::InstanceDeleted { instance_id })),
+        id("i", 4).prop_map(|instance_id| Kind::InstanceDeleted(v1::InstanceDeleted {
+            instance_id,
+            ..Default::default()
+        })),
         (id("r", 30), runner_state()).prop_map(|(runner_id, state)| Kind::RunnerStatusUpdated(
             v1::RunnerStatusUpdated {
                 runner_id,
