@@ -249,7 +249,7 @@ fn closed_within(stream: &mut std::net::TcpStream, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
     let mut buf = [0u8; 1024];
     while Instant::now() < deadline {
-        let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
+        let _ = stream.set_read_timeout(Some(limit.min(Duration::from_millis(100))));
         match stream.read(&mut buf) {
             Ok(0) => return true,
             Ok(_) => {}
@@ -322,9 +322,27 @@ fn idle_and_slow_api_connections_are_closed_and_bounded() {
     assert!(closed_after < Duration::from_secs(4), "{closed_after:?}");
     // With the bound free again, requests are served.
     assert!(get("/node_id").starts_with("HTTP/1.1 200"));
+    // 300 idle connections at once: 8 are held (then closed by the idle
+    // timeout), the rest closed at once; the node serves throughout.
+    let mut burst: Vec<TcpStream> = (0..300)
+        .map(|_| TcpStream::connect(&address).expect("connect"))
+        .collect();
+    // Well within the idle timeout, look at each once.
+    std::thread::sleep(Duration::from_millis(300));
+    let at_once = burst
+        .iter_mut()
+        .filter_map(|s| closed_within(s, Duration::from_millis(1)).then_some(()))
+        .count();
+    assert!(at_once >= 292, "{at_once} of 300 closed at once");
+    let all_closed = burst
+        .iter_mut()
+        .all(|s| closed_within(s, Duration::from_secs(5)));
+    assert!(all_closed, "every idle connection is closed");
+    assert!(get("/node_id").starts_with("HTTP/1.1 200"));
     eprintln!(
         "FAULT http: 9th connection over a bound of 8 closed at once; 8 idle or slow \
-         connections closed after {closed_after:?} (timeout 1 s); served again after"
+         connections closed after {closed_after:?} (timeout 1 s); of 300 idle connections \
+         {at_once} closed at once and the rest by the timeout; served throughout"
     );
 }
 
@@ -348,13 +366,13 @@ enum Seen {
 }
 
 /// Streams a chat on its own thread; each SSE data line is reported.
-fn stream_chat(api: &str) -> std::sync::mpsc::Receiver<Seen> {
+fn stream_chat(api: &str, max_tokens: u32) -> std::sync::mpsc::Receiver<Seen> {
     use std::io::{BufRead, BufReader, Write};
     let (tx, rx) = std::sync::mpsc::channel();
     let api = api.to_string();
     std::thread::spawn(move || {
         let mut stream = std::net::TcpStream::connect(&api).expect("connect");
-        let body = chat(4000, true);
+        let body = chat(max_tokens, true);
         let head = format!(
             "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
             body.len()
@@ -428,7 +446,7 @@ fn losing_rank_0s_node_mid_stream_ends_the_stream_at_once_and_the_model_serves_a
     })
     .unwrap_or_else(|| panic!("ready\n{}{}", workers[0].log(), workers[1].log()));
 
-    let seen = stream_chat(&a.api);
+    let seen = stream_chat(&a.api, 4000);
     let mut tokens = 0;
     while tokens < 5 {
         match seen.recv_timeout(Duration::from_secs(60)).expect("tokens") {
@@ -437,6 +455,10 @@ fn losing_rank_0s_node_mid_stream_ends_the_stream_at_once_and_the_model_serves_a
             Seen::End(_) => panic!("the stream ended before the kill"),
         }
     }
+    // Seven more clients, queued behind the first (one generation at a
+    // time per instance): none has a token yet when the node dies.
+    let queued: Vec<_> = (0..7).map(|_| stream_chat(&a.api, 8)).collect();
+    std::thread::sleep(Duration::from_millis(300));
     let victim = rank0_node(ns, ports[0], &instance);
     let dead = workers
         .iter()
@@ -463,6 +485,28 @@ fn losing_rank_0s_node_mid_stream_ends_the_stream_at_once_and_the_model_serves_a
         "error after {to_error:?}: {error}"
     );
 
+    // The queued clients had no token yet: their requests wait for the
+    // model to be placed again and are answered in full.
+    let mut answered = 0;
+    let mut queued_slowest = Duration::ZERO;
+    for stream in &queued {
+        let mut tokens = 0;
+        loop {
+            match stream
+                .recv_timeout(Duration::from_secs(90))
+                .expect("the queued stream ends")
+            {
+                Seen::Data => tokens += 1,
+                Seen::Error(_, error) => panic!("a queued stream failed: {error}"),
+                Seen::End(at) => {
+                    queued_slowest = queued_slowest.max(at.saturating_duration_since(killed));
+                    break;
+                }
+            }
+        }
+        assert!(tokens > 0, "a queued stream got tokens");
+        answered += 1;
+    }
     // A new request, without any retry by the client, waits for the model
     // to be placed again on the node left and is answered.
     let asked = Instant::now();
@@ -480,9 +524,10 @@ fn losing_rank_0s_node_mid_stream_ends_the_stream_at_once_and_the_model_serves_a
         "runners of the deleted instance: {ghosts:?}"
     );
     eprintln!(
-        "FAULT rank0-node-sigkill mid-stream: the client's stream ended with an error \
-         {to_error:?} after the kill ({}); a new request was answered {served_after:?} \
-         later, once the model was placed again",
+        "FAULT rank0-node-sigkill under 8 streams: the streaming client got an error \
+         {to_error:?} after the kill ({}); the {answered} queued streams were answered \
+         in full on the instance placed again, the last {queued_slowest:?} after the kill; \
+         a new request was answered {served_after:?} after it was sent",
         &error[..error.len().min(160)]
     );
 }
@@ -519,6 +564,16 @@ fn twenty_requests_sent_while_the_master_dies_all_succeed_once() {
     let (status, body) = http(&b.api, "POST", "/v1/chat/completions", &chat(4, false));
     assert_eq!(status, 200, "{body}");
 
+    // Eight streams on b while the master (a) dies.
+    let streams: Vec<_> = (0..8).map(|_| stream_chat(&b.api, 24)).collect();
+    match streams[0]
+        .recv_timeout(Duration::from_secs(60))
+        .expect("a first token")
+    {
+        Seen::Data => {}
+        Seen::Error(_, e) => panic!("error before the kill: {e}"),
+        Seen::End(_) => panic!("ended before the kill"),
+    }
     a.kill();
     let killed = Instant::now();
     let requests: Vec<_> = (0..20)
@@ -543,6 +598,18 @@ fn twenty_requests_sent_while_the_master_dies_all_succeed_once() {
             b.log()
         );
         slowest = slowest.max(took);
+    }
+    for stream in &streams {
+        loop {
+            match stream
+                .recv_timeout(Duration::from_secs(120))
+                .expect("the stream ends")
+            {
+                Seen::Data => {}
+                Seen::Error(_, error) => panic!("a stream failed with the master: {error}"),
+                Seen::End(_) => break,
+            }
+        }
     }
     let resends = b.log().matches("sending it again").count();
     b.stop();
@@ -573,8 +640,9 @@ fn twenty_requests_sent_while_the_master_dies_all_succeed_once() {
     let twice: Vec<_> = tasks_per_command.iter().filter(|(_, n)| **n > 1).collect();
     assert!(twice.is_empty(), "commands applied twice: {twice:?}");
     eprintln!(
-        "FAULT master-sigkill with 20 requests in the 3 s after: 20 answered 200 (slowest \
-         {slowest:?}), {resends} commands sent again, none applied twice"
+        "FAULT master-sigkill under 8 streams, with 20 requests in the 3 s after: the 8 \
+         streams completed, the 20 requests answered 200 (slowest {slowest:?}), {resends} \
+         commands sent again, none applied twice"
     );
 }
 
@@ -704,5 +772,73 @@ fn an_instance_whose_runners_keep_failing_is_given_up_and_its_requests_fail_fast
         "FAULT runners that keep failing (a broken model file): the instance was given up \
          after 5 failures; the waiting request got 503 with the reason after {first:?}, \
          the next one after {second:?}"
+    );
+}
+
+#[test]
+fn a_worker_frozen_for_five_seconds_under_eight_streams_loses_none() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let ns = "faults-worker-stop";
+    let ports: Vec<u16> = (0..2).map(|_| free_port()).collect();
+    let a = Node::start_with(ns, &root.path().join("a"), ports[0], &[], &["--no-worker"]);
+    wait_until(Duration::from_secs(20), || master_seen(ns, ports[0], None)).expect("a leads");
+    let b = Node::start(
+        ns,
+        with_model(&root.path().join("b")),
+        ports[1],
+        &[ports[0]],
+    );
+    let nodes = [a, b];
+    wait_until(Duration::from_secs(20), || agreed_master(ns, &nodes)).expect("two nodes");
+    let instance = place_on(ns, ports[0], "pipeline", 1);
+    wait_until(Duration::from_secs(90), || {
+        all_ready(ns, ports[0], &instance).then_some(())
+    })
+    .unwrap_or_else(|| panic!("ready\n{}", nodes[1].log()));
+
+    let streams: Vec<_> = (0..8).map(|_| stream_chat(&nodes[0].api, 24)).collect();
+    match streams[0]
+        .recv_timeout(Duration::from_secs(60))
+        .expect("a first token")
+    {
+        Seen::Data => {}
+        Seen::Error(_, e) => panic!("error before the freeze: {e}"),
+        Seen::End(_) => panic!("ended before the freeze"),
+    }
+    signal(&nodes[1], "-STOP");
+    let stopped = Instant::now();
+    std::thread::sleep(Duration::from_secs(5));
+    signal(&nodes[1], "-CONT");
+    let (mut completed, mut errors, mut last_end) = (0, Vec::new(), Duration::ZERO);
+    for stream in &streams {
+        loop {
+            match stream
+                .recv_timeout(Duration::from_secs(120))
+                .expect("the stream ends")
+            {
+                Seen::Data => {}
+                Seen::Error(_, error) => errors.push(error),
+                Seen::End(at) => {
+                    last_end = last_end.max(at.saturating_duration_since(stopped));
+                    completed += 1;
+                    break;
+                }
+            }
+        }
+    }
+    assert!(errors.is_empty(), "streams failed: {errors:?}");
+    assert_eq!(completed, 8);
+    let (status, body) = http(
+        &nodes[0].api,
+        "POST",
+        "/v1/chat/completions",
+        &chat(4, false),
+    );
+    assert_eq!(status, 200, "{body}");
+    let ((index, _), _) =
+        wait_until(Duration::from_secs(20), || equal_states(ns, &nodes)).expect("equal states");
+    eprintln!(
+        "FAULT worker-sigstop-5s under 8 streams: all 8 completed, none failed (the last \
+         {last_end:?} after the SIGSTOP); a new request answered; equal digests at index {index}"
     );
 }
