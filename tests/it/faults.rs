@@ -125,17 +125,18 @@ fn the_master_killed_and_restarted_five_times_leaves_one_master_and_one_log() {
             let logs: String = nodes.iter().map(Node::log).collect();
             panic!("round {round}: the restarted node follows {successor}\n{logs}")
         });
-        let ((index, _), agree) = wait_until(Duration::from_secs(20), || equal_states(ns, &nodes))
+        let ((index, _), _) = wait_until(Duration::from_secs(20), || equal_states(ns, &nodes))
             .expect("equal states after the restart");
+        let agreed = restarted.elapsed();
         let log = nodes[dead].log();
         assert!(
             !log.contains("elected master"),
             "round {round}: the restarted node led\n{log}"
         );
         eprintln!(
-            "FAULT master-restart round {round}: new master after {failover:?}; \
-             restarted node follows after {rejoin:?}, equal digests at index {index} after {:?}",
-            restarted.elapsed().saturating_sub(rejoin) + agree
+            "FAULT master-restart round {round}: new master after {failover:?}; the \
+             restarted node follows {rejoin:?} after its start; equal digests on all three \
+             at index {index} {agreed:?} after its start"
         );
     }
     let errors: usize = nodes
@@ -441,10 +442,20 @@ fn losing_rank_0s_node_mid_stream_ends_the_stream_at_once_and_the_model_serves_a
     })
     .expect("three nodes");
     let instance = place_on(ns, ports[0], "tensor", 2);
-    wait_until(Duration::from_secs(90), || {
+    let (_, to_ready) = wait_until(Duration::from_secs(90), || {
         all_ready(ns, ports[0], &instance).then_some(())
     })
     .unwrap_or_else(|| panic!("ready\n{}{}", workers[0].log(), workers[1].log()));
+    // Two nodes on one machine, each with its own slot of ring ports.
+    let collisions: usize = workers
+        .iter()
+        .map(|w| w.log().matches("Address already in use").count())
+        .sum();
+    assert_eq!(collisions, 0, "no ring port collided");
+    eprintln!(
+        "FAULT two nodes on one machine: a tensor instance over both ready {to_ready:?} \
+         after placement, no ring port collision"
+    );
 
     let seen = stream_chat(&a.api, 4000);
     let mut tokens = 0;
