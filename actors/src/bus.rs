@@ -97,6 +97,27 @@ impl Bus {
         Ok(replies.swap_remove(0))
     }
 
+    /// Whether `node`'s liveliness token is there now (asked of zenoh, at
+    /// most `timeout`); a failed query counts as gone.
+    pub async fn is_alive(&self, node: &str, timeout: Duration) -> bool {
+        let Ok(key) = self.keys.alive(node) else {
+            return false;
+        };
+        match self.session.liveliness().get(&key).timeout(timeout).await {
+            Ok(replies) => {
+                let mut alive = false;
+                while let Ok(reply) = replies.recv_async().await {
+                    alive |= reply.result().is_ok();
+                }
+                alive
+            }
+            Err(error) => {
+                tracing::warn!(%error, node, "liveliness query");
+                false
+            }
+        }
+    }
+
     /// Every reply that decodes, in arrival order.
     pub async fn query_all<Req: Message, Rep: Message + Default>(
         &self,

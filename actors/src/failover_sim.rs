@@ -11,7 +11,7 @@ use tessera_protos::v1::{
 };
 
 use crate::election::{Credentials, Election, Output, Role, HEARTBEAT_MS};
-use crate::log_sync::{LogSync, MAX_PROBE};
+use crate::log_sync::LogSync;
 
 const TICK_MS: u64 = 10;
 
@@ -296,17 +296,7 @@ impl Sim {
         let Some(session) = self.nodes[m].writing_session(self.now) else {
             return;
         };
-        let log = &self.nodes[m].log;
-        let reply = EventLogReply {
-            events: log
-                .iter()
-                .filter(|e| e.index >= asked_from)
-                .take(MAX_PROBE as usize)
-                .cloned()
-                .collect(),
-            last_index: log.len() as u64,
-            session: Some(session),
-        };
+        let reply = crate::log_sync::reply_from(&self.nodes[m].log, asked_from, session);
         self.nodes[i].catching_up = true;
         let at = self.now + 5 + self.rng.below(40);
         self.nodes[i]

@@ -178,6 +178,22 @@ fn events_after(reply: &EventLogReply, last: u64) -> Vec<IndexedEvent> {
     out
 }
 
+/// What a master holding `log` answers to a query from `from` (as the
+/// node's event-log queryable does): for the tests' simulated masters.
+#[cfg(test)]
+pub(crate) fn reply_from(log: &[IndexedEvent], from: u64, session: SessionId) -> EventLogReply {
+    EventLogReply {
+        events: log
+            .iter()
+            .filter(|e| e.index >= from)
+            .take(MAX_PROBE as usize)
+            .cloned()
+            .collect(),
+        last_index: log.len() as u64,
+        session: Some(session),
+    }
+}
+
 impl LocalLog for Vec<IndexedEvent> {
     fn last_index(&self) -> u64 {
         self.len() as u64
@@ -232,16 +248,7 @@ mod tests {
         sync.follow(master.clone(), false);
         for _ in 0..64 {
             let from = sync.ask_from(local);
-            let reply = EventLogReply {
-                events: master_log
-                    .iter()
-                    .filter(|e| e.index >= from)
-                    .take(MAX_PROBE as usize)
-                    .cloned()
-                    .collect(),
-                last_index: master_log.len() as u64,
-                session: Some(master.clone()),
-            };
+            let reply = reply_from(master_log, from, master.clone());
             let step = sync.on_reply(from, &reply, local);
             if let Some(keep) = step.truncate_after {
                 local.truncate(keep as usize);

@@ -52,28 +52,7 @@ const GONE_GRACE: Duration = Duration::from_millis(300);
 fn confirm_gone(master: ActorRef<MasterMsg>, bus: Bus, node: String) {
     tokio::spawn(async move {
         tokio::time::sleep(GONE_GRACE).await;
-        let Ok(key) = bus.keys.alive(&node) else {
-            return;
-        };
-        let alive = match bus
-            .session
-            .liveliness()
-            .get(&key)
-            .timeout(Duration::from_millis(500))
-            .await
-        {
-            Ok(replies) => {
-                let mut alive = false;
-                while let Ok(reply) = replies.recv_async().await {
-                    alive |= reply.result().is_ok();
-                }
-                alive
-            }
-            Err(error) => {
-                tracing::warn!(%error, node, "liveliness query");
-                false
-            }
-        };
+        let alive = bus.is_alive(&node, Duration::from_millis(500)).await;
         if alive {
             tracing::info!(node, "a liveliness token came back; the node stays");
             let _ = master.cast(MasterMsg::NodeAlive(node));

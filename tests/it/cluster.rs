@@ -544,18 +544,9 @@ fn garbage_on_every_key_is_dropped_and_the_cluster_keeps_working() {
 
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
-        let mut config = zenoh::Config::default();
-        config.insert_json5("mode", "\"client\"").expect("mode");
-        config
-            .insert_json5(
-                "connect/endpoints",
-                &format!("[\"tcp/127.0.0.1:{}\"]", ports[0]),
-            )
-            .expect("connect");
-        config
-            .insert_json5("scouting/multicast/enabled", "false")
-            .expect("scouting");
-        let session = zenoh::open(config).await.expect("session");
+        let session = zenoh::open(crate::support::zenoh_client(ports[0]))
+            .await
+            .expect("session");
         let garbage: Vec<Vec<u8>> = vec![
             vec![0xff; 64],
             b"not protobuf at all".to_vec(),

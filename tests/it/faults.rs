@@ -31,6 +31,32 @@ fn agreed_master(ns: &str, nodes: &[Node]) -> Option<String> {
     seen.iter().all(|m| *m == first).then_some(first)
 }
 
+/// The master that every node but `gone` agrees on, once it is not `old`
+/// (within 10 s).
+fn new_master(ns: &str, nodes: &[Node], gone: usize, old: &str) -> Option<String> {
+    let others: Vec<&Node> = (0..nodes.len())
+        .filter(|i| *i != gone)
+        .map(|i| &nodes[i])
+        .collect();
+    let (successor, _) = wait_until(Duration::from_secs(10), || {
+        let seen = others
+            .iter()
+            .map(|n| master_seen(ns, n.port, Some(&n.id)))
+            .collect::<Option<Vec<_>>>()?;
+        let first = seen.first()?.0.clone();
+        (first != old && seen.iter().all(|(m, _)| *m == first)).then_some(first)
+    })?;
+    Some(successor)
+}
+
+/// Node "a", without a worker, once it leads alone (it serves the API and
+/// keeps the log; the models run elsewhere).
+fn leader(ns: &str, root: &Path, port: u16) -> Node {
+    let a = Node::start_with(ns, &root.join("a"), port, &[], &["--no-worker"]);
+    wait_until(Duration::from_secs(20), || master_seen(ns, port, None)).expect("a leads");
+    a
+}
+
 /// Every node at the same index with the same digest.
 fn equal_states(ns: &str, nodes: &[Node]) -> Option<(u64, String)> {
     let states = nodes
@@ -97,16 +123,8 @@ fn the_master_killed_and_restarted_five_times_leaves_one_master_and_one_log() {
         let dead = nodes.iter().position(|n| n.id == master).expect("master");
         nodes[dead].kill();
         let killed = Instant::now();
-        let survivors: Vec<usize> = (0..3).filter(|i| *i != dead).collect();
-        let (successor, _) = wait_until(Duration::from_secs(10), || {
-            let seen = survivors
-                .iter()
-                .map(|&i| master_seen(ns, nodes[i].port, Some(&nodes[i].id)))
-                .collect::<Option<Vec<_>>>()?;
-            let first = seen.first()?.0.clone();
-            (first != master && seen.iter().all(|(m, _)| *m == first)).then_some(first)
-        })
-        .expect("a new master among the survivors");
+        let successor =
+            new_master(ns, &nodes, dead, &master).expect("a new master among the survivors");
         let failover = killed.elapsed();
 
         let dir = nodes[dead].dir.clone();
@@ -156,16 +174,9 @@ fn a_frozen_master_steps_down_when_it_wakes() {
     let frozen = nodes.iter().position(|n| n.id == master).expect("master");
     signal(&nodes[frozen], "-STOP");
     let stopped = Instant::now();
-    let others: Vec<usize> = (0..3).filter(|i| *i != frozen).collect();
-    let (successor, failover) = wait_until(Duration::from_secs(10), || {
-        let seen = others
-            .iter()
-            .map(|&i| master_seen(ns, nodes[i].port, Some(&nodes[i].id)))
-            .collect::<Option<Vec<_>>>()?;
-        let first = seen.first()?.0.clone();
-        (first != master && seen.iter().all(|(m, _)| *m == first)).then_some(first)
-    })
-    .expect("a new master while the old one is frozen");
+    let successor =
+        new_master(ns, &nodes, frozen, &master).expect("a new master while the old one is frozen");
+    let failover = stopped.elapsed();
     std::thread::sleep(Duration::from_secs(5).saturating_sub(stopped.elapsed()));
     signal(&nodes[frozen], "-CONT");
     let (_, rejoin) = wait_until(Duration::from_secs(20), || {
@@ -193,11 +204,7 @@ fn a_node_that_led_alone_drops_its_forked_events_when_it_rejoins() {
     let lone = nodes.iter().position(|n| n.id == master).expect("master");
     nodes[lone].kill();
     let others: Vec<usize> = (0..3).filter(|i| *i != lone).collect();
-    wait_until(Duration::from_secs(10), || {
-        let (m, _) = master_seen(ns, nodes[others[0]].port, Some(&nodes[others[0]].id))?;
-        (m != master).then_some(())
-    })
-    .expect("a new master");
+    new_master(ns, &nodes, lone, &master).expect("a new master");
     let (before, _) = state_of(ns, nodes[others[0]].port, &nodes[others[0]].id).expect("state");
 
     // Back on a port nobody dials and dialling no one: after its rejoin
@@ -424,8 +431,7 @@ fn losing_rank_0s_node_mid_stream_ends_the_stream_at_once_and_the_model_serves_a
     let ns = "faults-rank0";
     let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
     // a leads and serves the API but runs no model; b and c hold it.
-    let a = Node::start_with(ns, &root.path().join("a"), ports[0], &[], &["--no-worker"]);
-    wait_until(Duration::from_secs(20), || master_seen(ns, ports[0], None)).expect("a leads");
+    let a = leader(ns, root.path(), ports[0]);
     let mut workers: Vec<Node> = ["b", "c"]
         .iter()
         .map(|name| {
@@ -548,8 +554,7 @@ fn twenty_requests_sent_while_the_master_dies_all_succeed_once() {
     let root = tempfile::tempdir().expect("temp dir");
     let ns = "faults-requests";
     let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-    let mut a = Node::start_with(ns, &root.path().join("a"), ports[0], &[], &["--no-worker"]);
-    wait_until(Duration::from_secs(20), || master_seen(ns, ports[0], None)).expect("a leads");
+    let mut a = leader(ns, root.path(), ports[0]);
     let mut b = Node::start(
         ns,
         with_model(&root.path().join("b")),
@@ -664,8 +669,7 @@ fn forged_election_messages_change_nothing() {
     let root = tempfile::tempdir().expect("temp dir");
     let ns = "faults-forged";
     let ports: Vec<u16> = (0..2).map(|_| free_port()).collect();
-    let a = Node::start_with(ns, &root.path().join("a"), ports[0], &[], &["--no-worker"]);
-    wait_until(Duration::from_secs(20), || master_seen(ns, ports[0], None)).expect("a leads");
+    let a = leader(ns, root.path(), ports[0]);
     let b = Node::start_with(
         ns,
         &root.path().join("b"),
@@ -685,18 +689,9 @@ fn forged_election_messages_change_nothing() {
 
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
-        let mut config = zenoh::Config::default();
-        config.insert_json5("mode", "\"client\"").expect("mode");
-        config
-            .insert_json5(
-                "connect/endpoints",
-                &format!("[\"tcp/127.0.0.1:{}\"]", ports[0]),
-            )
-            .expect("connect");
-        config
-            .insert_json5("scouting/multicast/enabled", "false")
-            .expect("scouting");
-        let session = zenoh::open(config).await.expect("session");
+        let session = zenoh::open(crate::support::zenoh_client(ports[0]))
+            .await
+            .expect("session");
         let forged = [
             // A victory from a node that does not exist, far ahead.
             ElectionMessage {
@@ -791,8 +786,7 @@ fn a_worker_frozen_for_five_seconds_under_eight_streams_loses_none() {
     let root = tempfile::tempdir().expect("temp dir");
     let ns = "faults-worker-stop";
     let ports: Vec<u16> = (0..2).map(|_| free_port()).collect();
-    let a = Node::start_with(ns, &root.path().join("a"), ports[0], &[], &["--no-worker"]);
-    wait_until(Duration::from_secs(20), || master_seen(ns, ports[0], None)).expect("a leads");
+    let a = leader(ns, root.path(), ports[0]);
     let b = Node::start(
         ns,
         with_model(&root.path().join("b")),

@@ -26,3 +26,16 @@ pub fn free_port() -> u16 {
         .map(|a| a.port())
         .expect("a free port")
 }
+
+/// A zenoh client's configuration that reaches one node on loopback only.
+pub fn zenoh_client(port: u16) -> zenoh::Config {
+    let mut config = zenoh::Config::default();
+    config.insert_json5("mode", "\"client\"").expect("mode");
+    config
+        .insert_json5("connect/endpoints", &format!("[\"tcp/127.0.0.1:{port}\"]"))
+        .expect("connect");
+    config
+        .insert_json5("scouting/multicast/enabled", "false")
+        .expect("scouting");
+    config
+}

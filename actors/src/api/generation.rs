@@ -279,24 +279,10 @@ impl Generation {
             return None;
         }
         tokio::time::sleep(GONE_GRACE).await;
-        let key = sample.key_expr().clone();
-        let back = match self
+        let back = self
             .bus
-            .session
-            .liveliness()
-            .get(key)
-            .timeout(Duration::from_millis(500))
-            .await
-        {
-            Ok(replies) => {
-                let mut alive = false;
-                while let Ok(reply) = replies.recv_async().await {
-                    alive |= reply.result().is_ok();
-                }
-                alive
-            }
-            Err(_) => false,
-        };
+            .is_alive(&assigned.rank0_node, Duration::from_millis(500))
+            .await;
         (!back).then(|| {
             format!(
                 "the node {} that runs rank 0 of instance {} is gone",
