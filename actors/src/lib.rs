@@ -19,6 +19,10 @@
 //!   Downloads actor ([`downloads_actor`]), which runs [`downloads`] jobs.
 //! - [`api`]: the HTTP API (axum).
 
+/// The longest one actor waits for another's answer: a stuck actor becomes
+/// an error where it is asked, never a hang.
+pub const ACTOR_CALL_MS: u64 = 10_000;
+
 pub mod api;
 pub mod bus;
 pub mod catalogue;

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use ractor::{call, Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{call_t, Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tessera_protos::v1::{
     self, command, event, ClusterState, Command, Event, IndexedEvent, LocalEvent, SessionId,
 };
@@ -86,7 +86,11 @@ pub struct MasterState {
 
 impl MasterState {
     async fn state(&self) -> Result<ClusterState, ActorProcessingErr> {
-        Ok(call!(self.replica, ReplicaMsg::GetState)?)
+        Ok(call_t!(
+            self.replica,
+            ReplicaMsg::GetState,
+            crate::ACTOR_CALL_MS
+        )?)
     }
 
     /// Indexes, persists, applies and publishes one event. A refused event
@@ -109,7 +113,12 @@ impl MasterState {
             origin_node_id,
             origin_seq,
         };
-        let committed = call!(self.replica, ReplicaMsg::Commit, indexed.clone())?;
+        let committed = call_t!(
+            self.replica,
+            ReplicaMsg::Commit,
+            crate::ACTOR_CALL_MS,
+            indexed.clone()
+        )?;
         if let Err(reason) = committed {
             tracing::warn!(%reason, index = indexed.index, "event refused");
             return Ok(false);
@@ -650,7 +659,8 @@ impl Actor for Master {
         myself: ActorRef<Self::Msg>,
         args: MasterArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let state: ClusterState = call!(args.replica, ReplicaMsg::GetState)?;
+        let state: ClusterState =
+            call_t!(args.replica, ReplicaMsg::GetState, crate::ACTOR_CALL_MS)?;
         tracing::info!(next = state.last_index + 1, "master continues the log");
         let master = MasterState {
             session: SessionId {

@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ractor::{call, Actor, ActorRef};
+use ractor::{call_t, Actor, ActorRef};
 use tessera_protos::v1::{
     self, event, AdminError, ClusterState, Command, ElectionMessage, EventLogReply,
     EventLogRequest, GetStateReply, IndexedEvent, ListNodesReply, LocalEvent, NodeSummary,
@@ -444,15 +444,15 @@ impl Router {
         match method {
             AdminMethod::Place => {
                 let request = self.bus.decode::<v1::PlaceInstanceRequest>(key, payload)?;
-                encode(&call!(master, MasterMsg::Place, request).ok()?)
+                encode(&call_t!(master, MasterMsg::Place, crate::ACTOR_CALL_MS, request).ok()?)
             }
             AdminMethod::Delete => {
                 let request = self.bus.decode::<v1::DeleteInstanceRequest>(key, payload)?;
-                encode(&call!(master, MasterMsg::Delete, request).ok()?)
+                encode(&call_t!(master, MasterMsg::Delete, crate::ACTOR_CALL_MS, request).ok()?)
             }
             AdminMethod::Download => {
                 let request = self.bus.decode::<v1::DownloadRequest>(key, payload)?;
-                encode(&call!(master, MasterMsg::Download, request).ok()?)
+                encode(&call_t!(master, MasterMsg::Download, crate::ACTOR_CALL_MS, request).ok()?)
             }
             AdminMethod::AddModel => {
                 let request = self.bus.decode::<v1::AddModelRequest>(key, payload)?;
@@ -475,7 +475,9 @@ impl Router {
                     )
                     .await
                     {
-                        Ok(card) => call!(master, MasterMsg::AddCard, card).ok()?,
+                        Ok(card) => {
+                            call_t!(master, MasterMsg::AddCard, crate::ACTOR_CALL_MS, card).ok()?
+                        }
                         Err(error) => refuse("invalid_argument", error.to_string()),
                     },
                 };
@@ -618,14 +620,18 @@ impl Router {
                 } else {
                     request.to_index
                 };
-                let events = call!(this.replica, |reply| ReplicaMsg::GetRange {
-                    from: request.from_index,
-                    to,
-                    reply
-                })
+                let events = call_t!(
+                    this.replica,
+                    |reply| ReplicaMsg::GetRange {
+                        from: request.from_index,
+                        to,
+                        reply
+                    },
+                    crate::ACTOR_CALL_MS
+                )
                 .unwrap_or_default();
-                let last_index =
-                    call!(this.replica, ReplicaMsg::GetState).map_or(0, |state| state.last_index);
+                let last_index = call_t!(this.replica, ReplicaMsg::GetState, crate::ACTOR_CALL_MS)
+                    .map_or(0, |state| state.last_index);
                 let reply = EventLogReply {
                     events,
                     last_index,
@@ -700,10 +706,11 @@ impl Router {
                             continue;
                         }
                     }
-                    let state: ClusterState = match call!(this.replica, ReplicaMsg::GetState) {
-                        Ok(s) => s,
-                        Err(_) => continue,
-                    };
+                    let state: ClusterState =
+                        match call_t!(this.replica, ReplicaMsg::GetState, crate::ACTOR_CALL_MS) {
+                            Ok(s) => s,
+                            Err(_) => continue,
+                        };
                     let payload = query
                         .payload()
                         .map(|p| p.to_bytes().to_vec())
@@ -753,11 +760,15 @@ impl Router {
                             } else {
                                 request.to_index
                             };
-                            let events = call!(this.replica, |reply| ReplicaMsg::GetRange {
-                                from: request.from_index.max(1),
-                                to,
-                                reply
-                            })
+                            let events = call_t!(
+                                this.replica,
+                                |reply| ReplicaMsg::GetRange {
+                                    from: request.from_index.max(1),
+                                    to,
+                                    reply
+                                },
+                                crate::ACTOR_CALL_MS
+                            )
                             .unwrap_or_default();
                             prost::Message::encode_to_vec(&v1::EventsRangeReply {
                                 events,
@@ -952,7 +963,7 @@ async fn publish_node_info(
             ..gather_node_info(&data_dir)
         };
         let available = info.memory_available_bytes;
-        let known = call!(replica, ReplicaMsg::GetState)
+        let known = call_t!(replica, ReplicaMsg::GetState, crate::ACTOR_CALL_MS)
             .map(|state| state.nodes.contains_key(&node_id))
             .unwrap_or(false);
         let due = match last_sent {

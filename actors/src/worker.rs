@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ractor::{call, Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
+use ractor::{call_t, Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tessera_protos::v1::{self, event, generation_chunk, runner_status::State as Rs};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::oneshot;
@@ -320,7 +320,11 @@ impl WorkerState {
                 return Ok(());
             }
         }
-        let state: v1::ClusterState = call!(self.args.replica, ReplicaMsg::GetState)?;
+        let state: v1::ClusterState = call_t!(
+            self.args.replica,
+            ReplicaMsg::GetState,
+            crate::ACTOR_CALL_MS
+        )?;
         let Some(instance) = state.instances.get(instance_id) else {
             return Ok(());
         };
@@ -432,7 +436,11 @@ impl WorkerState {
 
     /// Takes the plan's next step, if there is one.
     async fn tick(&mut self, myself: &ActorRef<WorkerMsg>) -> Result<(), ActorProcessingErr> {
-        let cluster: v1::ClusterState = call!(self.args.replica, ReplicaMsg::GetState)?;
+        let cluster: v1::ClusterState = call_t!(
+            self.args.replica,
+            ReplicaMsg::GetState,
+            crate::ACTOR_CALL_MS
+        )?;
         // Orders that may be lost are offered again (the runner ignores
         // one it has already followed).
         for runner in self.runners.values_mut() {

@@ -25,7 +25,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use ractor::{call, ActorRef};
+use ractor::{call_t, ActorRef};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tessera_protos::v1::{
@@ -135,7 +135,7 @@ struct Target {
 
 impl Api {
     async fn state(&self) -> Result<v1::ClusterState, ApiError> {
-        call!(self.replica, ReplicaMsg::GetState)
+        call_t!(self.replica, ReplicaMsg::GetState, crate::ACTOR_CALL_MS)
             .map_err(|e| ApiError::internal(format!("reading the state: {e}")))
     }
 
@@ -1432,11 +1432,15 @@ async fn events(State(api): State<Api>, Query(query): Query<EventsQuery>) -> Res
     let mut next = query.from.unwrap_or(1).max(1);
     tokio::spawn(async move {
         loop {
-            let events = call!(api.replica, |reply| ReplicaMsg::GetRange {
-                from: next,
-                to: u64::MAX,
-                reply
-            })
+            let events = call_t!(
+                api.replica,
+                |reply| ReplicaMsg::GetRange {
+                    from: next,
+                    to: u64::MAX,
+                    reply
+                },
+                crate::ACTOR_CALL_MS
+            )
             .unwrap_or_default();
             for event in events {
                 next = event.index + 1;
