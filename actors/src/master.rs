@@ -356,6 +356,17 @@ impl MasterState {
             Ok(v1::Sharding::Unspecified) | Err(_) => v1::Sharding::Pipeline,
             Ok(s) => s,
         };
+        if !request.request_id.is_empty() {
+            let id = instance_id_for(&card.model_id, &request.request_id);
+            if let Some(placed) = state.instances.get(&id) {
+                // Asked again (the answer was lost): the same instance.
+                return Ok(v1::PlaceInstanceReply {
+                    command_id: request.request_id.clone(),
+                    instance: Some(placed.clone()),
+                    error: None,
+                });
+            }
+        }
         match self
             .place_card(
                 &state,
@@ -363,6 +374,7 @@ impl MasterState {
                 sharding,
                 request.min_nodes as usize,
                 &request.node_ids,
+                &request.request_id,
             )
             .await?
         {
@@ -384,6 +396,7 @@ impl MasterState {
         sharding: v1::Sharding,
         min_nodes: usize,
         node_ids: &[String],
+        request_id: &str,
     ) -> Result<Result<(String, v1::Instance), String>, ActorProcessingErr> {
         let nodes = NodeCapacity::from_state(state);
         let placement_request = PlacementRequest {
@@ -392,13 +405,12 @@ impl MasterState {
             min_nodes,
             node_ids,
         };
-        let command_id = uuid::Uuid::now_v7().to_string();
-        // Ids become zenoh key chunks: hub-style model ids lose their '/'.
-        let instance_id = format!(
-            "{}-{}",
-            crate::downloads::folder_name(&card.model_id),
-            &command_id[command_id.len() - 8..]
-        );
+        let command_id = if request_id.is_empty() {
+            uuid::Uuid::now_v7().to_string()
+        } else {
+            request_id.to_string()
+        };
+        let instance_id = instance_id_for(&card.model_id, &command_id);
         let used = placement::used_ring_addresses(state);
         let placed =
             match placement::place(&placement_request, &nodes, &instance_id, &used, |rank| {
@@ -456,7 +468,7 @@ impl MasterState {
             };
             let sharding = v1::Sharding::try_from(lost.sharding).unwrap_or(v1::Sharding::Pipeline);
             let state = self.state().await?;
-            match self.place_card(&state, card, sharding, 1, &[]).await? {
+            match self.place_card(&state, card, sharding, 1, &[], "").await? {
                 Ok((_, instance)) => tracing::info!(
                     lost = lost.instance_id,
                     instance = instance.instance_id,
@@ -472,6 +484,19 @@ impl MasterState {
         }
         Ok(())
     }
+}
+
+/// The id of the instance that `command_id` places: the model's folder
+/// name (ids become zenoh key chunks: hub-style model ids lose their '/')
+/// and 8 hex digits of a hash of the command id, whatever characters a
+/// client put in it.
+fn instance_id_for(model_id: &str, command_id: &str) -> String {
+    let hash = placement::fnv1a(command_id.as_bytes());
+    format!(
+        "{}-{:08x}",
+        crate::downloads::folder_name(model_id),
+        hash as u32
+    )
 }
 
 /// Instances whose runners fail this many times in a row are given up.

@@ -209,9 +209,7 @@ pub struct RingSlot {
 pub fn claim_ring_slot(preferred: Option<u16>, node_id: &str) -> Result<RingSlot, NodeError> {
     use crate::placement::{RING_PORTS, RING_SLOT};
     let slots = (RING_PORTS.end - RING_PORTS.start) / RING_SLOT;
-    let picked = node_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    });
+    let picked = crate::placement::fnv1a(node_id.as_bytes());
     let (first, from_slot) = match preferred {
         Some(base) => (Some(base), 0),
         None => (None, (picked % u64::from(slots)) as u16),

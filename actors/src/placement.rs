@@ -28,6 +28,14 @@ pub const RING_SLOT: u16 = 64;
 /// A node that reports no slot is taken to hold the first.
 pub const RING_BASE_PORT: u16 = RING_PORTS.start;
 
+/// FNV-1a, 64 bits: a stable hash (the same in every process and release)
+/// for ids made from other ids.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
 /// What placement knows about one node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeCapacity {

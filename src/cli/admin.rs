@@ -333,6 +333,7 @@ pub fn run(args: AdminArgs) -> anyhow::Result<()> {
                     } as i32,
                     min_nodes,
                     node_ids: Vec::new(),
+                    request_id: uuid::Uuid::now_v7().to_string(),
                 };
                 let reply: v1::PlaceInstanceReply = bus
                     .query(&bus.keys.admin(AdminMethod::Place), &request, timeout)

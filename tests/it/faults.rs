@@ -847,3 +847,53 @@ fn a_worker_frozen_for_five_seconds_under_eight_streams_loses_none() {
          {last_end:?} after the SIGSTOP); a new request answered; equal digests at index {index}"
     );
 }
+
+#[test]
+fn a_place_asked_again_under_its_id_places_once() {
+    use prost::Message;
+    use tessera_protos::v1;
+    let root = tempfile::tempdir().expect("temp dir");
+    let ns = "faults-place-twice";
+    let port = free_port();
+    let node = Node::start(ns, with_model(&root.path().join("a")), port, &[]);
+    wait_until(Duration::from_secs(20), || {
+        let state = admin(ns, port, None, "state")?;
+        (!state["state"]["nodes"].as_object()?.is_empty()).then_some(())
+    })
+    .expect("the node reports itself");
+    let request = v1::PlaceInstanceRequest {
+        model_id: MODEL.into(),
+        sharding: v1::Sharding::Pipeline as i32,
+        min_nodes: 1,
+        node_ids: Vec::new(),
+        request_id: "asked-again/with *odd* characters".into(),
+    };
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let ids: Vec<String> = runtime.block_on(async {
+        let session = zenoh::open(crate::support::zenoh_client(port))
+            .await
+            .expect("session");
+        let mut ids = Vec::new();
+        for _ in 0..3 {
+            let replies = session
+                .get(format!("tessera/{ns}/admin/place"))
+                .payload(request.encode_to_vec())
+                .timeout(Duration::from_secs(5))
+                .await
+                .expect("get");
+            let reply = replies.recv_async().await.expect("a reply");
+            let bytes = reply.result().expect("ok").payload().to_bytes();
+            let placed = v1::PlaceInstanceReply::decode(&*bytes).expect("a reply");
+            assert!(placed.error.is_none(), "{:?}", placed.error);
+            ids.push(placed.instance.expect("an instance").instance_id);
+        }
+        session.close().await.expect("close");
+        ids
+    });
+    assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");
+    let state = admin(ns, port, None, "state").expect("state");
+    let instances = state["state"]["instances"]
+        .as_object()
+        .map_or(0, |i| i.len());
+    assert_eq!(instances, 1, "placed once\n{}", node.log());
+}

@@ -366,6 +366,8 @@ impl Api {
                         sharding: v1::Sharding::Pipeline as i32,
                         min_nodes: 1,
                         node_ids: Vec::new(),
+                        // Asked again under the same id: placed once.
+                        request_id: uuid::Uuid::now_v7().to_string(),
                     },
                 )
                 .await?;
@@ -1243,6 +1245,7 @@ async fn place_instance(
                 sharding: sharding as i32,
                 min_nodes: body.min_nodes.unwrap_or(1),
                 node_ids: Vec::new(),
+                request_id: uuid::Uuid::now_v7().to_string(),
             },
         )
         .await?;
