@@ -305,6 +305,9 @@ fn idle_and_slow_api_connections_are_closed_and_bounded() {
         answer
     };
     assert!(get("/node_id").starts_with("HTTP/1.1 200"));
+    // The server lets that connection's slot go a moment after the client
+    // has read the answer.
+    std::thread::sleep(Duration::from_millis(300));
 
     // Eight silent connections fill the bound; a ninth is closed at once.
     let started = Instant::now();

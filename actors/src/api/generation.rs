@@ -56,6 +56,9 @@ pub struct Generation {
     timeout: Duration,
     done: bool,
     sent_at: Instant,
+    /// When the state is looked at next (kept across chunks: a stream of
+    /// tokens must not read the state once a token).
+    watch_at: tokio::time::Instant,
     /// Times the command was sent again.
     pub resends: u32,
     /// Whether any chunk came (then nothing is sent again).
@@ -106,6 +109,7 @@ impl Generation {
             timeout,
             done: false,
             sent_at: Instant::now(),
+            watch_at: tokio::time::Instant::now() + WATCH_EVERY,
             resends: 0,
             answered: false,
             assigned: None,
@@ -123,8 +127,6 @@ impl Generation {
             return None;
         }
         let deadline = tokio::time::Instant::now() + self.timeout;
-        let mut watch = tokio::time::interval(WATCH_EVERY);
-        watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let gone = async {
                 match self.assigned.as_ref().and_then(|a| a.liveliness.as_ref()) {
@@ -154,7 +156,8 @@ impl Generation {
                         return Some(Ok(kind));
                     }
                 }
-                _ = watch.tick() => {
+                _ = tokio::time::sleep_until(self.watch_at) => {
+                    self.watch_at = tokio::time::Instant::now() + WATCH_EVERY;
                     if let Some(lost) = self.watch().await {
                         return Some(Ok(self.lost(lost)));
                     }
