@@ -10,13 +10,19 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef};
+use ractor::{Actor, ActorProcessingErr, ActorRef, DerivedActorRef};
 use tessera_hub::CancellationToken;
 use tessera_protos::v1::{self, download_progress::State as Ds, event};
 
 use crate::downloads::{Downloader, Outcome};
 use crate::local_events::LocalEvents;
-use crate::worker::WorkerMsg;
+
+/// A job's end, as the actor that asked for it is told.
+#[derive(Debug)]
+pub struct DownloadEnded {
+    pub model_id: String,
+    pub outcome: Outcome,
+}
 
 pub enum DownloadsMsg {
     /// Fetch `shards` of the model (all of it when empty), replacing (and
@@ -51,7 +57,7 @@ pub struct DownloadsArgs {
     pub downloader: Arc<Downloader>,
     pub events: Arc<LocalEvents>,
     /// Told of each job's end.
-    pub worker: ActorRef<WorkerMsg>,
+    pub ended: DerivedActorRef<DownloadEnded>,
 }
 
 struct Job {
@@ -144,8 +150,8 @@ impl DownloadsState {
         self.report(&model_id, ended.shards, outcome.state()).await;
         let _ = self
             .args
-            .worker
-            .cast(WorkerMsg::DownloadEnded { model_id, outcome });
+            .ended
+            .send_message(DownloadEnded { model_id, outcome });
     }
 
     async fn delete(&mut self, model_id: String) {

@@ -40,7 +40,9 @@ pub mod node;
 pub mod placement;
 pub mod plan;
 pub mod replica;
+pub mod runner;
 pub mod runner_protocol;
+pub mod runner_supervisor;
 pub mod throttle;
 pub mod worker;
 

@@ -1,51 +1,74 @@
 //! The Worker actor: asks the pure [`plan`] for its next step and takes it.
-//! Each runner is a `tessera runner` child process supervised here. Its
-//! orders are `Task`s put on `runner/{id}/tasks`; its statuses arrive on
-//! `runner/{id}/events` and are relayed to the master as local events; rank 0
-//! puts its generation chunks straight on `chunks/{command_id}`. The child's
-//! exit is awaited on the process itself: one that exits out of turn becomes
-//! `RunnerFailed` (with the tail of its stderr), its request gets an error
-//! chunk, and the runner is started again after a backoff.
+//! Each runner is a `tessera runner` child process owned by its
+//! [`RunnerSupervisor`], a linked child of this actor: the worker hands it
+//! the orders (`Task`s for `runner/{id}/tasks`) and the statuses that arrive
+//! on `runner/{id}/events`; the supervisor relays them, and reports the end
+//! of a task and the end of its child. A runner that failed is started
+//! again, once its failure is in the log, after a [`Backoff`].
+//!
+//! [`RunnerSupervisor`]: crate::runner_supervisor::RunnerSupervisor
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ractor::{call_t, Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
-use tessera_protos::v1::{self, event, generation_chunk, runner_status::State as Rs};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::sync::oneshot;
+use tessera_protos::v1::{self, event, runner_status::State as Rs};
 
 use crate::bus::Bus;
 use crate::downloads::{Downloader, Outcome};
-use crate::downloads_actor::{DownloadsActor, DownloadsArgs, DownloadsMsg};
+use crate::downloads_actor::{DownloadEnded, DownloadsActor, DownloadsArgs, DownloadsMsg};
 use crate::local_events::LocalEvents;
 use crate::plan::{plan, Downloads, LocalDownload, LocalRunner, Part, Phase, Step};
 use crate::replica::ReplicaMsg;
 use crate::runner_protocol::task_for_step;
-
-/// Lines of a runner's stderr kept for the diagnostics of its failure.
-const STDERR_TAIL: usize = 20;
-/// How long a runner told to shut down may take before it is killed.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+use crate::runner_supervisor::{
+    Backoff, RunnerCommand, RunnerReport, RunnerSupervisor, SupervisorArgs, SupervisorMsg,
+    SHUTDOWN_GRACE,
+};
 
 pub enum WorkerMsg {
     Tick,
     /// A runner's status, from `runner/{id}/events`.
     Status(String, v1::RunnerStatus),
-    /// A runner's process ended: its exit status and the tail of its stderr.
-    Exited {
-        runner_id: String,
-        exit: String,
-        stderr: String,
-    },
+    /// From a runner's supervisor.
+    Runner(RunnerReport),
     /// A download job of the Downloads actor has ended (and has been
     /// reported).
-    DownloadEnded {
-        model_id: String,
-        outcome: Outcome,
-    },
+    DownloadEnded(DownloadEnded),
+}
+
+impl From<RunnerReport> for WorkerMsg {
+    fn from(report: RunnerReport) -> Self {
+        Self::Runner(report)
+    }
+}
+
+impl TryFrom<WorkerMsg> for RunnerReport {
+    type Error = ();
+    fn try_from(message: WorkerMsg) -> Result<Self, ()> {
+        match message {
+            WorkerMsg::Runner(report) => Ok(report),
+            _ => Err(()),
+        }
+    }
+}
+
+impl From<DownloadEnded> for WorkerMsg {
+    fn from(ended: DownloadEnded) -> Self {
+        Self::DownloadEnded(ended)
+    }
+}
+
+impl TryFrom<WorkerMsg> for DownloadEnded {
+    type Error = ();
+    fn try_from(message: WorkerMsg) -> Result<Self, ()> {
+        match message {
+            WorkerMsg::DownloadEnded(ended) => Ok(ended),
+            _ => Err(()),
+        }
+    }
 }
 
 pub struct Worker;
@@ -70,19 +93,10 @@ pub struct WorkerArgs {
     pub downloader: Arc<Downloader>,
 }
 
-struct RunnerProcess {
+/// A runner of this node, as the plan sees it, and its supervisor.
+struct Supervised {
     local: LocalRunner,
-    /// Kills the child (its waiter holds the process).
-    kill: Option<oneshot::Sender<()>>,
-    /// Fires when the child has exited.
-    exited: Option<oneshot::Receiver<()>>,
-    /// The child's stdin, held open while this node lives.
-    _lifeline: Option<tokio::process::ChildStdin>,
-    command_id: Option<String>,
-    stopping: bool,
-    /// The last status relayed (a runner repeats its status until it hears
-    /// from this node; repeats are not relayed again).
-    last_status: Option<Rs>,
+    supervisor: ActorRef<SupervisorMsg>,
     /// When the pending step's order was sent.
     ordered_at: Option<Instant>,
 }
@@ -94,11 +108,11 @@ const ORDER_RETRY: Duration = Duration::from_secs(2);
 
 pub struct WorkerState {
     args: WorkerArgs,
-    runners: BTreeMap<String, RunnerProcess>,
+    runners: BTreeMap<String, Supervised>,
     /// Tasks handed to a runner (so a task is never handed twice).
     handed: BTreeSet<String>,
-    /// When a runner that failed may start again, and its backoff.
-    backoff: BTreeMap<String, (Instant, Duration)>,
+    /// When a runner that failed may start again.
+    backoff: Backoff,
     /// Downloads, as the plan sees them.
     downloads: Downloads,
     /// Runs them (a child of this actor).
@@ -287,24 +301,49 @@ impl WorkerState {
         .await;
     }
 
-    /// A task its runner is done with leaves the state: as a report, so
-    /// that it is delivered across a change of master.
-    async fn task_done(&self, task_id: String) {
-        let event = event::Kind::TaskDeleted(v1::TaskDeleted { task_id });
-        self.args.events.publish_or_log(event).await;
-    }
-
-    /// Puts `task` on the runner's `tasks` key.
+    /// Hands `task` to the runner's supervisor, which puts it on the
+    /// runner's `tasks` key.
     async fn order(&self, runner_id: &str, task: &v1::Task) -> bool {
-        let Ok(key) = self.args.bus.keys.runner(runner_id, "tasks") else {
+        let Some(runner) = self.runners.get(runner_id) else {
             return false;
         };
-        match self.args.bus.put(&key, task).await {
-            Ok(()) => true,
-            Err(error) => {
-                tracing::warn!(%error, runner_id, "ordering a runner");
-                false
-            }
+        let sent = call_t!(
+            runner.supervisor,
+            SupervisorMsg::Order,
+            crate::ACTOR_CALL_MS,
+            Box::new(task.clone())
+        );
+        sent.unwrap_or_else(|error| {
+            tracing::warn!(%error, runner_id, "ordering a runner");
+            false
+        })
+    }
+
+    /// The command line of a runner of `instance`.
+    fn runner_command(&self, instance: &v1::Instance, runner_id: &str) -> RunnerCommand {
+        let mut args: Vec<std::ffi::OsString> = vec!["runner".into()];
+        let model_path = instance
+            .model
+            .as_ref()
+            .and_then(|m| self.model_paths.get(&m.model_id));
+        if let Some(path) = model_path {
+            args.extend(["--model-path".into(), path.into()]);
+        }
+        let instance_json = serde_json::to_string(instance).unwrap_or_default();
+        for (flag, value) in [
+            ("--runner-id", runner_id),
+            ("--node-id", &self.args.node_id),
+            ("--namespace", self.args.bus.keys.namespace()),
+            ("--connect", &self.args.runner_endpoint),
+            ("--instance-json", &instance_json),
+            ("--threads", &self.args.threads.to_string()),
+        ] {
+            args.extend([flag.into(), value.into()]);
+        }
+        RunnerCommand {
+            program: self.args.exe.clone(),
+            args,
+            envs: vec![("TESSERA_HOME".into(), self.args.data_dir.clone().into())],
         }
     }
 
@@ -315,10 +354,8 @@ impl WorkerState {
         runner_id: &str,
         rank: u32,
     ) -> Result<(), ActorProcessingErr> {
-        if let Some((at, _)) = self.backoff.get(runner_id) {
-            if Instant::now() < *at {
-                return Ok(());
-            }
+        if !self.backoff.may_start(runner_id, Instant::now()) {
+            return Ok(());
         }
         let state: v1::ClusterState = call_t!(
             self.args.replica,
@@ -328,110 +365,55 @@ impl WorkerState {
         let Some(instance) = state.instances.get(instance_id) else {
             return Ok(());
         };
-        let model_path = instance
-            .model
-            .as_ref()
-            .and_then(|m| self.model_paths.get(&m.model_id))
-            .cloned();
-        let mut command = tokio::process::Command::new(&self.args.exe);
-        command.arg("runner");
-        if let Some(path) = model_path {
-            command.arg("--model-path").arg(path);
-        }
-        let mut child = command
-            .args(["--runner-id", runner_id])
-            .args(["--node-id", &self.args.node_id])
-            .args(["--namespace", self.args.bus.keys.namespace()])
-            .args(["--connect", &self.args.runner_endpoint])
-            .args(["--instance-json", &serde_json::to_string(instance)?])
-            .args(["--threads", &self.args.threads.to_string()])
-            .env("TESSERA_HOME", &self.args.data_dir)
-            // Never written: the child exits when it closes, i.e. when
-            // this node is gone.
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()?;
-        tracing::info!(runner_id, rank, pid = child.id(), "started a runner");
-        let lifeline = child.stdin.take();
-        // The child's log goes on to the node's stderr; its tail is kept.
-        let tail = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_TAIL)));
-        let stderr = child.stderr.take().map(|stderr| {
-            let tail = tail.clone();
-            tokio::spawn(async move {
-                let mut lines = BufReader::new(stderr).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    eprintln!("{line}");
-                    if let Ok(mut tail) = tail.lock() {
-                        if tail.len() == STDERR_TAIL {
-                            tail.pop_front();
-                        }
-                        tail.push_back(line);
-                    }
-                }
-            })
-        });
-        let (kill, killed) = oneshot::channel::<()>();
-        let (exited_tx, exited) = oneshot::channel::<()>();
-        let reporter = myself.clone();
-        let id = runner_id.to_string();
-        tokio::spawn(async move {
-            let status = tokio::select! {
-                status = child.wait() => status,
-                _ = killed => {
-                    let _ = child.start_kill();
-                    child.wait().await
-                }
-            };
-            if let Some(reader) = stderr {
-                let _ = tokio::time::timeout(Duration::from_secs(1), reader).await;
+        let args = SupervisorArgs {
+            runner_id: runner_id.to_string(),
+            command: self.runner_command(instance, runner_id),
+            bus: self.args.bus.clone(),
+            events: self.args.events.clone(),
+            reports: myself.get_derived(),
+        };
+        let spawned = Actor::spawn_linked(None, RunnerSupervisor, args, myself.get_cell()).await;
+        let supervisor = match spawned {
+            Ok((supervisor, _)) => supervisor,
+            Err(error) => {
+                // Could not even start the process: a failure like a crash.
+                let reason = format!("starting the runner: {error}");
+                self.fail_runner(runner_id, reason).await;
+                return Ok(());
             }
-            let stderr = tail
-                .lock()
-                .map(|t| t.iter().cloned().collect::<Vec<_>>().join("\n"))
-                .unwrap_or_default();
-            let exit = status.map_or_else(|e| e.to_string(), |s| s.to_string());
-            let _ = exited_tx.send(());
-            let _ = reporter.cast(WorkerMsg::Exited {
-                runner_id: id,
-                exit,
-                stderr,
-            });
-        });
+        };
+        tracing::info!(runner_id, rank, "supervising a runner");
         self.runners.insert(
             runner_id.to_string(),
-            RunnerProcess {
+            Supervised {
                 local: LocalRunner {
                     instance_id: instance_id.to_string(),
                     rank,
                     pending: None,
                     task_id: None,
                 },
-                kill: Some(kill),
-                exited: Some(exited),
-                _lifeline: lifeline,
-                command_id: None,
-                stopping: false,
-                last_status: None,
+                supervisor,
                 ordered_at: None,
             },
         );
         Ok(())
     }
 
-    async fn error_chunk(&self, command_id: &str, message: &str) {
-        let chunk = v1::GenerationChunk {
-            command_id: command_id.to_string(),
-            seq: u64::MAX,
-            kind: Some(generation_chunk::Kind::Error(v1::ErrorChunk {
-                kind: "runner_failed".into(),
-                message: message.to_string(),
-            })),
-        };
-        if let Ok(key) = self.args.bus.keys.chunks(command_id) {
-            let _ = self.args.bus.put(&key, &chunk).await;
-        }
+    /// A runner that could not be supervised: failed in the log, and
+    /// started again after its backoff.
+    async fn fail_runner(&mut self, runner_id: &str, reason: String) {
+        tracing::warn!(runner_id, reason, "runner failed");
+        self.status(
+            runner_id,
+            Rs::Failed(v1::RunnerFailed {
+                reason,
+                diagnostics: String::new(),
+            }),
+        )
+        .await;
+        self.status(runner_id, Rs::Shutdown(v1::RunnerShutdown {}))
+            .await;
+        self.backoff.failed(runner_id, Instant::now());
     }
 
     /// Takes the plan's next step, if there is one.
@@ -441,22 +423,7 @@ impl WorkerState {
             ReplicaMsg::GetState,
             crate::ACTOR_CALL_MS
         )?;
-        // Orders that may be lost are offered again (the runner ignores
-        // one it has already followed).
-        for runner in self.runners.values_mut() {
-            let resendable = matches!(
-                runner.local.pending,
-                Some(Step::Connect { .. } | Step::Load { .. } | Step::WarmUp { .. })
-            );
-            if resendable
-                && runner
-                    .ordered_at
-                    .is_some_and(|at| at.elapsed() > ORDER_RETRY)
-            {
-                runner.local.pending = None;
-                runner.ordered_at = None;
-            }
-        }
+        self.forget_unanswered_orders();
         let locals: BTreeMap<String, LocalRunner> = self
             .runners
             .iter()
@@ -475,169 +442,143 @@ impl WorkerState {
             return Ok(());
         };
         tracing::debug!(?step, "next step");
-        let runner_id = match &step {
+        match step {
             Step::Download {
                 model_id,
                 parts,
                 instance_id,
                 request_id,
             } => {
-                self.start_download(
-                    &cluster,
-                    model_id.clone(),
-                    parts.clone(),
-                    instance_id.clone(),
-                    request_id.clone(),
-                )
-                .await;
-                return Ok(());
+                self.start_download(&cluster, model_id, parts, instance_id, request_id)
+                    .await;
             }
             Step::CancelDownload {
                 model_id,
                 request_id,
-            } => {
-                self.cancel_download(model_id, request_id.clone()).await;
-                return Ok(());
-            }
+            } => self.cancel_download(&model_id, request_id).await,
             Step::DeleteDownload {
                 model_id,
                 request_id,
-            } => {
-                self.delete_download(model_id, request_id.clone());
-                return Ok(());
-            }
+            } => self.delete_download(&model_id, request_id),
             Step::CreateRunner {
                 instance_id,
                 runner_id,
                 rank,
             } => {
-                return self
-                    .start_runner(myself, instance_id, runner_id, *rank)
-                    .await;
+                self.start_runner(myself, &instance_id, &runner_id, rank)
+                    .await?;
             }
-            Step::Connect { runner_id }
-            | Step::Load { runner_id }
-            | Step::WarmUp { runner_id }
-            | Step::Forward { runner_id, .. }
-            | Step::Cancel { runner_id, .. }
-            | Step::Shutdown { runner_id } => runner_id.clone(),
+            step => self.order_runner(&cluster, step).await,
+        }
+        Ok(())
+    }
+
+    /// Orders that may be lost are offered again (the runner ignores one it
+    /// has already followed): the plan sees them as not yet given.
+    fn forget_unanswered_orders(&mut self) {
+        for runner in self.runners.values_mut() {
+            let resendable = matches!(
+                runner.local.pending,
+                Some(Step::Connect { .. } | Step::Load { .. } | Step::WarmUp { .. })
+            );
+            if resendable
+                && runner
+                    .ordered_at
+                    .is_some_and(|at| at.elapsed() > ORDER_RETRY)
+            {
+                runner.local.pending = None;
+                runner.ordered_at = None;
+            }
+        }
+    }
+
+    /// A step a runner takes: its order goes through its supervisor.
+    async fn order_runner(&mut self, cluster: &v1::ClusterState, step: Step) {
+        let (Step::Connect { runner_id }
+        | Step::Load { runner_id }
+        | Step::WarmUp { runner_id }
+        | Step::Forward { runner_id, .. }
+        | Step::Cancel { runner_id, .. }
+        | Step::Shutdown { runner_id }) = &step
+        else {
+            return;
         };
+        let runner_id = runner_id.clone();
         let generation = match &step {
             Step::Forward { task_id, .. } => cluster.tasks.get(task_id),
             _ => None,
         };
         let Some(task) = task_for_step(&step, generation) else {
-            return Ok(());
+            return;
         };
-        let sent = self.order(&runner_id, &task).await;
-        match &step {
-            Step::Forward { task_id, .. } => {
-                tracing::debug!(
-                    task_id,
-                    command_id = task.command_id,
-                    "forwarded to the runner"
-                );
-                self.handed.insert(task_id.clone());
-                if let Some(r) = self.runners.get_mut(&runner_id) {
-                    if sent {
-                        r.local.task_id = Some(task_id.clone());
-                        r.command_id = Some(task.command_id.clone());
-                    }
-                }
-                self.local_event(event::Kind::TaskAcknowledged(v1::TaskAcknowledged {
-                    task_id: task_id.clone(),
-                }))
+        let sent = match &step {
+            // The supervisor orders it, and kills a runner that does not
+            // stop in time.
+            Step::Shutdown { .. } => self
+                .runners
+                .get(&runner_id)
+                .is_some_and(|r| r.supervisor.cast(SupervisorMsg::Shutdown).is_ok()),
+            _ => self.order(&runner_id, &task).await,
+        };
+        if let Step::Forward { task_id, .. } = &step {
+            self.forwarded(&runner_id, task_id, &task.command_id, sent)
                 .await;
-            }
-            Step::Shutdown { .. } => {
-                if let Some(r) = self.runners.get_mut(&runner_id) {
-                    r.stopping = true;
-                    // A runner that does not stop in time is killed.
-                    if let Some(kill) = r.kill.take() {
-                        tokio::spawn(async move {
-                            tokio::time::sleep(SHUTDOWN_GRACE).await;
-                            let _ = kill.send(());
-                        });
-                    }
-                }
-            }
-            _ => {}
         }
         if let Some(r) = self.runners.get_mut(&runner_id) {
             r.local.pending = Some(step);
             r.ordered_at = Some(Instant::now());
         }
-        Ok(())
     }
 
-    /// Relays a runner's status; the end of a run finishes its task.
-    async fn on_status(&mut self, runner_id: &str, status: v1::RunnerStatus) {
-        let Some(runner) = self.runners.get_mut(runner_id) else {
-            // Another node's runner, or one already gone.
-            return;
-        };
-        let Some(state) = status.state else {
-            self.args
-                .bus
-                .count_dropped(runner_id, "a runner status without a state");
-            return;
-        };
-        if runner.last_status.as_ref() == Some(&state) {
-            return;
-        }
-        runner.last_status = Some(state.clone());
-        let finished = match (&runner.local.task_id, &state) {
-            (Some(task), Rs::Running(running)) if running.task_id == *task => None,
-            (Some(_), _) => {
-                runner.command_id = None;
-                runner.local.task_id.take()
+    /// A generation handed to a runner is acknowledged in the log.
+    async fn forwarded(&mut self, runner_id: &str, task_id: &str, command_id: &str, sent: bool) {
+        tracing::debug!(task_id, command_id, sent, "forwarded to the runner");
+        self.handed.insert(task_id.to_string());
+        if let Some(r) = self.runners.get_mut(runner_id) {
+            if sent {
+                r.local.task_id = Some(task_id.to_string());
             }
-            (None, _) => None,
-        };
-        self.status(runner_id, state).await;
-        if let Some(task_id) = finished {
-            self.task_done(task_id).await;
+        }
+        self.local_event(event::Kind::TaskAcknowledged(v1::TaskAcknowledged {
+            task_id: task_id.to_string(),
+        }))
+        .await;
+    }
+
+    /// Hands a runner's status to its supervisor, which relays it.
+    fn on_status(&self, runner_id: &str, status: v1::RunnerStatus) {
+        // Another node's runner, or one already gone: not ours to relay.
+        if let Some(runner) = self.runners.get(runner_id) {
+            let _ = runner.supervisor.cast(SupervisorMsg::Status(status));
         }
     }
 
-    async fn on_exit(&mut self, runner_id: String, exit: String, stderr: String) {
-        let Some(mut runner) = self.runners.remove(&runner_id) else {
-            return;
-        };
-        if runner.stopping {
-            self.status(&runner_id, Rs::Shutdown(v1::RunnerShutdown {}))
-                .await;
-            self.backoff.remove(&runner_id);
-            return;
+    fn on_report(&mut self, report: RunnerReport) {
+        match report {
+            RunnerReport::TaskEnded { runner_id, task_id } => {
+                if let Some(runner) = self.runners.get_mut(&runner_id) {
+                    if runner.local.task_id.as_ref() == Some(&task_id) {
+                        runner.local.task_id = None;
+                    }
+                }
+            }
+            RunnerReport::Ended { runner_id, failed } => {
+                self.runners.remove(&runner_id);
+                if failed {
+                    self.backoff.failed(&runner_id, Instant::now());
+                } else {
+                    self.backoff.forget(&runner_id);
+                }
+            }
         }
-        let reason = format!("the runner process exited ({exit})");
-        tracing::warn!(runner_id, reason, "runner failed");
-        if let Some(command_id) = &runner.command_id {
-            self.error_chunk(command_id, &reason).await;
-        }
-        if let Some(task_id) = runner.local.task_id.take() {
-            self.task_done(task_id).await;
-        }
-        self.status(
-            &runner_id,
-            Rs::Failed(v1::RunnerFailed {
-                reason: reason.clone(),
-                diagnostics: stderr,
-            }),
-        )
-        .await;
-        // Gone from this node; started again after a backoff once the
-        // failure is in the log (plan creates it anew).
-        self.status(&runner_id, Rs::Shutdown(v1::RunnerShutdown {}))
-            .await;
-        let wait = self
-            .backoff
-            .get(&runner_id)
-            .map_or(Duration::from_millis(500), |(_, d)| {
-                (*d * 2).min(Duration::from_secs(30))
-            });
-        self.backoff
-            .insert(runner_id, (Instant::now() + wait, wait));
+    }
+
+    /// The runner whose supervisor is the actor `id`.
+    fn runner_supervised_by(&self, id: ractor::ActorId) -> Option<String> {
+        self.runners
+            .iter()
+            .find(|(_, r)| r.supervisor.get_id() == id)
+            .map(|(runner_id, _)| runner_id.clone())
     }
 }
 
@@ -652,7 +593,7 @@ async fn spawn_downloads(
         DownloadsArgs {
             downloader: args.downloader.clone(),
             events: args.events.clone(),
-            worker: worker.clone(),
+            ended: worker.get_derived(),
         },
         worker.get_cell(),
     )
@@ -706,7 +647,7 @@ impl Actor for Worker {
             args,
             runners: BTreeMap::new(),
             handed: BTreeSet::new(),
-            backoff: BTreeMap::new(),
+            backoff: Backoff::default(),
             downloads: Downloads::default(),
             downloader,
             model_paths: BTreeMap::new(),
@@ -722,13 +663,12 @@ impl Actor for Worker {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             WorkerMsg::Tick => state.tick(&myself).await?,
-            WorkerMsg::Status(runner_id, status) => state.on_status(&runner_id, status).await,
-            WorkerMsg::Exited {
-                runner_id,
-                exit,
-                stderr,
-            } => state.on_exit(runner_id, exit, stderr).await,
-            WorkerMsg::DownloadEnded { model_id, outcome } => {
+            WorkerMsg::Status(runner_id, status) => state.on_status(&runner_id, status),
+            WorkerMsg::Runner(report) => {
+                state.on_report(report);
+                state.tick(&myself).await?;
+            }
+            WorkerMsg::DownloadEnded(DownloadEnded { model_id, outcome }) => {
                 state.on_download_ended(&model_id, outcome);
                 state.tick(&myself).await?;
             }
@@ -736,9 +676,11 @@ impl Actor for Worker {
         Ok(())
     }
 
-    /// The Downloads actor only ends with this one, unless it panicked:
-    /// then its running downloads are failed (and tried again for the next
-    /// instance that needs them) and a new one takes over.
+    /// A runner's supervisor that panicked is a failed runner (its child
+    /// was killed with its state). The Downloads actor only ends with this
+    /// one, unless it panicked: then its running downloads are failed (and
+    /// tried again for the next instance that needs them) and a new one
+    /// takes over.
     async fn handle_supervisor_evt(
         &self,
         myself: ActorRef<Self::Msg>,
@@ -750,6 +692,15 @@ impl Actor for Worker {
         else {
             return Ok(());
         };
+        if let Some(runner_id) = state.runner_supervised_by(who.get_id()) {
+            // A supervisor that ends normally has reported its end first.
+            if matches!(event, SupervisionEvent::ActorFailed(..)) {
+                state.runners.remove(&runner_id);
+                let reason = format!("the runner's supervisor failed: {event}");
+                state.fail_runner(&runner_id, reason).await;
+            }
+            return Ok(());
+        }
         if who.get_id() != state.downloader.get_id() {
             return Ok(());
         }
@@ -769,34 +720,34 @@ impl Actor for Worker {
         Ok(())
     }
 
+    /// Every runner is told to shut down, and waited for: its supervisor
+    /// kills it after the grace.
     async fn post_stop(
         &self,
         _: ActorRef<Self::Msg>,
         state: &mut WorkerState,
     ) -> Result<(), ActorProcessingErr> {
         state.downloader.stop(None);
-        let ids: Vec<String> = state.runners.keys().cloned().collect();
-        for id in &ids {
-            let shutdown = task_for_step(
-                &Step::Shutdown {
-                    runner_id: id.clone(),
-                },
-                None,
-            );
-            if let Some(task) = shutdown {
-                state.order(id, &task).await;
+        for runner in state.runners.values() {
+            let _ = runner.supervisor.cast(SupervisorMsg::Shutdown);
+        }
+        let waits = state.runners.values().map(|runner| {
+            runner
+                .supervisor
+                .wait(Some(SHUTDOWN_GRACE + Duration::from_secs(2)))
+        });
+        for (id, waited) in state
+            .runners
+            .keys()
+            .zip(futures_util::future::join_all(waits).await)
+        {
+            if waited.is_err() {
+                tracing::warn!(runner = %id, "runner supervisor did not stop; killing it");
             }
         }
-        for (id, runner) in state.runners.iter_mut() {
-            runner.stopping = true;
-            if let Some(exited) = runner.exited.take() {
-                if tokio::time::timeout(SHUTDOWN_GRACE, exited).await.is_err() {
-                    tracing::warn!(runner = %id, "runner did not stop; killing it");
-                    if let Some(kill) = runner.kill.take() {
-                        let _ = kill.send(());
-                    }
-                }
-            }
+        for runner in state.runners.values() {
+            // Its state goes, and the child with it.
+            runner.supervisor.kill();
         }
         Ok(())
     }

@@ -1,0 +1,182 @@
+//! The narrow interface between the Runner actor and the engine, in the
+//! spirit of TGI's `Backend`: join the ring, load with progress, warm up,
+//! run a request (a stream of chunks, cancellable), follow rank 0, shut
+//! down. Every call blocks, so the backend lives on a thread of its own
+//! ([`spawn_engine`]) and the actor only ever sends it commands and takes
+//! its events.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use tessera_engine::generate::GenerateRequest;
+use tessera_protos::v1::generation_chunk;
+
+/// Loading progress is reported at most this often (it goes into the log).
+const PROGRESS_EVERY: Duration = Duration::from_millis(250);
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BackendError {
+    /// The request cannot run as asked (a prompt beyond the context, a
+    /// template that fails on these messages): the client's 400.
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("{0}")]
+    Engine(String),
+}
+
+impl BackendError {
+    /// The `ErrorChunk.kind` a client sees.
+    pub fn chunk_kind(&self) -> &'static str {
+        match self {
+            Self::InvalidRequest(_) => "invalid_request",
+            Self::Engine(_) => "engine",
+        }
+    }
+}
+
+/// One rank's engine. Rank 0 generates; the other ranks follow its steps.
+pub trait Backend {
+    /// Joins the instance's ring (instances of several ranks).
+    fn connect(&mut self) -> Result<(), BackendError>;
+    /// Loads this rank's shard, reporting `(done, total)` layers; returns
+    /// the bytes of weights resident.
+    fn load(&mut self, progress: &mut dyn FnMut(usize, usize)) -> Result<u64, BackendError>;
+    /// Makes the rank ready (rank 0 runs a tiny generation).
+    fn warm_up(&mut self) -> Result<(), BackendError>;
+    /// Rank 0: runs `request`, handing each chunk to `sink`; stops early,
+    /// finishing as cancelled, once `cancel` is set. The finish chunk is
+    /// the last one sent; an error is returned instead of sent.
+    fn generate(
+        &mut self,
+        request: &GenerateRequest,
+        command_id: &str,
+        cancel: &AtomicBool,
+        sink: &mut dyn FnMut(generation_chunk::Kind),
+    ) -> Result<(), BackendError>;
+    /// Other ranks: follows rank 0's steps until it shuts down.
+    fn follow(&mut self) -> Result<(), BackendError>;
+    /// Rank 0: tells the other ranks to stop.
+    fn shutdown(&mut self) -> Result<(), BackendError>;
+}
+
+/// What the actor asks of the engine thread.
+pub enum EngineCommand {
+    Connect,
+    Load,
+    WarmUp,
+    Generate {
+        task_id: String,
+        command_id: String,
+        request: Box<GenerateRequest>,
+        cancel: Arc<AtomicBool>,
+    },
+    Follow,
+    Shutdown,
+}
+
+/// What the engine thread tells the actor.
+#[derive(Debug)]
+pub enum EngineEvent {
+    Connected,
+    Loading {
+        done: usize,
+        total: usize,
+    },
+    Loaded {
+        resident_bytes: u64,
+    },
+    WarmedUp,
+    Chunk {
+        task_id: String,
+        kind: generation_chunk::Kind,
+    },
+    Generated {
+        task_id: String,
+        result: Result<(), BackendError>,
+    },
+    /// Following rank 0 has ended.
+    Followed(Result<(), BackendError>),
+    ShutDown(Result<(), BackendError>),
+    /// Joining, loading or warming up failed: the runner cannot go on.
+    Failed(BackendError),
+}
+
+/// The actor's end of the engine thread.
+pub struct EngineHandle {
+    commands: mpsc::Sender<EngineCommand>,
+}
+
+impl EngineHandle {
+    /// Queues a command; false once the engine thread is gone.
+    pub fn send(&self, command: EngineCommand) -> bool {
+        self.commands.send(command).is_ok()
+    }
+}
+
+/// Starts the engine thread: `make` builds the backend there (an engine
+/// holds borrows and threads that never move), then each command runs in
+/// turn and its events go to `events`.
+pub fn spawn_engine<B, F>(
+    make: F,
+    events: impl Fn(EngineEvent) + Send + 'static,
+) -> std::io::Result<EngineHandle>
+where
+    B: Backend,
+    F: FnOnce() -> B + Send + 'static,
+{
+    let (commands, inbox) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("engine".into())
+        .spawn(move || {
+            let mut backend = make();
+            while let Ok(command) = inbox.recv() {
+                run_command(&mut backend, command, &events);
+            }
+        })?;
+    Ok(EngineHandle { commands })
+}
+
+fn run_command<B: Backend>(backend: &mut B, command: EngineCommand, events: &dyn Fn(EngineEvent)) {
+    let or_failed = |result: Result<EngineEvent, BackendError>| match result {
+        Ok(event) => event,
+        Err(error) => EngineEvent::Failed(error),
+    };
+    let event = match command {
+        EngineCommand::Connect => or_failed(backend.connect().map(|()| EngineEvent::Connected)),
+        EngineCommand::Load => {
+            let mut last: Option<Instant> = None;
+            let mut progress = |done: usize, total: usize| {
+                if done < total && last.is_some_and(|at| at.elapsed() < PROGRESS_EVERY) {
+                    return;
+                }
+                last = Some(Instant::now());
+                events(EngineEvent::Loading { done, total });
+            };
+            or_failed(
+                backend
+                    .load(&mut progress)
+                    .map(|resident_bytes| EngineEvent::Loaded { resident_bytes }),
+            )
+        }
+        EngineCommand::WarmUp => or_failed(backend.warm_up().map(|()| EngineEvent::WarmedUp)),
+        EngineCommand::Generate {
+            task_id,
+            command_id,
+            request,
+            cancel,
+        } => {
+            let mut sink = |kind| {
+                events(EngineEvent::Chunk {
+                    task_id: task_id.clone(),
+                    kind,
+                })
+            };
+            let result = backend.generate(&request, &command_id, &cancel, &mut sink);
+            EngineEvent::Generated { task_id, result }
+        }
+        EngineCommand::Follow => EngineEvent::Followed(backend.follow()),
+        EngineCommand::Shutdown => EngineEvent::ShutDown(backend.shutdown()),
+    };
+    events(event);
+}

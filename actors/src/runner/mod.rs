@@ -1,0 +1,453 @@
+//! The Runner actor, inside a `tessera runner` child process: one rank of
+//! one instance. It owns the runner's state machine (Idle → Connecting →
+//! Connected → Loading → Loaded → WarmingUp → Ready ⇄ Running →
+//! ShuttingDown → Shutdown, Failed from anywhere), takes its node's orders,
+//! and drives the engine through the [`Backend`] on the engine's own
+//! thread, so its mailbox never waits on a forward pass: a cancel or a
+//! shutdown is taken in while a generation runs. Statuses and chunks go out
+//! through a [`RunnerOutput`] (zenoh in a node, a channel in tests).
+
+pub mod backend;
+pub mod engine;
+pub mod request;
+pub mod zenoh_link;
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tessera_protos::v1::{self, generation_chunk, runner_status::State as Rs};
+use tokio::sync::oneshot;
+
+use crate::runner_protocol::Order;
+use backend::{spawn_engine, Backend, BackendError, EngineCommand, EngineEvent, EngineHandle};
+
+/// The last status is put again this often until the node is heard from:
+/// a put made before the client session has learnt of the node's
+/// subscriber is dropped by zenoh.
+const REPEAT_STATUS: Duration = Duration::from_millis(500);
+
+/// Where the runner's statuses and chunks go.
+pub trait RunnerOutput: Send + Sync + 'static {
+    fn status(&self, status: &v1::RunnerStatus) -> impl Future<Output = ()> + Send;
+    fn chunk(&self, chunk: &v1::GenerationChunk) -> impl Future<Output = ()> + Send;
+}
+
+/// How a runner ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RunnerExit {
+    /// Shut down as ordered (or rank 0 ended the instance).
+    Shutdown,
+    /// The node that started it is gone.
+    NodeGone,
+    Failed(String),
+}
+
+pub enum RunnerMsg {
+    /// Orders can reach the runner now: it says it is Idle.
+    Listening,
+    Order(Order),
+    Engine(EngineEvent),
+    RepeatStatus,
+    /// The node's end of the lifeline has closed.
+    NodeGone,
+}
+
+/// Where the runner stands.
+#[derive(Debug)]
+enum Phase {
+    Idle,
+    Connecting,
+    Connected,
+    Loading,
+    Loaded,
+    WarmingUp,
+    Ready,
+    Running(Run),
+    /// Other ranks, once ready: the engine thread follows rank 0.
+    Following,
+    ShuttingDown,
+}
+
+#[derive(Debug)]
+struct Run {
+    task_id: String,
+    command_id: String,
+    cancel: Arc<AtomicBool>,
+    /// The next chunk's number.
+    seq: u64,
+    /// A shutdown came during the run: stop once it has ended.
+    then_shut_down: bool,
+}
+
+pub struct RunnerArgs<O, F> {
+    /// This runner's rank in its instance, and the instance's size.
+    pub rank: usize,
+    pub world: usize,
+    pub output: O,
+    /// Builds the backend, on the engine thread.
+    pub backend: F,
+    /// Told how the runner ended.
+    pub exit: oneshot::Sender<RunnerExit>,
+}
+
+pub struct RunnerState<O> {
+    rank: usize,
+    world: usize,
+    output: O,
+    engine: EngineHandle,
+    phase: Phase,
+    last_status: Option<v1::RunnerStatus>,
+    heard_from_node: bool,
+    exit: Option<oneshot::Sender<RunnerExit>>,
+    /// How it ends, once it does.
+    ending: Option<RunnerExit>,
+}
+
+/// The actor; its types are the output, the backend and what builds it.
+#[allow(clippy::type_complexity)]
+pub struct Runner<O, B, F>(PhantomData<fn() -> (O, B, F)>);
+
+impl<O, B, F> Default for Runner<O, B, F> {
+    fn default() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<O, B, F> Actor for Runner<O, B, F>
+where
+    O: RunnerOutput,
+    B: Backend + 'static,
+    F: FnOnce() -> B + Send + 'static,
+{
+    type Msg = RunnerMsg;
+    type State = RunnerState<O>;
+    type Arguments = RunnerArgs<O, F>;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: Self::Arguments,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let me = myself.clone();
+        let engine = spawn_engine(args.backend, move |event| {
+            let _ = me.cast(RunnerMsg::Engine(event));
+        })?;
+        myself.send_interval(REPEAT_STATUS, || RunnerMsg::RepeatStatus);
+        Ok(RunnerState {
+            rank: args.rank,
+            world: args.world,
+            output: args.output,
+            engine,
+            phase: Phase::Idle,
+            last_status: None,
+            heard_from_node: false,
+            exit: Some(args.exit),
+            ending: None,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        message: RunnerMsg,
+        state: &mut RunnerState<O>,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            RunnerMsg::Listening => state.status(Rs::Idle(v1::RunnerIdle {})).await,
+            RunnerMsg::Order(order) => {
+                state.heard_from_node = true;
+                state.on_order(order).await;
+            }
+            RunnerMsg::Engine(event) => state.on_engine(event).await,
+            RunnerMsg::RepeatStatus => state.repeat_status().await,
+            RunnerMsg::NodeGone => state.ending = Some(RunnerExit::NodeGone),
+        }
+        if state.ending.is_some() {
+            myself.stop(None);
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _: ActorRef<Self::Msg>,
+        state: &mut RunnerState<O>,
+    ) -> Result<(), ActorProcessingErr> {
+        let ending = state.ending.take().unwrap_or(RunnerExit::Shutdown);
+        if let Some(exit) = state.exit.take() {
+            let _ = exit.send(ending);
+        }
+        Ok(())
+    }
+}
+
+impl<O: RunnerOutput> RunnerState<O> {
+    async fn status(&mut self, state: Rs) {
+        let status = v1::RunnerStatus { state: Some(state) };
+        self.output.status(&status).await;
+        self.last_status = Some(status);
+    }
+
+    async fn repeat_status(&self) {
+        if self.heard_from_node {
+            return;
+        }
+        if let Some(status) = &self.last_status {
+            self.output.status(status).await;
+        }
+    }
+
+    /// Tells the engine thread; a thread that is gone fails the runner.
+    async fn engine(&mut self, command: EngineCommand) {
+        if !self.engine.send(command) {
+            self.fail("the engine thread has stopped".into()).await;
+        }
+    }
+
+    async fn fail(&mut self, reason: String) {
+        tracing::warn!(reason, "runner failed");
+        self.status(Rs::Failed(v1::RunnerFailed {
+            reason: reason.clone(),
+            diagnostics: String::new(),
+        }))
+        .await;
+        self.ending = Some(RunnerExit::Failed(reason));
+    }
+
+    async fn shut_down(&mut self) {
+        self.status(Rs::Shutdown(v1::RunnerShutdown {})).await;
+        self.ending = Some(RunnerExit::Shutdown);
+    }
+
+    /// An order may come twice (the node repeats one it thinks was lost),
+    /// or out of turn: either is ignored.
+    async fn on_order(&mut self, order: Order) {
+        match (&mut self.phase, order) {
+            (_, Order::Shutdown) => self.on_shutdown().await,
+            (Phase::Idle, Order::Connect) if self.world > 1 => {
+                self.phase = Phase::Connecting;
+                self.status(Rs::Connecting(v1::RunnerConnecting {})).await;
+                self.engine(EngineCommand::Connect).await;
+            }
+            (Phase::Connected, Order::Load) => self.load().await,
+            (Phase::Idle, Order::Load) if self.world == 1 => self.load().await,
+            (Phase::Loaded, Order::WarmUp) => {
+                self.phase = Phase::WarmingUp;
+                self.status(Rs::WarmingUp(v1::RunnerWarmingUp {})).await;
+                self.engine(EngineCommand::WarmUp).await;
+            }
+            (
+                Phase::Ready,
+                Order::Generate {
+                    task_id,
+                    command_id,
+                    params,
+                },
+            ) => self.start_run(task_id, command_id, &params).await,
+            (Phase::Running(run), Order::Cancel { task_id }) if run.task_id == task_id => {
+                run.cancel.store(true, Ordering::Relaxed);
+            }
+            (phase, order) => tracing::debug!(?phase, ?order, "order out of turn, ignored"),
+        }
+    }
+
+    async fn load(&mut self) {
+        self.phase = Phase::Loading;
+        self.status(Rs::Loading(v1::RunnerLoading::default())).await;
+        self.engine(EngineCommand::Load).await;
+    }
+
+    async fn on_shutdown(&mut self) {
+        match &mut self.phase {
+            // The generation ends first (as cancelled), then the rest.
+            Phase::Running(run) => {
+                run.cancel.store(true, Ordering::Relaxed);
+                run.then_shut_down = true;
+            }
+            // Rank 0 tells the other ranks to leave the ring.
+            Phase::Ready => self.begin_shutdown().await,
+            Phase::ShuttingDown => {}
+            // Loading, joining or following is not waited for: the process
+            // ends, and the engine thread with it.
+            _ => self.shut_down().await,
+        }
+    }
+
+    async fn begin_shutdown(&mut self) {
+        self.phase = Phase::ShuttingDown;
+        self.status(Rs::ShuttingDown(v1::RunnerShuttingDown {}))
+            .await;
+        self.engine(EngineCommand::Shutdown).await;
+    }
+
+    async fn start_run(
+        &mut self,
+        task_id: String,
+        command_id: String,
+        params: &v1::TextGenerationParams,
+    ) {
+        tracing::debug!(command_id, "generation order");
+        self.status(Rs::Running(v1::RunnerRunning {
+            task_id: task_id.clone(),
+        }))
+        .await;
+        let mut run = Run {
+            task_id: task_id.clone(),
+            command_id: command_id.clone(),
+            cancel: Arc::new(AtomicBool::new(false)),
+            seq: 0,
+            then_shut_down: false,
+        };
+        match request::request_from(params) {
+            Ok(request) => {
+                let cancel = run.cancel.clone();
+                self.phase = Phase::Running(run);
+                let command = EngineCommand::Generate {
+                    task_id,
+                    command_id,
+                    request: Box::new(request),
+                    cancel,
+                };
+                self.engine(command).await;
+            }
+            Err(error) => {
+                let kind = generation_chunk::Kind::Error(v1::ErrorChunk {
+                    kind: "invalid_request".into(),
+                    message: error.to_string(),
+                });
+                self.send_chunk(&mut run, kind).await;
+                // Ready again: the worker takes it as the end of the task.
+                self.phase = Phase::Ready;
+                self.status(Rs::Ready(v1::RunnerReady {})).await;
+            }
+        }
+    }
+
+    async fn send_chunk(&self, run: &mut Run, kind: generation_chunk::Kind) {
+        let chunk = v1::GenerationChunk {
+            command_id: run.command_id.clone(),
+            seq: run.seq,
+            kind: Some(kind),
+        };
+        run.seq += 1;
+        self.output.chunk(&chunk).await;
+    }
+
+    async fn on_engine(&mut self, event: EngineEvent) {
+        match event {
+            EngineEvent::Connected => {
+                self.phase = Phase::Connected;
+                self.status(Rs::Connected(v1::RunnerConnected {})).await;
+            }
+            EngineEvent::Loading { done, total } => {
+                self.status(Rs::Loading(v1::RunnerLoading {
+                    layers_loaded: done as u32,
+                    layers_total: total as u32,
+                    bytes_loaded: 0,
+                }))
+                .await;
+            }
+            EngineEvent::Loaded { resident_bytes } => {
+                self.phase = Phase::Loaded;
+                self.status(Rs::Loaded(v1::RunnerLoaded { resident_bytes }))
+                    .await;
+            }
+            EngineEvent::WarmedUp => self.on_warmed_up().await,
+            EngineEvent::Chunk { task_id, kind } => self.on_chunk(&task_id, kind).await,
+            EngineEvent::Generated { task_id, result } => self.on_generated(&task_id, result).await,
+            EngineEvent::Followed(Ok(())) | EngineEvent::ShutDown(Ok(())) => self.shut_down().await,
+            EngineEvent::Followed(Err(error)) | EngineEvent::ShutDown(Err(error)) => {
+                self.fail(error.to_string()).await;
+            }
+            EngineEvent::Failed(error) => self.fail(error.to_string()).await,
+        }
+    }
+
+    async fn on_warmed_up(&mut self) {
+        self.status(Rs::Ready(v1::RunnerReady {})).await;
+        if self.rank == 0 {
+            self.phase = Phase::Ready;
+        } else {
+            // Follow rank 0 until it shuts down (its runner's end) or fails.
+            self.phase = Phase::Following;
+            self.engine(EngineCommand::Follow).await;
+        }
+    }
+
+    async fn on_chunk(&mut self, task_id: &str, kind: generation_chunk::Kind) {
+        let Phase::Running(mut run) = std::mem::replace(&mut self.phase, Phase::Ready) else {
+            return;
+        };
+        if run.task_id == task_id {
+            self.send_chunk(&mut run, kind).await;
+        }
+        self.phase = Phase::Running(run);
+    }
+
+    async fn on_generated(&mut self, task_id: &str, result: Result<(), BackendError>) {
+        let Phase::Running(mut run) = std::mem::replace(&mut self.phase, Phase::Ready) else {
+            return;
+        };
+        if run.task_id != task_id {
+            self.phase = Phase::Running(run);
+            return;
+        }
+        if let Err(error) = result {
+            tracing::warn!(task_id, "generation failed: {error}");
+            let kind = generation_chunk::Kind::Error(v1::ErrorChunk {
+                kind: error.chunk_kind().into(),
+                message: error.to_string(),
+            });
+            self.send_chunk(&mut run, kind).await;
+        }
+        if run.then_shut_down {
+            self.begin_shutdown().await;
+        } else {
+            // Ready again: the worker takes it as the end of the task.
+            self.status(Rs::Ready(v1::RunnerReady {})).await;
+        }
+    }
+}
+
+/// Runs a runner until it ends: spawns the actor and waits for it.
+pub async fn run<O, B, F>(args: RunnerArgs<O, F>) -> Result<RunnerActor, ActorProcessingErr>
+where
+    O: RunnerOutput,
+    B: Backend + 'static,
+    F: FnOnce() -> B + Send + 'static,
+{
+    let (actor, handle) = Actor::spawn(None, Runner::<O, B, F>::default(), args).await?;
+    Ok(RunnerActor { actor, handle })
+}
+
+/// A started runner: its mailbox, and its end.
+pub struct RunnerActor {
+    pub actor: ActorRef<RunnerMsg>,
+    pub handle: tokio::task::JoinHandle<()>,
+}
+
+impl RunnerActor {
+    /// Orders can reach the runner now.
+    pub fn listening(&self) {
+        let _ = self.actor.cast(RunnerMsg::Listening);
+    }
+
+    /// The runner ends as [`RunnerExit::NodeGone`] once this process's
+    /// stdin closes: the node holds its other end, so end of file means the
+    /// node is gone (even killed outright), and so is the reason to run.
+    pub fn end_when_stdin_closes(&self) {
+        let runner = self.actor.clone();
+        std::thread::spawn(move || {
+            let mut sink = Vec::new();
+            let _ = std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut sink);
+            let _ = runner.cast(RunnerMsg::NodeGone);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,177 @@
+//! The one mapping from a wire `TextGenerationParams` to the engine's
+//! `GenerateRequest` (the runner's, and `tessera generate`'s, which builds
+//! the same parameters from its flags).
+
+use tessera_engine::chat_template::ChatMessage;
+use tessera_engine::generate::{GenerateRequest, Prompt};
+use tessera_engine::sampler::SamplingParams;
+use tessera_protos::v1;
+
+/// Tokens generated when a request names no limit.
+pub const DEFAULT_MAX_TOKENS: u32 = 256;
+
+/// Why parameters are not a request the engine can run: the client's error.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("the request has neither messages nor a raw prompt")]
+    NoPrompt,
+    #[error("a tool definition is not JSON: {0}")]
+    ToolNotJson(serde_json::Error),
+    #[error("the arguments of tool call {name:?} are not JSON: {source}")]
+    ToolCallArguments {
+        name: String,
+        source: serde_json::Error,
+    },
+    #[error(transparent)]
+    Sampling(#[from] tessera_engine::sampler::SamplingError),
+}
+
+pub fn request_from(params: &v1::TextGenerationParams) -> Result<GenerateRequest, RequestError> {
+    let sampling = params.sampling.clone().unwrap_or_default();
+    let mut request = GenerateRequest::new(prompt_from(params)?);
+    request.max_tokens = sampling.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS) as usize;
+    request.stop = sampling.stop.clone();
+    request.stop_token_ids = sampling.stop_token_ids.clone();
+    request.logprobs = sampling.logprobs;
+    request.sampling = sampling_from(&sampling);
+    request.sampling.validate()?;
+    Ok(request)
+}
+
+fn prompt_from(params: &v1::TextGenerationParams) -> Result<Prompt, RequestError> {
+    if let Some(text) = &params.raw_prompt {
+        return Ok(Prompt::Raw(text.clone()));
+    }
+    if params.messages.is_empty() {
+        return Err(RequestError::NoPrompt);
+    }
+    let tools = params
+        .tools_json
+        .iter()
+        .map(|t| serde_json::from_str::<serde_json::Value>(t))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(RequestError::ToolNotJson)?;
+    Ok(Prompt::Chat {
+        messages: params
+            .messages
+            .iter()
+            .map(chat_message)
+            .collect::<Result<_, _>>()?,
+        tools: (!tools.is_empty()).then_some(serde_json::Value::Array(tools)),
+    })
+}
+
+/// The wire's sampling parameters; each one unset takes the engine's
+/// default.
+fn sampling_from(sampling: &v1::SamplingParams) -> SamplingParams {
+    let defaults = SamplingParams::default();
+    SamplingParams {
+        temperature: sampling.temperature.unwrap_or(defaults.temperature),
+        top_k: sampling.top_k.map_or(defaults.top_k, |k| k as usize),
+        top_p: sampling.top_p.unwrap_or(defaults.top_p),
+        min_p: sampling.min_p.unwrap_or(defaults.min_p),
+        repetition_penalty: sampling
+            .repetition_penalty
+            .unwrap_or(defaults.repetition_penalty),
+        presence_penalty: sampling
+            .presence_penalty
+            .unwrap_or(defaults.presence_penalty),
+        frequency_penalty: sampling
+            .frequency_penalty
+            .unwrap_or(defaults.frequency_penalty),
+        seed: sampling.seed,
+        top_logprobs: sampling.top_logprobs as usize,
+        ..defaults
+    }
+}
+
+/// A message of the wire protocol as the chat template takes it (earlier
+/// tool calls in OpenAI's shape).
+fn chat_message(m: &v1::ChatMessage) -> Result<ChatMessage, RequestError> {
+    let tool_calls = if m.tool_calls.is_empty() {
+        None
+    } else {
+        let calls = m
+            .tool_calls
+            .iter()
+            .map(|call| {
+                let arguments: serde_json::Value = serde_json::from_str(&call.arguments_json)
+                    .map_err(|source| RequestError::ToolCallArguments {
+                        name: call.name.clone(),
+                        source,
+                    })?;
+                Ok(serde_json::json!({
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": arguments},
+                }))
+            })
+            .collect::<Result<Vec<_>, RequestError>>()?;
+        Some(serde_json::Value::Array(calls))
+    };
+    Ok(ChatMessage {
+        role: m.role.clone(),
+        content: m.content.clone(),
+        tool_calls,
+        tool_call_id: (!m.tool_call_id.is_empty()).then(|| m.tool_call_id.clone()),
+        name: (!m.name.is_empty()).then(|| m.name.clone()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(content: &str) -> v1::TextGenerationParams {
+        v1::TextGenerationParams {
+            model_id: "m".into(),
+            messages: vec![v1::ChatMessage {
+                role: "user".into(),
+                content: content.into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn unset_sampling_takes_the_engine_defaults_and_set_ones_are_kept() {
+        let request = request_from(&chat("hi")).expect("a request");
+        assert_eq!(request.max_tokens, DEFAULT_MAX_TOKENS as usize);
+        assert_eq!(request.sampling, SamplingParams::default());
+        let mut params = chat("hi");
+        params.sampling = Some(v1::SamplingParams {
+            temperature: Some(0.0),
+            top_k: Some(5),
+            seed: Some(7),
+            max_tokens: Some(3),
+            ..Default::default()
+        });
+        let request = request_from(&params).expect("a request");
+        assert_eq!(request.max_tokens, 3);
+        assert_eq!(request.sampling.temperature, 0.0);
+        assert_eq!(request.sampling.top_k, 5);
+        assert_eq!(request.sampling.seed, Some(7));
+    }
+
+    #[test]
+    fn bad_parameters_are_the_clients_error() {
+        let empty = v1::TextGenerationParams::default();
+        assert!(matches!(request_from(&empty), Err(RequestError::NoPrompt)));
+        let mut tools = chat("hi");
+        tools.tools_json = vec!["{not json".into()];
+        assert!(matches!(
+            request_from(&tools),
+            Err(RequestError::ToolNotJson(_))
+        ));
+        let mut sampling = chat("hi");
+        sampling.sampling = Some(v1::SamplingParams {
+            temperature: Some(-1.0),
+            ..Default::default()
+        });
+        assert!(matches!(
+            request_from(&sampling),
+            Err(RequestError::Sampling(_))
+        ));
+    }
+}
