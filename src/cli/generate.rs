@@ -8,13 +8,14 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::Args;
 use serde::Serialize;
+use tessera_actors::runner::request::request_for;
 use tessera_engine::chat_template::ChatMessage;
 use tessera_engine::executor::Executor;
 use tessera_engine::generate::{
     GenerateRequest, GenerationEvent, GenerationOutput, GenerationStats, Prompt, Session,
 };
 use tessera_engine::output_parser::ParsedChunk;
-use tessera_engine::sampler::SamplingParams;
+use tessera_protos::v1;
 
 use super::model_args::ModelArgs;
 use super::ranks::{DistributedArgs, RankReport, RankZero, Sharding};
@@ -145,22 +146,22 @@ pub fn request_from(args: &GenerateArgs) -> anyhow::Result<GenerateRequest> {
         }
         _ => bail!("give the input with --prompt TEXT, --chat TEXT or --messages FILE"),
     };
-    let mut request = GenerateRequest::new(prompt);
-    request.max_tokens = args.max_tokens;
-    request.stop = args.stop.clone();
-    request.ignore_eos = args.ignore_eos;
-    request.logprobs = args.logprobs.is_some();
-    request.sampling = SamplingParams {
-        temperature: args.temperature,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        min_p: args.min_p,
-        repetition_penalty: args.repetition_penalty,
+    let sampling = v1::SamplingParams {
+        temperature: Some(args.temperature),
+        top_p: Some(args.top_p),
+        top_k: Some(u32::try_from(args.top_k).context("--top-k is too large")?),
+        min_p: Some(args.min_p),
+        repetition_penalty: Some(args.repetition_penalty),
         seed: args.seed,
-        top_logprobs: args.logprobs.unwrap_or(0),
-        ..SamplingParams::default()
+        max_tokens: Some(u32::try_from(args.max_tokens).context("--max-tokens is too large")?),
+        stop: args.stop.clone(),
+        logprobs: args.logprobs.is_some(),
+        top_logprobs: u32::try_from(args.logprobs.unwrap_or(0))
+            .context("--logprobs is too large")?,
+        ..Default::default()
     };
-    request.sampling.validate()?;
+    let mut request = request_for(prompt, &sampling)?;
+    request.ignore_eos = args.ignore_eos;
     Ok(request)
 }
 

@@ -28,12 +28,20 @@ pub enum RequestError {
 
 pub fn request_from(params: &v1::TextGenerationParams) -> Result<GenerateRequest, RequestError> {
     let sampling = params.sampling.clone().unwrap_or_default();
-    let mut request = GenerateRequest::new(prompt_from(params)?);
+    request_for(prompt_from(params)?, &sampling)
+}
+
+/// A request for `prompt` under the wire's sampling parameters.
+pub fn request_for(
+    prompt: Prompt,
+    sampling: &v1::SamplingParams,
+) -> Result<GenerateRequest, RequestError> {
+    let mut request = GenerateRequest::new(prompt);
     request.max_tokens = sampling.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS) as usize;
     request.stop = sampling.stop.clone();
     request.stop_token_ids = sampling.stop_token_ids.clone();
     request.logprobs = sampling.logprobs;
-    request.sampling = sampling_from(&sampling);
+    request.sampling = sampling_from(sampling);
     request.sampling.validate()?;
     Ok(request)
 }
