@@ -17,12 +17,49 @@ pub enum BusError {
     Zenoh(String),
     #[error("no reply on {key} within {timeout:?}")]
     NoReply { key: String, timeout: Duration },
+    #[error("zenoh configuration {key}: {reason}")]
+    Config { key: String, reason: String },
 }
 
 impl BusError {
     pub fn zenoh(error: impl std::fmt::Display) -> Self {
         Self::Zenoh(error.to_string())
     }
+}
+
+/// The zenoh configuration of a session: its mode (`peer`, `client`),
+/// endpoints and multicast scouting.
+pub fn zenoh_config(
+    mode: &str,
+    listen: &[String],
+    connect: &[String],
+    multicast: bool,
+) -> Result<zenoh::Config, BusError> {
+    let mut config = zenoh::Config::default();
+    let mut set = |key: &str, value: String| {
+        config
+            .insert_json5(key, &value)
+            .map_err(|e| BusError::Config {
+                key: key.to_string(),
+                reason: e.to_string(),
+            })
+    };
+    set("mode", format!("{mode:?}"))?;
+    let list = |items: &[String]| format!("{items:?}");
+    if !listen.is_empty() {
+        set("listen/endpoints", list(listen))?;
+    }
+    if !connect.is_empty() {
+        set("connect/endpoints", list(connect))?;
+    }
+    set("scouting/multicast/enabled", multicast.to_string())?;
+    // A peer that went away (a node restarting) is dialled again within a
+    // second, well inside the election's rejoin listen.
+    set(
+        "connect/retry",
+        "{ period_init_ms: 250, period_max_ms: 1000, period_increase_factor: 2 }".into(),
+    )?;
+    Ok(config)
 }
 
 /// A zenoh session with the namespace's keys and a counter of dropped

@@ -22,7 +22,7 @@ use tessera_protos::v1::{EventLogReply, IndexedEvent, SessionId};
 
 /// A probe never reaches further back than one catch-up reply holds, so
 /// the events it compares always arrive in one answer.
-pub const MAX_PROBE: u64 = crate::replica::MAX_RANGE;
+pub const MAX_PROBE: u64 = 5_000;
 
 /// What the rules need to see of the local log.
 pub trait LocalLog {

@@ -17,6 +17,7 @@ use tessera_protos::v1::{
 use tessera_state::{Journal, State};
 use zenoh::sample::SampleKind;
 
+pub use crate::bus::zenoh_config;
 use crate::bus::{Bus, BusError};
 use crate::election_actor::{ElectionActor, ElectionArgs, ElectionMsg, Leadership};
 use crate::keys::{AdminMethod, KeyError, Keys};
@@ -108,40 +109,6 @@ pub fn node_identity(data_dir: &Path) -> Result<String, NodeError> {
         }
         Err(error) => Err(io(error)),
     }
-}
-
-/// The zenoh configuration for `options`.
-pub fn zenoh_config(
-    mode: &str,
-    listen: &[String],
-    connect: &[String],
-    multicast: bool,
-) -> Result<zenoh::Config, NodeError> {
-    let mut config = zenoh::Config::default();
-    let mut set = |key: &str, value: String| {
-        config
-            .insert_json5(key, &value)
-            .map_err(|e| NodeError::Config {
-                key: key.to_string(),
-                reason: e.to_string(),
-            })
-    };
-    set("mode", format!("{mode:?}"))?;
-    let list = |items: &[String]| format!("{items:?}");
-    if !listen.is_empty() {
-        set("listen/endpoints", list(listen))?;
-    }
-    if !connect.is_empty() {
-        set("connect/endpoints", list(connect))?;
-    }
-    set("scouting/multicast/enabled", multicast.to_string())?;
-    // A peer that went away (a node restarting) is dialled again within a
-    // second, well inside the election's rejoin listen.
-    set(
-        "connect/retry",
-        "{ period_init_ms: 250, period_max_ms: 1000, period_increase_factor: 2 }".into(),
-    )?;
-    Ok(config)
 }
 
 /// The listen endpoints of the node's session, and the loopback endpoint its

@@ -21,7 +21,7 @@ use crate::throttle::Throttle;
 /// At most this many early events are held while a gap is filled.
 const MAX_BUFFERED: usize = 10_000;
 /// Catch-up replies are capped at this many events; ask again for more.
-pub const MAX_RANGE: u64 = 5_000;
+pub const MAX_RANGE: u64 = crate::log_sync::MAX_PROBE;
 
 pub enum ReplicaMsg {
     /// An indexed event published by the master.

@@ -37,7 +37,7 @@ impl ZenohLink {
         connect: &[String],
     ) -> Result<Self, LinkError> {
         let keys = Keys::new(namespace)?;
-        let config = crate::node::zenoh_config("client", &[], connect, false)
+        let config = crate::bus::zenoh_config("client", &[], connect, false)
             .map_err(|e| LinkError::Config(e.to_string()))?;
         let session = zenoh::open(config)
             .await
