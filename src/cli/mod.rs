@@ -14,6 +14,7 @@ mod node;
 mod ranks;
 mod replay;
 mod runner;
+mod stats;
 mod synth;
 
 use std::path::PathBuf;
