@@ -214,11 +214,7 @@ pub enum ShardingArg {
 pub fn run(args: AdminArgs) -> anyhow::Result<()> {
     let options = args.cluster.options(args.node.clone())?;
     let json = args.cluster.json;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let runtime = super::client_runtime()?;
     runtime.block_on(async move {
         let client = AdminClient::connect(options).await?;
         let result = dispatch(&client, args.what, json).await;

@@ -199,11 +199,7 @@ pub fn run(args: ApiBenchArgs) -> anyhow::Result<()> {
     if args.clients == 0 || args.prompts == 0 || args.seconds <= 0.0 {
         bail!("--clients, --prompts and --seconds must be positive");
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let runtime = super::client_runtime()?;
     runtime.block_on(async move {
         let url = args.url.trim_end_matches('/').to_string();
         let client = reqwest::Client::builder()

@@ -45,11 +45,7 @@ pub fn run(args: ClusterBenchArgs) -> anyhow::Result<()> {
     if args.commands < 2 {
         bail!("--commands must be at least 2");
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let runtime = super::client_runtime()?;
     runtime.block_on(async move {
         let client = AdminClient::connect(ConnectOptions {
             connect: args.connect.clone(),

@@ -113,6 +113,17 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+/// The async runtime of a command that talks to a cluster or a server:
+/// two worker threads, as its work is mostly waiting on the network.
+pub fn client_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    use anyhow::Context;
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
 /// The node's data directory: `--data-dir`, else `TESSERA_HOME`, else
 /// `~/.tessera`.
 pub fn default_data_dir() -> PathBuf {
