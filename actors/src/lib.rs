@@ -23,6 +23,7 @@
 /// an error where it is asked, never a hang.
 pub const ACTOR_CALL_MS: u64 = 10_000;
 
+pub mod admin_client;
 pub mod api;
 pub mod bus;
 pub mod catalogue;

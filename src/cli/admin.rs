@@ -1,33 +1,65 @@
 //! `tessera admin`: typed requests to the cluster over zenoh queries (the
-//! admin service of protos/proto/tessera/v1/admin.proto). Reads are answered
-//! by any node; place and delete by the master.
+//! admin service of protos/proto/tessera/v1/admin.proto, asked through
+//! [`AdminClient`]). Reads are answered by any node; place and delete by
+//! the master. One function per subcommand; [`run`] dispatches.
 
+use std::io::Write;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use clap::{Args, Subcommand};
-use tessera_actors::bus::Bus;
-use tessera_actors::keys::{AdminMethod, Keys};
-use tessera_actors::node::zenoh_config;
-use tessera_protos::v1::{self, GetStateReply, GetStateRequest, ListNodesReply, ListNodesRequest};
+use serde::Serialize;
+use tessera_actors::admin_client::{
+    AdminClient, ConnectOptions, GenerationEvent, GenerationStream,
+};
+use tessera_protos::v1;
 
+/// How to reach the cluster; global, so they go before or after the
+/// subcommand.
 #[derive(Debug, Args)]
-pub struct AdminArgs {
-    #[arg(long, env = "TESSERA_NAMESPACE", default_value = "default")]
+pub struct ClusterArgs {
+    #[arg(
+        long,
+        env = "TESSERA_NAMESPACE",
+        default_value = "default",
+        global = true
+    )]
     pub namespace: String,
     /// A node's zenoh endpoint (repeatable); without one, nodes are found
     /// by multicast.
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub connect: Vec<String>,
-    /// Ask this node only (default: the most up-to-date answer).
-    #[arg(long)]
-    pub node: Option<String>,
     /// Seconds to wait for answers.
-    #[arg(long, default_value_t = 3.0)]
+    #[arg(long, default_value_t = 3.0, global = true)]
     pub timeout: f64,
     /// Machine-readable output.
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub json: bool,
+}
+
+impl ClusterArgs {
+    /// The client's options; `node`: ask reads of that node only.
+    pub fn options(&self, node: Option<String>) -> anyhow::Result<ConnectOptions> {
+        let timeout = Duration::try_from_secs_f64(self.timeout)
+            .ok()
+            .filter(|t| !t.is_zero())
+            .context("--timeout must be a positive number of seconds")?;
+        Ok(ConnectOptions {
+            namespace: self.namespace.clone(),
+            connect: self.connect.clone(),
+            node,
+            timeout,
+        })
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct AdminArgs {
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// Ask this node only (default: the most up-to-date answer).
+    #[arg(long, global = true)]
+    pub node: Option<String>,
     #[command(subcommand)]
     pub what: AdminCommand,
 }
@@ -56,19 +88,7 @@ pub enum AdminCommand {
     Delete { instance: String },
     /// Generate text on an instance (or any ready instance of a model),
     /// streaming the tokens.
-    Generate {
-        /// An instance id, or a model id.
-        target: String,
-        prompt: String,
-        /// Feed the prompt as raw text (default: one user message, templated).
-        #[arg(long)]
-        raw: bool,
-        #[arg(long, default_value_t = 128)]
-        max_tokens: u32,
-        /// Seconds to wait for the first chunk and between chunks.
-        #[arg(long, default_value_t = 60.0)]
-        chunk_timeout: f64,
-    },
+    Generate(GenerateArgs),
     /// The model catalogue (built-in and custom cards) and which nodes
     /// hold each model's files.
     Models,
@@ -99,6 +119,56 @@ pub enum AdminCommand {
         #[arg(long)]
         follow: bool,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// An instance id, or a model id.
+    target: String,
+    prompt: String,
+    /// Feed the prompt as raw text (default: one user message, templated).
+    #[arg(long)]
+    raw: bool,
+    #[arg(long, default_value_t = 128)]
+    max_tokens: u32,
+    /// Sampling temperature (0: greedy; default: the model's).
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// Seed of the sampler, for repeatable samples.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Nucleus sampling: keep the most likely tokens up to this mass.
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// Keep only the K most likely tokens.
+    #[arg(long)]
+    top_k: Option<u32>,
+    /// Seconds to wait for the first chunk and between chunks.
+    #[arg(long, default_value_t = 60.0)]
+    chunk_timeout: f64,
+}
+
+impl GenerateArgs {
+    fn params(&self) -> v1::TextGenerationParams {
+        let message = v1::ChatMessage {
+            role: "user".into(),
+            content: self.prompt.clone(),
+            ..Default::default()
+        };
+        v1::TextGenerationParams {
+            messages: if self.raw { Vec::new() } else { vec![message] },
+            raw_prompt: self.raw.then(|| self.prompt.clone()),
+            sampling: Some(v1::SamplingParams {
+                max_tokens: Some(self.max_tokens),
+                temperature: self.temperature,
+                seed: self.seed,
+                top_p: self.top_p,
+                top_k: self.top_k,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
 }
 
 /// A download's state in one line.
@@ -142,498 +212,353 @@ pub enum ShardingArg {
 }
 
 pub fn run(args: AdminArgs) -> anyhow::Result<()> {
-    let timeout = Duration::try_from_secs_f64(args.timeout)
+    let options = args.cluster.options(args.node.clone())?;
+    let json = args.cluster.json;
+    let runtime = super::client_runtime()?;
+    runtime.block_on(async move {
+        let client = AdminClient::connect(options).await?;
+        let result = dispatch(&client, args.what, json).await;
+        // Whatever the outcome, the session is closed cleanly.
+        let _ = client.close().await;
+        result
+    })
+}
+
+async fn dispatch(client: &AdminClient, what: AdminCommand, json: bool) -> anyhow::Result<()> {
+    match what {
+        AdminCommand::State => state(client, json).await,
+        AdminCommand::Nodes => nodes(client, json).await,
+        AdminCommand::Instances => instances(client, json).await,
+        AdminCommand::Previews { model } => previews(client, &model, json).await,
+        AdminCommand::Place {
+            model,
+            sharding,
+            min_nodes,
+        } => place(client, &model, sharding, min_nodes, json).await,
+        AdminCommand::Delete { instance } => delete(client, &instance).await,
+        AdminCommand::Generate(args) => generate(client, &args, json).await,
+        AdminCommand::Models => models(client, json).await,
+        AdminCommand::AddModel { repo, revision } => {
+            add_model(client, &repo, &revision, json).await
+        }
+        AdminCommand::Downloads => downloads(client, json).await,
+        AdminCommand::Download { model, on, action } => download(client, &model, on, action).await,
+        AdminCommand::Events { from, follow } => events(client, from, follow).await,
+    }
+}
+
+fn print_json(value: &impl Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+async fn state(client: &AdminClient, json: bool) -> anyhow::Result<()> {
+    let reply = client.state().await?;
+    let state = reply.state.unwrap_or_default();
+    if json {
+        return print_json(&serde_json::json!({
+            "last_index": state.last_index,
+            "digest": reply.digest,
+            "state": serde_json::to_value(&state)?,
+        }));
+    }
+    println!("last index {}  digest {}", state.last_index, reply.digest);
+    println!(
+        "{} nodes, {} instances, {} runners, {} tasks",
+        state.nodes.len(),
+        state.instances.len(),
+        state.runners.len(),
+        state.tasks.len()
+    );
+    Ok(())
+}
+
+async fn nodes(client: &AdminClient, json: bool) -> anyhow::Result<()> {
+    let reply = client.nodes().await?;
+    if json {
+        let nodes: Vec<serde_json::Value> = reply
+            .nodes
+            .iter()
+            .map(|n| {
+                serde_json::json!({
+                    "node_id": n.node_id,
+                    "is_master": n.is_master,
+                    "info": n.info,
+                })
+            })
+            .collect();
+        return print_json(&nodes);
+    }
+    println!(
+        "{:<38} {:<7} {:<20} {:>6} {:>12}",
+        "NODE", "ROLE", "HOST", "CORES", "FREE MEM"
+    );
+    for n in &reply.nodes {
+        let info = n.info.clone().unwrap_or_default();
+        println!(
+            "{:<38} {:<7} {:<20} {:>6} {:>9.1} GB",
+            n.node_id,
+            if n.is_master { "master" } else { "" },
+            info.hostname,
+            info.cpu_cores,
+            info.memory_available_bytes as f64 / 1e9
+        );
+    }
+    Ok(())
+}
+
+async fn instances(client: &AdminClient, json: bool) -> anyhow::Result<()> {
+    let reply = client.instances().await?;
+    if json {
+        return print_json(&reply.instances);
+    }
+    println!("{:<44} {:<10} RANKS (node: shard)", "INSTANCE", "SHARDING");
+    for instance in &reply.instances {
+        let ranks: Vec<String> = instance
+            .ranks
+            .iter()
+            .map(|r| format!("{}: {}", short(&r.node_id), shard_text(r.shard.as_ref())))
+            .collect();
+        println!(
+            "{:<44} {:<10} {}",
+            instance.instance_id,
+            sharding_name(instance.sharding),
+            ranks.join(", ")
+        );
+    }
+    Ok(())
+}
+
+async fn previews(client: &AdminClient, model: &str, json: bool) -> anyhow::Result<()> {
+    let reply = client.previews(model).await?;
+    if json {
+        return print_json(&reply.previews);
+    }
+    for p in &reply.previews {
+        let sharding = sharding_name(p.sharding);
+        if p.instance.is_none() {
+            println!("{sharding:<9} {} node(s): {}", p.node_count, p.error);
+            continue;
+        }
+        let memory: Vec<String> = p
+            .memory_bytes_by_node
+            .iter()
+            .map(|(node, bytes)| format!("{}: {:.0} MB", short(node), *bytes as f64 / 1e6))
+            .collect();
+        println!(
+            "{sharding:<9} {} node(s): fits ({})",
+            p.node_count,
+            memory.join(", ")
+        );
+    }
+    Ok(())
+}
+
+async fn place(
+    client: &AdminClient,
+    model: &str,
+    sharding: ShardingArg,
+    min_nodes: u32,
+    json: bool,
+) -> anyhow::Result<()> {
+    let request = v1::PlaceInstanceRequest {
+        model_id: model.to_string(),
+        sharding: match sharding {
+            ShardingArg::Pipeline => v1::Sharding::Pipeline,
+            ShardingArg::Tensor => v1::Sharding::Tensor,
+        } as i32,
+        min_nodes,
+        node_ids: Vec::new(),
+        request_id: uuid::Uuid::now_v7().to_string(),
+    };
+    let instance = client.place(&request).await?.instance.unwrap_or_default();
+    if json {
+        return print_json(&instance);
+    }
+    println!("placed {}", instance.instance_id);
+    for r in &instance.ranks {
+        println!(
+            "  rank {} on {}: {}",
+            r.rank,
+            r.node_id,
+            shard_text(r.shard.as_ref())
+        );
+    }
+    Ok(())
+}
+
+async fn delete(client: &AdminClient, instance: &str) -> anyhow::Result<()> {
+    client.delete(instance).await?;
+    println!("deleted {instance}");
+    Ok(())
+}
+
+/// Streams a generation to stdout; Ctrl-C cancels it on the cluster.
+async fn generate(client: &AdminClient, args: &GenerateArgs, json: bool) -> anyhow::Result<()> {
+    let chunk_timeout = Duration::try_from_secs_f64(args.chunk_timeout)
         .ok()
         .filter(|t| !t.is_zero())
-        .context("--timeout must be a positive number of seconds")?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    runtime.block_on(async move {
-        let keys = Keys::new(&args.namespace)?;
-        let config = zenoh_config("client", &[], &args.connect, args.connect.is_empty())?;
-        let session = zenoh::open(config)
-            .await
-            .map_err(|e| anyhow::anyhow!("opening a zenoh session: {e}"))?;
-        let bus = Bus::new(session, keys);
-        let selector = |method: AdminMethod| match &args.node {
-            Some(node) => format!("{}?node={node}", bus.keys.admin(method)),
-            None => bus.keys.admin(method),
-        };
-        let unreachable = || {
-            format!(
-                "no node of namespace {:?} answered within {timeout:?}{}",
-                args.namespace,
-                if args.connect.is_empty() {
-                    " (is a node running? pass --connect tcp/HOST:PORT where multicast is blocked)"
-                } else {
-                    ""
-                }
-            )
-        };
-        match args.what {
-            AdminCommand::State => {
-                let replies: Vec<GetStateReply> = bus
-                    .query_all(&selector(AdminMethod::State), &GetStateRequest {}, timeout)
-                    .await?;
-                // The most up-to-date node's view.
-                let Some(reply) = replies
-                    .into_iter()
-                    .max_by_key(|r| r.state.as_ref().map_or(0, |s| s.last_index))
-                else {
-                    bail!(unreachable());
-                };
-                let state = reply.state.unwrap_or_default();
-                if args.json {
-                    let json = serde_json::json!({
-                        "last_index": state.last_index,
-                        "digest": reply.digest,
-                        "state": serde_json::to_value(&state)?,
-                    });
-                    println!("{}", serde_json::to_string_pretty(&json)?);
-                } else {
-                    println!("last index {}  digest {}", state.last_index, reply.digest);
-                    println!(
-                        "{} nodes, {} instances, {} runners, {} tasks",
-                        state.nodes.len(),
-                        state.instances.len(),
-                        state.runners.len(),
-                        state.tasks.len()
-                    );
+        .context("--chunk-timeout must be a positive number of seconds")?;
+    let mut stream = client
+        .generate(&args.target, args.params(), chunk_timeout)
+        .await?;
+    let outcome = tokio::select! {
+        outcome = print_generation(&mut stream, json) => outcome,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+    };
+    if outcome.is_err() && !json {
+        println!();
+    }
+    // Unfinished (interrupted, timed out): cancelled on the cluster.
+    stream.cancel().await;
+    outcome
+}
+
+async fn print_generation(stream: &mut GenerationStream, json: bool) -> anyhow::Result<()> {
+    let mut text = String::new();
+    let mut out = std::io::stdout();
+    while let Some(event) = stream.next().await {
+        match event? {
+            GenerationEvent::Token(token) => {
+                text.push_str(&token.text);
+                if !json {
+                    // Best effort: a closed stdout must not stop the cancel.
+                    let _ = out.write_all(token.text.as_bytes());
+                    let _ = out.flush();
                 }
             }
-            AdminCommand::Nodes => {
-                let replies: Vec<ListNodesReply> = bus
-                    .query_all(&selector(AdminMethod::Nodes), &ListNodesRequest {}, timeout)
-                    .await?;
-                // Prefer an answer that knows the master and the most nodes.
-                let Some(reply) = replies
-                    .into_iter()
-                    .max_by_key(|r| (r.error.is_none(), r.nodes.len()))
-                else {
-                    bail!(unreachable());
-                };
-                if let Some(error) = &reply.error {
-                    bail!("{} ({})", error.message, error.kind);
-                }
-                if args.json {
-                    let nodes: Vec<serde_json::Value> = reply
-                        .nodes
-                        .iter()
-                        .map(|n| {
-                            serde_json::json!({
-                                "node_id": n.node_id,
-                                "is_master": n.is_master,
-                                "info": n.info,
-                            })
-                        })
-                        .collect();
-                    println!("{}", serde_json::to_string_pretty(&nodes)?);
-                } else {
-                    println!(
-                        "{:<38} {:<7} {:<20} {:>6} {:>12}",
-                        "NODE", "ROLE", "HOST", "CORES", "FREE MEM"
-                    );
-                    for n in &reply.nodes {
-                        let info = n.info.clone().unwrap_or_default();
-                        println!(
-                            "{:<38} {:<7} {:<20} {:>6} {:>9.1} GB",
-                            n.node_id,
-                            if n.is_master { "master" } else { "" },
-                            info.hostname,
-                            info.cpu_cores,
-                            info.memory_available_bytes as f64 / 1e9
-                        );
-                    }
-                }
+            GenerationEvent::Finish(finish) if json => {
+                return print_json(&serde_json::json!({
+                    "text": text,
+                    "finish": serde_json::to_value(finish)?,
+                }));
             }
-            AdminCommand::Instances => {
-                let reply: v1::ListInstancesReply = bus
-                    .query(
-                        &selector(AdminMethod::Instances),
-                        &v1::ListInstancesRequest {},
-                        timeout,
-                    )
-                    .await
-                    .map_err(|_| anyhow::anyhow!(unreachable()))?;
-                if args.json {
-                    println!("{}", serde_json::to_string_pretty(&reply.instances)?);
-                } else {
-                    println!("{:<44} {:<10} RANKS (node: shard)", "INSTANCE", "SHARDING");
-                    for instance in &reply.instances {
-                        let ranks: Vec<String> = instance
-                            .ranks
-                            .iter()
-                            .map(|r| {
-                                format!("{}: {}", short(&r.node_id), shard_text(r.shard.as_ref()))
-                            })
-                            .collect();
-                        println!(
-                            "{:<44} {:<10} {}",
-                            instance.instance_id,
-                            sharding_name(instance.sharding),
-                            ranks.join(", ")
-                        );
-                    }
-                }
-            }
-            AdminCommand::Previews { model } => {
-                let request = v1::PlacementPreviewsRequest {
-                    model_id: model,
-                    node_ids: Vec::new(),
-                };
-                let reply: v1::PlacementPreviewsReply = bus
-                    .query(&selector(AdminMethod::Previews), &request, timeout)
-                    .await
-                    .map_err(|_| anyhow::anyhow!(unreachable()))?;
-                if let Some(error) = &reply.error {
-                    bail!("{} ({})", error.message, error.kind);
-                }
-                if args.json {
-                    println!("{}", serde_json::to_string_pretty(&reply.previews)?);
-                } else {
-                    for p in &reply.previews {
-                        if p.instance.is_some() {
-                            let memory: Vec<String> = p
-                                .memory_bytes_by_node
-                                .iter()
-                                .map(|(node, bytes)| {
-                                    format!("{}: {:.0} MB", short(node), *bytes as f64 / 1e6)
-                                })
-                                .collect();
-                            println!(
-                                "{:<9} {} node(s): fits ({})",
-                                sharding_name(p.sharding),
-                                p.node_count,
-                                memory.join(", ")
-                            );
-                        } else {
-                            println!(
-                                "{:<9} {} node(s): {}",
-                                sharding_name(p.sharding),
-                                p.node_count,
-                                p.error
-                            );
-                        }
-                    }
-                }
-            }
-            AdminCommand::Place {
-                model,
-                sharding,
-                min_nodes,
-            } => {
-                let request = v1::PlaceInstanceRequest {
-                    model_id: model,
-                    sharding: match sharding {
-                        ShardingArg::Pipeline => v1::Sharding::Pipeline,
-                        ShardingArg::Tensor => v1::Sharding::Tensor,
-                    } as i32,
-                    min_nodes,
-                    node_ids: Vec::new(),
-                    request_id: uuid::Uuid::now_v7().to_string(),
-                };
-                let reply: v1::PlaceInstanceReply = bus
-                    .query(&bus.keys.admin(AdminMethod::Place), &request, timeout)
-                    .await
-                    .map_err(|_| {
-                        anyhow::anyhow!("no master answered within {timeout:?}: is the cluster up?")
-                    })?;
-                if let Some(error) = &reply.error {
-                    bail!("{} ({})", error.message, error.kind);
-                }
-                let instance = reply.instance.unwrap_or_default();
-                if args.json {
-                    println!("{}", serde_json::to_string_pretty(&instance)?);
-                } else {
-                    println!("placed {}", instance.instance_id);
-                    for r in &instance.ranks {
-                        println!(
-                            "  rank {} on {}: {}",
-                            r.rank,
-                            r.node_id,
-                            shard_text(r.shard.as_ref())
-                        );
-                    }
-                }
-            }
-            AdminCommand::Delete { instance } => {
-                let request = v1::DeleteInstanceRequest {
-                    instance_id: instance.clone(),
-                };
-                let reply: v1::DeleteInstanceReply = bus
-                    .query(&bus.keys.admin(AdminMethod::Delete), &request, timeout)
-                    .await
-                    .map_err(|_| {
-                        anyhow::anyhow!("no master answered within {timeout:?}: is the cluster up?")
-                    })?;
-                if let Some(error) = &reply.error {
-                    bail!("{} ({})", error.message, error.kind);
-                }
-                println!("deleted {instance}");
-            }
-            AdminCommand::Generate {
-                target,
-                prompt,
-                raw,
-                max_tokens,
-                chunk_timeout,
-            } => {
-                let chunk_timeout = Duration::try_from_secs_f64(chunk_timeout)
-                    .ok()
-                    .filter(|t| !t.is_zero())
-                    .context("--chunk-timeout must be a positive number of seconds")?;
-                let instances: v1::ListInstancesReply = bus
-                    .query(
-                        &bus.keys.admin(AdminMethod::Instances),
-                        &v1::ListInstancesRequest {},
-                        timeout,
-                    )
-                    .await
-                    .map_err(|_| anyhow::anyhow!(unreachable()))?;
-                let (instance_id, model_id) =
-                    match instances.instances.iter().find(|i| i.instance_id == target) {
-                        Some(i) => (
-                            i.instance_id.clone(),
-                            i.model
-                                .as_ref()
-                                .map(|m| m.model_id.clone())
-                                .unwrap_or_default(),
-                        ),
-                        None => (String::new(), target.clone()),
-                    };
-                let params = v1::TextGenerationParams {
-                    model_id,
-                    messages: if raw {
-                        Vec::new()
-                    } else {
-                        vec![v1::ChatMessage {
-                            role: "user".into(),
-                            content: prompt.clone(),
-                            ..Default::default()
-                        }]
-                    },
-                    raw_prompt: raw.then(|| prompt.clone()),
-                    sampling: Some(v1::SamplingParams {
-                        max_tokens: Some(max_tokens),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                };
-                let command_id = uuid::Uuid::now_v7().to_string();
-                let chunks = bus
-                    .session
-                    .declare_subscriber(bus.keys.chunks(&command_id)?)
-                    .await
-                    .map_err(|e| anyhow::anyhow!("subscribing to chunks: {e}"))?;
-                let command = v1::Command {
-                    command_id: command_id.clone(),
-                    origin_node_id: "admin".into(),
-                    kind: Some(v1::command::Kind::TextGeneration(v1::TextGeneration {
-                        instance_id,
-                        params: Some(params),
-                    })),
-                };
-                bus.put(&bus.keys.commands(), &command).await?;
-                let mut text = String::new();
-                let mut out = std::io::stdout();
-                loop {
-                    let sample = tokio::time::timeout(chunk_timeout, chunks.recv_async())
-                        .await
-                        .map_err(|_| anyhow::anyhow!("no answer within {chunk_timeout:?}"))?
-                        .map_err(|e| anyhow::anyhow!("chunk subscriber closed: {e}"))?;
-                    let Some(chunk) =
-                        bus.decode::<v1::GenerationChunk>("chunks", &sample.payload().to_bytes())
-                    else {
-                        continue;
-                    };
-                    match chunk.kind {
-                        Some(v1::generation_chunk::Kind::Token(token)) => {
-                            text.push_str(&token.text);
-                            if !args.json {
-                                use std::io::Write;
-                                let _ = out.write_all(token.text.as_bytes());
-                                let _ = out.flush();
-                            }
-                        }
-                        Some(v1::generation_chunk::Kind::Finish(finish)) => {
-                            if args.json {
-                                let json = serde_json::json!({
-                                    "text": text,
-                                    "finish": serde_json::to_value(finish)?,
-                                });
-                                println!("{}", serde_json::to_string_pretty(&json)?);
-                            } else {
-                                println!();
-                            }
-                            break;
-                        }
-                        Some(v1::generation_chunk::Kind::Error(error)) => {
-                            if !args.json {
-                                println!();
-                            }
-                            bail!("{} ({})", error.message, error.kind);
-                        }
-                        _ => {}
-                    }
-                }
-            }
-            AdminCommand::Models => {
-                let reply: v1::ListModelsReply = bus
-                    .query(
-                        &selector(AdminMethod::Models),
-                        &v1::ListModelsRequest {},
-                        timeout,
-                    )
-                    .await
-                    .map_err(|_| anyhow::anyhow!(unreachable()))?;
-                if args.json {
-                    println!("{}", serde_json::to_string_pretty(&reply.models)?);
-                } else {
-                    println!(
-                        "{:<44} {:>10} {:>7} {:>6}  downloaded on",
-                        "model", "size", "layers", "format"
-                    );
-                    for m in &reply.models {
-                        let card = m.card.clone().unwrap_or_default();
-                        let format = match card.source.as_ref().map(|s| s.format()) {
-                            Some(v1::WeightFormat::Gguf) => "gguf",
-                            Some(v1::WeightFormat::Safetensors) => "st",
-                            _ => "?",
-                        };
-                        println!(
-                            "{:<44} {:>10} {:>7} {:>6}  {}",
-                            card.model_id,
-                            format!("{:.2} GB", card.storage_size_bytes as f64 / 1e9),
-                            card.n_layers,
-                            format,
-                            where_held(m)
-                        );
-                    }
-                }
-            }
-            AdminCommand::AddModel { repo, revision } => {
-                let request = v1::AddModelRequest {
-                    hub_repo: repo,
-                    revision,
-                };
-                // The master reads the hub: allow for a slow listing.
-                let reply: v1::AddModelReply = bus
-                    .query(
-                        &bus.keys.admin(AdminMethod::AddModel),
-                        &request,
-                        timeout * 10,
-                    )
-                    .await
-                    .map_err(|_| {
-                        anyhow::anyhow!(
-                            "no master answered within {:?}: is the cluster up?",
-                            timeout * 10
-                        )
-                    })?;
-                if let Some(error) = &reply.error {
-                    bail!("{} ({})", error.message, error.kind);
-                }
-                let card = reply.card.unwrap_or_default();
-                if args.json {
-                    println!("{}", serde_json::to_string_pretty(&card)?);
-                } else {
-                    println!(
-                        "added {} ({} layers, {:.2} GB, {})",
-                        card.model_id,
-                        card.n_layers,
-                        card.storage_size_bytes as f64 / 1e9,
-                        card.quantization
-                    );
-                }
-            }
-            AdminCommand::Downloads => {
-                let reply: v1::ListDownloadsReply = bus
-                    .query(
-                        &selector(AdminMethod::Downloads),
-                        &v1::ListDownloadsRequest::default(),
-                        timeout,
-                    )
-                    .await
-                    .map_err(|_| anyhow::anyhow!(unreachable()))?;
-                if args.json {
-                    println!("{}", serde_json::to_string_pretty(&reply.downloads)?);
-                } else {
-                    for d in &reply.downloads {
-                        let p = d.progress.clone().unwrap_or_default();
-                        println!("{}  {}  {}", d.node_id, p.model_id, download_text(&p));
-                    }
-                }
-            }
-            AdminCommand::Download { model, on, action } => {
-                let nodes: Vec<String> = match on {
-                    Some(node) => vec![node],
-                    None => {
-                        let reply: GetStateReply = bus
-                            .query(&selector(AdminMethod::State), &GetStateRequest {}, timeout)
-                            .await
-                            .map_err(|_| anyhow::anyhow!(unreachable()))?;
-                        let state = reply.state.unwrap_or_default();
-                        state
-                            .nodes
-                            .iter()
-                            .filter(|(_, n)| !n.info.as_ref().is_some_and(|i| i.no_worker))
-                            .map(|(id, _)| id.clone())
-                            .collect()
-                    }
-                };
-                for node in nodes {
-                    let request = v1::DownloadRequest {
-                        action: match action {
-                            DownloadActionArg::Start => v1::DownloadAction::Start,
-                            DownloadActionArg::Cancel => v1::DownloadAction::Cancel,
-                            DownloadActionArg::Delete => v1::DownloadAction::Delete,
-                        } as i32,
-                        node_id: node.clone(),
-                        model_id: model.clone(),
-                    };
-                    let reply: v1::DownloadReply = bus
-                        .query(&bus.keys.admin(AdminMethod::Download), &request, timeout)
-                        .await
-                        .map_err(|_| {
-                            anyhow::anyhow!(
-                                "no master answered within {timeout:?}: is the cluster up?"
-                            )
-                        })?;
-                    if let Some(error) = &reply.error {
-                        bail!("{node}: {} ({})", error.message, error.kind);
-                    }
-                    println!("{node}: {action:?} {model} asked");
-                }
-            }
-            AdminCommand::Events { from, follow } => {
-                let mut next = from.max(1);
-                loop {
-                    let request = v1::EventsRangeRequest {
-                        from_index: next,
-                        to_index: 0,
-                    };
-                    let reply: v1::EventsRangeReply = bus
-                        .query(&selector(AdminMethod::Events), &request, timeout)
-                        .await
-                        .map_err(|_| anyhow::anyhow!(unreachable()))?;
-                    for event in &reply.events {
-                        println!("{}", serde_json::to_string(event)?);
-                        next = next.max(event.index + 1);
-                    }
-                    if reply.events.is_empty() {
-                        if !follow {
-                            break;
-                        }
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                    }
-                }
+            GenerationEvent::Finish(_) => {
+                println!();
+                return Ok(());
             }
         }
-        Ok(())
-    })
+    }
+    anyhow::bail!("the generation ended without a finish")
+}
+
+async fn models(client: &AdminClient, json: bool) -> anyhow::Result<()> {
+    let reply = client.models().await?;
+    if json {
+        return print_json(&reply.models);
+    }
+    println!(
+        "{:<44} {:>10} {:>7} {:>6}  downloaded on",
+        "model", "size", "layers", "format"
+    );
+    for m in &reply.models {
+        let card = m.card.clone().unwrap_or_default();
+        let format = match card.source.as_ref().map(|s| s.format()) {
+            Some(v1::WeightFormat::Gguf) => "gguf",
+            Some(v1::WeightFormat::Safetensors) => "st",
+            _ => "?",
+        };
+        println!(
+            "{:<44} {:>10} {:>7} {:>6}  {}",
+            card.model_id,
+            format!("{:.2} GB", card.storage_size_bytes as f64 / 1e9),
+            card.n_layers,
+            format,
+            where_held(m)
+        );
+    }
+    Ok(())
+}
+
+async fn add_model(
+    client: &AdminClient,
+    repo: &str,
+    revision: &str,
+    json: bool,
+) -> anyhow::Result<()> {
+    let card = client
+        .add_model(repo, revision)
+        .await?
+        .card
+        .unwrap_or_default();
+    if json {
+        return print_json(&card);
+    }
+    println!(
+        "added {} ({} layers, {:.2} GB, {})",
+        card.model_id,
+        card.n_layers,
+        card.storage_size_bytes as f64 / 1e9,
+        card.quantization
+    );
+    Ok(())
+}
+
+async fn downloads(client: &AdminClient, json: bool) -> anyhow::Result<()> {
+    let reply = client.downloads().await?;
+    if json {
+        return print_json(&reply.downloads);
+    }
+    for d in &reply.downloads {
+        let p = d.progress.clone().unwrap_or_default();
+        println!("{}  {}  {}", d.node_id, p.model_id, download_text(&p));
+    }
+    Ok(())
+}
+
+async fn download(
+    client: &AdminClient,
+    model: &str,
+    on: Option<String>,
+    action: DownloadActionArg,
+) -> anyhow::Result<()> {
+    let nodes = match on {
+        Some(node) => vec![node],
+        None => nodes_with_workers(client).await?,
+    };
+    let asked = match action {
+        DownloadActionArg::Start => v1::DownloadAction::Start,
+        DownloadActionArg::Cancel => v1::DownloadAction::Cancel,
+        DownloadActionArg::Delete => v1::DownloadAction::Delete,
+    };
+    for node in nodes {
+        client
+            .download(asked, &node, model)
+            .await
+            .map_err(|e| anyhow::anyhow!("{node}: {e}"))?;
+        println!("{node}: {action:?} {model} asked");
+    }
+    Ok(())
+}
+
+/// The nodes that run models (not started with `--no-worker`).
+async fn nodes_with_workers(client: &AdminClient) -> anyhow::Result<Vec<String>> {
+    let state = client.state().await?.state.unwrap_or_default();
+    Ok(state
+        .nodes
+        .iter()
+        .filter(|(_, n)| !n.info.as_ref().is_some_and(|i| i.no_worker))
+        .map(|(id, _)| id.clone())
+        .collect())
+}
+
+/// Prints the indexed events from `from`, one JSON object a line; with
+/// `follow`, keeps asking for the next ones.
+async fn events(client: &AdminClient, from: u64, follow: bool) -> anyhow::Result<()> {
+    let mut next = from.max(1);
+    loop {
+        let reply = client.events(next, 0).await?;
+        for event in &reply.events {
+            println!("{}", serde_json::to_string(event)?);
+            next = next.max(event.index + 1);
+        }
+        if reply.events.is_empty() {
+            if !follow {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
 }
 
 /// Where a model's files are: "a, b, c (part)", or "-".
@@ -669,5 +594,82 @@ fn shard_text(shard: Option<&v1::ShardSpec>) -> String {
         Some(Kind::Pipeline(p)) => format!("layers {}..{}", p.start_layer, p.end_layer),
         Some(Kind::Tensor(t)) => format!("tensor {}/{}", t.rank, t.world_size),
         None => "?".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::AdminCommand;
+    use crate::cli::{Cli, Command};
+
+    fn admin(args: &[&str]) -> Result<super::AdminArgs, clap::Error> {
+        let cli = Cli::try_parse_from(["tessera", "admin"].iter().chain(args))?;
+        match cli.command {
+            Command::Admin(args) => Ok(args),
+            other => panic!("not admin: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn options_go_before_or_after_the_subcommand() -> Result<(), clap::Error> {
+        for args in [["nodes", "--json"], ["--json", "nodes"]] {
+            let parsed = admin(&args)?;
+            assert!(parsed.cluster.json, "{args:?}");
+            assert!(matches!(parsed.what, AdminCommand::Nodes), "{args:?}");
+        }
+        let parsed = admin(&[
+            "state",
+            "--namespace",
+            "lab",
+            "--connect",
+            "tcp/10.0.0.1:7447",
+            "--node",
+            "n1",
+            "--timeout",
+            "0.5",
+        ])?;
+        assert_eq!(parsed.cluster.namespace, "lab");
+        assert_eq!(parsed.cluster.connect, ["tcp/10.0.0.1:7447"]);
+        assert_eq!(parsed.node.as_deref(), Some("n1"));
+        assert_eq!(parsed.cluster.timeout, 0.5);
+        Ok(())
+    }
+
+    #[test]
+    fn sampling_flags_reach_the_generation_params() -> Result<(), clap::Error> {
+        let parsed = admin(&[
+            "generate",
+            "m",
+            "hi",
+            "--temperature",
+            "0.7",
+            "--seed",
+            "42",
+            "--top-p",
+            "0.9",
+            "--top-k",
+            "40",
+            "--max-tokens",
+            "8",
+        ])?;
+        let AdminCommand::Generate(generate) = parsed.what else {
+            panic!("not generate: {:?}", parsed.what);
+        };
+        let sampling = generate.params().sampling.unwrap_or_default();
+        assert_eq!(sampling.temperature, Some(0.7));
+        assert_eq!(sampling.seed, Some(42));
+        assert_eq!(sampling.top_p, Some(0.9));
+        assert_eq!(sampling.top_k, Some(40));
+        assert_eq!(sampling.max_tokens, Some(8));
+        Ok(())
+    }
+
+    #[test]
+    fn a_zero_timeout_is_refused() -> Result<(), clap::Error> {
+        let parsed = admin(&["--timeout", "0", "nodes"])?;
+        assert!(parsed.cluster.options(None).is_err());
+        Ok(())
     }
 }

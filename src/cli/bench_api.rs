@@ -17,6 +17,8 @@ use futures_util::StreamExt;
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use super::stats;
+
 #[derive(Debug, Args)]
 pub struct ApiBenchArgs {
     /// The node's API.
@@ -99,12 +101,9 @@ fn prompt(i: usize) -> String {
     )
 }
 
+/// A percentile of sorted milliseconds, as reported (to the microsecond).
 fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let v = sorted[((sorted.len() - 1) as f64 * q).round() as usize];
-    (v * 1000.0).round() / 1000.0
+    stats::round_to(stats::percentile(sorted, q), 3)
 }
 
 async fn stream_once(
@@ -200,11 +199,7 @@ pub fn run(args: ApiBenchArgs) -> anyhow::Result<()> {
     if args.clients == 0 || args.prompts == 0 || args.seconds <= 0.0 {
         bail!("--clients, --prompts and --seconds must be positive");
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let runtime = super::client_runtime()?;
     runtime.block_on(async move {
         let url = args.url.trim_end_matches('/').to_string();
         let client = reqwest::Client::builder()

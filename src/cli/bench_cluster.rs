@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Args;
 use serde::Serialize;
-use tessera_actors::bus::Bus;
-use tessera_actors::keys::Keys;
-use tessera_actors::node::zenoh_config;
+use tessera_actors::admin_client::{AdminClient, ConnectOptions};
 use tessera_protos::v1::{self, command, event, Command, IndexedEvent};
+
+use super::stats;
 
 #[derive(Debug, Args)]
 pub struct ClusterBenchArgs {
@@ -45,32 +45,22 @@ pub fn run(args: ClusterBenchArgs) -> anyhow::Result<()> {
     if args.commands < 2 {
         bail!("--commands must be at least 2");
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let runtime = super::client_runtime()?;
     runtime.block_on(async move {
-        let keys = Keys::new(&args.namespace)?;
-        let config = zenoh_config("client", &[], &args.connect, args.connect.is_empty())?;
-        let session = zenoh::open(config)
-            .await
-            .map_err(|e| anyhow::anyhow!("opening a zenoh session: {e}"))?;
-        let bus = Bus::new(session, keys);
+        let client = AdminClient::connect(ConnectOptions {
+            connect: args.connect.clone(),
+            timeout: Duration::from_secs(5),
+            ..ConnectOptions::new(&args.namespace)
+        })
+        .await?;
+        let bus = client.bus();
         let events = bus
             .session
             .declare_subscriber(bus.keys.global_events())
             .await
             .map_err(|e| anyhow::anyhow!("subscribing: {e}"))?;
         // A node that runs no models, to name in the instances.
-        let nodes: v1::ListNodesReply = bus
-            .query(
-                &bus.keys.admin(tessera_actors::keys::AdminMethod::Nodes),
-                &v1::ListNodesRequest {},
-                Duration::from_secs(5),
-            )
-            .await
-            .map_err(|e| anyhow::anyhow!("no node answered ({e}); is the cluster up?"))?;
+        let nodes = client.nodes().await?;
         let Some(host) = nodes
             .nodes
             .iter()
@@ -156,11 +146,8 @@ pub fn run(args: ClusterBenchArgs) -> anyhow::Result<()> {
                 placed.push(expect_instance);
             }
         }
-        times.sort_by(f64::total_cmp);
-        let at = |q: f64| {
-            let v = times[((times.len() - 1) as f64 * q).round() as usize];
-            (v * 1000.0).round() / 1000.0
-        };
+        let times = stats::sorted(times);
+        let at = |q: f64| stats::round_to(stats::percentile(&times, q), 3);
         let report = Report {
             bench: "cluster",
             commands: args.commands,

@@ -10,6 +10,7 @@ use serde::Serialize;
 use tessera_engine::collectives::Group;
 
 use super::ranks::LocalRanks;
+use super::stats;
 
 #[derive(Debug, Args)]
 pub struct CollectivesBenchArgs {
@@ -71,12 +72,9 @@ pub fn run(args: CollectivesBenchArgs) -> anyhow::Result<()> {
     }
     ring.barrier()?;
     ranks.finish()?;
-    let mean = times.iter().sum::<f64>() / times.len() as f64;
-    times.sort_by(f64::total_cmp);
-    let at = |q: f64| {
-        let i = ((times.len() - 1) as f64 * q).round() as usize;
-        (times[i] * 100.0).round() / 100.0
-    };
+    let mean = stats::mean(&times);
+    let times = stats::sorted(times);
+    let at = |q: f64| stats::round_to(stats::percentile(&times, q), 2);
     let report = Report {
         bench: "collectives",
         world: args.world,
@@ -86,7 +84,7 @@ pub fn run(args: CollectivesBenchArgs) -> anyhow::Result<()> {
         p10_us: at(0.1),
         p90_us: at(0.9),
         p99_us: at(0.99),
-        mean_us: (mean * 100.0).round() / 100.0,
+        mean_us: stats::round_to(mean, 2),
     };
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())

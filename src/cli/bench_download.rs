@@ -18,6 +18,8 @@ use serde::Serialize;
 use tessera_hub::mirror::Mirror;
 use tessera_hub::{CancellationToken, FileProgress, HubClient};
 
+use super::stats;
+
 const REPO: &str = "bench/files";
 
 #[derive(Debug, Args)]
@@ -44,16 +46,6 @@ struct Report {
     ratio: f64,
     client_mb_per_s: Vec<f64>,
     curl_mb_per_s: Vec<f64>,
-}
-
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(|a, b| a.total_cmp(b));
-    match sorted.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => sorted[n / 2],
-        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
-    }
 }
 
 pub fn run(args: DownloadBenchArgs) -> anyhow::Result<()> {
@@ -120,7 +112,7 @@ pub fn run(args: DownloadBenchArgs) -> anyhow::Result<()> {
                 }
             }
         }
-        let (c, k) = (median(&client_rates), median(&curl_rates));
+        let (c, k) = (stats::median(&client_rates), stats::median(&curl_rates));
         let report = Report {
             bench: "download",
             file_bytes: size,

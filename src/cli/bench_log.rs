@@ -13,6 +13,8 @@ use tessera_state::log::encode_entry;
 use tessera_state::synthetic::SyntheticEvents;
 use tessera_state::{replay, EventLog, Journal, ReplayOptions, State};
 
+use super::stats::Spread;
+
 #[derive(Debug, Args)]
 pub struct LogBenchArgs {
     /// Events per run.
@@ -36,30 +38,6 @@ pub struct LogBenchArgs {
 }
 
 #[derive(Debug, Serialize)]
-struct Summary {
-    min: f64,
-    median: f64,
-    max: f64,
-}
-
-impl Summary {
-    fn of(mut values: Vec<f64>) -> Self {
-        values.sort_by(f64::total_cmp);
-        let n = values.len();
-        let median = if n % 2 == 1 {
-            values[n / 2]
-        } else {
-            (values[n / 2 - 1] + values[n / 2]) / 2.0
-        };
-        Self {
-            min: values[0],
-            median,
-            max: values[n - 1],
-        }
-    }
-}
-
-#[derive(Debug, Serialize)]
 struct Report {
     bench: &'static str,
     events: u64,
@@ -68,18 +46,18 @@ struct Report {
     repeat: usize,
     mean_entry_bytes: f64,
     /// Raw `Tree::insert` of the pre-encoded entries, same flushes.
-    raw_sled_insert_events_per_s: Summary,
+    raw_sled_insert_events_per_s: Spread,
     /// `EventLog::append`: order check, protobuf encoding, CRC, insert.
-    append_events_per_s: Summary,
+    append_events_per_s: Spread,
     /// Per repetition, append rate / raw rate.
-    append_to_raw_ratio: Summary,
+    append_to_raw_ratio: Spread,
     /// `Journal::commit`: check, append, apply, periodic snapshots.
-    commit_events_per_s: Summary,
-    commit_to_raw_ratio: Summary,
+    commit_events_per_s: Spread,
+    commit_to_raw_ratio: Spread,
     /// Fold of the whole log from the first event, snapshots ignored.
-    replay_full_events_per_s: Summary,
+    replay_full_events_per_s: Spread,
     /// Reopen the log and fold from its last snapshot to the end.
-    replay_from_last_snapshot_seconds: Summary,
+    replay_from_last_snapshot_seconds: Spread,
     replay_from_last_snapshot_events_folded: u64,
     /// Every replay reproduced the in-memory state's digest.
     digests_match: bool,
@@ -161,7 +139,10 @@ pub fn run(args: LogBenchArgs) -> anyhow::Result<()> {
             std::fs::remove_dir_all(base.path().join(format!("{name}-{rep}"))).ok();
         }
     }
-    let ratio = |a: &[f64]| Summary::of(a.iter().zip(&raw).map(|(x, r)| x / r).collect());
+    let ratio = |a: &[f64]| {
+        let ratios: Vec<f64> = a.iter().zip(&raw).map(|(x, r)| x / r).collect();
+        Spread::of(&ratios)
+    };
     let report = Report {
         bench: "log",
         events: args.events,
@@ -171,11 +152,11 @@ pub fn run(args: LogBenchArgs) -> anyhow::Result<()> {
         mean_entry_bytes,
         append_to_raw_ratio: ratio(&append),
         commit_to_raw_ratio: ratio(&commit),
-        raw_sled_insert_events_per_s: Summary::of(raw),
-        append_events_per_s: Summary::of(append),
-        commit_events_per_s: Summary::of(commit),
-        replay_full_events_per_s: Summary::of(full),
-        replay_from_last_snapshot_seconds: Summary::of(from_snap),
+        raw_sled_insert_events_per_s: Spread::of(&raw),
+        append_events_per_s: Spread::of(&append),
+        commit_events_per_s: Spread::of(&commit),
+        replay_full_events_per_s: Spread::of(&full),
+        replay_from_last_snapshot_seconds: Spread::of(&from_snap),
         replay_from_last_snapshot_events_folded: folded,
         digests_match,
     };
@@ -244,7 +225,7 @@ fn time_commit(dir: &Path, events: &[IndexedEvent], args: &LogBenchArgs) -> anyh
 fn print_table(r: &Report) {
     println!("event log benchmark: {} events of {:.0} bytes on average, flush every {}, snapshot every {}, {} repetitions (min / median / max)",
         r.events, r.mean_entry_bytes, r.flush_every, r.snapshot_every, r.repeat);
-    let row = |name: &str, s: &Summary, unit: &str| {
+    let row = |name: &str, s: &Spread, unit: &str| {
         println!(
             "  {name:<34} {:>12.0} {:>12.0} {:>12.0} {unit}",
             s.min, s.median, s.max

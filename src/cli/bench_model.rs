@@ -15,6 +15,7 @@ use tessera_engine::generate::{GenerateRequest, LoadedModel, Prompt, Session};
 use super::generate::Distributed;
 use super::model_args::ModelArgs;
 use super::ranks::{DistributedArgs, RankZero};
+use super::stats;
 
 #[derive(Debug, Args)]
 pub struct ModelBenchArgs {
@@ -36,31 +37,18 @@ pub struct ModelBenchArgs {
     pub json: bool,
 }
 
+/// A measurement's runs and their spread, to two decimals.
 #[derive(Serialize)]
 struct Spread {
-    min: f64,
-    median: f64,
-    max: f64,
+    #[serde(flatten)]
+    spread: stats::Spread,
     runs: Vec<f64>,
 }
 
-fn spread(mut runs: Vec<f64>) -> Spread {
-    let mut sorted = runs.clone();
-    sorted.sort_by(f64::total_cmp);
-    let median = if sorted.is_empty() {
-        0.0
-    } else if sorted.len() % 2 == 1 {
-        sorted[sorted.len() / 2]
-    } else {
-        (sorted[sorted.len() / 2 - 1] + sorted[sorted.len() / 2]) / 2.0
-    };
-    let round = |v: f64| (v * 100.0).round() / 100.0;
-    runs.iter_mut().for_each(|v| *v = round(*v));
+fn spread(runs: Vec<f64>) -> Spread {
     Spread {
-        min: round(sorted.first().copied().unwrap_or(0.0)),
-        median: round(median),
-        max: round(sorted.last().copied().unwrap_or(0.0)),
-        runs,
+        spread: stats::Spread::of(&runs).rounded(2),
+        runs: runs.into_iter().map(|v| stats::round_to(v, 2)).collect(),
     }
 }
 

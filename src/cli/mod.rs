@@ -14,6 +14,7 @@ mod node;
 mod ranks;
 mod replay;
 mod runner;
+mod stats;
 mod synth;
 
 use std::path::PathBuf;
@@ -110,6 +111,17 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Rank(args) => ranks::run_rank(args),
         Command::Runner(args) => runner::run(args),
     }
+}
+
+/// The async runtime of a command that talks to a cluster or a server:
+/// two worker threads, as its work is mostly waiting on the network.
+pub fn client_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    use anyhow::Context;
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
 }
 
 /// The node's data directory: `--data-dir`, else `TESSERA_HOME`, else

@@ -7,22 +7,12 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 
-use super::admin::{AdminArgs, AdminCommand, DownloadActionArg};
+use super::admin::{AdminArgs, AdminCommand, ClusterArgs, DownloadActionArg};
 
 #[derive(Debug, Args)]
 pub struct ModelsArgs {
-    #[arg(long, env = "TESSERA_NAMESPACE", default_value = "default")]
-    pub namespace: String,
-    /// A node's zenoh endpoint (repeatable); without one, nodes are found
-    /// by multicast.
-    #[arg(long)]
-    pub connect: Vec<String>,
-    /// Seconds to wait for answers.
-    #[arg(long, default_value_t = 3.0)]
-    pub timeout: f64,
-    /// Machine-readable output.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
     #[command(subcommand)]
     pub what: ModelsCommand,
 }
@@ -82,11 +72,8 @@ pub fn run(args: ModelsArgs) -> anyhow::Result<()> {
         ModelsCommand::Downloads => AdminCommand::Downloads,
     };
     super::admin::run(AdminArgs {
-        namespace: args.namespace,
-        connect: args.connect,
+        cluster: args.cluster,
         node: None,
-        timeout: args.timeout,
-        json: args.json,
         what,
     })
 }

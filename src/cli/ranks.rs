@@ -10,6 +10,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -20,7 +21,7 @@ use serde::Serialize;
 use tessera_engine::collectives::{Group, TcpRing};
 use tessera_engine::executor::Executor;
 use tessera_engine::generate::{load_transformer, model_config};
-use tessera_engine::{split_evenly, ShardSpec};
+use tessera_engine::{split_evenly, ShardError, ShardSpec};
 
 use super::model_args::resolve_model;
 
@@ -75,7 +76,8 @@ impl DistributedArgs {
     }
 }
 
-/// The part of the model `rank` owns.
+/// The part of the model `rank` owns, split by the engine's rules
+/// ([`tessera_engine::shard`]) unless `--layers` gives the pipeline's split.
 pub fn shard_spec(
     sharding: Sharding,
     rank: usize,
@@ -88,51 +90,82 @@ pub fn shard_spec(
     if world == 0 || rank >= world {
         bail!("rank {rank} of a world of {world}");
     }
-    match sharding {
-        Sharding::Tensor => {
-            if !layer_counts.is_empty() {
-                bail!("--layers is for pipeline sharding");
-            }
-            if world > config.kv_heads {
-                bail!(
-                    "tensor parallelism splits attention by KV heads: this model has {}, so at most {} ranks (asked for {world}); use --sharding pipeline for more",
-                    config.kv_heads,
-                    config.kv_heads
-                );
-            }
-            Ok(ShardSpec::Tensor {
-                rank: rank as u32,
-                world_size: world as u32,
-            })
-        }
-        Sharding::Pipeline => {
-            let ranges = if layer_counts.is_empty() {
-                split_evenly(n_layers, world, "layers")?
-            } else {
-                if layer_counts.len() != world || layer_counts.contains(&0) {
-                    bail!("--layers needs {world} positive counts, one per rank");
-                }
-                let total: u32 = layer_counts.iter().sum();
-                if total != n_layers {
-                    bail!("--layers adds up to {total}, but the model has {n_layers} layers");
-                }
-                let mut start = 0;
-                layer_counts
-                    .iter()
-                    .map(|&count| {
-                        let range = start..start + count;
-                        start += count;
-                        range
-                    })
-                    .collect()
-            };
-            Ok(ShardSpec::Pipeline {
-                start_layer: ranges[rank].start,
-                end_layer: ranges[rank].end,
-                n_layers,
-            })
-        }
+    let spec = match sharding {
+        Sharding::Tensor => tensor_spec(rank, world, layer_counts, config.kv_heads)?,
+        Sharding::Pipeline => pipeline_spec(rank, world, layer_counts, n_layers)?,
+    };
+    spec.validate(n_layers)?;
+    Ok(spec)
+}
+
+fn tensor_spec(
+    rank: usize,
+    world: usize,
+    layer_counts: &[u32],
+    kv_heads: usize,
+) -> anyhow::Result<ShardSpec> {
+    if !layer_counts.is_empty() {
+        bail!("--layers is for pipeline sharding");
     }
+    let spec = ShardSpec::Tensor {
+        rank: rank as u32,
+        world_size: world as u32,
+    };
+    // The engine gives each rank its KV-head groups: asked here, a world
+    // too large is an error before any process starts.
+    match spec.kv_head_groups(kv_heads as u32) {
+        Ok(_) => Ok(spec),
+        Err(ShardError::TooManyParts { .. }) => bail!(
+            "tensor parallelism splits attention by KV heads: this model has {kv_heads}, so at most {kv_heads} ranks (asked for {world}); use --sharding pipeline for more"
+        ),
+        Err(error) => Err(error.into()),
+    }
+}
+
+fn pipeline_spec(
+    rank: usize,
+    world: usize,
+    layer_counts: &[u32],
+    n_layers: u32,
+) -> anyhow::Result<ShardSpec> {
+    let ranges = if layer_counts.is_empty() {
+        split_evenly(n_layers, world, "layers")?
+    } else {
+        counted_ranges(layer_counts, world, n_layers)?
+    };
+    let range = ranges
+        .get(rank)
+        .with_context(|| format!("rank {rank} of a world of {world}"))?;
+    Ok(ShardSpec::Pipeline {
+        start_layer: range.start,
+        end_layer: range.end,
+        n_layers,
+    })
+}
+
+/// The consecutive layer ranges `--layers` asks for, one per rank.
+fn counted_ranges(
+    layer_counts: &[u32],
+    world: usize,
+    n_layers: u32,
+) -> anyhow::Result<Vec<Range<u32>>> {
+    if layer_counts.len() != world || layer_counts.contains(&0) {
+        bail!("--layers needs {world} positive counts, one per rank");
+    }
+    // Summed wide: counts come from the command line.
+    let total: u64 = layer_counts.iter().map(|&c| u64::from(c)).sum();
+    if total != u64::from(n_layers) {
+        bail!("--layers adds up to {total}, but the model has {n_layers} layers");
+    }
+    let mut start = 0;
+    Ok(layer_counts
+        .iter()
+        .map(|&count| {
+            let range = start..start + count;
+            start += count;
+            range
+        })
+        .collect())
 }
 
 /// What a child rank reports when it is done.
@@ -433,4 +466,52 @@ fn report(rank: usize, weight_bytes: u64) -> anyhow::Result<()> {
     };
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layers(spec: &ShardSpec) -> Range<u32> {
+        spec.layers(0)
+    }
+
+    #[test]
+    fn pipeline_splits_evenly_unless_counts_are_given() -> anyhow::Result<()> {
+        let even: Vec<Range<u32>> = (0..4)
+            .map(|rank| pipeline_spec(rank, 4, &[], 30).map(|s| layers(&s)))
+            .collect::<Result<_, _>>()?;
+        assert_eq!(even, vec![0..8, 8..16, 16..23, 23..30]);
+        let counted = pipeline_spec(1, 2, &[10, 20], 30)?;
+        assert_eq!(layers(&counted), 10..30);
+        Ok(())
+    }
+
+    #[test]
+    fn impossible_splits_say_why() {
+        let error = |r: anyhow::Result<ShardSpec>| r.map_err(|e| e.to_string()).err();
+        assert!(error(pipeline_spec(0, 31, &[], 30)).is_some_and(|e| e.contains("30 layers")));
+        assert!(
+            error(pipeline_spec(0, 2, &[10, 10], 30)).is_some_and(|e| e.contains("adds up to 20"))
+        );
+        assert!(error(pipeline_spec(0, 2, &[30, 0], 30)).is_some_and(|e| e.contains("positive")));
+        assert!(
+            error(pipeline_spec(0, 2, &[u32::MAX, 2], 30)).is_some_and(|e| e.contains("adds up"))
+        );
+        assert!(error(tensor_spec(0, 4, &[], 3)).is_some_and(|e| e.contains("at most 3 ranks")));
+        assert!(error(tensor_spec(0, 2, &[1, 1], 3)).is_some_and(|e| e.contains("--layers")));
+    }
+
+    #[test]
+    fn tensor_ranks_up_to_the_kv_heads() -> anyhow::Result<()> {
+        let spec = tensor_spec(2, 3, &[], 3)?;
+        assert_eq!(
+            spec,
+            ShardSpec::Tensor {
+                rank: 2,
+                world_size: 3
+            }
+        );
+        Ok(())
+    }
 }

@@ -544,9 +544,8 @@ fn garbage_on_every_key_is_dropped_and_the_cluster_keeps_working() {
 
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
-        let session = zenoh::open(crate::support::zenoh_client(ports[0]))
-            .await
-            .expect("session");
+        let client = crate::support::admin_client(ns, ports[0]).await;
+        let session = &client.bus().session;
         let garbage: Vec<Vec<u8>> = vec![
             vec![0xff; 64],
             b"not protobuf at all".to_vec(),
@@ -580,7 +579,7 @@ fn garbage_on_every_key_is_dropped_and_the_cluster_keeps_working() {
                 while replies.recv_async().await.is_ok() {}
             }
         }
-        session.close().await.expect("close");
+        client.close().await.expect("close");
     });
 
     // Still one master, both nodes, and they still agree.

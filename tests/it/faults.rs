@@ -699,9 +699,8 @@ fn forged_election_messages_change_nothing() {
 
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
-        let session = zenoh::open(crate::support::zenoh_client(ports[0]))
-            .await
-            .expect("session");
+        let client = crate::support::admin_client(ns, ports[0]).await;
+        let session = &client.bus().session;
         let forged = [
             // A victory from a node that does not exist, far ahead.
             ElectionMessage {
@@ -728,7 +727,7 @@ fn forged_election_messages_change_nothing() {
                     .expect("put");
             }
         }
-        session.close().await.expect("close");
+        client.close().await.expect("close");
     });
     // Heartbeats go on meanwhile; nothing may change.
     std::thread::sleep(Duration::from_secs(2));
@@ -860,7 +859,6 @@ fn a_worker_frozen_for_five_seconds_under_eight_streams_loses_none() {
 
 #[test]
 fn a_place_asked_again_under_its_id_places_once() {
-    use prost::Message;
     use tessera_protos::v1;
     let root = tempfile::tempdir().expect("temp dir");
     let ns = "faults-place-twice";
@@ -880,24 +878,13 @@ fn a_place_asked_again_under_its_id_places_once() {
     };
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let ids: Vec<String> = runtime.block_on(async {
-        let session = zenoh::open(crate::support::zenoh_client(port))
-            .await
-            .expect("session");
+        let client = crate::support::admin_client(ns, port).await;
         let mut ids = Vec::new();
         for _ in 0..3 {
-            let replies = session
-                .get(format!("tessera/{ns}/admin/place"))
-                .payload(request.encode_to_vec())
-                .timeout(Duration::from_secs(5))
-                .await
-                .expect("get");
-            let reply = replies.recv_async().await.expect("a reply");
-            let bytes = reply.result().expect("ok").payload().to_bytes();
-            let placed = v1::PlaceInstanceReply::decode(&*bytes).expect("a reply");
-            assert!(placed.error.is_none(), "{:?}", placed.error);
+            let placed = client.place(&request).await.expect("placed");
             ids.push(placed.instance.expect("an instance").instance_id);
         }
-        session.close().await.expect("close");
+        client.close().await.expect("close");
         ids
     });
     assert!(ids.iter().all(|id| *id == ids[0]), "{ids:?}");

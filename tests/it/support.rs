@@ -3,6 +3,9 @@
 
 use std::net::TcpListener;
 use std::process::{Command, Output};
+use std::time::Duration;
+
+use tessera_actors::admin_client::{AdminClient, ConnectOptions};
 
 /// The `tessera` binary cargo built for these tests.
 pub const BIN: &str = env!("CARGO_BIN_EXE_tessera");
@@ -27,15 +30,15 @@ pub fn free_port() -> u16 {
         .expect("a free port")
 }
 
-/// A zenoh client's configuration that reaches one node on loopback only.
-pub fn zenoh_client(port: u16) -> zenoh::Config {
-    let mut config = zenoh::Config::default();
-    config.insert_json5("mode", "\"client\"").expect("mode");
-    config
-        .insert_json5("connect/endpoints", &format!("[\"tcp/127.0.0.1:{port}\"]"))
-        .expect("connect");
-    config
-        .insert_json5("scouting/multicast/enabled", "false")
-        .expect("scouting");
-    config
+/// An admin client of namespace `ns` that reaches one node on loopback only
+/// (no multicast).
+pub async fn admin_client(ns: &str, port: u16) -> AdminClient {
+    let options = ConnectOptions {
+        connect: vec![format!("tcp/127.0.0.1:{port}")],
+        timeout: Duration::from_secs(5),
+        ..ConnectOptions::new(ns)
+    };
+    AdminClient::connect(options)
+        .await
+        .expect("a client session")
 }
