@@ -13,6 +13,7 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tessera_protos::v1::{ClusterState, EventLogReply, EventLogRequest, IndexedEvent, SessionId};
 use tessera_state::Journal;
+use tokio::sync::watch;
 
 use crate::bus::Bus;
 use crate::log_sync::{LocalLog, LogSync};
@@ -44,6 +45,10 @@ pub enum ReplicaMsg {
     },
     /// The state as folded so far.
     GetState(RpcReplyPort<ClusterState>),
+    /// A view of the state that follows it: the replica publishes a new
+    /// `Arc` once per message that changed the state, so readers neither
+    /// ask nor copy it.
+    Watch(RpcReplyPort<StateView>),
     /// Events `from..=to` from the log (for the master's queryable).
     GetRange {
         from: u64,
@@ -54,6 +59,9 @@ pub enum ReplicaMsg {
 }
 
 pub struct Replica;
+
+/// The state as the replica last published it.
+pub type StateView = watch::Receiver<Arc<ClusterState>>;
 
 pub struct ReplicaArgs {
     pub journal: Journal,
@@ -69,6 +77,9 @@ pub struct ReplicaState {
     bus: Bus,
     applied: Arc<AtomicU64>,
     changed: Arc<tokio::sync::Notify>,
+    view: watch::Sender<Arc<ClusterState>>,
+    /// The state changed since it was last published.
+    dirty: bool,
     sync: LogSync,
     /// The master's last index, as its heartbeats say.
     master_last: u64,
@@ -93,6 +104,15 @@ impl LocalLog for JournalView<'_> {
 }
 
 impl ReplicaState {
+    /// One copy of the state per message that changed it, shared by every
+    /// reader.
+    fn publish(&mut self) {
+        if std::mem::take(&mut self.dirty) {
+            self.view
+                .send_replace(Arc::new(self.journal.state().as_proto().clone()));
+        }
+    }
+
     fn last(&self) -> u64 {
         self.journal.state().last_index()
     }
@@ -109,6 +129,7 @@ impl ReplicaState {
             ));
         }
         self.journal.commit(event).map_err(|e| e.to_string())?;
+        self.dirty = true;
         self.applied.store(self.last(), Ordering::Relaxed);
         self.changed.notify_one();
         Ok(())
@@ -152,6 +173,7 @@ impl ReplicaState {
                         master = ?self.sync.master(),
                         "dropped events the master does not hold (written by a master that lost its election)"
                     );
+                    self.dirty = true;
                     self.applied.store(self.last(), Ordering::Relaxed);
                     self.changed.notify_one();
                 }
@@ -186,7 +208,10 @@ impl Actor for Replica {
         args.applied
             .store(args.journal.state().last_index(), Ordering::Relaxed);
         myself.send_interval(Duration::from_millis(500), || ReplicaMsg::Tick);
+        let (view, _) = watch::channel(Arc::new(args.journal.state().as_proto().clone()));
         Ok(ReplicaState {
+            view,
+            dirty: false,
             journal: args.journal,
             bus: args.bus,
             applied: args.applied,
@@ -279,6 +304,9 @@ impl Actor for Replica {
             ReplicaMsg::GetState(reply) => {
                 let _ = reply.send(state.journal.state().as_proto().clone());
             }
+            ReplicaMsg::Watch(reply) => {
+                let _ = reply.send(state.view.subscribe());
+            }
             ReplicaMsg::GetRange { from, to, reply } => {
                 let to = to.min(state.last()).min(from.saturating_add(MAX_RANGE - 1));
                 let events = if from == 0 || from > to {
@@ -305,6 +333,7 @@ impl Actor for Replica {
                 }
             }
         }
+        state.publish();
         Ok(())
     }
 

@@ -21,7 +21,7 @@ use crate::downloads::{Downloader, Outcome};
 use crate::downloads_actor::{DownloadEnded, DownloadsActor, DownloadsArgs, DownloadsMsg};
 use crate::local_events::LocalEvents;
 use crate::plan::{plan, Downloads, LocalDownload, LocalRunner, Part, Phase, Step};
-use crate::replica::ReplicaMsg;
+use crate::replica::{ReplicaMsg, StateView};
 use crate::runner_protocol::task_for_step;
 use crate::runner_supervisor::{
     Backoff, RunnerCommand, RunnerReport, RunnerSupervisor, SupervisorArgs, SupervisorMsg,
@@ -108,6 +108,8 @@ const ORDER_RETRY: Duration = Duration::from_secs(2);
 
 pub struct WorkerState {
     args: WorkerArgs,
+    /// The state, as the replica last published it.
+    cluster: StateView,
     runners: BTreeMap<String, Supervised>,
     /// Tasks handed to a runner (so a task is never handed twice).
     handed: BTreeSet<String>,
@@ -357,11 +359,7 @@ impl WorkerState {
         if !self.backoff.may_start(runner_id, Instant::now()) {
             return Ok(());
         }
-        let state: v1::ClusterState = call_t!(
-            self.args.replica,
-            ReplicaMsg::GetState,
-            crate::ACTOR_CALL_MS
-        )?;
+        let state = self.cluster.borrow().clone();
         let Some(instance) = state.instances.get(instance_id) else {
             return Ok(());
         };
@@ -418,27 +416,17 @@ impl WorkerState {
 
     /// Takes the plan's next step, if there is one.
     async fn tick(&mut self, myself: &ActorRef<WorkerMsg>) -> Result<(), ActorProcessingErr> {
-        let cluster: v1::ClusterState = call_t!(
-            self.args.replica,
-            ReplicaMsg::GetState,
-            crate::ACTOR_CALL_MS
-        )?;
+        let cluster = self.cluster.borrow().clone();
         self.forget_unanswered_orders();
         let locals: BTreeMap<String, LocalRunner> = self
             .runners
             .iter()
             .map(|(id, r)| (id.clone(), r.local.clone()))
             .collect();
-        let mut view = cluster.clone();
-        // Tasks already handed out are not offered again, even before the
-        // log has their acknowledgement.
-        for (id, task) in view.tasks.iter_mut() {
-            if self.handed.contains(id) {
-                task.acknowledged = true;
-            }
-        }
         self.handed.retain(|id| cluster.tasks.contains_key(id));
-        let Some(step) = plan(&view, &self.args.node_id, &locals, &self.downloads) else {
+        let marked = self.mark_handed(&cluster);
+        let view = marked.as_ref().unwrap_or(&cluster);
+        let Some(step) = plan(view, &self.args.node_id, &locals, &self.downloads) else {
             return Ok(());
         };
         tracing::debug!(?step, "next step");
@@ -471,6 +459,24 @@ impl WorkerState {
             step => self.order_runner(&cluster, step).await,
         }
         Ok(())
+    }
+
+    /// Tasks already handed out are not offered again, even before the log
+    /// has their acknowledgement: a copy of the state that says so, made
+    /// only while there are such tasks.
+    fn mark_handed(&self, cluster: &v1::ClusterState) -> Option<v1::ClusterState> {
+        let unmarked =
+            |(id, task): (&String, &v1::Task)| self.handed.contains(id) && !task.acknowledged;
+        if !cluster.tasks.iter().any(unmarked) {
+            return None;
+        }
+        let mut view = cluster.clone();
+        for (id, task) in view.tasks.iter_mut() {
+            if self.handed.contains(id) {
+                task.acknowledged = true;
+            }
+        }
+        Some(view)
     }
 
     /// Orders that may be lost are offered again (the runner ignores one it
@@ -632,12 +638,14 @@ impl Actor for Worker {
             .await
             .map_err(|e| format!("subscribing to runner events: {e}"))?;
         let downloader = spawn_downloads(&myself, &args).await?;
+        let cluster = call_t!(args.replica, ReplicaMsg::Watch, crate::ACTOR_CALL_MS)?;
         myself.send_interval(Duration::from_millis(100), || WorkerMsg::Tick);
-        let changed = args.changed.clone();
+        // A new state is planned on at once rather than at the next tick
+        // (a forwarded generation waits for this).
+        let mut changes = cluster.clone();
         let me = myself.clone();
         tokio::spawn(async move {
-            loop {
-                changed.notified().await;
+            while changes.changed().await.is_ok() {
                 if me.cast(WorkerMsg::Tick).is_err() {
                     break;
                 }
@@ -645,6 +653,7 @@ impl Actor for Worker {
         });
         Ok(WorkerState {
             args,
+            cluster,
             runners: BTreeMap::new(),
             handed: BTreeSet::new(),
             backoff: Backoff::default(),
