@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use prost::Message;
 
+use zenoh::bytes::Encoding;
+
 use crate::keys::Keys;
 
 /// Why a publication or a query failed.
@@ -86,6 +88,7 @@ impl Bus {
         // catch-up, a dropped chunk a hole in someone's answer.
         self.session
             .put(key, message.encode_to_vec())
+            .encoding(Encoding::APPLICATION_PROTOBUF)
             .congestion_control(zenoh::qos::CongestionControl::Block)
             .await
             .map_err(BusError::zenoh)
@@ -166,6 +169,7 @@ impl Bus {
             .session
             .get(selector)
             .payload(request.encode_to_vec())
+            .encoding(Encoding::APPLICATION_PROTOBUF)
             .timeout(timeout)
             .await
             .map_err(BusError::zenoh)?;
