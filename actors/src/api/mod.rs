@@ -1153,8 +1153,8 @@ async fn models(State(api): State<Api>) -> Result<Json<Value>, ApiError> {
                 "context_length": card.context_length,
                 "instances": instances.len(),
                 "ready": ready,
-                "downloaded_on": crate::node::downloaded_on(&state, &card.model_id),
-                "partly_downloaded_on": crate::node::partly_on(&state, &card.model_id),
+                "downloaded_on": crate::placement::downloaded_on(&state, &card.model_id),
+                "partly_downloaded_on": crate::placement::partly_on(&state, &card.model_id),
             })
         })
         .collect();
@@ -1198,13 +1198,10 @@ async fn previews(
     admin_json(&reply, reply.error.as_ref())
 }
 
+/// An admin reply's error as the API's (its kind read from the code, or
+/// from the string of an older node).
 fn admin_error(error: &v1::AdminError) -> ApiError {
-    match error.kind.as_str() {
-        "not_found" => ApiError::not_found("not_found", error.message.clone()),
-        "does_not_fit" | "invalid" => ApiError::bad_request(error.message.clone()),
-        "unavailable" => ApiError::unavailable(error.message.clone()),
-        _ => ApiError::internal(error.message.clone()),
-    }
+    ApiError::from(crate::admin::AdminFailure::from_proto(error))
 }
 
 #[derive(Deserialize)]
