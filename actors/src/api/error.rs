@@ -4,6 +4,8 @@
 //! given here ([`status_of`]); each dialect writes an [`ApiError`] in its
 //! own shape from that status.
 
+use std::marker::PhantomData;
+
 use axum::extract::rejection::BytesRejection;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -145,14 +147,39 @@ impl From<AdminFailure> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut response = (self.status, axum::Json(self.body())).into_response();
-        if let Some(seconds) = self.retry_after {
-            if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
-                response.headers_mut().insert(header::RETRY_AFTER, value);
-            }
-        }
-        response
+        respond(&self, self.body())
     }
+}
+
+/// How a dialect writes an error's body (the status is the error's).
+pub trait ErrorShape {
+    fn body(error: &ApiError) -> serde_json::Value;
+}
+
+/// An error answered in the shape of dialect `S`.
+pub struct Shaped<S>(ApiError, PhantomData<S>);
+
+impl<S> From<ApiError> for Shaped<S> {
+    fn from(error: ApiError) -> Self {
+        Self(error, PhantomData)
+    }
+}
+
+impl<S: ErrorShape> IntoResponse for Shaped<S> {
+    fn into_response(self) -> Response {
+        respond(&self.0, S::body(&self.0))
+    }
+}
+
+/// The error's status and `body`, with Retry-After where it says when.
+fn respond(error: &ApiError, body: serde_json::Value) -> Response {
+    let mut response = (error.status, axum::Json(body)).into_response();
+    if let Some(seconds) = error.retry_after {
+        if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
+            response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+    }
+    response
 }
 
 #[cfg(test)]
