@@ -182,40 +182,24 @@ mod tests {
         let failure = AdminFailure::InvalidArgument("bad".into());
         let bytes = error_reply(&failure);
         let expected = Some(failure.to_proto());
-        assert_eq!(
-            v1::ListNodesReply::decode(bytes.as_slice())?.error,
-            expected
+        macro_rules! each_reply {
+            ($($reply:ident),*) => {$(
+                let error = v1::$reply::decode(bytes.as_slice())?.error;
+                assert_eq!(error, expected, stringify!($reply));
+            )*};
+        }
+        each_reply!(
+            ListNodesReply,
+            ListInstancesReply,
+            PlacementPreviewsReply,
+            PlaceInstanceReply,
+            DeleteInstanceReply,
+            ListModelsReply,
+            ListDownloadsReply,
+            EventsRangeReply,
+            AddModelReply,
+            DownloadReply
         );
-        assert_eq!(
-            v1::ListInstancesReply::decode(bytes.as_slice())?.error,
-            expected
-        );
-        assert_eq!(
-            v1::PlacementPreviewsReply::decode(bytes.as_slice())?.error,
-            expected
-        );
-        assert_eq!(
-            v1::PlaceInstanceReply::decode(bytes.as_slice())?.error,
-            expected
-        );
-        assert_eq!(
-            v1::DeleteInstanceReply::decode(bytes.as_slice())?.error,
-            expected
-        );
-        assert_eq!(
-            v1::ListModelsReply::decode(bytes.as_slice())?.error,
-            expected
-        );
-        assert_eq!(
-            v1::ListDownloadsReply::decode(bytes.as_slice())?.error,
-            expected
-        );
-        assert_eq!(
-            v1::EventsRangeReply::decode(bytes.as_slice())?.error,
-            expected
-        );
-        assert_eq!(v1::AddModelReply::decode(bytes.as_slice())?.error, expected);
-        assert_eq!(v1::DownloadReply::decode(bytes.as_slice())?.error, expected);
         Ok(())
     }
 

@@ -163,6 +163,16 @@ pub fn find(state: &v1::ClusterState, model_id: &str) -> Option<ModelCard> {
         .or_else(|| card(model_id))
 }
 
+/// The card an instance of `model_id` was placed with, else the one the
+/// cluster knows ([`find`]).
+pub fn placed_or_known(state: &v1::ClusterState, model_id: &str) -> Option<ModelCard> {
+    let mut placed = state.instances.values().filter_map(|i| i.model.as_ref());
+    placed
+        .find(|m| m.model_id == model_id)
+        .cloned()
+        .or_else(|| find(state, model_id))
+}
+
 /// Every card the cluster knows: built-in ones, then custom ones.
 pub fn all(state: &v1::ClusterState) -> Vec<ModelCard> {
     let mut cards = cards();

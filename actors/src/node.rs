@@ -553,26 +553,24 @@ impl Router {
         state: &ClusterState,
         request: &v1::EventsRangeRequest,
     ) -> v1::EventsRangeReply {
-        let to = if request.to_index == 0 {
-            u64::MAX
-        } else {
-            request.to_index
-        };
-        let events = call_t!(
-            self.replica,
-            |reply| ReplicaMsg::GetRange {
-                from: request.from_index.max(1),
-                to,
-                reply
-            },
-            crate::ACTOR_CALL_MS
-        )
-        .unwrap_or_default();
+        let from = request.from_index.max(1);
         v1::EventsRangeReply {
-            events,
+            events: self.events_between(from, request.to_index).await,
             last_index: state.last_index,
             error: None,
         }
+    }
+
+    /// The replica's events from `from` to `to` (0: to the end); none if
+    /// it did not answer.
+    async fn events_between(&self, from: u64, to: u64) -> Vec<IndexedEvent> {
+        let to = if to == 0 { u64::MAX } else { to };
+        call_t!(
+            self.replica,
+            |reply| ReplicaMsg::GetRange { from, to, reply },
+            crate::ACTOR_CALL_MS
+        )
+        .unwrap_or_default()
     }
 
     /// A refusal, encoded (and logged: it is a client's or a bug's trace).
@@ -709,21 +707,9 @@ impl Router {
                 let Some(request) = this.bus.decode::<EventLogRequest>(&key, &request) else {
                     continue;
                 };
-                let to = if request.to_index == 0 {
-                    u64::MAX
-                } else {
-                    request.to_index
-                };
-                let events = call_t!(
-                    this.replica,
-                    |reply| ReplicaMsg::GetRange {
-                        from: request.from_index,
-                        to,
-                        reply
-                    },
-                    crate::ACTOR_CALL_MS
-                )
-                .unwrap_or_default();
+                let events = this
+                    .events_between(request.from_index, request.to_index)
+                    .await;
                 let last_index = call_t!(this.replica, ReplicaMsg::GetState, crate::ACTOR_CALL_MS)
                     .map_or(0, |state| state.last_index);
                 let reply = EventLogReply {

@@ -121,14 +121,7 @@ impl Api {
                 context: card.context_length,
             });
         }
-        let card = state
-            .instances
-            .values()
-            .filter_map(|i| i.model.as_ref())
-            .find(|m| m.model_id == model)
-            .cloned()
-            .or_else(|| crate::catalogue::find(&state, model));
-        let Some(card) = card else {
+        let Some(card) = crate::catalogue::placed_or_known(&state, model) else {
             let known: Vec<String> = crate::catalogue::all(&state)
                 .into_iter()
                 .map(|c| c.model_id)
@@ -261,16 +254,14 @@ impl Api {
     }
 }
 
+/// Whether every rank of `instance` has a runner ready (or running).
 pub(super) fn rank0_ready(state: &v1::ClusterState, instance: &v1::Instance) -> bool {
-    instance.ranks.iter().all(|rank| {
-        matches!(
-            state
-                .runners
-                .get(&rank.runner_id)
-                .and_then(|s| s.state.as_ref()),
-            Some(Rs::Ready(_)) | Some(Rs::Running(_))
-        )
-    })
+    let ready = |rank: &v1::InstanceRank| {
+        let status = state.runners.get(&rank.runner_id);
+        let state = status.and_then(|s| s.state.as_ref());
+        matches!(state, Some(Rs::Ready(_) | Rs::Running(_)))
+    };
+    instance.ranks.iter().all(ready)
 }
 
 /// A request for a model whose instance the cluster gave up.
