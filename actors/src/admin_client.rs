@@ -134,8 +134,9 @@ impl From<BusError> for AdminClientError {
 
 impl From<&v1::AdminError> for AdminClientError {
     fn from(error: &v1::AdminError) -> Self {
+        // The typed kind, read from an older node's string if need be.
         Self::Refused {
-            kind: error.kind.clone(),
+            kind: crate::admin::kind_name(crate::admin::kind_of(error)).to_string(),
             message: error.message.clone(),
         }
     }
@@ -598,10 +599,7 @@ mod tests {
     fn an_admin_error_reply_is_refused_with_its_kind() {
         let reply = v1::DeleteInstanceReply {
             command_id: String::new(),
-            error: Some(v1::AdminError {
-                kind: "not_found".into(),
-                message: "no instance x".into(),
-            }),
+            error: Some(crate::admin::AdminFailure::NotFound("no instance x".into()).to_proto()),
         };
         let error = accepted(reply).err().map(|e| e.to_string());
         assert_eq!(error.as_deref(), Some("no instance x (not_found)"));

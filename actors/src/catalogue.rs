@@ -2,7 +2,9 @@
 //! compiled in), as the wire type placement uses.
 
 use serde::Deserialize;
-use tessera_protos::v1::{self, ModelCard, ModelSource};
+use tessera_protos::v1::{self, AdminErrorKind, ModelCard, ModelSource};
+
+use crate::admin::AdminFailure;
 
 /// Every card shipped in `resources/model_cards/`.
 const CARDS: &[&str] = &[
@@ -58,18 +60,54 @@ struct FileEntry {
     sha256: String,
 }
 
-/// Why a card file cannot be read.
+/// Why a card cannot be read or built.
 #[derive(Debug, thiserror::Error)]
-#[error("model card: {0}")]
-pub struct CardError(String);
+pub enum CardError {
+    /// The card file, or the repository's config, makes no card.
+    #[error("model card: {0}")]
+    Invalid(String),
+    /// The hub did not give the listing or the config.
+    #[error("model card: {0}")]
+    Hub(#[from] tessera_hub::HubError),
+}
+
+impl CardError {
+    /// The admin kind a refused `add_model` answers with.
+    pub fn kind(&self) -> AdminErrorKind {
+        match self {
+            Self::Invalid(_) => AdminErrorKind::InvalidArgument,
+            Self::Hub(error) => hub_kind(error),
+        }
+    }
+}
+
+fn hub_kind(error: &tessera_hub::HubError) -> AdminErrorKind {
+    use tessera_hub::HubError as H;
+    match error {
+        H::NotFound { .. } => AdminErrorKind::NotFound,
+        H::GaveUp { last, .. } => hub_kind(last),
+        // The repository is not one a card can be built from.
+        H::BadRepo(_) | H::Unauthorized { .. } | H::BadListing { .. } | H::TooLarge { .. } => {
+            AdminErrorKind::InvalidArgument
+        }
+        // The hub busy or unreachable: trying again later may succeed.
+        _ => AdminErrorKind::Unavailable,
+    }
+}
+
+impl From<CardError> for AdminFailure {
+    fn from(error: CardError) -> Self {
+        Self::new(error.kind(), error.to_string())
+    }
+}
 
 /// Parses one card.
 pub fn parse(text: &str) -> Result<ModelCard, CardError> {
-    let file: CardFile = toml::from_str(text).map_err(|e| CardError(e.to_string()))?;
+    let file: CardFile = toml::from_str(text).map_err(|e| CardError::Invalid(e.to_string()))?;
     let format = match file.source.format.as_str() {
         "gguf" => v1::WeightFormat::Gguf,
         "safetensors" => v1::WeightFormat::Safetensors,
-        other => return Err(CardError(format!("unknown format {other:?}"))),
+        other => return Err(CardError::Invalid(format!("unknown format {other:?}"))),
     };
     Ok(ModelCard {
         model_id: file.model_id,
@@ -125,6 +163,16 @@ pub fn find(state: &v1::ClusterState, model_id: &str) -> Option<ModelCard> {
         .or_else(|| card(model_id))
 }
 
+/// The card an instance of `model_id` was placed with, else the one the
+/// cluster knows ([`find`]).
+pub fn placed_or_known(state: &v1::ClusterState, model_id: &str) -> Option<ModelCard> {
+    let mut placed = state.instances.values().filter_map(|i| i.model.as_ref());
+    placed
+        .find(|m| m.model_id == model_id)
+        .cloned()
+        .or_else(|| find(state, model_id))
+}
+
 /// Every card the cluster knows: built-in ones, then custom ones.
 pub fn all(state: &v1::ClusterState) -> Vec<ModelCard> {
     let mut cards = cards();
@@ -145,10 +193,7 @@ pub async fn card_from_hub(
     } else {
         revision
     };
-    let listing = client
-        .list(repo, revision)
-        .await
-        .map_err(|e| CardError(e.to_string()))?;
+    let listing = client.list(repo, revision).await?;
     let weights: Vec<&tessera_hub::RepoFile> = listing
         .files
         .iter()
@@ -160,19 +205,18 @@ pub async fn card_from_hub(
             .iter()
             .filter(|f| f.path.ends_with(".gguf"))
             .count();
-        return Err(CardError(if ggufs > 0 {
+        return Err(CardError::Invalid(if ggufs > 0 {
             format!("{repo} holds GGUF files only; add a card file to resources/model_cards for one of its {ggufs} GGUF files")
         } else {
             format!("{repo} has no safetensors weights")
         }));
     }
     if listing.get("config.json").is_none() {
-        return Err(CardError(format!("{repo} has no config.json")));
+        return Err(CardError::Invalid(format!("{repo} has no config.json")));
     }
     let config = client
         .fetch_small(repo, &listing.commit, "config.json")
-        .await
-        .map_err(|e| CardError(e.to_string()))?;
+        .await?;
     card_from_config(repo, &listing, &config)
 }
 
@@ -183,12 +227,13 @@ pub fn card_from_config(
     config_json: &[u8],
 ) -> Result<ModelCard, CardError> {
     let config: serde_json::Value = serde_json::from_slice(config_json)
-        .map_err(|e| CardError(format!("{repo}/config.json: {e}")))?;
+        .map_err(|e| CardError::Invalid(format!("{repo}/config.json: {e}")))?;
     // Multimodal configs keep the language model's values in text_config.
     let text = config.get("text_config").unwrap_or(&config);
     let number = |key: &str| -> Option<u64> { text.get(key).and_then(|v| v.as_u64()) };
-    let need =
-        |key: &str| number(key).ok_or_else(|| CardError(format!("{repo}/config.json lacks {key}")));
+    let need = |key: &str| {
+        number(key).ok_or_else(|| CardError::Invalid(format!("{repo}/config.json lacks {key}")))
+    };
     let model_type = text
         .get("model_type")
         .and_then(|v| v.as_str())
@@ -198,7 +243,7 @@ pub fn card_from_config(
         "qwen2" => "qwen2",
         "qwen3" => "qwen3",
         other => {
-            return Err(CardError(format!(
+            return Err(CardError::Invalid(format!(
                 "{repo}: model type {other:?} is not one this engine runs (llama, mistral, qwen2, qwen3)"
             )))
         }
@@ -235,8 +280,9 @@ pub fn card_from_config(
         .filter(|f| f.path.ends_with(".safetensors"))
         .map(|f| f.size_bytes)
         .sum();
-    let as_u32 =
-        |v: u64| u32::try_from(v).map_err(|_| CardError(format!("{repo}: {v} is too large")));
+    let as_u32 = |v: u64| {
+        u32::try_from(v).map_err(|_| CardError::Invalid(format!("{repo}: {v} is too large")))
+    };
     Ok(ModelCard {
         model_id: repo.to_string(),
         family: family.to_string(),
@@ -317,6 +363,34 @@ mod tests {
         );
         let missing = br#"{"model_type": "llama"}"#;
         assert!(card_from_config("acme/m", &listing, missing).is_err());
+    }
+
+    #[test]
+    fn a_hub_failure_has_the_kind_of_its_cause() {
+        use tessera_hub::HubError as H;
+        let kind = |error: H| CardError::Hub(error).kind();
+        let what = String::from("x");
+        assert_eq!(
+            kind(H::NotFound { what: what.clone() }),
+            AdminErrorKind::NotFound
+        );
+        assert_eq!(
+            kind(H::BadRepo(what.clone())),
+            AdminErrorKind::InvalidArgument
+        );
+        let network = H::Network {
+            what,
+            message: "refused".into(),
+        };
+        let gave_up = H::GaveUp {
+            attempts: 3,
+            last: Box::new(network),
+        };
+        assert_eq!(kind(gave_up), AdminErrorKind::Unavailable);
+        assert_eq!(
+            CardError::Invalid("no config".into()).kind(),
+            AdminErrorKind::InvalidArgument
+        );
     }
 
     #[test]

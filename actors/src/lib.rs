@@ -17,12 +17,14 @@
 //! - [`worker`]: the Worker actor, which takes the plan's steps: runner
 //!   processes it supervises, and downloads it hands to its child, the
 //!   Downloads actor ([`downloads_actor`]), which runs [`downloads`] jobs.
+//! - [`admin`]: the admin service's error model, typed and on the wire.
 //! - [`api`]: the HTTP API (axum).
 
 /// The longest one actor waits for another's answer: a stuck actor becomes
 /// an error where it is asked, never a hang.
 pub const ACTOR_CALL_MS: u64 = 10_000;
 
+pub mod admin;
 pub mod admin_client;
 pub mod api;
 pub mod bus;

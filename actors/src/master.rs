@@ -13,6 +13,7 @@ use tessera_protos::v1::{
     self, command, event, ClusterState, Command, Event, IndexedEvent, LocalEvent, SessionId,
 };
 
+use crate::admin::AdminFailure;
 use crate::bus::Bus;
 use crate::placement::{self, NodeCapacity, PlacementRequest};
 use crate::replica::ReplicaMsg;
@@ -277,21 +278,21 @@ impl MasterState {
                         }
                         events.push(event);
                     }
-                    Err(e) => tracing::warn!(reason = e.message, "download refused"),
+                    Err(e) => tracing::warn!(reason = %e, "download refused"),
                 }
                 events
             }
             Some(command::Kind::CancelDownload(c)) => {
                 let request = download_request(v1::DownloadAction::Cancel, &c.node_id, &c.model_id);
                 download_event(&state, &request, &command.command_id)
-                    .map_err(|e| tracing::warn!(reason = e.message, "cancel refused"))
+                    .map_err(|e| tracing::warn!(reason = %e, "cancel refused"))
                     .into_iter()
                     .collect()
             }
             Some(command::Kind::DeleteDownload(c)) => {
                 let request = download_request(v1::DownloadAction::Delete, &c.node_id, &c.model_id);
                 download_event(&state, &request, &command.command_id)
-                    .map_err(|e| tracing::warn!(reason = e.message, "delete refused"))
+                    .map_err(|e| tracing::warn!(reason = %e, "delete refused"))
                     .into_iter()
                     .collect()
             }
@@ -334,8 +335,8 @@ impl MasterState {
         request: &v1::PlaceInstanceRequest,
     ) -> Result<v1::PlaceInstanceReply, ActorProcessingErr> {
         let state = self.state().await?;
-        let refuse = |kind: &str, message: String| v1::PlaceInstanceReply {
-            error: Some(admin_error(kind, message)),
+        let refuse = |failure: AdminFailure| v1::PlaceInstanceReply {
+            error: Some(failure.to_proto()),
             ..Default::default()
         };
         let Some(card) = find_card(&state, &request.model_id) else {
@@ -343,14 +344,11 @@ impl MasterState {
                 .into_iter()
                 .map(|c| c.model_id)
                 .collect();
-            return Ok(refuse(
-                "not_found",
-                format!(
-                    "unknown model {:?} (known: {})",
-                    request.model_id,
-                    known.join(", ")
-                ),
-            ));
+            return Ok(refuse(AdminFailure::NotFound(format!(
+                "unknown model {:?} (known: {})",
+                request.model_id,
+                known.join(", ")
+            ))));
         };
         let sharding = match v1::Sharding::try_from(request.sharding) {
             Ok(v1::Sharding::Unspecified) | Err(_) => v1::Sharding::Pipeline,
@@ -383,7 +381,7 @@ impl MasterState {
                 instance: Some(instance),
                 error: None,
             }),
-            Err(error) => Ok(refuse("does_not_fit", error)),
+            Err(error) => Ok(refuse(AdminFailure::DoesNotFit(error))),
         }
     }
 
@@ -578,20 +576,20 @@ fn download_event(
     state: &ClusterState,
     request: &v1::DownloadRequest,
     request_id: &str,
-) -> Result<Event, v1::AdminError> {
+) -> Result<Event, AdminFailure> {
     use v1::download_progress::State as Ds;
     let node = state
         .nodes
         .get(&request.node_id)
-        .ok_or_else(|| admin_error("not_found", format!("no node {:?}", request.node_id)))?;
+        .ok_or_else(|| AdminFailure::NotFound(format!("no node {:?}", request.node_id)))?;
     if node.info.as_ref().is_some_and(|i| i.no_worker) {
-        return Err(admin_error(
-            "invalid_argument",
-            format!("node {} runs no models (--no-worker)", request.node_id),
-        ));
+        return Err(AdminFailure::InvalidArgument(format!(
+            "node {} runs no models (--no-worker)",
+            request.node_id
+        )));
     }
     let card = find_card(state, &request.model_id)
-        .ok_or_else(|| admin_error("not_found", format!("unknown model {:?}", request.model_id)))?;
+        .ok_or_else(|| AdminFailure::NotFound(format!("unknown model {:?}", request.model_id)))?;
     let current = state
         .downloads
         .get(&request.node_id)
@@ -605,13 +603,10 @@ fn download_event(
         }),
         Ok(v1::DownloadAction::Cancel) => {
             if !matches!(current, Some(Ds::Pending(_) | Ds::Ongoing(_))) {
-                return Err(admin_error(
-                    "not_found",
-                    format!(
-                        "no download of {} in progress on {}",
-                        request.model_id, request.node_id
-                    ),
-                ));
+                return Err(AdminFailure::NotFound(format!(
+                    "no download of {} in progress on {}",
+                    request.model_id, request.node_id
+                )));
             }
             Ds::Cancelled(v1::DownloadCancelled { request_id })
         }
@@ -623,28 +618,21 @@ fn download_event(
                     && i.ranks.iter().any(|r| r.node_id == request.node_id)
             });
             if let Some(user) = user {
-                return Err(admin_error(
-                    "invalid_argument",
-                    format!(
-                        "instance {} uses {} on {}: delete the instance first",
-                        user.instance_id, request.model_id, request.node_id
-                    ),
-                ));
+                return Err(AdminFailure::Conflict(format!(
+                    "instance {} uses {} on {}: delete the instance first",
+                    user.instance_id, request.model_id, request.node_id
+                )));
             }
             if matches!(current, Some(Ds::Completed(c)) if c.read_only) {
-                return Err(admin_error(
-                    "invalid_argument",
-                    format!(
-                        "{} on {} is in a read-only model folder and is never deleted",
-                        request.model_id, request.node_id
-                    ),
-                ));
+                return Err(AdminFailure::Conflict(format!(
+                    "{} on {} is in a read-only model folder and is never deleted",
+                    request.model_id, request.node_id
+                )));
             }
             Ds::Deleted(v1::DownloadDeleted { request_id })
         }
         _ => {
-            return Err(admin_error(
-                "invalid_argument",
+            return Err(AdminFailure::InvalidArgument(
                 "the action must be start, cancel or delete".into(),
             ))
         }
@@ -737,10 +725,13 @@ impl Actor for Master {
                 let answer = if !known {
                     v1::DeleteInstanceReply {
                         command_id: String::new(),
-                        error: Some(admin_error(
-                            "not_found",
-                            format!("no instance {:?}", request.instance_id),
-                        )),
+                        error: Some(
+                            AdminFailure::NotFound(format!(
+                                "no instance {:?}",
+                                request.instance_id
+                            ))
+                            .to_proto(),
+                        ),
                     }
                 } else {
                     state
@@ -768,13 +759,15 @@ impl Actor for Master {
                         } else {
                             v1::DownloadReply {
                                 command_id: String::new(),
-                                error: Some(admin_error("internal", "the log refused it".into())),
+                                error: Some(
+                                    AdminFailure::Internal("the log refused it".into()).to_proto(),
+                                ),
                             }
                         }
                     }
-                    Err(error) => v1::DownloadReply {
+                    Err(failure) => v1::DownloadReply {
                         command_id: String::new(),
-                        error: Some(error),
+                        error: Some(failure.to_proto()),
                     },
                 };
                 let _ = reply.send(answer);
@@ -782,10 +775,13 @@ impl Actor for Master {
             MasterMsg::AddCard(card, reply) => {
                 let answer = if crate::catalogue::card(&card.model_id).is_some() {
                     v1::AddModelReply {
-                        error: Some(admin_error(
-                            "invalid_argument",
-                            format!("{} is a built-in model", card.model_id),
-                        )),
+                        error: Some(
+                            AdminFailure::Conflict(format!(
+                                "{} is a built-in model",
+                                card.model_id
+                            ))
+                            .to_proto(),
+                        ),
                         ..Default::default()
                     }
                 } else {
@@ -804,10 +800,12 @@ impl Actor for Master {
                         }
                     } else {
                         v1::AddModelReply {
-                            error: Some(admin_error(
-                                "invalid_argument",
-                                "the card was refused by the log".into(),
-                            )),
+                            error: Some(
+                                AdminFailure::InvalidArgument(
+                                    "the card was refused by the log".into(),
+                                )
+                                .to_proto(),
+                            ),
                             ..Default::default()
                         }
                     }
@@ -871,12 +869,5 @@ impl Actor for Master {
             }
         }
         Ok(())
-    }
-}
-
-fn admin_error(kind: &str, message: String) -> v1::AdminError {
-    v1::AdminError {
-        kind: kind.to_string(),
-        message,
     }
 }

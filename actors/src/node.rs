@@ -11,18 +11,20 @@ use std::time::Duration;
 
 use ractor::{call_t, Actor, ActorRef};
 use tessera_protos::v1::{
-    self, event, AdminError, ClusterState, Command, ElectionMessage, EventLogReply,
-    EventLogRequest, GetStateReply, IndexedEvent, ListNodesReply, LocalEvent, NodeSummary,
+    self, event, ClusterState, Command, ElectionMessage, EventLogReply, EventLogRequest,
+    GetStateReply, IndexedEvent, ListNodesReply, LocalEvent, NodeSummary,
 };
 use tessera_state::{Journal, State};
 use zenoh::sample::SampleKind;
 
+use crate::admin::{self, decode_request, AdminFailure};
 pub use crate::bus::zenoh_config;
 use crate::bus::{Bus, BusError};
 use crate::election_actor::{ElectionActor, ElectionArgs, ElectionMsg, Leadership};
 use crate::keys::{AdminMethod, KeyError, Keys};
 use crate::local_events::LocalEvents;
 use crate::master::MasterMsg;
+use crate::placement;
 use crate::replica::{Replica, ReplicaArgs, ReplicaMsg};
 use crate::worker::{Worker, WorkerArgs, WorkerMsg};
 
@@ -394,8 +396,10 @@ struct Router {
 }
 
 impl Router {
-    /// The master's answer to an admin mutation, encoded; `None` for a
-    /// payload that does not decode (dropped and counted) or a master gone.
+    /// The master's answer to an admin mutation, encoded: its reply, or a
+    /// refusal of a request that does not decode (silence would read as a
+    /// dead cluster). `None` when the master's actor did not answer (it is
+    /// stopping): the asker asks again, and the next master answers.
     async fn master_answer(
         &self,
         method: AdminMethod,
@@ -403,53 +407,143 @@ impl Router {
         key: &str,
         payload: &[u8],
     ) -> Option<Vec<u8>> {
-        fn encode<M: prost::Message>(reply: &M) -> Option<Vec<u8>> {
-            Some(reply.encode_to_vec())
+        match self.ask_master(method, master, key, payload).await {
+            Ok(answer) => answer,
+            Err(failure) => Some(self.refusal(key, &failure)),
         }
-        match method {
+    }
+
+    async fn ask_master(
+        &self,
+        method: AdminMethod,
+        master: &ActorRef<MasterMsg>,
+        key: &str,
+        payload: &[u8],
+    ) -> Result<Option<Vec<u8>>, AdminFailure> {
+        const MS: u64 = crate::ACTOR_CALL_MS;
+        let answer = match method {
             AdminMethod::Place => {
-                let request = self.bus.decode::<v1::PlaceInstanceRequest>(key, payload)?;
-                encode(&call_t!(master, MasterMsg::Place, crate::ACTOR_CALL_MS, request).ok()?)
+                let request = decode_request(key, payload)?;
+                encoded(call_t!(master, MasterMsg::Place, MS, request))
             }
             AdminMethod::Delete => {
-                let request = self.bus.decode::<v1::DeleteInstanceRequest>(key, payload)?;
-                encode(&call_t!(master, MasterMsg::Delete, crate::ACTOR_CALL_MS, request).ok()?)
+                let request = decode_request(key, payload)?;
+                encoded(call_t!(master, MasterMsg::Delete, MS, request))
             }
             AdminMethod::Download => {
-                let request = self.bus.decode::<v1::DownloadRequest>(key, payload)?;
-                encode(&call_t!(master, MasterMsg::Download, crate::ACTOR_CALL_MS, request).ok()?)
+                let request = decode_request(key, payload)?;
+                encoded(call_t!(master, MasterMsg::Download, MS, request))
             }
             AdminMethod::AddModel => {
-                let request = self.bus.decode::<v1::AddModelRequest>(key, payload)?;
-                let refuse = |kind: &str, message: String| v1::AddModelReply {
-                    error: Some(AdminError {
-                        kind: kind.into(),
-                        message,
-                    }),
-                    ..Default::default()
-                };
-                let reply = match &self.downloader.client {
-                    None => refuse(
-                        "unavailable",
-                        "the master node is offline (--offline): it cannot read the hub".into(),
-                    ),
-                    Some(client) => match crate::catalogue::card_from_hub(
-                        client,
-                        &request.hub_repo,
-                        &request.revision,
-                    )
-                    .await
-                    {
-                        Ok(card) => {
-                            call_t!(master, MasterMsg::AddCard, crate::ACTOR_CALL_MS, card).ok()?
-                        }
-                        Err(error) => refuse("invalid_argument", error.to_string()),
-                    },
-                };
-                encode(&reply)
+                let card = self.card_from_hub(&decode_request(key, payload)?).await?;
+                encoded(call_t!(master, MasterMsg::AddCard, MS, card))
             }
-            _ => None,
+            other => {
+                return Err(AdminFailure::Internal(format!(
+                    "{other:?} is not a mutation"
+                )))
+            }
+        };
+        Ok(answer)
+    }
+
+    /// A custom card from the hub, built by the master's node.
+    async fn card_from_hub(
+        &self,
+        request: &v1::AddModelRequest,
+    ) -> Result<v1::ModelCard, AdminFailure> {
+        let Some(client) = &self.downloader.client else {
+            return Err(AdminFailure::Unavailable(
+                "the master node is offline (--offline): it cannot read the hub".into(),
+            ));
+        };
+        Ok(crate::catalogue::card_from_hub(client, &request.hub_repo, &request.revision).await?)
+    }
+
+    /// An admin read answered from this node's state; `None` when the
+    /// replica did not answer (as if this node were not there).
+    async fn read_answer(&self, method: AdminMethod, key: &str, payload: &[u8]) -> Option<Vec<u8>> {
+        let state = call_t!(self.replica, ReplicaMsg::GetState, crate::ACTOR_CALL_MS).ok()?;
+        Some(match self.read(method, state, key, payload).await {
+            Ok(bytes) => bytes,
+            Err(failure) => self.refusal(key, &failure),
+        })
+    }
+
+    async fn read(
+        &self,
+        method: AdminMethod,
+        state: ClusterState,
+        key: &str,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, AdminFailure> {
+        use prost::Message;
+        let bytes = match method {
+            AdminMethod::State => {
+                decode_request::<v1::GetStateRequest>(key, payload)?;
+                state_reply(state).encode_to_vec()
+            }
+            AdminMethod::Nodes => {
+                decode_request::<v1::ListNodesRequest>(key, payload)?;
+                let master = self.leadership.master().map(|(m, _)| m);
+                nodes_reply(&state, master.as_deref()).encode_to_vec()
+            }
+            AdminMethod::Instances => {
+                decode_request::<v1::ListInstancesRequest>(key, payload)?;
+                v1::ListInstancesReply {
+                    instances: state.instances.values().cloned().collect(),
+                    error: None,
+                }
+                .encode_to_vec()
+            }
+            AdminMethod::Previews => {
+                previews_reply(&state, &decode_request(key, payload)?).encode_to_vec()
+            }
+            AdminMethod::Events => self
+                .events_reply(&state, &decode_request(key, payload)?)
+                .await
+                .encode_to_vec(),
+            AdminMethod::Models => {
+                decode_request::<v1::ListModelsRequest>(key, payload)?;
+                models_reply(&state).encode_to_vec()
+            }
+            AdminMethod::Downloads => {
+                downloads_reply(&state, &decode_request(key, payload)?).encode_to_vec()
+            }
+            other => return Err(AdminFailure::Internal(format!("{other:?} is not a read"))),
+        };
+        Ok(bytes)
+    }
+
+    async fn events_reply(
+        &self,
+        state: &ClusterState,
+        request: &v1::EventsRangeRequest,
+    ) -> v1::EventsRangeReply {
+        let from = request.from_index.max(1);
+        v1::EventsRangeReply {
+            events: self.events_between(from, request.to_index).await,
+            last_index: state.last_index,
+            error: None,
         }
+    }
+
+    /// The replica's events from `from` to `to` (0: to the end); none if
+    /// it did not answer.
+    async fn events_between(&self, from: u64, to: u64) -> Vec<IndexedEvent> {
+        let to = if to == 0 { u64::MAX } else { to };
+        call_t!(
+            self.replica,
+            |reply| ReplicaMsg::GetRange { from, to, reply },
+            crate::ACTOR_CALL_MS
+        )
+        .unwrap_or_default()
+    }
+
+    /// A refusal, encoded (and logged: it is a client's or a bug's trace).
+    fn refusal(&self, key: &str, failure: &AdminFailure) -> Vec<u8> {
+        tracing::warn!(key, %failure, kind = ?failure.kind(), "admin request refused");
+        admin::error_reply(failure)
     }
 
     async fn spawn_all(&self) -> Result<Vec<tokio::task::JoinHandle<()>>, NodeError> {
@@ -580,21 +674,9 @@ impl Router {
                 let Some(request) = this.bus.decode::<EventLogRequest>(&key, &request) else {
                     continue;
                 };
-                let to = if request.to_index == 0 {
-                    u64::MAX
-                } else {
-                    request.to_index
-                };
-                let events = call_t!(
-                    this.replica,
-                    |reply| ReplicaMsg::GetRange {
-                        from: request.from_index,
-                        to,
-                        reply
-                    },
-                    crate::ACTOR_CALL_MS
-                )
-                .unwrap_or_default();
+                let events = this
+                    .events_between(request.from_index, request.to_index)
+                    .await;
                 let last_index = call_t!(this.replica, ReplicaMsg::GetState, crate::ACTOR_CALL_MS)
                     .map_or(0, |state| state.last_index);
                 let reply = EventLogReply {
@@ -634,11 +716,7 @@ impl Router {
                     let Some(master) = this.leadership.local_master() else {
                         continue;
                     };
-                    let key = query.key_expr().as_str().to_string();
-                    let payload = query
-                        .payload()
-                        .map(|p| p.to_bytes().to_vec())
-                        .unwrap_or_default();
+                    let (key, payload) = key_and_payload(&query);
                     if let Some(bytes) = this.master_answer(method, &master, &key, &payload).await {
                         let _ = query.reply(query.key_expr().clone(), bytes).await;
                     }
@@ -671,138 +749,9 @@ impl Router {
                             continue;
                         }
                     }
-                    let state: ClusterState =
-                        match call_t!(this.replica, ReplicaMsg::GetState, crate::ACTOR_CALL_MS) {
-                            Ok(s) => s,
-                            Err(_) => continue,
-                        };
-                    let payload = query
-                        .payload()
-                        .map(|p| p.to_bytes().to_vec())
-                        .unwrap_or_default();
-                    let key = query.key_expr().as_str().to_string();
-                    let bytes = match method {
-                        AdminMethod::Instances => {
-                            prost::Message::encode_to_vec(&v1::ListInstancesReply {
-                                instances: state.instances.values().cloned().collect(),
-                                error: None,
-                            })
-                        }
-                        AdminMethod::Previews => {
-                            let Some(request) = this
-                                .bus
-                                .decode::<v1::PlacementPreviewsRequest>(&key, &payload)
-                            else {
-                                continue;
-                            };
-                            let reply = match crate::catalogue::find(&state, &request.model_id) {
-                                Some(card) => v1::PlacementPreviewsReply {
-                                    previews: crate::placement::previews(
-                                        &card,
-                                        &crate::placement::NodeCapacity::from_state(&state),
-                                        &request.node_ids,
-                                    ),
-                                    error: None,
-                                },
-                                None => v1::PlacementPreviewsReply {
-                                    previews: Vec::new(),
-                                    error: Some(AdminError {
-                                        kind: "not_found".into(),
-                                        message: format!("unknown model {:?}", request.model_id),
-                                    }),
-                                },
-                            };
-                            prost::Message::encode_to_vec(&reply)
-                        }
-                        AdminMethod::Events => {
-                            let Some(request) =
-                                this.bus.decode::<v1::EventsRangeRequest>(&key, &payload)
-                            else {
-                                continue;
-                            };
-                            let to = if request.to_index == 0 {
-                                u64::MAX
-                            } else {
-                                request.to_index
-                            };
-                            let events = call_t!(
-                                this.replica,
-                                |reply| ReplicaMsg::GetRange {
-                                    from: request.from_index.max(1),
-                                    to,
-                                    reply
-                                },
-                                crate::ACTOR_CALL_MS
-                            )
-                            .unwrap_or_default();
-                            prost::Message::encode_to_vec(&v1::EventsRangeReply {
-                                events,
-                                last_index: state.last_index,
-                                error: None,
-                            })
-                        }
-                        AdminMethod::Models => {
-                            let models = crate::catalogue::all(&state)
-                                .into_iter()
-                                .map(|card| v1::ModelListing {
-                                    downloaded_on: downloaded_on(&state, &card.model_id),
-                                    partly_on: partly_on(&state, &card.model_id),
-                                    card: Some(card),
-                                })
-                                .collect();
-                            prost::Message::encode_to_vec(&v1::ListModelsReply {
-                                models,
-                                error: None,
-                            })
-                        }
-                        AdminMethod::Downloads => {
-                            let request = this
-                                .bus
-                                .decode::<v1::ListDownloadsRequest>(&key, &payload)
-                                .unwrap_or_default();
-                            let downloads = state
-                                .downloads
-                                .iter()
-                                .filter(|(node, _)| {
-                                    request.node_id.is_empty() || **node == request.node_id
-                                })
-                                .flat_map(|(node, d)| {
-                                    d.models.values().map(|p| v1::NodeDownloadEntry {
-                                        node_id: node.clone(),
-                                        progress: Some(p.clone()),
-                                    })
-                                })
-                                .collect();
-                            prost::Message::encode_to_vec(&v1::ListDownloadsReply {
-                                downloads,
-                                error: None,
-                            })
-                        }
-                        AdminMethod::State => {
-                            let digest = State::from_proto(state.clone()).digest();
-                            prost::Message::encode_to_vec(&GetStateReply {
-                                state: Some(state),
-                                digest: digest.to_string(),
-                                error: None,
-                            })
-                        }
-                        _ => {
-                            let master = this.leadership.master().map(|(m, _)| m);
-                            let nodes = state
-                                .nodes
-                                .iter()
-                                .map(|(id, node)| NodeSummary {
-                                    node_id: id.clone(),
-                                    info: node.info.clone(),
-                                    is_master: master.as_deref() == Some(id.as_str()),
-                                })
-                                .collect();
-                            let error = master.is_none().then(|| AdminError {
-                                kind: "unavailable".into(),
-                                message: "no master elected yet".into(),
-                            });
-                            prost::Message::encode_to_vec(&ListNodesReply { nodes, error })
-                        }
+                    let (key, payload) = key_and_payload(&query);
+                    let Some(bytes) = this.read_answer(method, &key, &payload).await else {
+                        continue;
                     };
                     let _ = query.reply(query.key_expr().clone(), bytes).await;
                 }
@@ -812,28 +761,103 @@ impl Router {
     }
 }
 
-/// The nodes that hold all the files of `model_id` (as far as the log says).
-pub fn downloaded_on(state: &ClusterState, model_id: &str) -> Vec<String> {
-    nodes_holding(state, model_id, true)
+/// A query's key and payload (no payload: empty, the empty request).
+fn key_and_payload(query: &zenoh::query::Query) -> (String, Vec<u8>) {
+    let payload = query
+        .payload()
+        .map(|p| p.to_bytes().to_vec())
+        .unwrap_or_default();
+    (query.key_expr().as_str().to_string(), payload)
 }
 
-/// The nodes that hold the files of some of a model's shards only.
-pub fn partly_on(state: &ClusterState, model_id: &str) -> Vec<String> {
-    nodes_holding(state, model_id, false)
+/// A reply, encoded; `None` when the actor did not answer.
+fn encoded<M: prost::Message, E>(reply: Result<M, E>) -> Option<Vec<u8>> {
+    reply.ok().map(|m| m.encode_to_vec())
 }
 
-fn nodes_holding(state: &ClusterState, model_id: &str, whole: bool) -> Vec<String> {
-    state
+fn state_reply(state: ClusterState) -> GetStateReply {
+    let digest = State::from_proto(state.clone()).digest();
+    GetStateReply {
+        state: Some(state),
+        digest: digest.to_string(),
+        error: None,
+    }
+}
+
+/// The nodes, with the master marked; without a master, an error too.
+fn nodes_reply(state: &ClusterState, master: Option<&str>) -> ListNodesReply {
+    let nodes = state
+        .nodes
+        .iter()
+        .map(|(id, node)| NodeSummary {
+            node_id: id.clone(),
+            info: node.info.clone(),
+            is_master: master == Some(id.as_str()),
+        })
+        .collect();
+    let error = master
+        .is_none()
+        .then(|| AdminFailure::Unavailable("no master elected yet".into()).to_proto());
+    ListNodesReply { nodes, error }
+}
+
+fn previews_reply(
+    state: &ClusterState,
+    request: &v1::PlacementPreviewsRequest,
+) -> v1::PlacementPreviewsReply {
+    match crate::catalogue::find(state, &request.model_id) {
+        Some(card) => v1::PlacementPreviewsReply {
+            previews: placement::previews(
+                &card,
+                &placement::NodeCapacity::from_state(state),
+                &request.node_ids,
+            ),
+            error: None,
+        },
+        None => v1::PlacementPreviewsReply {
+            previews: Vec::new(),
+            error: Some(
+                AdminFailure::NotFound(format!("unknown model {:?}", request.model_id)).to_proto(),
+            ),
+        },
+    }
+}
+
+fn models_reply(state: &ClusterState) -> v1::ListModelsReply {
+    let models = crate::catalogue::all(state)
+        .into_iter()
+        .map(|card| v1::ModelListing {
+            downloaded_on: placement::downloaded_on(state, &card.model_id),
+            partly_on: placement::partly_on(state, &card.model_id),
+            card: Some(card),
+        })
+        .collect();
+    v1::ListModelsReply {
+        models,
+        error: None,
+    }
+}
+
+/// Every node's downloads, or one node's (`node_id` set).
+fn downloads_reply(
+    state: &ClusterState,
+    request: &v1::ListDownloadsRequest,
+) -> v1::ListDownloadsReply {
+    let downloads = state
         .downloads
         .iter()
-        .filter(|(_, d)| {
-            d.models
-                .get(model_id)
-                .and_then(crate::placement::files_held)
-                == Some(whole)
+        .filter(|(node, _)| request.node_id.is_empty() || **node == request.node_id)
+        .flat_map(|(node, d)| {
+            d.models.values().map(|p| v1::NodeDownloadEntry {
+                node_id: node.clone(),
+                progress: Some(p.clone()),
+            })
         })
-        .map(|(node, _)| node.clone())
-        .collect()
+        .collect();
+    v1::ListDownloadsReply {
+        downloads,
+        error: None,
+    }
 }
 
 /// Gathers this machine's facts with `sysinfo`.

@@ -110,6 +110,25 @@ pub fn files_held(progress: &v1::DownloadProgress) -> Option<bool> {
     })
 }
 
+/// The nodes that hold all the files of `model_id` (as far as the log says).
+pub fn downloaded_on(state: &v1::ClusterState, model_id: &str) -> Vec<String> {
+    nodes_holding(state, model_id, true)
+}
+
+/// The nodes that hold the files of some of a model's shards only.
+pub fn partly_on(state: &v1::ClusterState, model_id: &str) -> Vec<String> {
+    nodes_holding(state, model_id, false)
+}
+
+fn nodes_holding(state: &v1::ClusterState, model_id: &str, whole: bool) -> Vec<String> {
+    state
+        .downloads
+        .iter()
+        .filter(|(_, d)| d.models.get(model_id).and_then(files_held) == Some(whole))
+        .map(|(node, _)| node.clone())
+        .collect()
+}
+
 /// Each rank's shard and the bytes it needs, in rank order.
 type Shares = Vec<(ShardSpec, u64)>;
 
@@ -694,6 +713,12 @@ mod tests {
         models.insert("all-layers".into(), progress(done(), vec![stage(30)]));
         models.insert("part".into(), progress(done(), vec![stage(10)]));
         models.insert("running".into(), progress(running, vec![]));
+        assert_eq!(downloaded_on(&state, "all-layers"), ["worker"]);
+        assert_eq!(partly_on(&state, "part"), ["worker"]);
+        assert!(downloaded_on(&state, "part").is_empty());
+        assert!(
+            downloaded_on(&state, "running").is_empty() && partly_on(&state, "running").is_empty()
+        );
         let nodes = NodeCapacity::from_state(&state);
         assert_eq!(nodes.len(), 1);
         let held: Vec<(&str, bool)> = nodes[0]

@@ -19,6 +19,8 @@ const MODEL: &str = "smollm2-135m-instruct-q4_1";
 struct Node {
     child: Child,
     api: String,
+    /// The port its zenoh listens on (loopback).
+    zenoh: u16,
     log: std::path::PathBuf,
 }
 
@@ -34,9 +36,10 @@ impl Node {
         )
         .expect("link the model");
         let log = dir.with_extension("log");
+        let zenoh = free_port();
         let mut child = Command::new(BIN)
             .args(["node", "--namespace", "api-test", "--no-multicast"])
-            .args(["--listen", &format!("tcp/127.0.0.1:{}", free_port())])
+            .args(["--listen", &format!("tcp/127.0.0.1:{zenoh}")])
             .args(["--runner-threads", "1", "--api-host", "127.0.0.1"])
             .args(["--api-port", "0"])
             .args(extra)
@@ -55,6 +58,7 @@ impl Node {
         Node {
             child,
             api: json["api"].as_str().expect("api address").to_string(),
+            zenoh,
             log,
         }
     }
@@ -757,4 +761,111 @@ fn a_stream_for_a_model_not_yet_placed_reports_progress_then_answers() {
     );
     assert!(reply.contains("\"content\""), "{reply}");
     assert!(reply.contains("data: [DONE]"), "{reply}");
+}
+
+/// The error object of an OpenAI-shaped answer, or a panic naming it.
+fn openai_error(status: u16, body: &str, node: &Node) -> Value {
+    let json: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    let error = json["error"].clone();
+    assert!(
+        error["message"].is_string() && error["type"].is_string(),
+        "{status} {body}\n{}",
+        node.log()
+    );
+    error
+}
+
+#[test]
+fn admin_refusals_answer_with_their_status_in_openais_shape() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let node = Node::start(&root.path().join("n"), &["--offline"]);
+    let (status, body) = http(&node.api, "GET", "/node_id", b"");
+    assert_eq!(status, 200, "{body}");
+    let node_id: String = serde_json::from_str(&body).expect("node id");
+    // Placing before the node reported its memory does not fit (400).
+    let place = serde_json::json!({"model": MODEL}).to_string();
+    let started = Instant::now();
+    loop {
+        let (status, body) = http(&node.api, "POST", "/place_instance", place.as_bytes());
+        if status == 200 {
+            break;
+        }
+        assert_eq!(openai_error(status, &body, &node)["code"], "does_not_fit");
+        assert!(started.elapsed() < Duration::from_secs(20), "{body}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The files of a model an instance uses are not deleted: 409, both ways.
+    let path = format!("/download/{node_id}/{MODEL}");
+    let (status, body) = http(&node.api, "DELETE", &path, b"");
+    let error = openai_error(status, &body, &node);
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(error["type"], "invalid_request_error");
+    assert_eq!(error["code"], "conflict");
+    assert!(error["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("delete the instance first")));
+    let delete = serde_json::json!({"model": MODEL}).to_string();
+    let (status, body) = http(&node.api, "POST", "/download/delete", delete.as_bytes());
+    assert_eq!(status, 409, "{body}");
+    // An unknown node or model is 404; an offline master cannot read the hub: 503.
+    let (status, body) = http(
+        &node.api,
+        "DELETE",
+        &format!("/download/nobody/{MODEL}"),
+        b"",
+    );
+    assert_eq!(
+        (status, openai_error(status, &body, &node)["code"].clone()),
+        (404, "not_found".into())
+    );
+    let add = serde_json::json!({"model": "acme/m"}).to_string();
+    let (status, body) = http(&node.api, "POST", "/models/add", add.as_bytes());
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(openai_error(status, &body, &node)["code"], "unavailable");
+}
+
+#[test]
+fn a_malformed_admin_request_is_refused_not_ignored() {
+    use prost::Message;
+    use tessera_protos::v1;
+    let root = tempfile::tempdir().expect("temp dir");
+    let node = Node::start(&root.path().join("n"), &["--offline"]);
+    // A mutation is answered by the master only: the API waits for one.
+    let (status, body) = http(&node.api, "DELETE", "/instance/none", b"");
+    assert_eq!(status, 404, "{body}\n{}", node.log());
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let errors: Vec<(String, Option<v1::AdminError>)> = runtime.block_on(async {
+        let client = crate::support::admin_client("api-test", node.zenoh).await;
+        let session = &client.bus().session;
+        let mut errors = Vec::new();
+        for method in ["downloads", "state", "previews", "download", "place"] {
+            let replies = session
+                .get(format!("tessera/api-test/admin/{method}"))
+                .payload(vec![0xffu8; 64])
+                .timeout(Duration::from_secs(10))
+                .await
+                .expect("get");
+            let reply = replies.recv_async().await.expect("a reply, not silence");
+            let sample = reply.result().expect("a sample");
+            let bytes = sample.payload().to_bytes();
+            let decoded = v1::ListDownloadsReply::decode(bytes.as_ref()).expect("a reply");
+            errors.push((method.to_string(), decoded.error));
+        }
+        errors
+    });
+    for (method, error) in errors {
+        let error = error.unwrap_or_else(|| panic!("{method}: no error"));
+        assert_eq!(error.kind, "invalid_argument", "{method}: {error:?}");
+        assert_eq!(
+            error.kind_code,
+            v1::AdminErrorKind::InvalidArgument as i32,
+            "{method}"
+        );
+        assert!(
+            error.message.contains("is not a"),
+            "{method}: {}",
+            error.message
+        );
+    }
+    assert!(!node.log().contains("panicked"), "{}", node.log());
 }

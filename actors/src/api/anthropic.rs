@@ -2,6 +2,8 @@
 //! into `TextGenerationParams`; answers, stream events and errors in
 //! Anthropic's shapes. Pure functions, tested without a server.
 
+pub mod handlers;
+
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tessera_protos::v1::{self, generation_chunk};
@@ -459,8 +461,9 @@ impl EventWriter {
 /// An error in Anthropic's shape.
 pub fn error_body(error: &ApiError) -> Value {
     let kind = match error.status.as_u16() {
-        400 => "invalid_request_error",
+        400 | 409 => "invalid_request_error",
         401 => "authentication_error",
+        403 => "permission_error",
         404 => "not_found_error",
         413 => "request_too_large",
         429 => "rate_limit_error",

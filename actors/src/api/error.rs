@@ -1,10 +1,38 @@
 //! Errors as each API writes them: OpenAI's `{"error": {message, type,
-//! param, code}}` with the matching status code.
+//! param, code}}` with the matching status code. The domain's error kind
+//! (`AdminErrorKind`: admin refusals, error chunks) has one HTTP status,
+//! given here ([`status_of`]); each dialect writes an [`ApiError`] in its
+//! own shape from that status.
+
+use std::marker::PhantomData;
 
 use axum::extract::rejection::BytesRejection;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
+use tessera_protos::v1::AdminErrorKind;
+
+use crate::admin::{self, AdminFailure};
+
+/// The one mapping from the domain's error kind to the HTTP status.
+pub fn status_of(kind: AdminErrorKind) -> StatusCode {
+    match kind {
+        AdminErrorKind::InvalidArgument | AdminErrorKind::DoesNotFit => StatusCode::BAD_REQUEST,
+        AdminErrorKind::NotFound => StatusCode::NOT_FOUND,
+        AdminErrorKind::Conflict => StatusCode::CONFLICT,
+        AdminErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        AdminErrorKind::Internal | AdminErrorKind::Unspecified => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// OpenAI's error type for a status.
+fn openai_type(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        429 => "rate_limit_error",
+        400..=499 => "invalid_request_error",
+        _ => "server_error",
+    }
+}
 
 /// An error answered to an HTTP client.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -34,8 +62,18 @@ impl ApiError {
         }
     }
 
+    /// An error of the domain's `kind`, with its status (a 503 may be
+    /// retried after a second).
+    pub fn of(kind: AdminErrorKind, message: impl Into<String>) -> Self {
+        let status = status_of(kind);
+        Self {
+            retry_after: (status == StatusCode::SERVICE_UNAVAILABLE).then_some(1),
+            ..Self::new(status, openai_type(status), message)
+        }
+    }
+
     pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+        Self::of(AdminErrorKind::InvalidArgument, message)
     }
 
     /// A bad value in field `param`.
@@ -49,19 +87,16 @@ impl ApiError {
     pub fn not_found(code: &'static str, message: impl Into<String>) -> Self {
         Self {
             code: Some(code),
-            ..Self::new(StatusCode::NOT_FOUND, "invalid_request_error", message)
+            ..Self::of(AdminErrorKind::NotFound, message)
         }
     }
 
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self {
-            retry_after: Some(1),
-            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message)
-        }
+        Self::of(AdminErrorKind::Unavailable, message)
     }
 
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+        Self::of(AdminErrorKind::Internal, message)
     }
 
     pub fn too_many(message: impl Into<String>) -> Self {
@@ -99,21 +134,113 @@ impl ApiError {
     }
 }
 
+/// An admin refusal; its kind is the error's code.
+impl From<AdminFailure> for ApiError {
+    fn from(failure: AdminFailure) -> Self {
+        let kind = failure.kind();
+        Self {
+            code: Some(admin::kind_name(kind)),
+            ..Self::of(kind, failure.message())
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut response = (self.status, axum::Json(self.body())).into_response();
-        if let Some(seconds) = self.retry_after {
-            if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
-                response.headers_mut().insert(header::RETRY_AFTER, value);
-            }
-        }
-        response
+        respond(&self, self.body())
     }
+}
+
+/// How a dialect writes an error's body (the status is the error's).
+pub trait ErrorShape {
+    fn body(error: &ApiError) -> serde_json::Value;
+}
+
+/// An error answered in the shape of dialect `S`.
+pub struct Shaped<S>(ApiError, PhantomData<S>);
+
+impl<S> From<ApiError> for Shaped<S> {
+    fn from(error: ApiError) -> Self {
+        Self(error, PhantomData)
+    }
+}
+
+impl<S: ErrorShape> IntoResponse for Shaped<S> {
+    fn into_response(self) -> Response {
+        respond(&self.0, S::body(&self.0))
+    }
+}
+
+/// The error's status and `body`, with Retry-After where it says when.
+fn respond(error: &ApiError, body: serde_json::Value) -> Response {
+    let mut response = (error.status, axum::Json(body)).into_response();
+    if let Some(seconds) = error.retry_after {
+        if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
+            response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+    }
+    response
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_kind_has_one_status() {
+        let cases = [
+            (
+                AdminErrorKind::InvalidArgument,
+                400,
+                "invalid_request_error",
+            ),
+            (AdminErrorKind::DoesNotFit, 400, "invalid_request_error"),
+            (AdminErrorKind::NotFound, 404, "invalid_request_error"),
+            (AdminErrorKind::Conflict, 409, "invalid_request_error"),
+            (AdminErrorKind::Unavailable, 503, "server_error"),
+            (AdminErrorKind::Internal, 500, "server_error"),
+            (AdminErrorKind::Unspecified, 500, "server_error"),
+        ];
+        for (kind, status, openai) in cases {
+            let error = ApiError::of(kind, "m");
+            assert_eq!(error.status.as_u16(), status, "{kind:?}");
+            assert_eq!(error.kind, openai, "{kind:?}");
+            assert_eq!(error.retry_after.is_some(), status == 503, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn an_admin_refusal_keeps_its_kind_as_the_code() {
+        // The master's strings, as an old master writes them.
+        for (kind, status) in [
+            ("invalid_argument", 400),
+            ("not_found", 404),
+            ("conflict", 409),
+            ("does_not_fit", 400),
+            ("unavailable", 503),
+            ("internal", 500),
+        ] {
+            let wire = tessera_protos::v1::AdminError {
+                kind: kind.into(),
+                message: "why".into(),
+                kind_code: 0,
+            };
+            let error = ApiError::from(AdminFailure::from_proto(&wire));
+            assert_eq!(error.status.as_u16(), status, "{kind}");
+            assert_eq!(error.code, Some(kind));
+            assert_eq!(error.message, "why");
+        }
+        let refused = ApiError::from(AdminFailure::Conflict("in use".into()));
+        assert_eq!(
+            refused.body(),
+            json!({"error": {
+                "message": "in use",
+                "type": "invalid_request_error",
+                "param": null,
+                "code": "conflict",
+            }})
+        );
+    }
 
     #[test]
     fn errors_take_openais_shape_and_status() {

@@ -3,6 +3,8 @@
 //! JSON objects Ollama answers with. Pure functions, tested without a
 //! server.
 
+pub mod handlers;
+
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tessera_protos::v1::{self, generation_chunk};

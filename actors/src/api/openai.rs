@@ -2,6 +2,8 @@
 //! turned into `TextGenerationParams`; answers and stream chunks in
 //! OpenAI's exact shapes. Pure functions, tested without a server.
 
+pub mod handlers;
+
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tessera_protos::v1::{self, generation_chunk};

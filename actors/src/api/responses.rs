@@ -4,6 +4,8 @@
 //! and `store` are refused or ignored. Pure functions, tested without a
 //! server.
 
+pub mod handlers;
+
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tessera_protos::v1::{self, generation_chunk};

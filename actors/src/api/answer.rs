@@ -1,0 +1,181 @@
+//! A generation from its first chunk to the client: started (and tried
+//! again while its instance went away before it answered), then pumped
+//! to the client until the end or until the client leaves; SSE helpers.
+
+use std::convert::Infallible;
+use std::time::{Duration, Instant};
+
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use serde_json::Value;
+use tessera_protos::v1::{self, generation_chunk};
+
+use super::error::ApiError;
+use super::generation::{self, chunk_error, Generation};
+use super::ready::{rank0_ready, Target};
+use super::server::QueueSlot;
+use super::Api;
+
+/// A generation under way: the first chunk is in hand, so errors before
+/// any answer are HTTP errors.
+pub(super) struct Begun {
+    pub(super) generation: Generation,
+    pub(super) first: generation_chunk::Kind,
+    pub(super) slot: QueueSlot,
+}
+
+/// How often a request whose instance went away before it answered is
+/// tried again (on the instance placed in its stead).
+const MAX_ATTEMPTS: u32 = 10;
+
+impl Api {
+    /// Starts a generation and waits for its first chunk. If the instance
+    /// goes away before it answers (its node was lost, the master is being
+    /// replaced), the request waits for a ready instance and tries again:
+    /// the client sees a slower answer, not an error.
+    pub(super) async fn begin(
+        &self,
+        target: &Target,
+        params: v1::TextGenerationParams,
+    ) -> Result<Begun, ApiError> {
+        let slot = self.queues.take(&target.model_id)?;
+        let started = Instant::now();
+        for attempt in 1.. {
+            let mut generation = Generation::start(
+                &self.bus,
+                &self.replica,
+                &self.node_id,
+                &target.instance_id,
+                params.clone(),
+                self.options.chunk_timeout,
+            )
+            .await?;
+            let first = generation.next().await;
+            tracing::debug!(command_id = generation.command_id, attempt, "first chunk");
+            let first = match first {
+                Some(Ok(generation_chunk::Kind::Error(error))) => {
+                    if self
+                        .may_try_again(target, &generation, &error, attempt, started)
+                        .await
+                    {
+                        tracing::info!(
+                            model = target.model_id,
+                            attempt,
+                            reason = error.message,
+                            "the instance went away before it answered; trying again"
+                        );
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                        self.ready(target, self.options.auto_place).await?;
+                        continue;
+                    }
+                    return Err(chunk_error(&error));
+                }
+                Some(Ok(chunk)) => chunk,
+                Some(Err(error)) => return Err(error),
+                None => return Err(ApiError::internal("the answer ended before it began")),
+            };
+            return Ok(Begun {
+                generation,
+                first,
+                slot,
+            });
+        }
+        Err(ApiError::internal("no attempt was made"))
+    }
+
+    /// Whether an error before the first token came from the instance going
+    /// away (rather than from the request), so that another instance of
+    /// the model may answer it.
+    async fn may_try_again(
+        &self,
+        target: &Target,
+        generation: &Generation,
+        error: &v1::ErrorChunk,
+        attempt: u32,
+        started: Instant,
+    ) -> bool {
+        if !target.instance_id.is_empty()
+            || attempt >= MAX_ATTEMPTS
+            || started.elapsed() > self.options.ready_timeout
+            || error.kind == "invalid_request"
+        {
+            return false;
+        }
+        if error.kind == generation::INSTANCE_LOST || error.kind == "not_found" {
+            return true;
+        }
+        // An engine error (a ring peer gone): only if its instance is no
+        // longer ready, which the state shows within a moment.
+        let Some(instance_id) = generation.instance_id() else {
+            return false;
+        };
+        for _ in 0..10 {
+            let Ok(state) = self.state().await else {
+                return false;
+            };
+            let ready = state
+                .instances
+                .get(instance_id)
+                .is_some_and(|i| rank0_ready(&state, i));
+            if !ready {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        false
+    }
+}
+
+/// Sends what each chunk of a generation becomes (`render` maps a chunk,
+/// or an error, to the items to send) until the answer ends or the client
+/// leaves; dropping the generation then cancels it. False if the client
+/// left.
+pub(super) async fn pump<T>(
+    tx: &tokio::sync::mpsc::Sender<T>,
+    begun: Begun,
+    mut render: impl FnMut(Result<generation_chunk::Kind, ApiError>) -> Vec<T>,
+) -> bool {
+    let Begun {
+        mut generation,
+        first,
+        slot: _slot,
+    } = begun;
+    let mut chunk = Some(Ok(first));
+    while let Some(next) = chunk {
+        for item in render(next) {
+            if tx.send(item).await.is_err() {
+                return false;
+            }
+        }
+        chunk = tokio::select! {
+            next = generation.next() => next,
+            _ = tx.closed() => return false,
+        };
+    }
+    true
+}
+
+pub(super) type EventSender = tokio::sync::mpsc::Sender<Result<Event, Infallible>>;
+
+/// A channel whose events become an SSE response (with keep-alive
+/// comments during long prefills).
+pub(super) fn sse_channel() -> (EventSender, Response) {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(256);
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|event| (event, rx))
+    });
+    let response = Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(10)))
+        .into_response();
+    (tx, response)
+}
+
+/// A named SSE event with a JSON body.
+pub(super) fn named((name, value): (&str, Value)) -> Result<Event, Infallible> {
+    Ok(Event::default().event(name).data(value.to_string()))
+}
+
+/// An unnamed SSE event with a JSON body.
+pub(super) fn data(value: &Value) -> Result<Event, Infallible> {
+    Ok(Event::default().data(value.to_string()))
+}

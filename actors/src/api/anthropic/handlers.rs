@@ -1,0 +1,71 @@
+//! The Anthropic endpoint `/v1/messages`, with errors in Anthropic's shape.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use tessera_protos::v1::generation_chunk;
+
+use crate::api::answer::{named, pump, sse_channel, Begun};
+use crate::api::anthropic;
+use crate::api::error::{ApiError, ErrorShape, Shaped};
+use crate::api::generation::chunk_error;
+use crate::api::{parse, Api};
+
+/// Anthropic's error shape.
+pub(in crate::api) struct Anthropic;
+
+impl ErrorShape for Anthropic {
+    fn body(error: &ApiError) -> serde_json::Value {
+        anthropic::error_body(error)
+    }
+}
+
+type AnthropicError = Shaped<Anthropic>;
+
+pub(in crate::api) async fn messages(
+    State(api): State<Api>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, AnthropicError> {
+    let request: anthropic::MessagesRequest = parse(body)?;
+    let (target, params) = api
+        .prepare(&request.model, |context| request.to_params(context))
+        .await?;
+    let begun = api.begin(&target, params).await?;
+    let id = format!("msg_{}", begun.generation.command_id.replace('-', ""));
+    tracing::info!(request = %id, model = %request.model, stream = request.streaming(), "messages");
+    if !request.streaming() {
+        let Begun {
+            mut generation,
+            first,
+            slot,
+        } = begun;
+        let mut chunks = vec![first];
+        while let Some(next) = generation.next().await {
+            match next? {
+                generation_chunk::Kind::Error(error) => return Err(chunk_error(&error).into()),
+                kind => chunks.push(kind),
+            }
+        }
+        drop(slot);
+        return Ok(Json(anthropic::message(&id, &request.model, &chunks)).into_response());
+    }
+    let mut writer = anthropic::EventWriter::new(id, request.model.clone());
+    let (tx, response) = sse_channel();
+    tokio::spawn(async move {
+        if tx.send(named(writer.start())).await.is_err() {
+            return;
+        }
+        pump(&tx, begun, |chunk| match chunk {
+            Ok(generation_chunk::Kind::Error(error)) => vec![named((
+                "error",
+                anthropic::error_body(&chunk_error(&error)),
+            ))],
+            Ok(kind) => writer.write(&kind).into_iter().map(named).collect(),
+            Err(error) => vec![named(("error", anthropic::error_body(&error)))],
+        })
+        .await;
+    });
+    Ok(response)
+}

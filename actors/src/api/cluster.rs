@@ -1,0 +1,348 @@
+//! The cluster's own endpoints: `/node_id`, `/state`, `/instance/...`,
+//! `/place_instance`, `/events`, `/models/add`, `/downloads` and
+//! `/download/...`. Mutations are the admin service's, asked of the master
+//! over zenoh; an admin refusal answers with its kind's status.
+
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State};
+use axum::response::sse::Event;
+use axum::response::Response;
+use axum::Json;
+use ractor::call_t;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tessera_protos::v1;
+
+use super::answer::sse_channel;
+use super::error::ApiError;
+use super::ready::rank0_ready;
+use super::{parse, Api};
+use crate::admin::AdminFailure;
+use crate::keys::AdminMethod;
+use crate::replica::ReplicaMsg;
+
+impl Api {
+    /// Asks the admin service; a query no node answers (no master yet, an
+    /// election under way) is asked again for up to 10 seconds. No answer
+    /// means no master took it, so asking again does not do it twice.
+    pub(super) async fn ask<Req: prost::Message, Rep: prost::Message + Default>(
+        &self,
+        method: AdminMethod,
+        request: &Req,
+    ) -> Result<Rep, ApiError> {
+        let key = self.bus.keys.admin(method);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.bus.query(&key, request, Duration::from_secs(2)).await {
+                Ok(reply) => return Ok(reply),
+                Err(crate::bus::BusError::NoReply { .. }) if Instant::now() < deadline => {
+                    tracing::debug!(key, "no answer yet; asking again");
+                }
+                Err(error) => {
+                    return Err(ApiError::unavailable(format!(
+                        "the cluster did not answer ({error}); is a master elected?"
+                    )))
+                }
+            }
+        }
+    }
+}
+
+pub(super) async fn node_id(State(api): State<Api>) -> Json<Value> {
+    Json(json!(api.node_id))
+}
+
+pub(super) async fn state(State(api): State<Api>) -> Result<Json<Value>, ApiError> {
+    let state = api.state().await?;
+    let digest = tessera_state::State::from_proto(state.clone()).digest();
+    let last_index = state.last_index;
+    let state = serde_json::to_value(&state).map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(Json(json!({
+        "last_index": last_index,
+        "digest": digest.to_string(),
+        "state": state,
+    })))
+}
+
+#[derive(Deserialize)]
+pub(super) struct PreviewsQuery {
+    model_id: String,
+}
+
+pub(super) async fn previews(
+    State(api): State<Api>,
+    Query(query): Query<PreviewsQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let request = v1::PlacementPreviewsRequest {
+        model_id: query.model_id,
+        node_ids: Vec::new(),
+    };
+    admin_json::<_, v1::PlacementPreviewsReply>(&api, AdminMethod::Previews, &request).await
+}
+
+/// An admin reply: its error, set when the request failed.
+trait AdminReply: prost::Message + Default + serde::Serialize {
+    fn error(&self) -> Option<&v1::AdminError>;
+}
+
+macro_rules! admin_replies {
+    ($($reply:ty),*) => {$(
+        impl AdminReply for $reply {
+            fn error(&self) -> Option<&v1::AdminError> {
+                self.error.as_ref()
+            }
+        }
+    )*};
+}
+
+admin_replies!(
+    v1::PlacementPreviewsReply,
+    v1::PlaceInstanceReply,
+    v1::DeleteInstanceReply,
+    v1::AddModelReply,
+    v1::DownloadReply
+);
+
+/// Asks the admin service; its reply, or its refusal as the API's error
+/// (the kind read from the code, or from the string of an older node).
+async fn admin_call<Req: prost::Message, Rep: AdminReply>(
+    api: &Api,
+    method: AdminMethod,
+    request: &Req,
+) -> Result<Rep, ApiError> {
+    let reply: Rep = api.ask(method, request).await?;
+    match reply.error() {
+        Some(error) => Err(AdminFailure::from_proto(error).into()),
+        None => Ok(reply),
+    }
+}
+
+/// [`admin_call`], the reply as the JSON answer.
+async fn admin_json<Req: prost::Message, Rep: AdminReply>(
+    api: &Api,
+    method: AdminMethod,
+    request: &Req,
+) -> Result<Json<Value>, ApiError> {
+    let reply: Rep = admin_call(api, method, request).await?;
+    serde_json::to_value(&reply)
+        .map(Json)
+        .map_err(|e| ApiError::internal(e.to_string()))
+}
+
+#[derive(Deserialize)]
+struct PlaceBody {
+    #[serde(alias = "model")]
+    model_id: String,
+    #[serde(default)]
+    sharding: Option<String>,
+    #[serde(default)]
+    min_nodes: Option<u32>,
+}
+
+pub(super) async fn place_instance(
+    State(api): State<Api>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let body: PlaceBody = parse(body)?;
+    let request = v1::PlaceInstanceRequest {
+        model_id: body.model_id,
+        sharding: sharding_of(body.sharding.as_deref())? as i32,
+        min_nodes: body.min_nodes.unwrap_or(1),
+        node_ids: Vec::new(),
+        request_id: uuid::Uuid::now_v7().to_string(),
+    };
+    admin_json::<_, v1::PlaceInstanceReply>(&api, AdminMethod::Place, &request).await
+}
+
+/// A sharding's name (any case; none: pipeline).
+fn sharding_of(name: Option<&str>) -> Result<v1::Sharding, ApiError> {
+    match name.map(str::to_ascii_lowercase).as_deref() {
+        None | Some("pipeline") => Ok(v1::Sharding::Pipeline),
+        Some("tensor") => Ok(v1::Sharding::Tensor),
+        Some(other) => Err(ApiError::invalid(
+            "sharding",
+            format!("sharding must be pipeline or tensor, not {other:?}"),
+        )),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AddModelBody {
+    /// A hub repository, `OWNER/NAME`.
+    model: String,
+    #[serde(default)]
+    revision: Option<String>,
+}
+
+/// `POST /models/add`: a custom card built from a hub repository.
+pub(super) async fn add_model(
+    State(api): State<Api>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let body: AddModelBody = parse(body)?;
+    let request = v1::AddModelRequest {
+        hub_repo: body.model,
+        revision: body.revision.unwrap_or_default(),
+    };
+    admin_json::<_, v1::AddModelReply>(&api, AdminMethod::AddModel, &request).await
+}
+
+/// `GET /downloads`: every node's downloads, as the log has them.
+pub(super) async fn downloads(State(api): State<Api>) -> Result<Json<Value>, ApiError> {
+    let state = api.state().await?;
+    serde_json::to_value(&state.downloads)
+        .map(Json)
+        .map_err(|e| ApiError::internal(e.to_string()))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DownloadBody {
+    model: String,
+    /// The node; empty: this one.
+    #[serde(default)]
+    node_id: Option<String>,
+}
+
+/// `POST /download/{start|cancel|delete}`.
+pub(super) async fn download_action(
+    State(api): State<Api>,
+    Path(action): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let action = action_of(&action)?;
+    let body: DownloadBody = parse(body)?;
+    let node_id = body.node_id.unwrap_or_else(|| api.node_id.clone());
+    download_request(&api, action, node_id, body.model).await
+}
+
+/// `DELETE /download/{node}/{model}` (exo's form of the delete).
+pub(super) async fn delete_download(
+    State(api): State<Api>,
+    Path((node_id, model)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    download_request(&api, v1::DownloadAction::Delete, node_id, model).await
+}
+
+/// A download action's name in the path; another is no endpoint (404).
+fn action_of(name: &str) -> Result<v1::DownloadAction, ApiError> {
+    match name {
+        "start" => Ok(v1::DownloadAction::Start),
+        "cancel" => Ok(v1::DownloadAction::Cancel),
+        "delete" => Ok(v1::DownloadAction::Delete),
+        other => Err(ApiError::not_found(
+            "not_found",
+            format!("no download action {other:?} (start, cancel or delete)"),
+        )),
+    }
+}
+
+async fn download_request(
+    api: &Api,
+    action: v1::DownloadAction,
+    node_id: String,
+    model_id: String,
+) -> Result<Json<Value>, ApiError> {
+    let request = v1::DownloadRequest {
+        action: action as i32,
+        node_id,
+        model_id,
+    };
+    admin_json::<_, v1::DownloadReply>(api, AdminMethod::Download, &request).await
+}
+
+pub(super) async fn get_instance(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let state = api.state().await?;
+    let instance = state
+        .instances
+        .get(&id)
+        .ok_or_else(|| ApiError::not_found("not_found", format!("no instance {id:?}")))?;
+    let runners: serde_json::Map<String, Value> = instance
+        .ranks
+        .iter()
+        .filter_map(|r| {
+            let status = state.runners.get(&r.runner_id)?;
+            Some((r.runner_id.clone(), serde_json::to_value(status).ok()?))
+        })
+        .collect();
+    Ok(Json(json!({
+        "instance": serde_json::to_value(instance).map_err(|e| ApiError::internal(e.to_string()))?,
+        "runners": runners,
+        "ready": rank0_ready(&state, instance),
+    })))
+}
+
+pub(super) async fn delete_instance(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let request = v1::DeleteInstanceRequest {
+        instance_id: id.clone(),
+    };
+    admin_call::<_, v1::DeleteInstanceReply>(&api, AdminMethod::Delete, &request).await?;
+    Ok(Json(json!({"deleted": id})))
+}
+
+#[derive(Deserialize)]
+pub(super) struct EventsQuery {
+    #[serde(default)]
+    from: Option<u64>,
+}
+
+/// The indexed events from `from` on, then each new one as it is applied.
+pub(super) async fn events(State(api): State<Api>, Query(query): Query<EventsQuery>) -> Response {
+    let (tx, response) = sse_channel();
+    let mut next = query.from.unwrap_or(1).max(1);
+    tokio::spawn(async move {
+        loop {
+            let events = call_t!(
+                api.replica,
+                |reply| ReplicaMsg::GetRange {
+                    from: next,
+                    to: u64::MAX,
+                    reply
+                },
+                crate::ACTOR_CALL_MS
+            )
+            .unwrap_or_default();
+            for event in events {
+                next = event.index + 1;
+                let Ok(text) = serde_json::to_string(&event) else {
+                    continue;
+                };
+                if tx.send(Ok(Event::default().data(text))).await.is_err() {
+                    return;
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                _ = tx.closed() => return,
+            }
+        }
+    });
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sharding_and_action_names() {
+        assert_eq!(sharding_of(None), Ok(v1::Sharding::Pipeline));
+        assert_eq!(sharding_of(Some("Tensor")), Ok(v1::Sharding::Tensor));
+        let bad = sharding_of(Some("ring")).err();
+        assert_eq!(bad.as_ref().map(|e| e.status.as_u16()), Some(400));
+        assert_eq!(bad.and_then(|e| e.param), Some("sharding".to_string()));
+        assert_eq!(action_of("cancel"), Ok(v1::DownloadAction::Cancel));
+        let unknown = action_of("pause").err().map(|e| e.status.as_u16());
+        assert_eq!(unknown, Some(404));
+    }
+}

@@ -1,0 +1,172 @@
+//! The Ollama endpoints: `/api/version`, `/api/tags`, `/api/chat` and
+//! `/api/generate` (one object, or a stream of JSON lines).
+
+use std::convert::Infallible;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+use tessera_protos::v1::{self, generation_chunk};
+
+use crate::api::answer::{pump, Begun};
+use crate::api::error::{ApiError, ErrorShape, Shaped};
+use crate::api::generation::chunk_error;
+use crate::api::ollama;
+use crate::api::ready::Target;
+use crate::api::{now_unix, parse, Api};
+
+/// Ollama's error shape.
+pub(in crate::api) struct Ollama;
+
+impl ErrorShape for Ollama {
+    fn body(error: &ApiError) -> Value {
+        ollama::error_body(error)
+    }
+}
+
+type OllamaError = Shaped<Ollama>;
+
+pub(in crate::api) async fn version() -> Json<Value> {
+    Json(json!({"version": env!("CARGO_PKG_VERSION")}))
+}
+
+pub(in crate::api) async fn tags(State(api): State<Api>) -> Result<Json<Value>, OllamaError> {
+    let state = api.state().await?;
+    let mut cards = crate::catalogue::all(&state);
+    for card in state.instances.values().filter_map(|i| i.model.as_ref()) {
+        if !cards.iter().any(|c| c.model_id == card.model_id) {
+            cards.push(card.clone());
+        }
+    }
+    let models: Vec<Value> = cards
+        .iter()
+        .map(|c| {
+            json!({
+                "name": c.model_id,
+                "model": c.model_id,
+                "modified_at": "1970-01-01T00:00:00Z",
+                "size": c.storage_size_bytes,
+                "digest": "",
+                "details": {
+                    "format": "gguf",
+                    "family": c.family,
+                    "families": [c.family],
+                    "parameter_size": "",
+                    "quantization_level": c.quantization,
+                },
+            })
+        })
+        .collect();
+    Ok(Json(json!({"models": models})))
+}
+
+fn rfc3339_now() -> String {
+    let seconds = now_unix();
+    // Civil date from days since the epoch (Howard Hinnant's algorithm).
+    let days = (seconds / 86_400) as i64;
+    let rest = seconds % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
+/// Answers an Ollama request: one object, or a stream of lines.
+async fn ollama_answer(
+    api: Api,
+    model: String,
+    stream: bool,
+    shape: ollama::Shape,
+    params: v1::TextGenerationParams,
+    target: Target,
+) -> Result<Response, OllamaError> {
+    let Begun {
+        mut generation,
+        first,
+        slot,
+    } = api.begin(&target, params).await?;
+    tracing::info!(request = %generation.command_id, model = %model, stream, "ollama");
+    let mut writer = ollama::LineWriter::new(shape, model, rfc3339_now());
+    if !stream {
+        let mut chunk = Some(Ok(first));
+        while let Some(next) = chunk {
+            match next? {
+                generation_chunk::Kind::Error(error) => return Err(chunk_error(&error).into()),
+                kind => {
+                    if let Some(done) = writer.gather(&kind) {
+                        drop(slot);
+                        return Ok(Json(done).into_response());
+                    }
+                }
+            }
+            chunk = generation.next().await;
+        }
+        return Err(ApiError::internal("the answer ended without a finish").into());
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(256);
+    let line = |value: Value| Ok(Bytes::from(format!("{value}\n")));
+    let begun = Begun {
+        generation,
+        first,
+        slot,
+    };
+    tokio::spawn(async move {
+        pump(&tx, begun, |chunk| {
+            let value = match chunk {
+                Ok(generation_chunk::Kind::Error(error)) => {
+                    Some(ollama::error_body(&chunk_error(&error)))
+                }
+                Ok(kind) => writer.stream(&kind),
+                Err(error) => Some(ollama::error_body(&error)),
+            };
+            value.into_iter().map(line).collect()
+        })
+        .await;
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|line| (line, rx))
+    });
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
+        axum::body::Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+pub(in crate::api) async fn chat(
+    State(api): State<Api>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, OllamaError> {
+    let request: ollama::ChatRequest = parse(body)?;
+    let (target, params) = api
+        .prepare(&request.model, |context| request.to_params(context))
+        .await?;
+    let (model, stream) = (request.model.clone(), request.streaming());
+    ollama_answer(api, model, stream, ollama::Shape::Chat, params, target).await
+}
+
+pub(in crate::api) async fn generate(
+    State(api): State<Api>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, OllamaError> {
+    let request: ollama::GenerateRequest = parse(body)?;
+    let (target, params) = api
+        .prepare(&request.model, |context| request.to_params(context))
+        .await?;
+    let (model, stream) = (request.model.clone(), request.streaming());
+    ollama_answer(api, model, stream, ollama::Shape::Generate, params, target).await
+}

@@ -1,0 +1,160 @@
+//! The OpenAI endpoints: `/v1/chat/completions` (whole, or streamed with
+//! progress comments while the model is placed) and `/v1/models`.
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::sse::Event;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+use tessera_protos::v1::{self, generation_chunk};
+
+use super::{Answer, ChatRequest, ChunkWriter};
+use crate::api::answer::{data, pump, sse_channel, Begun, EventSender};
+use crate::api::error::ApiError;
+use crate::api::generation::chunk_error;
+use crate::api::ready::{rank0_ready, Target};
+use crate::api::{now_unix, parse, Api};
+
+pub(in crate::api) async fn chat_completions(
+    State(api): State<Api>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let request: ChatRequest = parse(body)?;
+    let target = api.target(&request.model).await?;
+    let params = request.to_params(target.context)?;
+    let (stream, include_usage) = request.streaming();
+    let created = now_unix();
+    let model = request.model.clone();
+    if !stream {
+        api.ready(&target, api.options.auto_place).await?;
+        let Begun {
+            mut generation,
+            first,
+            slot,
+        } = api.begin(&target, params).await?;
+        let id = format!("chatcmpl-{}", generation.command_id);
+        tracing::info!(request = %id, model = %model, stream, "chat completion");
+        let mut answer = Answer::default();
+        let mut chunk = Some(Ok(first));
+        while let Some(next) = chunk {
+            match next? {
+                generation_chunk::Kind::Error(error) => return Err(chunk_error(&error)),
+                kind => answer.push(&kind),
+            }
+            chunk = generation.next().await;
+        }
+        drop(slot);
+        let logprobs = request.logprobs.unwrap_or(false);
+        return Ok(Json(answer.completion(&id, &model, created, logprobs)).into_response());
+    }
+    // A model that must be placed or loaded first: the stream starts at
+    // once and tells how the wait goes in SSE comments; otherwise an error
+    // before the answer is still an HTTP error.
+    let begun = if api.is_ready(&target).await? {
+        Some(api.begin(&target, params.clone()).await?)
+    } else {
+        None
+    };
+    let (tx, response) = sse_channel();
+    tokio::spawn(async move {
+        let begun = match begun {
+            Some(begun) => begun,
+            None => match wait_with_progress(&api, &target, &tx).await {
+                Some(Ok(())) => match api.begin(&target, params).await {
+                    Ok(begun) => begun,
+                    Err(error) => {
+                        let _ = tx.send(data(&error.body())).await;
+                        return;
+                    }
+                },
+                Some(Err(error)) => {
+                    let _ = tx.send(data(&error.body())).await;
+                    return;
+                }
+                None => return,
+            },
+        };
+        let id = format!("chatcmpl-{}", begun.generation.command_id);
+        tracing::info!(request = %id, model = %model, stream, "chat completion");
+        let mut writer = ChunkWriter::new(id, model, created, include_usage);
+        if tx.send(data(&writer.start())).await.is_err() {
+            return;
+        }
+        let finished = pump(&tx, begun, |chunk| match chunk {
+            Ok(generation_chunk::Kind::Error(error)) => vec![data(&chunk_error(&error).body())],
+            Ok(kind) => writer.write(&kind).iter().map(data).collect(),
+            Err(error) => vec![data(&error.body())],
+        })
+        .await;
+        if finished {
+            let _ = tx.send(Ok(Event::default().data("[DONE]"))).await;
+        }
+    });
+    Ok(response)
+}
+
+/// Waits for the target's instance, telling the client how it goes in SSE
+/// comments each second; None if the client left.
+async fn wait_with_progress(
+    api: &Api,
+    target: &Target,
+    tx: &EventSender,
+) -> Option<Result<(), ApiError>> {
+    let wait = api.ready(target, api.options.auto_place);
+    tokio::pin!(wait);
+    let mut report = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            result = &mut wait => return Some(result),
+            _ = report.tick() => {
+                let line = api.progress(&target.model_id).await;
+                if tx.send(Ok(Event::default().comment(line))).await.is_err() {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+pub(in crate::api) async fn models(State(api): State<Api>) -> Result<Json<Value>, ApiError> {
+    let state = api.state().await?;
+    let mut cards: Vec<v1::ModelCard> = crate::catalogue::all(&state);
+    for instance in state.instances.values() {
+        if let Some(card) = &instance.model {
+            if !cards.iter().any(|c| c.model_id == card.model_id) {
+                cards.push(card.clone());
+            }
+        }
+    }
+    let data: Vec<Value> = cards
+        .iter()
+        .map(|card| {
+            let instances: Vec<&v1::Instance> = state
+                .instances
+                .values()
+                .filter(|i| {
+                    i.model
+                        .as_ref()
+                        .is_some_and(|m| m.model_id == card.model_id)
+                })
+                .collect();
+            let ready = instances.iter().any(|i| rank0_ready(&state, i));
+            json!({
+                "id": card.model_id,
+                "object": "model",
+                "created": 0,
+                "owned_by": "tessera",
+                "context_length": card.context_length,
+                "instances": instances.len(),
+                "ready": ready,
+                "downloaded_on": crate::placement::downloaded_on(&state, &card.model_id),
+                "partly_downloaded_on": crate::placement::partly_on(&state, &card.model_id),
+            })
+        })
+        .collect();
+    Ok(Json(json!({"object": "list", "data": data})))
+}

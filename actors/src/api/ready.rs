@@ -1,0 +1,299 @@
+//! What a request's `model` names (an instance or a model), and the wait
+//! until an instance of it is ready, placing one first where allowed.
+
+use std::time::{Duration, Instant};
+
+use tessera_protos::v1::{self, download_progress::State as Ds, runner_status::State as Rs};
+
+use super::error::ApiError;
+use super::Api;
+use crate::keys::AdminMethod;
+
+/// What a request's `model` names.
+pub(super) struct Target {
+    /// An instance named directly, or empty (any ready instance of the model).
+    pub(super) instance_id: String,
+    pub(super) model_id: String,
+    pub(super) context: u32,
+}
+
+impl Api {
+    /// The target of `model`, the request's parameters checked against its
+    /// card, and a ready instance (placed first where allowed).
+    pub(super) async fn prepare(
+        &self,
+        model: &str,
+        to_params: impl FnOnce(u32) -> Result<v1::TextGenerationParams, ApiError>,
+    ) -> Result<(Target, v1::TextGenerationParams), ApiError> {
+        let target = self.target(model).await?;
+        let params = to_params(target.context)?;
+        self.ready(&target, self.options.auto_place).await?;
+        Ok((target, params))
+    }
+
+    /// Whether a request for `target` can go to an instance now.
+    pub(super) async fn is_ready(&self, target: &Target) -> Result<bool, ApiError> {
+        if !target.instance_id.is_empty() {
+            return Ok(true);
+        }
+        let state = self.state().await?;
+        Ok(state.instances.values().any(|i| {
+            i.model
+                .as_ref()
+                .is_some_and(|m| m.model_id == target.model_id)
+                && rank0_ready(&state, i)
+        }))
+    }
+
+    /// One line on how the instances of `model` are getting ready.
+    pub(super) async fn progress(&self, model: &str) -> String {
+        let Ok(state) = self.state().await else {
+            return format!("waiting for {model}");
+        };
+        let mut parts = Vec::new();
+        for instance in state
+            .instances
+            .values()
+            .filter(|i| i.model.as_ref().is_some_and(|m| m.model_id == model))
+        {
+            for rank in &instance.ranks {
+                let download = state
+                    .downloads
+                    .get(&rank.node_id)
+                    .and_then(|d| d.models.get(model))
+                    .and_then(|p| p.state.as_ref());
+                let status = match state
+                    .runners
+                    .get(&rank.runner_id)
+                    .and_then(|s| s.state.as_ref())
+                {
+                    None => match download {
+                        Some(Ds::Ongoing(o)) => format!(
+                            "downloading {:.0}% ({:.1} MB/s)",
+                            100.0 * o.downloaded_bytes as f64 / o.total_bytes.max(1) as f64,
+                            o.bytes_per_second as f64 / 1e6
+                        ),
+                        _ => "starting".to_string(),
+                    },
+                    Some(Rs::Loading(l)) if l.layers_total > 0 => {
+                        format!("loading {}/{} layers", l.layers_loaded, l.layers_total)
+                    }
+                    Some(other) => format!("{other:?}")
+                        .split('(')
+                        .next()
+                        .unwrap_or_default()
+                        .to_lowercase(),
+                };
+                parts.push(format!(
+                    "{} rank {}: {status}",
+                    instance.instance_id, rank.rank
+                ));
+            }
+        }
+        if parts.is_empty() {
+            format!("placing {model}")
+        } else {
+            format!("waiting for {model}: {}", parts.join(", "))
+        }
+    }
+
+    /// The instance for `model` (an instance id or a model id); places the
+    /// model and waits for it when allowed.
+    pub(super) async fn resolve_placing(
+        &self,
+        model: &str,
+        place: bool,
+    ) -> Result<Target, ApiError> {
+        let target = self.target(model).await?;
+        self.ready(&target, place).await?;
+        Ok(target)
+    }
+
+    /// What `model` names (an instance or a model), without waiting: the
+    /// request is checked against its card before anything is placed.
+    pub(super) async fn target(&self, model: &str) -> Result<Target, ApiError> {
+        let state = self.state().await?;
+        if let Some(instance) = state.instances.get(model) {
+            let card = instance.model.clone().unwrap_or_default();
+            return Ok(Target {
+                instance_id: instance.instance_id.clone(),
+                model_id: card.model_id,
+                context: card.context_length,
+            });
+        }
+        let Some(card) = crate::catalogue::placed_or_known(&state, model) else {
+            let known: Vec<String> = crate::catalogue::all(&state)
+                .into_iter()
+                .map(|c| c.model_id)
+                .collect();
+            return Err(ApiError::not_found(
+                "model_not_found",
+                format!(
+                    "the model {model:?} does not exist (known: {})",
+                    known.join(", ")
+                ),
+            ));
+        };
+        Ok(Target {
+            instance_id: String::new(),
+            model_id: card.model_id.clone(),
+            context: card.context_length,
+        })
+    }
+
+    /// Waits until an instance of the target's model is ready, placing one
+    /// first if there is none and `place` allows it.
+    pub(super) async fn ready(&self, target: &Target, place: bool) -> Result<(), ApiError> {
+        if !target.instance_id.is_empty() {
+            // A named instance: the master says if it is not ready.
+            return Ok(());
+        }
+        let model = target.model_id.as_str();
+        let state = self.state().await?;
+        let of_model = |state: &v1::ClusterState| -> (bool, bool) {
+            let mut any = false;
+            let mut ready = false;
+            for instance in state.instances.values() {
+                if instance.model.as_ref().is_some_and(|m| m.model_id == model) {
+                    any = true;
+                    ready |= rank0_ready(state, instance);
+                }
+            }
+            (any, ready)
+        };
+        let (any, ready) = of_model(&state);
+        if ready {
+            return Ok(());
+        }
+        if !any {
+            if let Some(reason) = state.given_up.get(model) {
+                return Err(given_up(model, reason));
+            }
+            if !place {
+                return Err(ApiError::not_found(
+                    "model_not_placed",
+                    format!(
+                        "no instance of {model:?}: place one with `tessera admin place {model}` or POST /place_instance"
+                    ),
+                ));
+            }
+            // Just after start-up the nodes may not have reported yet.
+            let waiting = Instant::now();
+            let mut state = state;
+            while !state
+                .nodes
+                .values()
+                .any(|n| n.info.as_ref().is_some_and(|i| !i.no_worker))
+                && waiting.elapsed() < Duration::from_secs(10)
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                state = self.state().await?;
+            }
+            tracing::info!(model, "no instance; placing one");
+            let reply: v1::PlaceInstanceReply = self
+                .ask(
+                    AdminMethod::Place,
+                    &v1::PlaceInstanceRequest {
+                        model_id: model.to_string(),
+                        sharding: v1::Sharding::Pipeline as i32,
+                        min_nodes: 1,
+                        node_ids: Vec::new(),
+                        // Asked again under the same id: placed once.
+                        request_id: uuid::Uuid::now_v7().to_string(),
+                    },
+                )
+                .await?;
+            if let Some(error) = reply.error {
+                return Err(ApiError {
+                    code: Some("model_does_not_fit"),
+                    ..ApiError::unavailable(format!("placing {model}: {}", error.message))
+                });
+            }
+        }
+        // Placed (now or before): wait for it to be ready.
+        let started = Instant::now();
+        let mut last_report = Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let state = self.state().await?;
+            match of_model(&state) {
+                (_, true) => {
+                    tracing::info!(model, waited = ?started.elapsed(), "instance ready");
+                    return Ok(());
+                }
+                (false, _) if state.given_up.contains_key(model) => {
+                    let reason = state.given_up.get(model).cloned().unwrap_or_default();
+                    return Err(given_up(model, &reason));
+                }
+                (false, _) if !place => {
+                    return Err(ApiError::not_found(
+                        "model_not_placed",
+                        format!("the instance of {model:?} is gone"),
+                    ))
+                }
+                _ => {}
+            }
+            // A node that cannot get the files: say why at once (after a
+            // moment, so a failure left from an earlier try is retried).
+            if started.elapsed() > DOWNLOAD_RETRY_GRACE {
+                if let Some(reason) = download_failure(&state, model) {
+                    return Err(ApiError::unavailable(reason));
+                }
+            }
+            if started.elapsed() > self.options.ready_timeout {
+                return Err(ApiError::unavailable(format!(
+                    "{model} is not ready after {:?}",
+                    self.options.ready_timeout
+                )));
+            }
+            if last_report.elapsed() > Duration::from_secs(5) {
+                last_report = Instant::now();
+                tracing::info!(model, waited = ?started.elapsed(), "waiting for the instance");
+            }
+        }
+    }
+}
+
+/// Whether every rank of `instance` has a runner ready (or running).
+pub(super) fn rank0_ready(state: &v1::ClusterState, instance: &v1::Instance) -> bool {
+    let ready = |rank: &v1::InstanceRank| {
+        let status = state.runners.get(&rank.runner_id);
+        let state = status.and_then(|s| s.state.as_ref());
+        matches!(state, Some(Rs::Ready(_) | Rs::Running(_)))
+    };
+    instance.ranks.iter().all(ready)
+}
+
+/// A request for a model whose instance the cluster gave up.
+fn given_up(model: &str, reason: &str) -> ApiError {
+    ApiError {
+        code: Some("model_failed"),
+        ..ApiError::unavailable(format!(
+            "the instance of {model} was given up: {reason}; fix the cause, then place it \
+             again with `tessera admin place {model}` or POST /place_instance"
+        ))
+    }
+}
+
+/// How long a failed download left from an earlier try may stand before a
+/// waiting request gives up on it (a new instance makes its nodes try again).
+const DOWNLOAD_RETRY_GRACE: Duration = Duration::from_secs(3);
+
+/// Why a node of an instance of `model` cannot get its files, if one cannot.
+fn download_failure(state: &v1::ClusterState, model: &str) -> Option<String> {
+    state
+        .instances
+        .values()
+        .filter(|i| i.model.as_ref().is_some_and(|m| m.model_id == model))
+        .flat_map(|i| &i.ranks)
+        .find_map(|rank| {
+            let progress = state.downloads.get(&rank.node_id)?.models.get(model)?;
+            match &progress.state {
+                Some(Ds::Failed(f)) => Some(format!(
+                    "node {} cannot get the files of {model}: {}",
+                    rank.node_id, f.reason
+                )),
+                _ => None,
+            }
+        })
+}

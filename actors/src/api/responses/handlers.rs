@@ -1,0 +1,72 @@
+//! The OpenAI Responses endpoint `/v1/responses`.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use tessera_protos::v1::generation_chunk;
+
+use crate::api::answer::{named, pump, sse_channel, Begun};
+use crate::api::error::ApiError;
+use crate::api::generation::chunk_error;
+use crate::api::responses;
+use crate::api::{now_unix, parse, Api};
+
+pub(in crate::api) async fn responses(
+    State(api): State<Api>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let request: responses::ResponsesRequest = parse(body)?;
+    let (target, params) = api
+        .prepare(&request.model, |context| request.to_params(context))
+        .await?;
+    let Begun {
+        mut generation,
+        first,
+        slot,
+    } = api.begin(&target, params).await?;
+    let id = format!("resp_{}", generation.command_id.replace('-', ""));
+    tracing::info!(request = %id, model = %request.model, stream = request.streaming(), "responses");
+    let mut writer = responses::ResponseWriter::new(id, request.model.clone(), now_unix());
+    if !request.streaming() {
+        let mut chunk = Some(Ok(first));
+        while let Some(next) = chunk {
+            match next? {
+                generation_chunk::Kind::Error(error) => return Err(chunk_error(&error)),
+                generation_chunk::Kind::Finish(finish) => {
+                    writer.write(&generation_chunk::Kind::Finish(finish));
+                    drop(slot);
+                    return Ok(Json(writer.response(Some(&finish))).into_response());
+                }
+                kind => {
+                    writer.write(&kind);
+                }
+            }
+            chunk = generation.next().await;
+        }
+        return Err(ApiError::internal("the answer ended without a finish"));
+    }
+    let (tx, response) = sse_channel();
+    let begun = Begun {
+        generation,
+        first,
+        slot,
+    };
+    tokio::spawn(async move {
+        for e in writer.start() {
+            if tx.send(named(e)).await.is_err() {
+                return;
+            }
+        }
+        pump(&tx, begun, |chunk| match chunk {
+            Ok(generation_chunk::Kind::Error(error)) => {
+                vec![named(("error", chunk_error(&error).body()))]
+            }
+            Ok(kind) => writer.write(&kind).into_iter().map(named).collect(),
+            Err(error) => vec![named(("error", error.body()))],
+        })
+        .await;
+    });
+    Ok(response)
+}

@@ -1,0 +1,233 @@
+//! The server: the router of every endpoint, the accept loop (header-read
+//! and idle timeouts, a bound on connections) and admission (a bound on the
+//! requests per model a node holds at once).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderValue, Method};
+use axum::routing::{delete, get, post};
+use axum::Router;
+use ractor::ActorRef;
+use tower_http::cors::{AllowOrigin, Any, CorsLayer};
+
+use super::error::ApiError;
+use super::{anthropic, cluster, ollama, openai, responses, Api, ApiOptions};
+use crate::bus::Bus;
+use crate::replica::ReplicaMsg;
+
+/// Serves the API until the task is aborted; returns the bound address.
+pub async fn serve(
+    options: ApiOptions,
+    node_id: String,
+    bus: Bus,
+    replica: ActorRef<ReplicaMsg>,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let cors = if options.cors_origins.is_empty() {
+        CorsLayer::new()
+            .allow_origin(Any)
+            .allow_methods(Any)
+            .allow_headers(Any)
+    } else {
+        let origins: Vec<HeaderValue> = options
+            .cors_origins
+            .iter()
+            .filter_map(|o| HeaderValue::from_str(o).ok())
+            .collect();
+        CorsLayer::new()
+            .allow_origin(AllowOrigin::list(origins))
+            .allow_methods([Method::GET, Method::POST, Method::DELETE])
+            .allow_headers(Any)
+    };
+    let max_body = options.max_body_bytes;
+    let listener = tokio::net::TcpListener::bind(options.listen).await?;
+    let address = listener.local_addr()?;
+    let api = Api {
+        node_id,
+        bus,
+        replica,
+        queues: Queues::new(options.queue_limit),
+        options: Arc::new(options),
+    };
+    let app = Router::new()
+        .route(
+            "/v1/chat/completions",
+            post(openai::handlers::chat_completions),
+        )
+        .route("/v1/models", get(openai::handlers::models))
+        .route("/v1/messages", post(anthropic::handlers::messages))
+        .route("/v1/responses", post(responses::handlers::responses))
+        .route("/api/version", get(ollama::handlers::version))
+        .route("/api/tags", get(ollama::handlers::tags))
+        .route("/api/chat", post(ollama::handlers::chat))
+        .route("/api/generate", post(ollama::handlers::generate))
+        .route("/node_id", get(cluster::node_id))
+        .route("/state", get(cluster::state))
+        .route("/instance/previews", get(cluster::previews))
+        .route("/place_instance", post(cluster::place_instance))
+        .route("/instance/{id}", get(cluster::get_instance))
+        .route("/instance/{id}", delete(cluster::delete_instance))
+        .route("/events", get(cluster::events))
+        .route("/models/add", post(cluster::add_model))
+        .route("/downloads", get(cluster::downloads))
+        .route("/download/{action}", post(cluster::download_action))
+        .route(
+            "/download/{node}/{*model}",
+            delete(cluster::delete_download),
+        )
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(cors)
+        .with_state(api.clone());
+    tracing::info!(%address, "HTTP API listening");
+    for model in api.options.preload.clone() {
+        let api = api.clone();
+        tokio::spawn(async move {
+            match api.resolve_placing(&model, true).await {
+                Ok(_) => tracing::info!(model, "serving"),
+                Err(error) => tracing::error!(model, %error, "could not serve the model"),
+            }
+        });
+    }
+    let limits = ConnectionLimits {
+        idle_timeout: api.options.idle_timeout,
+        max_connections: api.options.max_connections.max(1),
+    };
+    let task = tokio::spawn(accept_loop(listener, app, limits));
+    Ok((address, task))
+}
+
+#[derive(Clone, Copy)]
+struct ConnectionLimits {
+    idle_timeout: Duration,
+    max_connections: usize,
+}
+
+/// Accepts connections and serves HTTP/1.1 on each, with a header-read and
+/// idle timeout (a slow or silent client does not hold a connection) and a
+/// bound on connections (one over it is closed at once, so a flood cannot
+/// exhaust the node's file descriptors).
+async fn accept_loop(listener: tokio::net::TcpListener, app: Router, limits: ConnectionLimits) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let mut refusals = crate::throttle::Throttle::new(Duration::from_secs(5));
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of file descriptors, say: wait a moment, then go on.
+                if refusals.allow("accept") {
+                    tracing::warn!(%error, "accepting an API connection");
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            if refusals.allow("limit") {
+                tracing::warn!(
+                    %peer,
+                    limit = limits.max_connections,
+                    "too many API connections; closing a new one"
+                );
+            }
+            drop(tcp);
+            continue;
+        };
+        // Small SSE writes must leave at once: with Nagle's algorithm a
+        // token waits for the client's delayed ACK (40 ms on Linux).
+        if let Err(error) = tcp.set_nodelay(true) {
+            tracing::debug!(%error, "TCP_NODELAY on an API connection");
+        }
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let served = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(limits.idle_timeout)
+                .serve_connection(hyper_util::rt::TokioIo::new(tcp), service)
+                .await;
+            if let Err(error) = served {
+                tracing::debug!(%peer, %error, "API connection ended");
+            }
+            drop(permit);
+        });
+    }
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("not_found", "no such endpoint")
+}
+
+/// Requests in hand per model, each bounded by the queue limit: one more
+/// is answered 429 at once instead of waiting without end.
+#[derive(Clone)]
+pub(super) struct Queues {
+    counts: Arc<Mutex<HashMap<String, usize>>>,
+    limit: usize,
+}
+
+impl Queues {
+    pub(super) fn new(limit: usize) -> Self {
+        Self {
+            counts: Arc::new(Mutex::new(HashMap::new())),
+            limit,
+        }
+    }
+
+    /// A slot for a request for `model`, or 429 if its queue is full.
+    pub(super) fn take(&self, model: &str) -> Result<QueueSlot, ApiError> {
+        let mut counts = self
+            .counts
+            .lock()
+            .map_err(|_| ApiError::internal("queue bookkeeping"))?;
+        let n = counts.entry(model.to_string()).or_insert(0);
+        if *n >= self.limit {
+            return Err(ApiError::too_many(format!(
+                "{} requests for {model} are already waiting or running on this node; retry shortly",
+                self.limit
+            )));
+        }
+        *n += 1;
+        Ok(QueueSlot {
+            counts: self.counts.clone(),
+            model: model.to_string(),
+        })
+    }
+}
+
+/// Counts a request against its model's bound until dropped.
+pub(super) struct QueueSlot {
+    counts: Arc<Mutex<HashMap<String, usize>>>,
+    model: String,
+}
+
+impl Drop for QueueSlot {
+    fn drop(&mut self) {
+        if let Ok(mut counts) = self.counts.lock() {
+            if let Some(n) = counts.get_mut(&self.model) {
+                *n = n.saturating_sub(1);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_queue_answers_429_until_a_slot_is_let_go() -> Result<(), ApiError> {
+        let queues = Queues::new(2);
+        let first = queues.take("m")?;
+        let _second = queues.take("m")?;
+        let refused = queues.take("m").err().map(|e| e.status.as_u16());
+        assert_eq!(refused, Some(429));
+        // Another model has a queue of its own.
+        let _other = queues.take("n")?;
+        drop(first);
+        queues.take("m")?;
+        Ok(())
+    }
+}
