@@ -13,29 +13,20 @@
 //! the task appears, watch the instance, cancel on drop), fed the state by
 //! a small actor that asks the admin service for it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tessera_protos::v1::{self, generation_chunk};
 
+use crate::api::generation::Generation;
 use crate::bus::{Bus, BusError};
 use crate::keys::{AdminMethod, KeyError, Keys};
-use crate::replica::ReplicaMsg;
+use crate::replica::StateView;
 
-// `api::generation` is private to the API module (`mod generation;` in
-// api/mod.rs). Until it is `pub(crate)`, the client compiles that same file
-// (not a copy) as its own module; `error` is the sibling the file names as
-// `super::error`. With `pub(crate)`, these lines become
-// `use crate::api::generation::Generation;`.
-use crate::api::error;
-#[allow(dead_code, clippy::duplicate_mod)]
-#[path = "api/generation.rs"]
-mod generation;
-use generation::Generation;
-
-/// What the generation watch waits for the state at most (below its own
-/// 1 s call timeout, so a slow answer is skipped, not queued).
+/// What the generation watch waits for the state at most.
 const STATE_FOR_WATCH: Duration = Duration::from_millis(800);
+/// How often the generation watch's state is asked for.
+const STATE_EVERY: Duration = Duration::from_millis(200);
 /// Time given to the cancel a dropped generation publishes.
 const CANCEL_FLUSH: Duration = Duration::from_millis(250);
 /// The master reads the hub to build a card: a slow listing is allowed for.
@@ -218,11 +209,8 @@ impl AdminClient {
 
     /// Closes the session.
     pub async fn close(self) -> Result<(), AdminClientError> {
-        self.bus
-            .session
-            .close()
-            .await
-            .map_err(|e| AdminClientError::Zenoh(e.to_string()))
+        self.bus.close().await;
+        Ok(())
     }
 
     /// The cluster state as the most up-to-date node has it.
@@ -365,12 +353,10 @@ impl AdminClient {
                 String::new()
             }
         };
-        let (state, _) = Actor::spawn(None, StateByQuery, self.bus.clone())
-            .await
-            .map_err(|e| AdminClientError::Generation(format!("starting the state watch: {e}")))?;
+        let (state, view) = watch_state(self.bus.clone());
         let started = Generation::start(
             &self.bus,
-            &state,
+            &view,
             "admin",
             &instance_id,
             params,
@@ -384,7 +370,7 @@ impl AdminClient {
                 state,
             }),
             Err(error) => {
-                state.stop(None);
+                state.abort();
                 Err(AdminClientError::Generation(error.message))
             }
         }
@@ -463,7 +449,7 @@ pub struct GenerationStream {
     /// A finish or an error came: nothing is left to cancel.
     ended: bool,
     /// Answers the generation's state watch; stopped with the stream.
-    state: ActorRef<ReplicaMsg>,
+    state: tokio::task::JoinHandle<()>,
 }
 
 impl GenerationStream {
@@ -519,42 +505,26 @@ impl GenerationStream {
 
 impl Drop for GenerationStream {
     fn drop(&mut self) {
-        self.state.stop(None);
+        self.state.abort();
     }
 }
 
-/// Stands in for the node's replica in [`Generation`]'s watch: answers
-/// `GetState` with the admin service's freshest state. Nothing else is
-/// asked of it; other messages are dropped unanswered.
-struct StateByQuery;
-
-impl Actor for StateByQuery {
-    type Msg = ReplicaMsg;
-    type State = Bus;
-    type Arguments = Bus;
-
-    async fn pre_start(
-        &self,
-        _: ActorRef<Self::Msg>,
-        bus: Bus,
-    ) -> Result<Self::State, ActorProcessingErr> {
-        Ok(bus)
-    }
-
-    async fn handle(
-        &self,
-        _: ActorRef<Self::Msg>,
-        message: Self::Msg,
-        bus: &mut Bus,
-    ) -> Result<(), ActorProcessingErr> {
-        if let ReplicaMsg::GetState(reply) = message {
-            // No answer leaves the port unanswered: the watch skips a turn.
-            if let Some(state) = freshest_state(bus).await {
-                let _ = reply.send(state);
+/// The state for [`Generation`]'s watch, as a node's replica would give
+/// it: the admin service's freshest answer, asked for every
+/// [`STATE_EVERY`] until the task is aborted.
+fn watch_state(bus: Bus) -> (tokio::task::JoinHandle<()>, StateView) {
+    let (publish, view) = tokio::sync::watch::channel(Arc::new(v1::ClusterState::default()));
+    let task = tokio::spawn(async move {
+        loop {
+            if let Some(state) = freshest_state(&bus).await {
+                if publish.send(Arc::new(state)).is_err() {
+                    return;
+                }
             }
+            tokio::time::sleep(STATE_EVERY).await;
         }
-        Ok(())
-    }
+    });
+    (task, view)
 }
 
 async fn freshest_state(bus: &Bus) -> Option<v1::ClusterState> {

@@ -9,6 +9,10 @@ use std::time::Duration;
 use prost::Message;
 
 use zenoh::bytes::Encoding;
+use zenoh::handlers::FifoChannelHandler;
+use zenoh::liveliness::LivelinessToken;
+use zenoh::pubsub::Subscriber;
+use zenoh::sample::Sample;
 
 use crate::keys::Keys;
 
@@ -188,4 +192,131 @@ impl Bus {
         }
         Ok(out)
     }
+
+    /// Subscribes to `key`: each sample that decodes as `M` goes to
+    /// `deliver` with its key, in arrival order; one that does not is
+    /// dropped and counted. The one subscription loop of the node: it ends
+    /// when the session closes or the task is aborted.
+    pub async fn route<M, F>(
+        &self,
+        key: impl Into<String>,
+        mut deliver: F,
+    ) -> Result<tokio::task::JoinHandle<()>, BusError>
+    where
+        M: Message + Default,
+        F: FnMut(&str, M) + Send + 'static,
+    {
+        let subscriber = self.subscribe(key.into()).await?;
+        let bus = self.clone();
+        Ok(tokio::spawn(async move {
+            while let Ok(sample) = subscriber.recv_async().await {
+                let key = sample.key_expr().as_str();
+                if let Some(message) = bus.decode::<M>(key, &sample.payload().to_bytes()) {
+                    deliver(key, message);
+                }
+            }
+        }))
+    }
+
+    /// A subscriber whose samples are read in turn (a stream's chunks).
+    pub async fn subscribe(
+        &self,
+        key: String,
+    ) -> Result<Subscriber<FifoChannelHandler<Sample>>, BusError> {
+        self.session
+            .declare_subscriber(key)
+            .await
+            .map_err(BusError::zenoh)
+    }
+
+    /// Liveliness tokens under `key`: their puts and deletes, and with
+    /// `history` those already there first.
+    pub async fn subscribe_liveliness(
+        &self,
+        key: String,
+        history: bool,
+    ) -> Result<Subscriber<FifoChannelHandler<Sample>>, BusError> {
+        self.session
+            .liveliness()
+            .declare_subscriber(key)
+            .history(history)
+            .await
+            .map_err(BusError::zenoh)
+    }
+
+    /// Declares a queryable on `key`: each query goes to `answer`, whose
+    /// bytes (if any: `None` leaves the query unanswered, as if this node
+    /// were not there) are the reply. Queries are answered one at a time,
+    /// in arrival order.
+    pub async fn answer<F, Fut>(
+        &self,
+        key: String,
+        answer: F,
+    ) -> Result<tokio::task::JoinHandle<()>, BusError>
+    where
+        F: Fn(Asked) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Option<Vec<u8>>> + Send,
+    {
+        let queryable = self
+            .session
+            .declare_queryable(key)
+            .await
+            .map_err(BusError::zenoh)?;
+        Ok(tokio::spawn(async move {
+            while let Ok(query) = queryable.recv_async().await {
+                let asked = Asked {
+                    key: query.key_expr().as_str().to_string(),
+                    node: query.parameters().get("node").map(str::to_string),
+                    payload: query
+                        .payload()
+                        .map(|p| p.to_bytes().to_vec())
+                        .unwrap_or_default(),
+                };
+                if let Some(bytes) = answer(asked).await {
+                    let replied = query
+                        .reply(query.key_expr().clone(), bytes)
+                        .encoding(Encoding::APPLICATION_PROTOBUF)
+                        .await;
+                    if let Err(error) = replied {
+                        tracing::debug!(%error, "replying to a query");
+                    }
+                }
+            }
+        }))
+    }
+
+    /// Declares this node's liveliness token on `key`: it is there while
+    /// the token is held.
+    pub async fn declare_token(&self, key: String) -> Result<LivelinessToken, BusError> {
+        self.session
+            .liveliness()
+            .declare_token(key)
+            .await
+            .map_err(BusError::zenoh)
+    }
+
+    /// Closes the session: every route and queryable ends.
+    pub async fn close(&self) {
+        if let Err(error) = self.session.close().await {
+            tracing::debug!(%error, "closing the zenoh session");
+        }
+    }
+}
+
+/// A route's task, ended when this is dropped (with the actor whose state
+/// holds it, however that actor ends).
+pub struct RouteGuard(pub tokio::task::JoinHandle<()>);
+
+impl Drop for RouteGuard {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A query as its answerer sees it.
+pub struct Asked {
+    pub key: String,
+    /// The one node asked, when the selector names one (`?node=ID`).
+    pub node: Option<String>,
+    pub payload: Vec<u8>,
 }

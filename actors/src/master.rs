@@ -6,6 +6,7 @@
 //! election picks the node holding the most.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{call_t, Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -86,7 +87,7 @@ pub struct MasterState {
 }
 
 impl MasterState {
-    async fn state(&self) -> Result<ClusterState, ActorProcessingErr> {
+    async fn state(&self) -> Result<Arc<ClusterState>, ActorProcessingErr> {
         Ok(call_t!(
             self.replica,
             ReplicaMsg::GetState,
@@ -672,8 +673,7 @@ impl Actor for Master {
         myself: ActorRef<Self::Msg>,
         args: MasterArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
-        let state: ClusterState =
-            call_t!(args.replica, ReplicaMsg::GetState, crate::ACTOR_CALL_MS)?;
+        let state = call_t!(args.replica, ReplicaMsg::GetState, crate::ACTOR_CALL_MS)?;
         tracing::info!(next = state.last_index + 1, "master continues the log");
         let master = MasterState {
             session: SessionId {

@@ -19,7 +19,7 @@ use zenoh::sample::SampleKind;
 
 use crate::admin::{self, decode_request, AdminFailure};
 pub use crate::bus::zenoh_config;
-use crate::bus::{Bus, BusError};
+use crate::bus::{Asked, Bus, BusError};
 use crate::election_actor::{ElectionActor, ElectionArgs, ElectionMsg, Leadership};
 use crate::keys::{AdminMethod, KeyError, Keys};
 use crate::local_events::LocalEvents;
@@ -218,7 +218,7 @@ impl RunningNode {
             .replica
             .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(5)))
             .await;
-        let _ = self.bus.session.close().await;
+        self.bus.close().await;
     }
 
     /// Messages dropped as malformed or invalid so far.
@@ -256,7 +256,6 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
     let session = zenoh::open(config).await.map_err(BusError::zenoh)?;
     let bus = Bus::new(session, keys);
     let applied = Arc::new(AtomicU64::new(0));
-    let changed = Arc::new(tokio::sync::Notify::new());
     let actor_error = |e: ractor::SpawnErr| NodeError::Actor(e.to_string());
     let (replica, _) = Actor::spawn(
         None,
@@ -265,7 +264,6 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
             journal,
             bus: bus.clone(),
             applied: applied.clone(),
-            changed: changed.clone(),
         },
     )
     .await
@@ -287,12 +285,7 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
     .await
     .map_err(actor_error)?;
 
-    let token = bus
-        .session
-        .liveliness()
-        .declare_token(bus.keys.alive(&node_id)?)
-        .await
-        .map_err(BusError::zenoh)?;
+    let token = bus.declare_token(bus.keys.alive(&node_id)?).await?;
 
     let client = if options.offline {
         None
@@ -350,7 +343,6 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
                 data_dir: options.data_dir.clone(),
                 threads: options.runner_threads.max(1),
                 runner_endpoint,
-                changed,
                 downloader,
             },
         )
@@ -473,7 +465,7 @@ impl Router {
     async fn read(
         &self,
         method: AdminMethod,
-        state: ClusterState,
+        state: Arc<ClusterState>,
         key: &str,
         payload: &[u8],
     ) -> Result<Vec<u8>, AdminFailure> {
@@ -481,7 +473,7 @@ impl Router {
         let bytes = match method {
             AdminMethod::State => {
                 decode_request::<v1::GetStateRequest>(key, payload)?;
-                state_reply(state).encode_to_vec()
+                state_reply(Arc::unwrap_or_clone(state)).encode_to_vec()
             }
             AdminMethod::Nodes => {
                 decode_request::<v1::ListNodesRequest>(key, payload)?;
@@ -546,156 +538,56 @@ impl Router {
         admin::error_reply(failure)
     }
 
+    /// The node's routes: each subscription and queryable of the session
+    /// turns its messages into one actor's messages.
     async fn spawn_all(&self) -> Result<Vec<tokio::task::JoinHandle<()>>, NodeError> {
-        let mut tasks = Vec::new();
-        let zenoh = |e: zenoh::Error| NodeError::Bus(BusError::zenoh(e));
         let keys = &self.bus.keys;
-
-        // Election messages.
-        let sub = self
-            .bus
-            .session
-            .declare_subscriber(keys.election())
-            .await
-            .map_err(zenoh)?;
-        let this = self.clone();
-        tasks.push(tokio::spawn(async move {
-            while let Ok(sample) = sub.recv_async().await {
-                let key = sample.key_expr().as_str().to_string();
-                if let Some(m) = this
-                    .bus
-                    .decode::<ElectionMessage>(&key, &sample.payload().to_bytes())
-                {
-                    let _ = this.election.cast(ElectionMsg::Message(m));
-                }
-            }
-        }));
-
-        // Liveliness: nodes coming and going (with those already there).
-        let sub = self
-            .bus
-            .session
-            .liveliness()
-            .declare_subscriber(keys.alive_any())
-            .history(true)
-            .await
-            .map_err(zenoh)?;
-        let this = self.clone();
-        tasks.push(tokio::spawn(async move {
-            while let Ok(sample) = sub.recv_async().await {
-                let key = sample.key_expr().as_str();
-                let Some(node) = this.bus.keys.node_of_alive_key(key) else {
-                    continue;
-                };
-                let message = match sample.kind() {
-                    SampleKind::Put => ElectionMsg::NodeAlive(node.to_string()),
-                    SampleKind::Delete => ElectionMsg::NodeGone(node.to_string()),
-                };
-                let _ = this.election.cast(message);
-            }
-        }));
-
-        // Indexed events from the master.
-        let sub = self
-            .bus
-            .session
-            .declare_subscriber(keys.global_events())
-            .await
-            .map_err(zenoh)?;
-        let this = self.clone();
-        tasks.push(tokio::spawn(async move {
-            while let Ok(sample) = sub.recv_async().await {
-                let key = sample.key_expr().as_str().to_string();
-                if let Some(e) = this
-                    .bus
-                    .decode::<IndexedEvent>(&key, &sample.payload().to_bytes())
-                {
-                    let _ = this.replica.cast(ReplicaMsg::Global(e));
-                }
-            }
-        }));
-
+        let election = self.election.clone();
+        let replica = self.replica.clone();
+        let mut tasks = vec![
+            self.bus
+                .route(keys.election(), move |_, message: ElectionMessage| {
+                    let _ = election.cast(ElectionMsg::Message(message));
+                })
+                .await?,
+            self.route_liveliness().await?,
+            self.bus
+                .route(keys.global_events(), move |_, event: IndexedEvent| {
+                    let _ = replica.cast(ReplicaMsg::Global(event));
+                })
+                .await?,
+        ];
         // Commands and local events, for the master (if it is this node).
-        for local in [false, true] {
-            let key = if local {
-                keys.local_events()
-            } else {
-                keys.commands()
-            };
-            let sub = self
-                .bus
-                .session
-                .declare_subscriber(key)
-                .await
-                .map_err(zenoh)?;
-            let this = self.clone();
-            tasks.push(tokio::spawn(async move {
-                while let Ok(sample) = sub.recv_async().await {
-                    let key = sample.key_expr().as_str().to_string();
-                    let bytes = sample.payload().to_bytes();
-                    let message = if local {
-                        this.bus
-                            .decode::<LocalEvent>(&key, &bytes)
-                            .map(MasterMsg::Local)
-                    } else {
-                        this.bus
-                            .decode::<Command>(&key, &bytes)
-                            .map(MasterMsg::Command)
-                    };
-                    if let (Some(message), Some(master)) = (message, this.leadership.local_master())
-                    {
-                        let _ = master.cast(message);
-                    }
-                }
-            }));
-        }
-
-        // The event log, answered by the master only.
-        let queryable = self
-            .bus
-            .session
-            .declare_queryable(keys.event_log())
-            .await
-            .map_err(zenoh)?;
         let this = self.clone();
-        tasks.push(tokio::spawn(async move {
-            while let Ok(query) = queryable.recv_async().await {
-                if this.leadership.local_master().is_none() {
-                    continue;
-                }
-                let Some((master_node_id, election_clock)) = this.leadership.master() else {
-                    continue;
-                };
-                let key = query.key_expr().as_str().to_string();
-                let request = query
-                    .payload()
-                    .map(|p| p.to_bytes().to_vec())
-                    .unwrap_or_default();
-                let Some(request) = this.bus.decode::<EventLogRequest>(&key, &request) else {
-                    continue;
-                };
-                let events = this
-                    .events_between(request.from_index, request.to_index)
-                    .await;
-                let last_index = call_t!(this.replica, ReplicaMsg::GetState, crate::ACTOR_CALL_MS)
-                    .map_or(0, |state| state.last_index);
-                let reply = EventLogReply {
-                    events,
-                    last_index,
-                    session: Some(v1::SessionId {
-                        master_node_id,
-                        election_clock,
-                    }),
-                };
-                let _ = query
-                    .reply(
-                        query.key_expr().clone(),
-                        prost::Message::encode_to_vec(&reply),
-                    )
-                    .await;
-            }
-        }));
-
+        tasks.push(
+            self.bus
+                .route(keys.commands(), move |_, command: Command| {
+                    if let Some(master) = this.leadership.local_master() {
+                        let _ = master.cast(MasterMsg::Command(command));
+                    }
+                })
+                .await?,
+        );
+        let this = self.clone();
+        tasks.push(
+            self.bus
+                .route(keys.local_events(), move |_, event: LocalEvent| {
+                    if let Some(master) = this.leadership.local_master() {
+                        let _ = master.cast(MasterMsg::Local(event));
+                    }
+                })
+                .await?,
+        );
+        // The event log, answered by the master only.
+        let this = self.clone();
+        tasks.push(
+            self.bus
+                .answer(keys.event_log(), move |asked| {
+                    let this = this.clone();
+                    async move { this.event_log_answer(asked).await }
+                })
+                .await?,
+        );
         // Admin mutations, answered by the master only (a custom card is
         // built from the hub by the master's node).
         for method in [
@@ -704,26 +596,17 @@ impl Router {
             AdminMethod::Download,
             AdminMethod::AddModel,
         ] {
-            let queryable = self
-                .bus
-                .session
-                .declare_queryable(keys.admin(method))
-                .await
-                .map_err(zenoh)?;
             let this = self.clone();
-            tasks.push(tokio::spawn(async move {
-                while let Ok(query) = queryable.recv_async().await {
-                    let Some(master) = this.leadership.local_master() else {
-                        continue;
-                    };
-                    let (key, payload) = key_and_payload(&query);
-                    if let Some(bytes) = this.master_answer(method, &master, &key, &payload).await {
-                        let _ = query.reply(query.key_expr().clone(), bytes).await;
-                    }
+            let answer = move |asked: Asked| {
+                let this = this.clone();
+                async move {
+                    let master = this.leadership.local_master()?;
+                    this.master_answer(method, &master, &asked.key, &asked.payload)
+                        .await
                 }
-            }));
+            };
+            tasks.push(self.bus.answer(keys.admin(method), answer).await?);
         }
-
         // Admin reads: answered from this node's state. A query may name
         // one node with `?node=ID`.
         for method in [
@@ -735,39 +618,65 @@ impl Router {
             AdminMethod::Models,
             AdminMethod::Downloads,
         ] {
-            let queryable = self
-                .bus
-                .session
-                .declare_queryable(keys.admin(method))
-                .await
-                .map_err(zenoh)?;
             let this = self.clone();
-            tasks.push(tokio::spawn(async move {
-                while let Ok(query) = queryable.recv_async().await {
-                    if let Some(target) = query.parameters().get("node") {
-                        if target != this.node_id {
-                            continue;
-                        }
+            let answer = move |asked: Asked| {
+                let this = this.clone();
+                async move {
+                    if asked.node.as_ref().is_some_and(|n| *n != this.node_id) {
+                        return None;
                     }
-                    let (key, payload) = key_and_payload(&query);
-                    let Some(bytes) = this.read_answer(method, &key, &payload).await else {
-                        continue;
-                    };
-                    let _ = query.reply(query.key_expr().clone(), bytes).await;
+                    this.read_answer(method, &asked.key, &asked.payload).await
                 }
-            }));
+            };
+            tasks.push(self.bus.answer(keys.admin(method), answer).await?);
         }
         Ok(tasks)
     }
-}
 
-/// A query's key and payload (no payload: empty, the empty request).
-fn key_and_payload(query: &zenoh::query::Query) -> (String, Vec<u8>) {
-    let payload = query
-        .payload()
-        .map(|p| p.to_bytes().to_vec())
-        .unwrap_or_default();
-    (query.key_expr().as_str().to_string(), payload)
+    /// Liveliness: nodes coming and going (with those already there).
+    async fn route_liveliness(&self) -> Result<tokio::task::JoinHandle<()>, NodeError> {
+        let tokens = self
+            .bus
+            .subscribe_liveliness(self.bus.keys.alive_any(), true)
+            .await?;
+        let this = self.clone();
+        Ok(tokio::spawn(async move {
+            while let Ok(sample) = tokens.recv_async().await {
+                let key = sample.key_expr().as_str();
+                let Some(node) = this.bus.keys.node_of_alive_key(key) else {
+                    continue;
+                };
+                let message = match sample.kind() {
+                    SampleKind::Put => ElectionMsg::NodeAlive(node.to_string()),
+                    SampleKind::Delete => ElectionMsg::NodeGone(node.to_string()),
+                };
+                let _ = this.election.cast(message);
+            }
+        }))
+    }
+
+    /// A range of the event log, when this node is the master.
+    async fn event_log_answer(&self, asked: Asked) -> Option<Vec<u8>> {
+        self.leadership.local_master()?;
+        let (master_node_id, election_clock) = self.leadership.master()?;
+        let request = self
+            .bus
+            .decode::<EventLogRequest>(&asked.key, &asked.payload)?;
+        let events = self
+            .events_between(request.from_index, request.to_index)
+            .await;
+        let last_index = call_t!(self.replica, ReplicaMsg::GetState, crate::ACTOR_CALL_MS)
+            .map_or(0, |state| state.last_index);
+        let reply = EventLogReply {
+            events,
+            last_index,
+            session: Some(v1::SessionId {
+                master_node_id,
+                election_clock,
+            }),
+        };
+        Some(prost::Message::encode_to_vec(&reply))
+    }
 }
 
 /// A reply, encoded; `None` when the actor did not answer.

@@ -43,8 +43,8 @@ pub enum ReplicaMsg {
         /// This node is that master.
         is_me: bool,
     },
-    /// The state as folded so far.
-    GetState(RpcReplyPort<ClusterState>),
+    /// The state as folded so far (shared, not copied).
+    GetState(RpcReplyPort<Arc<ClusterState>>),
     /// A view of the state that follows it: the replica publishes a new
     /// `Arc` once per message that changed the state, so readers neither
     /// ask nor copy it.
@@ -68,15 +68,12 @@ pub struct ReplicaArgs {
     pub bus: Bus,
     /// Updated after each applied event (the election reads it).
     pub applied: Arc<AtomicU64>,
-    /// Notified after each applied event (the worker plans at once).
-    pub changed: Arc<tokio::sync::Notify>,
 }
 
 pub struct ReplicaState {
     journal: Journal,
     bus: Bus,
     applied: Arc<AtomicU64>,
-    changed: Arc<tokio::sync::Notify>,
     view: watch::Sender<Arc<ClusterState>>,
     /// The state changed since it was last published.
     dirty: bool,
@@ -131,7 +128,6 @@ impl ReplicaState {
         self.journal.commit(event).map_err(|e| e.to_string())?;
         self.dirty = true;
         self.applied.store(self.last(), Ordering::Relaxed);
-        self.changed.notify_one();
         Ok(())
     }
 
@@ -175,7 +171,6 @@ impl ReplicaState {
                     );
                     self.dirty = true;
                     self.applied.store(self.last(), Ordering::Relaxed);
-                    self.changed.notify_one();
                 }
                 Err(error) => {
                     tracing::error!(%error, keep, "could not drop a forked tail");
@@ -215,7 +210,6 @@ impl Actor for Replica {
             journal: args.journal,
             bus: args.bus,
             applied: args.applied,
-            changed: args.changed,
             sync: LogSync::new(),
             master_last: 0,
             early: BTreeMap::new(),
@@ -302,7 +296,7 @@ impl Actor for Replica {
                 }
             }
             ReplicaMsg::GetState(reply) => {
-                let _ = reply.send(state.journal.state().as_proto().clone());
+                let _ = reply.send(state.view.borrow().clone());
             }
             ReplicaMsg::Watch(reply) => {
                 let _ = reply.send(state.view.subscribe());

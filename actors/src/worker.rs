@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use ractor::{call_t, Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tessera_protos::v1::{self, event, runner_status::State as Rs};
 
-use crate::bus::Bus;
+use crate::bus::{Bus, RouteGuard};
 use crate::downloads::{Downloader, Outcome};
 use crate::downloads_actor::{DownloadEnded, DownloadsActor, DownloadsArgs, DownloadsMsg};
 use crate::local_events::LocalEvents;
@@ -86,9 +86,6 @@ pub struct WorkerArgs {
     pub threads: usize,
     /// The loopback endpoint of this node's session, for its runners.
     pub runner_endpoint: String,
-    /// Notified when the replica applies an event: plan at once rather
-    /// than at the next tick (a forwarded generation waits for this).
-    pub changed: Arc<tokio::sync::Notify>,
     /// Brings model files in.
     pub downloader: Arc<Downloader>,
 }
@@ -121,7 +118,8 @@ pub struct WorkerState {
     downloader: ActorRef<DownloadsMsg>,
     /// What runners load, by model, once its files are complete.
     model_paths: BTreeMap<String, PathBuf>,
-    _statuses: zenoh::pubsub::Subscriber<()>,
+    /// Routes the runners' statuses here.
+    _statuses: RouteGuard,
 }
 
 impl WorkerState {
@@ -621,22 +619,16 @@ impl Actor for Worker {
         let me = myself.clone();
         let statuses = args
             .bus
-            .session
-            .declare_subscriber(args.bus.keys.runner_any("events")?)
-            .callback(move |sample| {
-                let key = sample.key_expr().as_str();
-                let Some(runner_id) = bus.keys.runner_of_key(key, "events") else {
-                    bus.count_dropped(key, "not a runner events key");
-                    return;
-                };
-                if let Some(status) =
-                    bus.decode::<v1::RunnerStatus>(key, &sample.payload().to_bytes())
-                {
-                    let _ = me.cast(WorkerMsg::Status(runner_id.to_string(), status));
-                }
-            })
-            .await
-            .map_err(|e| format!("subscribing to runner events: {e}"))?;
+            .route(
+                args.bus.keys.runner_any("events")?,
+                move |key, status: v1::RunnerStatus| match bus.keys.runner_of_key(key, "events") {
+                    Some(runner_id) => {
+                        let _ = me.cast(WorkerMsg::Status(runner_id.to_string(), status));
+                    }
+                    None => bus.count_dropped(key, "not a runner events key"),
+                },
+            )
+            .await?;
         let downloader = spawn_downloads(&myself, &args).await?;
         let cluster = call_t!(args.replica, ReplicaMsg::Watch, crate::ACTOR_CALL_MS)?;
         myself.send_interval(Duration::from_millis(100), || WorkerMsg::Tick);
@@ -660,7 +652,7 @@ impl Actor for Worker {
             downloads: Downloads::default(),
             downloader,
             model_paths: BTreeMap::new(),
-            _statuses: statuses,
+            _statuses: RouteGuard(statuses),
         })
     }
 

@@ -43,7 +43,7 @@ impl Api {
         for attempt in 1.. {
             let mut generation = Generation::start(
                 &self.bus,
-                &self.replica,
+                &self.state,
                 &self.node_id,
                 &target.instance_id,
                 params.clone(),

@@ -57,9 +57,9 @@ pub(super) async fn node_id(State(api): State<Api>) -> Json<Value> {
 
 pub(super) async fn state(State(api): State<Api>) -> Result<Json<Value>, ApiError> {
     let state = api.state().await?;
-    let digest = tessera_state::State::from_proto(state.clone()).digest();
+    let digest = tessera_state::State::from_proto((*state).clone()).digest();
     let last_index = state.last_index;
-    let state = serde_json::to_value(&state).map_err(|e| ApiError::internal(e.to_string()))?;
+    let state = serde_json::to_value(&*state).map_err(|e| ApiError::internal(e.to_string()))?;
     Ok(Json(json!({
         "last_index": last_index,
         "digest": digest.to_string(),

@@ -14,7 +14,6 @@
 
 use std::time::{Duration, Instant};
 
-use ractor::ActorRef;
 use tessera_protos::v1::{self, command, generation_chunk, Command};
 use zenoh::handlers::FifoChannelHandler;
 use zenoh::pubsub::Subscriber;
@@ -22,7 +21,7 @@ use zenoh::sample::{Sample, SampleKind};
 
 use super::error::ApiError;
 use crate::bus::Bus;
-use crate::replica::ReplicaMsg;
+use crate::replica::StateView;
 
 /// How often a generation looks at the state.
 const WATCH_EVERY: Duration = Duration::from_millis(200);
@@ -47,7 +46,7 @@ struct Assigned {
 
 pub struct Generation {
     bus: Bus,
-    replica: ActorRef<ReplicaMsg>,
+    state: StateView,
     node_id: String,
     pub command_id: String,
     command: Command,
@@ -71,7 +70,7 @@ impl Generation {
     /// instance of the model).
     pub async fn start(
         bus: &Bus,
-        replica: &ActorRef<ReplicaMsg>,
+        state: &StateView,
         node_id: &str,
         instance_id: &str,
         params: v1::TextGenerationParams,
@@ -83,8 +82,7 @@ impl Generation {
             .chunks(&command_id)
             .map_err(|e| ApiError::internal(e.to_string()))?;
         let chunks = bus
-            .session
-            .declare_subscriber(key)
+            .subscribe(key)
             .await
             .map_err(|e| ApiError::internal(format!("subscribing to chunks: {e}")))?;
         let command = Command {
@@ -101,7 +99,7 @@ impl Generation {
             .map_err(|e| ApiError::unavailable(format!("sending the request: {e}")))?;
         Ok(Self {
             bus: bus.clone(),
-            replica: replica.clone(),
+            state: state.clone(),
             node_id: node_id.to_string(),
             command_id,
             command,
@@ -200,7 +198,7 @@ impl Generation {
     /// Looks at the state: sends the command again while its task is not
     /// there, and says why the generation is lost once its instance is gone.
     async fn watch(&mut self) -> Option<String> {
-        let state = ractor::call_t!(self.replica, ReplicaMsg::GetState, 1_000).ok()?;
+        let state = self.state.borrow().clone();
         let Some(assigned) = &self.assigned else {
             let task = state
                 .tasks
@@ -235,9 +233,7 @@ impl Generation {
         let liveliness = match self.bus.keys.alive(&rank0_node) {
             Ok(key) => self
                 .bus
-                .session
-                .liveliness()
-                .declare_subscriber(key)
+                .subscribe_liveliness(key, false)
                 .await
                 .map_err(|error| tracing::debug!(%error, "watching rank 0's node"))
                 .ok(),

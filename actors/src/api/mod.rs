@@ -22,7 +22,7 @@ mod answer;
 pub mod anthropic;
 mod cluster;
 pub mod error;
-mod generation;
+pub(crate) mod generation;
 pub mod ollama;
 pub mod openai;
 mod ready;
@@ -35,11 +35,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use ractor::{call_t, ActorRef};
+use ractor::ActorRef;
 use tessera_protos::v1;
 
 use crate::bus::Bus;
-use crate::replica::ReplicaMsg;
+use crate::replica::{ReplicaMsg, StateView};
 use error::ApiError;
 pub use server::serve;
 
@@ -89,15 +89,16 @@ struct Api {
     node_id: String,
     bus: Bus,
     replica: ActorRef<ReplicaMsg>,
+    /// The state, as the replica last published it.
+    state: StateView,
     options: Arc<ApiOptions>,
     /// Requests in hand per model.
     queues: server::Queues,
 }
 
 impl Api {
-    async fn state(&self) -> Result<v1::ClusterState, ApiError> {
-        call_t!(self.replica, ReplicaMsg::GetState, crate::ACTOR_CALL_MS)
-            .map_err(|e| ApiError::internal(format!("reading the state: {e}")))
+    async fn state(&self) -> Result<Arc<v1::ClusterState>, ApiError> {
+        Ok(self.state.borrow().clone())
     }
 }
 

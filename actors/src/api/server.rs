@@ -18,6 +18,7 @@ use super::error::ApiError;
 use super::{anthropic, cluster, ollama, openai, responses, Api, ApiOptions};
 use crate::bus::Bus;
 use crate::replica::ReplicaMsg;
+use ractor::call_t;
 
 /// Serves the API until the task is aborted; returns the bound address.
 pub async fn serve(
@@ -45,10 +46,13 @@ pub async fn serve(
     let max_body = options.max_body_bytes;
     let listener = tokio::net::TcpListener::bind(options.listen).await?;
     let address = listener.local_addr()?;
+    let state = call_t!(replica, ReplicaMsg::Watch, crate::ACTOR_CALL_MS)
+        .map_err(|e| std::io::Error::other(format!("watching the state: {e}")))?;
     let api = Api {
         node_id,
         bus,
         replica,
+        state,
         queues: Queues::new(options.queue_limit),
         options: Arc::new(options),
     };
