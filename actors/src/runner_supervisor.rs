@@ -517,6 +517,18 @@ mod tests {
         }
     }
 
+    /// Hands the supervisor generation `t1` (command `c1`).
+    async fn order_generation(supervisor: &ActorRef<SupervisorMsg>) {
+        let task = v1::Task {
+            task_id: "t1".into(),
+            command_id: "c1".into(),
+            kind: Some(task::Kind::TextGeneration(v1::TextGenerationTask::default())),
+            ..Default::default()
+        };
+        let sent = ractor::call_t!(supervisor, SupervisorMsg::Order, 5000, Box::new(task));
+        assert!(sent.expect("an answer"));
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_child_that_dies_becomes_runner_failed_and_is_restarted_after_the_backoff() {
         let mut harness = Harness::new("supervisor-test-fail").await;
@@ -579,14 +591,7 @@ mod tests {
                 "while [ ! -s {path} ]; do sleep 0.02; done; exit 9"
             )))
             .await;
-        let task = v1::Task {
-            task_id: "t1".into(),
-            command_id: "c1".into(),
-            kind: Some(task::Kind::TextGeneration(v1::TextGenerationTask::default())),
-            ..Default::default()
-        };
-        let sent = ractor::call_t!(supervisor, SupervisorMsg::Order, 5000, Box::new(task));
-        assert!(sent.expect("an answer"));
+        order_generation(&supervisor).await;
         std::fs::write(&path, "go").expect("written");
         let chunk = tokio::time::timeout(Duration::from_secs(10), chunks.recv())
             .await
@@ -629,14 +634,7 @@ mod tests {
     async fn statuses_are_relayed_once_and_the_end_of_a_run_ends_its_task() {
         let mut harness = Harness::new("supervisor-test-relay").await;
         let supervisor = harness.supervise(shell("sleep 600")).await;
-        let task = v1::Task {
-            task_id: "t1".into(),
-            command_id: "c1".into(),
-            kind: Some(task::Kind::TextGeneration(v1::TextGenerationTask::default())),
-            ..Default::default()
-        };
-        let sent = ractor::call_t!(supervisor, SupervisorMsg::Order, 5000, Box::new(task));
-        assert!(sent.expect("an answer"));
+        order_generation(&supervisor).await;
         let ready = || v1::RunnerStatus {
             state: Some(Rs::Ready(v1::RunnerReady {})),
         };

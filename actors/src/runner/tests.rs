@@ -258,8 +258,9 @@ async fn one_rank_walks_walk_to_ready_runs_generations_in_turn_and_shuts_down() 
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancel_is_taken_in_while_the_engine_generates() {
+/// A ready runner running generation `t1`, whose every token waits for a
+/// send on the gate.
+async fn running_held_generation() -> (Harness, std::sync::mpsc::Sender<()>) {
     let (gate_tx, gate) = std::sync::mpsc::channel();
     let mut backend = fake(1000);
     backend.gate = Some(gate);
@@ -267,6 +268,12 @@ async fn a_cancel_is_taken_in_while_the_engine_generates() {
     h.walk_to_ready().await;
     h.order(generate("t1", 1000));
     assert!(matches!(h.status().await, Rs::Running(_)));
+    (h, gate_tx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_is_taken_in_while_the_engine_generates() {
+    let (mut h, gate_tx) = running_held_generation().await;
     gate_tx.send(()).expect("gate");
     assert!(matches!(
         kind(&h.chunk().await),
@@ -291,13 +298,7 @@ async fn a_cancel_is_taken_in_while_the_engine_generates() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_during_a_generation_ends_it_first() {
-    let (gate_tx, gate) = std::sync::mpsc::channel();
-    let mut backend = fake(1000);
-    backend.gate = Some(gate);
-    let mut h = start(0, 1, backend).await;
-    h.walk_to_ready().await;
-    h.order(generate("t1", 1000));
-    assert!(matches!(h.status().await, Rs::Running(_)));
+    let (mut h, gate_tx) = running_held_generation().await;
     h.order(Order::Shutdown);
     tokio::time::sleep(Duration::from_millis(50)).await;
     gate_tx.send(()).expect("gate");
