@@ -1,9 +1,10 @@
 //! Running a model's forward steps on one rank or across the ranks of a
 //! [`Group`] (DESIGN section 6, Sharding).
 //!
-//! Rank 0 drives: it tokenizes, samples and streams, and before each step
-//! it broadcasts a [`Step`] (the tokens, and how much of the KV cache every
-//! rank keeps). Every rank then runs the same [`Executor::execute`]:
+//! Rank 0 drives: it schedules, tokenizes, samples and streams, and before
+//! each step it broadcasts a [`Step`]: a batch of sequences' spans (their
+//! positions, tokens and block tables). Every rank then runs the same
+//! [`Executor::execute`]:
 //! - **tensor parallel**: all ranks run every layer on their slice and
 //!   all-reduce after attention and after the MLP; the logits are gathered;
 //! - **pipeline**: the first rank embeds, hidden states go to the next rank,
@@ -11,56 +12,89 @@
 //!   chunk that needs no logits returns at once on rank 0, so the next chunk
 //!   starts while later stages still work on this one (stages overlap).
 //!
-//! Only rank 0 samples, and the token it samples is in the next step every
-//! rank runs: ranks cannot drift apart. A step carries the cache length
-//! every rank must hold, and a rank that holds less says so.
+//! Only rank 0 samples and allocates blocks, and a step names every block
+//! it writes and reads: ranks cannot drift apart.
 
 use std::time::Duration;
 
 use crate::collectives::{CollectiveError, Group, SingleRank};
 use crate::model::transformer::ForwardError;
-use crate::model::{ForwardOutput, KvCache, StageInput, Transformer, Workspace};
+use crate::model::{ForwardOutput, SeqSpan, StageInput, Transformer, Workspace};
+use crate::paged::{BlockId, KvPool};
 use crate::threadpool::ThreadPool;
+
+/// One sequence's part of a [`Step::Batch`], as it travels between ranks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WireSpan {
+    /// The position of the span's first token.
+    pub start: usize,
+    /// Tokens of the step's input that belong to this sequence.
+    pub len: usize,
+    /// Whether rank 0 wants the logits after the span's last token.
+    pub logits: bool,
+    /// The sequence's blocks, for every position up to `start + len`.
+    pub table: Vec<BlockId>,
+}
+
+impl WireSpan {
+    fn as_span(&self) -> SeqSpan<'_> {
+        SeqSpan {
+            start: self.start,
+            len: self.len,
+            table: &self.table,
+            logits: self.logits,
+        }
+    }
+}
+
+/// Writes a [`Step::Batch`] of `spans` over `tokens` (see [`Step::encode`])
+/// without building one.
+fn encode_batch(spans: &[SeqSpan<'_>], tokens: &[u32], out: &mut Vec<u8>) {
+    out.clear();
+    let mut word = |w: u32| out.extend_from_slice(&w.to_le_bytes());
+    word(BATCH);
+    word(spans.len() as u32);
+    for span in spans {
+        word(span.start as u32);
+        word(span.len as u32);
+        word(u32::from(span.logits));
+        word(span.table.len() as u32);
+        for &block in span.table {
+            word(block);
+        }
+    }
+    for &t in tokens {
+        word(t);
+    }
+}
 
 /// What rank 0 tells every rank to do next.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
-    /// Keep the first `keep` cached positions, then run `tokens`.
-    Forward {
-        keep: usize,
-        /// Positions to reserve room for (the request's whole length).
-        reserve: usize,
+    /// Run `tokens`, span by span: every rank writes the same positions of
+    /// the same blocks, so every rank's pool holds the same sequences.
+    Batch {
+        spans: Vec<WireSpan>,
         tokens: Vec<u32>,
-        want_logits: bool,
     },
     /// The instance is done: leave [`Executor::serve`].
     Shutdown,
 }
 
-const FORWARD: u32 = 1;
+const BATCH: u32 = 3;
 const SHUTDOWN: u32 = 2;
 
 impl Step {
-    /// Little-endian u32 words: kind, keep, reserve, want_logits, count, tokens.
+    /// Little-endian u32 words: kind, span count, then per span start, len,
+    /// logits, table length and table, then the tokens.
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.clear();
         let mut word = |w: u32| out.extend_from_slice(&w.to_le_bytes());
         match self {
             Step::Shutdown => word(SHUTDOWN),
-            Step::Forward {
-                keep,
-                reserve,
-                tokens,
-                want_logits,
-            } => {
-                word(FORWARD);
-                word(*keep as u32);
-                word(*reserve as u32);
-                word(u32::from(*want_logits));
-                word(tokens.len() as u32);
-                for &t in tokens {
-                    word(t);
-                }
+            Step::Batch { spans, tokens } => {
+                let spans: Vec<SeqSpan<'_>> = spans.iter().map(WireSpan::as_span).collect();
+                encode_batch(&spans, tokens, out);
             }
         }
     }
@@ -75,18 +109,43 @@ impl Step {
             .collect();
         match words[..] {
             [SHUTDOWN] => Ok(Step::Shutdown),
-            [FORWARD, keep, reserve, want_logits, count, ref tokens @ ..]
-                if tokens.len() == count as usize && want_logits <= 1 && count > 0 =>
-            {
-                Ok(Step::Forward {
-                    keep: keep as usize,
-                    reserve: reserve as usize,
-                    tokens: tokens.to_vec(),
-                    want_logits: want_logits == 1,
-                })
-            }
+            [BATCH, count, ref rest @ ..] => Self::decode_batch(count as usize, rest),
             _ => Err(format!("an unknown step of {} words", words.len())),
         }
+    }
+
+    fn decode_batch(count: usize, mut words: &[u32]) -> Result<Self, String> {
+        let truncated = || "a batch step cut short".to_string();
+        let mut spans = Vec::with_capacity(count.min(words.len()));
+        let mut total = 0usize;
+        for _ in 0..count {
+            let [start, len, logits, blocks, ref rest @ ..] = words[..] else {
+                return Err(truncated());
+            };
+            let table = rest.get(..blocks as usize).ok_or_else(truncated)?;
+            if len == 0 || logits > 1 {
+                return Err(format!("a span of {len} tokens, logits flag {logits}"));
+            }
+            spans.push(WireSpan {
+                start: start as usize,
+                len: len as usize,
+                logits: logits == 1,
+                table: table.to_vec(),
+            });
+            total += len as usize;
+            words = &rest[blocks as usize..];
+        }
+        if spans.is_empty() || words.len() != total {
+            return Err(format!(
+                "a batch step of {} spans over {total} tokens carries {}",
+                spans.len(),
+                words.len()
+            ));
+        }
+        Ok(Step::Batch {
+            spans,
+            tokens: words.to_vec(),
+        })
     }
 }
 
@@ -99,12 +158,6 @@ pub enum ExecError {
     Collective(#[from] CollectiveError),
     #[error("rank {rank}: received {message}")]
     BadStep { rank: usize, message: String },
-    #[error("rank {rank} holds {held} cached positions but was told to keep {keep}: ranks are out of step")]
-    OutOfStep {
-        rank: usize,
-        held: usize,
-        keep: usize,
-    },
     #[error("rank {rank}: only rank 0 drives steps")]
     NotDriver { rank: usize },
 }
@@ -118,16 +171,15 @@ impl ExecError {
             ExecError::Collective(_)
                 | ExecError::Forward(ForwardError::Collective(_))
                 | ExecError::BadStep { .. }
-                | ExecError::OutOfStep { .. }
         )
     }
 }
 
-/// One rank's share of a model with its KV cache, scratch space, compute
+/// One rank's share of a model with its KV pool, scratch space, compute
 /// threads and group.
 pub struct Executor<'m> {
     transformer: &'m Transformer,
-    cache: KvCache,
+    kv: KvPool,
     workspace: Workspace,
     pool: ThreadPool,
     group: Box<dyn Group>,
@@ -147,7 +199,7 @@ impl<'m> Executor<'m> {
     pub fn new(transformer: &'m Transformer, threads: usize, group: Box<dyn Group>) -> Self {
         Self {
             transformer,
-            cache: transformer.new_cache(),
+            kv: KvPool::new(transformer.layer_count(), transformer.config.kv_dim()),
             workspace: Workspace::default(),
             pool: ThreadPool::new(threads),
             group,
@@ -166,42 +218,41 @@ impl<'m> Executor<'m> {
         self.group.size()
     }
 
-    /// Positions in this rank's KV cache.
-    pub fn cached(&self) -> usize {
-        self.cache.len()
+    /// This rank's shard.
+    pub fn transformer(&self) -> &'m Transformer {
+        self.transformer
     }
 
-    /// Bytes of this rank's KV cache.
-    pub fn cache_bytes(&self) -> usize {
-        self.cache.size_bytes()
+    /// Bytes of this rank's KV pool.
+    pub fn kv_bytes(&self) -> usize {
+        self.kv.size_bytes()
     }
 
-    /// Rank 0: every rank keeps `keep` cached positions and runs `tokens`
-    /// after them. Returns the logits of the last token if `want_logits`.
+    /// Grows this rank's pool to `blocks` now rather than on first use
+    /// (rank 0 knows the instance's budget; the others grow as steps name
+    /// their blocks).
+    pub fn reserve_blocks(&mut self, blocks: usize) {
+        self.kv.ensure_blocks(blocks);
+    }
+
+    /// Rank 0: every rank runs `tokens`, span by span. Returns one row of
+    /// logits per span that asks for them, in span order.
     pub fn step(
         &mut self,
-        keep: usize,
-        reserve: usize,
+        spans: &[SeqSpan<'_>],
         tokens: &[u32],
-        want_logits: bool,
     ) -> Result<Option<&[f32]>, ExecError> {
         if self.rank() != 0 {
             return Err(ExecError::NotDriver { rank: self.rank() });
         }
         if self.world_size() > 1 {
-            Step::Forward {
-                keep,
-                reserve,
-                tokens: tokens.to_vec(),
-                want_logits,
-            }
-            .encode(&mut self.message);
+            encode_batch(spans, tokens, &mut self.message);
             let mut message = std::mem::take(&mut self.message);
             let sent = self.group.broadcast_bytes(0, &mut message);
             self.message = message;
             sent?;
         }
-        self.execute(keep, reserve, tokens, want_logits)
+        self.execute(spans, tokens)
     }
 
     /// Rank 0: tells the other ranks to leave [`Executor::serve`].
@@ -236,13 +287,9 @@ impl<'m> Executor<'m> {
             match step? {
                 Err(message) => return Err(ExecError::BadStep { rank, message }),
                 Ok(Step::Shutdown) => return Ok(()),
-                Ok(Step::Forward {
-                    keep,
-                    reserve,
-                    tokens,
-                    want_logits,
-                }) => {
-                    self.execute(keep, reserve, &tokens, want_logits)?;
+                Ok(Step::Batch { spans, tokens }) => {
+                    let spans: Vec<SeqSpan<'_>> = spans.iter().map(WireSpan::as_span).collect();
+                    self.execute(&spans, &tokens)?;
                 }
             }
         }
@@ -261,38 +308,41 @@ impl<'m> Executor<'m> {
     /// This rank's part of one step.
     fn execute(
         &mut self,
-        keep: usize,
-        reserve: usize,
+        spans: &[SeqSpan<'_>],
         tokens: &[u32],
-        want_logits: bool,
     ) -> Result<Option<&[f32]>, ExecError> {
         let rank = self.group.rank();
-        if keep > self.cache.len() {
-            return Err(ExecError::OutOfStep {
+        let most = spans
+            .iter()
+            .flat_map(|s| s.table.iter())
+            .max()
+            .map_or(0, |&b| b as usize + 1);
+        if most > MAX_POOL_BLOCKS {
+            return Err(ExecError::BadStep {
                 rank,
-                held: self.cache.len(),
-                keep,
+                message: format!("a block id of {most} (at most {MAX_POOL_BLOCKS})"),
             });
         }
-        self.cache.truncate(keep);
-        self.cache.reserve(reserve);
+        self.kv.ensure_blocks(most);
         let model = self.transformer;
-        let hidden = model.config.hidden;
+        let (hidden, vocab) = (model.config.hidden, model.config.vocab);
+        let wanted = spans.iter().filter(|s| s.logits).count();
         let group = self.group.as_mut();
         let input = if model.is_first_stage() {
             StageInput::Tokens(tokens)
         } else {
-            self.hidden.resize(tokens.len() * hidden, 0.0);
+            let rows: usize = spans.iter().map(|s| s.len).sum();
+            self.hidden.resize(rows * hidden, 0.0);
             group.recv_prev(&mut self.hidden)?;
             StageInput::Hidden(&self.hidden)
         };
-        let out = model.forward_in(
+        let out = model.forward_batch(
             input,
-            &mut self.cache,
+            spans,
+            &mut self.kv,
             &mut self.workspace,
             &self.pool,
             group,
-            want_logits,
         )?;
         let mut have_logits = false;
         match out {
@@ -309,14 +359,19 @@ impl<'m> Executor<'m> {
             ForwardOutput::Hidden(x) if !model.is_last_stage() => group.send_next(x)?,
             ForwardOutput::Hidden(_) => {}
         }
-        if rank == 0 && want_logits && !have_logits {
-            self.logits.resize(model.config.vocab, 0.0);
+        if rank == 0 && wanted > 0 && !have_logits {
+            self.logits.resize(wanted * vocab, 0.0);
             group.recv_prev(&mut self.logits)?;
             have_logits = true;
         }
         Ok(have_logits.then_some(&self.logits[..]))
     }
 }
+
+/// The most blocks a step may name: a rank grows its pool to what rank 0
+/// asks, and this keeps a corrupt step from asking for all memory (2^20
+/// blocks of 16 positions is 16M positions).
+const MAX_POOL_BLOCKS: usize = 1 << 20;
 
 impl Drop for Executor<'_> {
     fn drop(&mut self) {
@@ -338,11 +393,22 @@ mod tests {
         let mut bytes = Vec::new();
         for step in [
             Step::Shutdown,
-            Step::Forward {
-                keep: 7,
-                reserve: 300,
+            Step::Batch {
+                spans: vec![
+                    WireSpan {
+                        start: 7,
+                        len: 2,
+                        logits: true,
+                        table: vec![4, 9],
+                    },
+                    WireSpan {
+                        start: 0,
+                        len: 1,
+                        logits: false,
+                        table: vec![0],
+                    },
+                ],
                 tokens: vec![1, 2, 49151],
-                want_logits: true,
             },
         ] {
             step.encode(&mut bytes);
@@ -351,11 +417,11 @@ mod tests {
         assert!(Step::decode(&[]).is_err());
         assert!(Step::decode(&[1, 2, 3]).is_err());
         assert!(Step::decode(&[9, 0, 0, 0]).is_err());
-        // A token count that does not match the tokens that follow.
-        let mut short = Vec::new();
-        for w in [FORWARD, 0, 0, 1, 5, 1] {
-            short.extend_from_slice(&w.to_le_bytes());
-        }
-        assert!(Step::decode(&short).is_err());
+        let words = |ws: &[u32]| ws.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
+        // Spans of 3 tokens followed by 1 token; a table longer than what follows.
+        assert!(Step::decode(&words(&[BATCH, 1, 0, 3, 1, 1, 0, 5])).is_err());
+        assert!(Step::decode(&words(&[BATCH, 1, 0, 1, 1, 9, 0])).is_err());
+        assert!(Step::decode(&words(&[BATCH, 0])).is_err());
+        assert!(Step::decode(&words(&[BATCH, 1, 0, 1, 1, 1, 0, 5])).is_ok());
     }
 }

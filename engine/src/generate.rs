@@ -1,5 +1,6 @@
-//! Text generation on one machine: a loaded model, and sessions that keep a
-//! KV cache between requests (a shared prompt prefix is not recomputed).
+//! Text generation: a loaded model, and sessions that run one request at a
+//! time on a [`crate::batch::Batch`] (a shared prompt prefix is not
+//! recomputed).
 //!
 //! A request goes prompt → tokens → chunked prefill (with progress) →
 //! decode loop: sample, detokenize without splitting UTF-8, hold back text
@@ -7,21 +8,18 @@
 
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
+use crate::batch::{Batch, BatchConfig, SeqEvent, SeqId};
 use crate::chat_template::{ChatMessage, ChatTemplate, CHATML_TEMPLATE};
 use crate::executor::{ExecError, Executor};
 use crate::gguf::GgufFile;
 use crate::hf_source::HfSource;
-use crate::memory;
 use crate::model::transformer::ForwardError;
 use crate::model::{LoadError, Transformer};
-use crate::output_parser::{OutputFormat, OutputParser, ParsedChunk};
-use crate::sampler::{Sampler, SamplingError, SamplingParams};
+use crate::output_parser::{OutputFormat, ParsedChunk};
+use crate::sampler::{SamplingError, SamplingParams};
 use crate::shard::ShardSpec;
-use crate::stop::StopMatcher;
 use crate::tokenizer::{Tokenizer, TokenizerError};
-use crate::utf8_stream::Utf8Stream;
 
 /// Everything that can go wrong in loading or generating.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +45,12 @@ pub enum EngineError {
         needed: usize,
         context: usize,
     },
+    #[error("the prompt has {prompt} tokens; with max_tokens {max_tokens} it needs more than the {capacity} positions this instance's KV cache holds")]
+    BeyondKvCache {
+        prompt: usize,
+        max_tokens: usize,
+        capacity: usize,
+    },
     #[error("max_tokens must be at least 1")]
     ZeroMaxTokens,
     #[error(transparent)]
@@ -66,6 +70,7 @@ impl EngineError {
             Self::Template(_)
                 | Self::EmptyPrompt
                 | Self::PromptTooLong { .. }
+                | Self::BeyondKvCache { .. }
                 | Self::ZeroMaxTokens
                 | Self::Sampling(_)
         )
@@ -98,7 +103,8 @@ pub struct GenerateRequest {
     pub ignore_eos: bool,
     /// Prompt tokens per forward pass during prefill.
     pub prefill_chunk: usize,
-    /// Reuse the KV cache for a prompt prefix shared with the last request.
+    /// Take the prompt's leading whole KV blocks from the prefix cache when
+    /// an earlier request computed them.
     pub reuse_prefix: bool,
     /// Record each generated token's logprob (and `sampling.top_logprobs`
     /// alternatives) in [`GenerationOutput::logprobs`].
@@ -190,6 +196,21 @@ pub struct GenerationOutput {
     pub chunks: Vec<ParsedChunk>,
     pub finish_reason: FinishReason,
     pub stats: GenerationStats,
+}
+
+impl GenerationOutput {
+    /// A request cancelled while it waited: nothing ran.
+    pub fn cancelled_before_start() -> Self {
+        Self {
+            prompt_tokens: Vec::new(),
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            text: String::new(),
+            chunks: Vec::new(),
+            finish_reason: FinishReason::Cancelled,
+            stats: GenerationStats::default(),
+        }
+    }
 }
 
 /// A model loaded for single-machine generation.
@@ -317,14 +338,16 @@ fn output_format_for(tokenizer: &Tokenizer) -> OutputFormat {
     }
 }
 
-/// A conversation context on one model: KV cache, scratch and threads, on
-/// this machine or driving the ranks of a distributed instance (rank 0).
+/// A conversation context on one model: one request at a time on a
+/// [`Batch`] of one, on this machine or driving the ranks of a distributed
+/// instance (rank 0). Prompt prefixes of earlier requests are taken from
+/// the KV cache in whole blocks.
 pub struct Session<'m> {
-    model: &'m LoadedModel,
-    executor: Executor<'m>,
-    cached_tokens: Vec<u32>,
-    logits: Vec<f32>,
+    batch: Batch<'m>,
 }
+
+/// The one sequence of a session.
+const SESSION_SEQ: SeqId = 0;
 
 impl<'m> Session<'m> {
     pub fn new(model: &'m LoadedModel, threads: usize) -> Self {
@@ -334,56 +357,31 @@ impl<'m> Session<'m> {
     /// Rank 0 of a distributed instance: `model` holds rank 0's shard and
     /// `executor` its group.
     pub fn with_executor(model: &'m LoadedModel, executor: Executor<'m>) -> Self {
+        let context = model.transformer.config.context_length;
+        let config = BatchConfig {
+            // The request's own prefill chunk decides, as before batching.
+            step_tokens: context,
+            ..BatchConfig::for_context(1, context)
+        };
         Self {
-            model,
-            executor,
-            cached_tokens: Vec::new(),
-            logits: Vec::new(),
+            batch: Batch::new(model, executor, config),
         }
     }
 
     /// The executor (for shutting a distributed instance down).
     pub fn executor(&mut self) -> &mut Executor<'m> {
-        &mut self.executor
+        self.batch.executor()
     }
 
-    /// Forgets the conversation.
+    /// Forgets the conversation (the next request starts cold).
     pub fn reset(&mut self) {
-        self.cached_tokens.clear();
-    }
-
-    /// Runs `tokens` after the first `keep` cached ones on every rank.
-    fn run(
-        &mut self,
-        keep: usize,
-        reserve: usize,
-        tokens: &[u32],
-        want_logits: bool,
-    ) -> Result<(), EngineError> {
-        let result = self.executor.step(keep, reserve, tokens, want_logits);
-        match result {
-            Ok(logits) => {
-                if let Some(logits) = logits {
-                    self.logits.clear();
-                    self.logits.extend_from_slice(logits);
-                }
-                self.cached_tokens.truncate(keep);
-                self.cached_tokens.extend_from_slice(tokens);
-                Ok(())
-            }
-            Err(error) => {
-                // Nothing cached can be trusted after a failed step.
-                self.cached_tokens.clear();
-                Err(error.into())
-            }
-        }
+        self.batch.clear_cache();
     }
 
     /// Runs `tokens` from an empty cache and returns the logits after the
     /// last one (for comparisons against reference engines).
     pub fn logits_for(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {
-        self.run(0, tokens.len(), tokens, true)?;
-        Ok(&self.logits)
+        self.batch.logits_for(tokens)
     }
 
     /// Runs one request. `on_event` may return `Break` to cancel.
@@ -392,197 +390,19 @@ impl<'m> Session<'m> {
         request: &GenerateRequest,
         mut on_event: impl FnMut(GenerationEvent<'_>) -> ControlFlow<()>,
     ) -> Result<GenerationOutput, EngineError> {
-        let started = Instant::now();
-        let model = self.model;
-        if request.max_tokens == 0 {
-            return Err(EngineError::ZeroMaxTokens);
-        }
-        request.sampling.validate()?;
-        let prompt = model.tokenize(&request.prompt)?;
-        let context = model.transformer.config.context_length;
-        let needed = prompt.len() + request.max_tokens;
-        if prompt.len() >= context || needed > context {
-            return Err(EngineError::PromptTooLong {
-                prompt: prompt.len(),
-                max_tokens: request.max_tokens,
-                needed,
-                context,
-            });
-        }
-        let vocab = model.transformer.config.vocab;
-        let mut sampler = Sampler::new(request.sampling.clone(), vocab)?;
-
-        // Keep the cached prefix, but always recompute at least one token.
-        let mut reuse = 0;
-        if request.reuse_prefix {
-            reuse = common_prefix(&self.cached_tokens, &prompt).min(prompt.len() - 1);
-        }
-        self.cached_tokens.truncate(reuse);
-
-        let chunk = request.prefill_chunk.max(1);
-        let pending = &prompt[reuse..];
-        let pieces = pending.len().div_ceil(chunk);
-        let mut done = 0;
-        let mut cancelled = false;
-        for (index, piece) in pending.chunks(chunk).enumerate() {
-            let keep = self.cached_tokens.len();
-            self.run(keep, needed, piece, index + 1 == pieces)?;
-            done += piece.len();
-            if on_event(GenerationEvent::PrefillProgress {
-                done,
-                total: pending.len(),
-            })
-            .is_break()
-            {
-                cancelled = true;
-                break;
-            }
-        }
-        let prefill_seconds = started.elapsed().as_secs_f64();
-
-        let mut history = prompt.clone();
-        let mut tokens = Vec::with_capacity(request.max_tokens);
-        let mut logprobs = Vec::new();
-        let mut text = String::new();
-        let mut chunks = Vec::new();
-        let mut utf8 = Utf8Stream::new();
-        let mut stops = StopMatcher::new(request.stop.clone());
-        let mut parser = OutputParser::new(model.output_format.clone());
-        let mut piece = String::new();
-        let mut first_token_at = None;
-        let mut finish = if cancelled {
-            FinishReason::Cancelled
-        } else {
-            FinishReason::Length
-        };
-        let decode_started = Instant::now();
-        while !cancelled && tokens.len() < request.max_tokens {
-            let sampled = sampler.sample(&mut self.logits, &history);
-            let id = sampled.token;
-            first_token_at.get_or_insert_with(|| started.elapsed().as_secs_f64());
-            tokens.push(id);
-            history.push(id);
-            if request.logprobs {
-                logprobs.push(TokenLogprob {
-                    token: id,
-                    logprob: sampled.logprob,
-                    top: sampled.top_logprobs.clone(),
-                });
-            }
-            let end_of_generation = !request.ignore_eos && model.tokenizer.eog_ids().contains(&id);
-            if end_of_generation || request.stop_token_ids.contains(&id) {
-                finish = FinishReason::Stop;
-                break;
-            }
-            piece.clear();
-            if !model.tokenizer.is_control(id) {
-                utf8.push_into(model.tokenizer.token_bytes(id), &mut piece);
-            }
-            let outcome = stops.push(&piece);
-            let flow = emit(
-                &mut on_event,
-                id,
-                &outcome.emit,
-                &sampled,
-                &mut parser,
-                &mut text,
-                &mut chunks,
-            );
-            if outcome.stopped.is_some() {
-                finish = FinishReason::StopString;
-                break;
-            }
-            if flow.is_break() {
-                finish = FinishReason::Cancelled;
-                break;
-            }
-            if tokens.len() == request.max_tokens {
-                break;
-            }
-            // Feed the token back for the next step.
-            let keep = self.cached_tokens.len();
-            self.run(keep, needed, &[id], true)?;
-        }
-        // Release what was held back (unless a stop string cut it).
-        if finish != FinishReason::StopString {
-            let mut tail = utf8.finish();
-            tail = format!("{}{}", stops.push(&tail).emit, stops.finish());
-            if !tail.is_empty() {
-                for chunk in parser.push(&tail) {
-                    let _ = on_event(GenerationEvent::Parsed(&chunk));
-                    chunks.push(chunk);
+        self.batch.submit(SESSION_SEQ, request.clone())?;
+        let mut output = None;
+        while output.is_none() && !self.batch.is_idle() {
+            self.batch.step(&mut |_, event| match event {
+                SeqEvent::Generation(event) => on_event(event),
+                SeqEvent::Finished(done) => {
+                    output = Some(done);
+                    ControlFlow::Continue(())
                 }
-                text.push_str(&tail);
-            }
+                SeqEvent::Failed(_) => ControlFlow::Continue(()),
+            })?;
         }
-        for chunk in parser.finish() {
-            let _ = on_event(GenerationEvent::Parsed(&chunk));
-            chunks.push(chunk);
-        }
-        let decode_seconds = decode_started.elapsed().as_secs_f64();
-        let ttft = first_token_at.unwrap_or(prefill_seconds);
-        let stats = GenerationStats {
-            prompt_tokens: prompt.len(),
-            prefilled_tokens: pending.len(),
-            generated_tokens: tokens.len(),
-            prefill_seconds,
-            prefill_tokens_per_second: per_second(pending.len(), prefill_seconds),
-            decode_seconds,
-            decode_tokens_per_second: per_second(
-                tokens.len().saturating_sub(1),
-                (started.elapsed().as_secs_f64() - ttft).max(0.0),
-            ),
-            time_to_first_token_seconds: ttft,
-            peak_rss_bytes: memory::peak_rss_bytes(),
-        };
-        Ok(GenerationOutput {
-            prompt_tokens: prompt,
-            tokens,
-            logprobs,
-            text,
-            chunks,
-            finish_reason: finish,
-            stats,
-        })
-    }
-}
-
-fn emit(
-    on_event: &mut impl FnMut(GenerationEvent<'_>) -> ControlFlow<()>,
-    id: u32,
-    released: &str,
-    sampled: &crate::sampler::Sampled,
-    parser: &mut OutputParser,
-    text: &mut String,
-    chunks: &mut Vec<ParsedChunk>,
-) -> ControlFlow<()> {
-    text.push_str(released);
-    let mut flow = on_event(GenerationEvent::Token {
-        id,
-        text: released,
-        logprob: sampled.logprob,
-        top_logprobs: &sampled.top_logprobs,
-    });
-    if !released.is_empty() {
-        for chunk in parser.push(released) {
-            if on_event(GenerationEvent::Parsed(&chunk)).is_break() {
-                flow = ControlFlow::Break(());
-            }
-            chunks.push(chunk);
-        }
-    }
-    flow
-}
-
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
-fn per_second(count: usize, seconds: f64) -> f64 {
-    if seconds > 0.0 {
-        count as f64 / seconds
-    } else {
-        0.0
+        output.ok_or(EngineError::Forward(ForwardError::Empty))
     }
 }
 

@@ -27,6 +27,7 @@
 //! - **Decoding allocates nothing per token** in the forward pass: buffers
 //!   live in [`model::Workspace`] and the KV cache reserves its room up front.
 
+pub mod batch;
 pub mod chat_template;
 pub mod collectives;
 pub mod executor;
@@ -40,6 +41,7 @@ pub mod memory;
 pub mod model;
 pub mod ops;
 pub mod output_parser;
+pub mod paged;
 pub mod quant;
 pub mod sampler;
 pub mod shard;

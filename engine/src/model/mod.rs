@@ -12,5 +12,5 @@ pub mod transformer;
 pub mod weights;
 
 pub use config::{Architecture, ModelConfig, RopeScaling};
-pub use transformer::{ForwardOutput, KvCache, StageInput, Transformer, Workspace};
+pub use transformer::{ForwardOutput, KvCache, SeqSpan, StageInput, Transformer, Workspace};
 pub use weights::{LoadError, Matrix, TensorSource};

@@ -10,6 +10,7 @@ use half::f16;
 use super::config::ModelConfig;
 use super::weights::{LoadError, Matrix, TensorSource};
 use crate::collectives::{CollectiveError, Group, SingleRank};
+use crate::paged::{blocks_for, BlockId, KvPool, BLOCK_TOKENS};
 use crate::ops;
 use crate::quant::Activations;
 use crate::shard::{split_evenly, ShardError, ShardSpec};
@@ -65,22 +66,21 @@ pub enum ForwardOutput<'a> {
     Hidden(&'a [f32]),
 }
 
-/// The keys and values of every position so far, for the layers of a shard,
-/// in f16 (as llama.cpp keeps them: half the memory, and the same rounding).
+/// One sequence's keys and values, for callers that run one sequence at a
+/// time (tests, reference comparisons): a private [`KvPool`] whose blocks
+/// are the sequence's table in order.
 pub struct KvCache {
-    keys: Vec<Vec<f16>>,
-    values: Vec<Vec<f16>>,
+    pool: KvPool,
+    table: Vec<BlockId>,
     len: usize,
-    kv_dim: usize,
 }
 
 impl KvCache {
     pub fn new(config: &ModelConfig, layers: usize) -> Self {
         Self {
-            keys: vec![Vec::new(); layers],
-            values: vec![Vec::new(); layers],
+            pool: KvPool::new(layers, config.kv_dim()),
+            table: Vec::new(),
             len: 0,
-            kv_dim: config.kv_dim(),
         }
     }
 
@@ -100,37 +100,34 @@ impl KvCache {
 
     /// Keeps the first `len` positions (a shared prompt prefix).
     pub fn truncate(&mut self, len: usize) {
-        let len = len.min(self.len);
-        for cache in self.keys.iter_mut().chain(self.values.iter_mut()) {
-            cache.truncate(len * self.kv_dim);
-        }
-        self.len = len;
-    }
-
-    /// Drops what layers appended beyond `len` positions (a failed step).
-    fn truncate_layers(&mut self, len: usize) {
-        for cache in self.keys.iter_mut().chain(self.values.iter_mut()) {
-            cache.truncate(len * self.kv_dim);
-        }
-        self.len = self.len.min(len);
+        self.len = len.min(self.len);
     }
 
     /// Reserves room for `positions` in total, so decoding never reallocates.
     pub fn reserve(&mut self, positions: usize) {
-        let want = positions * self.kv_dim;
-        for cache in self.keys.iter_mut().chain(self.values.iter_mut()) {
-            cache.reserve(want.saturating_sub(cache.len()));
+        let blocks = blocks_for(positions);
+        self.pool.ensure_blocks(blocks);
+        while self.table.len() < blocks {
+            self.table.push(self.table.len() as BlockId);
         }
     }
 
     /// Bytes held.
     pub fn size_bytes(&self) -> usize {
-        self.keys
-            .iter()
-            .chain(&self.values)
-            .map(|c| c.capacity() * 2)
-            .sum()
+        self.pool.size_bytes()
     }
+}
+
+/// One sequence's share of a batched step: its tokens are the next `len`
+/// of the step's input, at positions `start..start + len`, their keys and
+/// values go to (and attention reads) the blocks of `table`.
+#[derive(Clone, Copy, Debug)]
+pub struct SeqSpan<'a> {
+    pub start: usize,
+    pub len: usize,
+    pub table: &'a [BlockId],
+    /// Whether the step returns logits for the span's last token.
+    pub logits: bool,
 }
 
 /// Scratch buffers of the forward pass, sized once for the largest batch so
@@ -153,6 +150,11 @@ pub struct Workspace {
     scores_stride: usize,
     cos: Vec<f32>,
     sin: Vec<f32>,
+    /// Each token's position in its sequence, and its span's index.
+    positions: Vec<usize>,
+    token_span: Vec<u32>,
+    /// A tensor rank's gathered logits, before they are put in order.
+    gathered: Vec<f32>,
     acts: Activations,
 }
 
@@ -171,6 +173,8 @@ impl Workspace {
             resize(&mut self.up, tokens * config.ffn);
             resize(&mut self.cos, tokens * config.rotary_dims / 2);
             resize(&mut self.sin, tokens * config.rotary_dims / 2);
+            self.positions.resize(tokens, 0);
+            self.token_span.resize(tokens, 0);
             self.capacity = tokens;
         }
         if self.logits.len() < config.vocab {
@@ -180,6 +184,19 @@ impl Workspace {
         if stride > self.scores_stride || self.scores.len() < stride * threads {
             self.scores_stride = stride.max(self.scores_stride);
             self.scores.resize(self.scores_stride * threads, 0.0);
+        }
+    }
+}
+
+impl Workspace {
+    fn index_tokens(&mut self, spans: &[SeqSpan<'_>]) {
+        let mut t = 0;
+        for (index, span) in spans.iter().enumerate() {
+            for position in span.start..span.start + span.len {
+                self.positions[t] = position;
+                self.token_span[t] = index as u32;
+                t += 1;
+            }
         }
     }
 }
@@ -202,6 +219,14 @@ pub enum ForwardError {
     ContextOverflow { position: usize, context: usize },
     #[error("empty input")]
     Empty,
+    #[error("the batch's spans cover {spans} tokens, the input has {tokens} (or a span is empty)")]
+    SpanMismatch { tokens: usize, spans: usize },
+    #[error("a block table of {blocks} blocks cannot hold {positions} positions in a pool of {pool} blocks")]
+    BlockTable {
+        positions: usize,
+        blocks: usize,
+        pool: usize,
+    },
     #[error("quantized matmul: {0}")]
     Kernel(#[from] candle_core::Error),
     #[error(transparent)]
@@ -478,6 +503,11 @@ impl Transformer {
         self.layer_range.end == self.config.layers
     }
 
+    /// Layers this shard holds.
+    pub fn layer_count(&self) -> usize {
+        self.layers.len()
+    }
+
     /// A KV cache for this shard's layers.
     pub fn new_cache(&self) -> KvCache {
         KvCache::new(&self.config, self.layers.len())
@@ -533,6 +563,39 @@ impl Transformer {
         group: &mut dyn Group,
         want_logits: bool,
     ) -> Result<ForwardOutput<'w>, ForwardError> {
+        let tokens = match &input {
+            StageInput::Tokens(t) => t.len(),
+            StageInput::Hidden(h) => h.len() / self.config.hidden,
+        };
+        let start = cache.len;
+        cache.reserve(start + tokens);
+        let span = SeqSpan {
+            start,
+            len: tokens,
+            table: &cache.table,
+            logits: want_logits,
+        };
+        let out = self.forward_batch(input, &[span], &mut cache.pool, ws, pool, group)?;
+        cache.len = start + tokens;
+        Ok(out)
+    }
+
+    /// One step over a batch of sequences: `input` holds every span's
+    /// tokens (or hidden states) one after another. Each token attends to
+    /// its own sequence's cache only, and each row of every product is
+    /// computed alone, so a sequence's results do not depend on what else
+    /// is in the batch. The last stage returns one row of logits per span
+    /// that asks for them, in span order; other stages the hidden states of
+    /// every token.
+    pub fn forward_batch<'w>(
+        &self,
+        input: StageInput<'_>,
+        spans: &[SeqSpan<'_>],
+        kv: &mut KvPool,
+        ws: &'w mut Workspace,
+        pool: &ThreadPool,
+        group: &mut dyn Group,
+    ) -> Result<ForwardOutput<'w>, ForwardError> {
         let cfg = &self.config;
         let hidden = cfg.hidden;
         let tokens = match &input {
@@ -542,14 +605,83 @@ impl Transformer {
         if tokens == 0 {
             return Err(ForwardError::Empty);
         }
-        let start = cache.len();
-        if start + tokens > cfg.context_length {
-            return Err(ForwardError::ContextOverflow {
-                position: start + tokens,
-                context: cfg.context_length,
+        let context = self.check_spans(spans, tokens, kv)?;
+        ws.ensure(cfg, tokens, context, pool.threads());
+        ws.index_tokens(spans);
+        self.embed_input(input, tokens, ws)?;
+
+        let pairs = cfg.rotary_dims / 2;
+        for t in 0..tokens {
+            ops::rope_angles(
+                ws.positions[t],
+                cfg.rotary_dims,
+                cfg.rope_theta,
+                cfg.rope_freq_scale(),
+                self.rope_freq_factors.as_deref(),
+                &mut ws.cos[t * pairs..(t + 1) * pairs],
+                &mut ws.sin[t * pairs..(t + 1) * pairs],
+            );
+        }
+        for (index, layer) in self.layers.iter().enumerate() {
+            self.layer_forward(layer, index, tokens, spans, kv, ws, pool, group)?;
+        }
+        let wanted = spans.iter().filter(|s| s.logits).count();
+        if !self.is_last_stage() || wanted == 0 {
+            return Ok(ForwardOutput::Hidden(&ws.x[..tokens * hidden]));
+        }
+        self.head(spans, wanted, ws, pool, group)
+    }
+
+    /// Checks the spans against the input and the pool; returns the longest
+    /// context any of them reaches.
+    fn check_spans(
+        &self,
+        spans: &[SeqSpan<'_>],
+        tokens: usize,
+        kv: &KvPool,
+    ) -> Result<usize, ForwardError> {
+        let covered: usize = spans.iter().map(|s| s.len).sum();
+        if covered != tokens || spans.iter().any(|s| s.len == 0) {
+            return Err(ForwardError::SpanMismatch {
+                tokens,
+                spans: covered,
             });
         }
-        ws.ensure(cfg, tokens, start + tokens, pool.threads());
+        let mut context = 0;
+        for span in spans {
+            let end = span.start + span.len;
+            if end > self.config.context_length {
+                return Err(ForwardError::ContextOverflow {
+                    position: end,
+                    context: self.config.context_length,
+                });
+            }
+            let blocks = blocks_for(end);
+            if span.table.len() < blocks
+                || span.table[..blocks]
+                    .iter()
+                    .any(|&b| b as usize >= kv.blocks())
+            {
+                return Err(ForwardError::BlockTable {
+                    positions: end,
+                    blocks: span.table.len(),
+                    pool: kv.blocks(),
+                });
+            }
+            context = context.max(end);
+        }
+        Ok(context)
+    }
+
+    /// Fills `ws.x` with the input's embeddings or hidden states.
+    fn embed_input(
+        &self,
+        input: StageInput<'_>,
+        tokens: usize,
+        ws: &mut Workspace,
+    ) -> Result<(), ForwardError> {
+        let cfg = &self.config;
+        let hidden = cfg.hidden;
         let x = &mut ws.x[..tokens * hidden];
         match input {
             StageInput::Tokens(ids) => {
@@ -578,70 +710,75 @@ impl Transformer {
                 x.copy_from_slice(h);
             }
         }
+        Ok(())
+    }
 
-        let pairs = cfg.rotary_dims / 2;
-        for t in 0..tokens {
-            ops::rope_angles(
-                start + t,
-                cfg.rotary_dims,
-                cfg.rope_theta,
-                cfg.rope_freq_scale(),
-                self.rope_freq_factors.as_deref(),
-                &mut ws.cos[t * pairs..(t + 1) * pairs],
-                &mut ws.sin[t * pairs..(t + 1) * pairs],
-            );
-        }
-        cache.reserve(start + tokens);
-        for (index, layer) in self.layers.iter().enumerate() {
-            if let Err(error) =
-                self.layer_forward(layer, index, tokens, start, cache, ws, pool, group)
-            {
-                // Layers before this one appended; drop the partial step.
-                cache.truncate_layers(start);
-                return Err(error);
-            }
-        }
-        cache.len = start + tokens;
-
-        if !self.is_last_stage() || !want_logits {
-            return Ok(ForwardOutput::Hidden(&ws.x[..tokens * hidden]));
-        }
-        // Only the last token's logits are needed to sample.
-        let last = &ws.x[(tokens - 1) * hidden..tokens * hidden];
+    /// The final norm and the LM head over the last token of each span that
+    /// wants logits: `wanted` rows of `vocab`.
+    fn head<'w>(
+        &self,
+        spans: &[SeqSpan<'_>],
+        wanted: usize,
+        ws: &'w mut Workspace,
+        pool: &ThreadPool,
+        group: &mut dyn Group,
+    ) -> Result<ForwardOutput<'w>, ForwardError> {
+        let cfg = &self.config;
+        let (hidden, vocab) = (cfg.hidden, cfg.vocab);
         let norm = self.final_norm.as_deref().unwrap_or(&[]);
-        ops::rms_norm(last, norm, cfg.norm_eps, &mut ws.normed[..hidden]);
-        ws.acts.set(&ws.normed[..hidden], 1, hidden);
-        if let Some(slice) = &self.tensor {
-            // Each rank computes its rows of the vocabulary; all gather.
-            if slice.vocab_counts.len() != group.size() {
-                return Err(ForwardError::GroupSize {
-                    expected: slice.vocab_counts.len(),
-                    actual: group.size(),
-                });
+        let mut row = 0;
+        let mut end = 0;
+        for span in spans {
+            end += span.len;
+            if span.logits {
+                let last = &ws.x[(end - 1) * hidden..end * hidden];
+                let out = &mut ws.normed[row * hidden..(row + 1) * hidden];
+                ops::rms_norm(last, norm, cfg.norm_eps, out);
+                row += 1;
             }
-            let local = slice.head.rows();
-            ws.local_logits.resize(local, 0.0);
-            slice.head.matmul(
-                &mut ws.acts,
-                1,
-                &ws.normed[..hidden],
-                &mut ws.local_logits,
-                pool,
-            )?;
-            group.all_gather(
-                &ws.local_logits,
-                &slice.vocab_counts,
-                &mut ws.logits[..cfg.vocab],
-            )?;
-            return Ok(ForwardOutput::Logits(&ws.logits[..cfg.vocab]));
         }
-        let head = self
-            .output
-            .as_ref()
-            .or(self.embeddings.as_ref())
-            .ok_or(ForwardError::NotFirstStage)?;
-        head.matmul(&mut ws.acts, 1, &ws.normed[..hidden], &mut ws.logits, pool)?;
-        Ok(ForwardOutput::Logits(&ws.logits[..cfg.vocab]))
+        let normed = &ws.normed[..wanted * hidden];
+        ws.acts.set(normed, wanted, hidden);
+        if ws.logits.len() < wanted * vocab {
+            ws.logits.resize(wanted * vocab, 0.0);
+        }
+        let Some(slice) = &self.tensor else {
+            let head = self
+                .output
+                .as_ref()
+                .or(self.embeddings.as_ref())
+                .ok_or(ForwardError::NotFirstStage)?;
+            head.matmul(&mut ws.acts, wanted, normed, &mut ws.logits, pool)?;
+            return Ok(ForwardOutput::Logits(&ws.logits[..wanted * vocab]));
+        };
+        // Each rank computes its rows of the vocabulary; all gather.
+        if slice.vocab_counts.len() != group.size() {
+            return Err(ForwardError::GroupSize {
+                expected: slice.vocab_counts.len(),
+                actual: group.size(),
+            });
+        }
+        let local = slice.head.rows();
+        ws.local_logits.resize(wanted * local, 0.0);
+        slice
+            .head
+            .matmul(&mut ws.acts, wanted, normed, &mut ws.local_logits, pool)?;
+        // One gather for all rows: rank r's block is its rows of every
+        // sequence, which are then put in vocabulary order per sequence.
+        let counts: Vec<usize> = slice.vocab_counts.iter().map(|c| c * wanted).collect();
+        ws.gathered.resize(wanted * vocab, 0.0);
+        group.all_gather(&ws.local_logits, &counts, &mut ws.gathered)?;
+        let mut at = 0;
+        let mut column = 0;
+        for &count in &slice.vocab_counts {
+            for r in 0..wanted {
+                let from = &ws.gathered[at + r * count..at + (r + 1) * count];
+                ws.logits[r * vocab + column..r * vocab + column + count].copy_from_slice(from);
+            }
+            at += count * wanted;
+            column += count;
+        }
+        Ok(ForwardOutput::Logits(&ws.logits[..wanted * vocab]))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -650,8 +787,8 @@ impl Transformer {
         layer: &Layer,
         index: usize,
         tokens: usize,
-        start: usize,
-        cache: &mut KvCache,
+        spans: &[SeqSpan<'_>],
+        kv: &mut KvPool,
         ws: &mut Workspace,
         pool: &ThreadPool,
         group: &mut dyn Group,
@@ -710,15 +847,15 @@ impl Transformer {
                 sin,
             );
         }
-        cache.keys[index].extend(ws.k[..n * kvd].iter().map(|v| f16::from_f32(*v)));
-        cache.values[index].extend(ws.v[..n * kvd].iter().map(|v| f16::from_f32(*v)));
+        store_kv(kv, index, spans, &ws.k[..n * kvd], &ws.v[..n * kvd]);
         attention(
             cfg,
             &ws.q[..n * qd],
-            &cache.keys[index],
-            &cache.values[index],
-            start,
-            n,
+            kv,
+            index,
+            spans,
+            &ws.token_span[..n],
+            &ws.positions[..n],
             &mut ws.attn[..n * qd],
             &mut ws.scores,
             ws.scores_stride,
@@ -800,16 +937,38 @@ fn embed_row(embeddings: &Matrix, id: usize, out: &mut [f32]) -> Result<(), Forw
     }
 }
 
-/// Causal attention of `tokens` new queries (positions `start..`) over the
-/// cache, parallel over (head, token) pairs.
+/// Writes the step's keys and values, in f16, at each token's position in
+/// its sequence's blocks.
+fn store_kv(kv: &mut KvPool, layer: usize, spans: &[SeqSpan<'_>], k: &[f32], v: &[f32]) {
+    let kvd = k.len() / spans.iter().map(|s| s.len).sum::<usize>().max(1);
+    let mut t = 0;
+    for span in spans {
+        for position in span.start..span.start + span.len {
+            let at = kv.offset(span.table, position);
+            let (keys, values) = kv.layer_mut(layer);
+            let row = t * kvd..(t + 1) * kvd;
+            for (out, value) in keys[at..at + kvd].iter_mut().zip(&k[row.clone()]) {
+                *out = f16::from_f32(*value);
+            }
+            for (out, value) in values[at..at + kvd].iter_mut().zip(&v[row]) {
+                *out = f16::from_f32(*value);
+            }
+            t += 1;
+        }
+    }
+}
+
+/// Causal attention of every token of the step over its own sequence's
+/// blocks, parallel over (token, head) pairs.
 #[allow(clippy::too_many_arguments)]
 fn attention(
     cfg: &ModelConfig,
     q: &[f32],
-    keys: &[f16],
-    values: &[f16],
-    start: usize,
-    tokens: usize,
+    kv: &KvPool,
+    layer: usize,
+    spans: &[SeqSpan<'_>],
+    token_span: &[u32],
+    positions: &[usize],
     out: &mut [f32],
     scores: &mut [f32],
     stride: usize,
@@ -818,16 +977,18 @@ fn attention(
     let (heads, hd, kvd) = (cfg.heads, cfg.head_dim, cfg.kv_dim());
     let group = cfg.heads / cfg.kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
+    let (keys, values) = kv.layer(layer);
     let out_view = DisjointSlice::new(out);
     let scores_view = DisjointSlice::new(scores);
-    let items = heads * tokens;
+    let items = heads * positions.len();
     pool.run(|thread, threads| {
         // SAFETY: each thread owns its own stride of the scores buffer.
         let scores = unsafe { scores_view.part(thread * stride..(thread + 1) * stride) };
         for item in split_range(items, thread, threads, 1) {
             let (t, head) = (item / heads, item % heads);
+            let table = spans[token_span[t] as usize].table;
             let kv_head = head / group;
-            let positions = start + t + 1;
+            let seen = positions[t] + 1;
             // The query is rounded to f16 as llama.cpp converts it for K.
             let (query, rest) = scores.split_at_mut(MAX_HEAD_DIM);
             let (lanes, scores) = rest.split_at_mut(8 * MAX_HEAD_DIM);
@@ -835,11 +996,10 @@ fn attention(
             for (r, v) in query.iter_mut().zip(&q[t * heads * hd + head * hd..][..hd]) {
                 *r = ops::round_to_f16(*v);
             }
-            let scores = &mut scores[..positions];
-            for (p, score) in scores.iter_mut().enumerate() {
-                let key = &keys[p * kvd + kv_head * hd..][..hd];
-                *score = ops::dot_f16(query, key) * scale;
-            }
+            let scores = &mut scores[..seen];
+            for_each_position(table, seen, kvd, kv_head * hd, |p, at| {
+                scores[p] = ops::dot_f16(query, &keys[at..at + hd]) * scale;
+            });
             ops::softmax(scores);
             // Attention weights meet V in f16 too.
             for weight in scores.iter_mut() {
@@ -854,16 +1014,41 @@ fn attention(
             // how llama.cpp sums `softmax(QK) V`. Same rounding, same tokens.
             let lanes = &mut lanes[..8 * hd];
             lanes.fill(0.0);
-            for (p, weight) in scores.iter().enumerate() {
+            for_each_position(table, seen, kvd, kv_head * hd, |p, at| {
                 let lane = &mut lanes[(p % 8) * hd..(p % 8 + 1) * hd];
-                ops::axpy_f16(lane, *weight, &values[p * kvd + kv_head * hd..][..hd]);
-            }
+                ops::axpy_f16(lane, scores[p], &values[at..at + hd]);
+            });
             for (d, out) in o.iter_mut().enumerate() {
                 let l = |i: usize| lanes[i * hd + d];
                 *out = ((l(0) + l(4)) + (l(2) + l(6))) + ((l(1) + l(5)) + (l(3) + l(7)));
             }
         }
     });
+}
+
+/// Calls `f(position, offset)` for positions `0..count` of a sequence, in
+/// order, with the offset of its `head_offset`'th value in a layer's keys
+/// or values: block by block, with no division per position.
+#[inline(always)]
+fn for_each_position(
+    table: &[BlockId],
+    count: usize,
+    kv_dim: usize,
+    head_offset: usize,
+    mut f: impl FnMut(usize, usize),
+) {
+    let mut position = 0;
+    for &block in table {
+        if position == count {
+            break;
+        }
+        let base = block as usize * BLOCK_TOKENS * kv_dim + head_offset;
+        let n = BLOCK_TOKENS.min(count - position);
+        for o in 0..n {
+            f(position + o, base + o * kv_dim);
+        }
+        position += n;
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,489 @@
+//! Continuous batching: many requests on one model, one forward pass per
+//! step over all of them (Orca's iteration-level scheduling, vLLM's paged
+//! KV cache).
+//!
+//! [`Batch`] holds the waiting and running sequences of one instance. Each
+//! [`Batch::step`] admits what fits (at most `max_sequences`, FIFO, blocks
+//! for the whole request reserved up front so a running sequence never runs
+//! out), plans the step ([`plan_step`]: one token per decoding sequence,
+//! then prefill chunks in arrival order up to the step's token budget),
+//! runs it on every rank through the [`Executor`], and hands each sequence
+//! its logits: sampling, stop strings, UTF-8, parsers and logprobs are per
+//! sequence ([`Decoder`]). A sequence's tokens do not depend on the others
+//! (the forward pass is batch invariant), so any concurrency gives each
+//! request what it gets alone.
+
+use std::collections::VecDeque;
+use std::ops::ControlFlow;
+use std::time::Instant;
+
+use crate::executor::Executor;
+use crate::generate::{
+    EngineError, GenerateRequest, GenerationEvent, GenerationOutput, GenerationStats, LoadedModel,
+};
+use crate::model::SeqSpan;
+use crate::paged::{blocks_for, BlockId, BlockManager, PoolError, BLOCK_TOKENS};
+use crate::sampler::Sampler;
+
+mod decoder;
+mod plan;
+
+pub use decoder::Decoder;
+pub use plan::{plan_step, Planned, SeqState};
+
+/// A request's handle in a batch, chosen by the caller.
+pub type SeqId = u64;
+
+/// How much one instance takes on at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchConfig {
+    /// Sequences running at once; the rest wait.
+    pub max_sequences: usize,
+    /// Tokens per forward pass: decoding sequences first, then prefill
+    /// chunks (llama.cpp's `n_batch`, vLLM's `max_num_batched_tokens`).
+    pub step_tokens: usize,
+    /// Blocks of [`BLOCK_TOKENS`] positions in the KV pool.
+    pub kv_blocks: usize,
+}
+
+impl BatchConfig {
+    /// `max_sequences` at once, each with room for `context` positions.
+    pub fn for_context(max_sequences: usize, context: usize) -> Self {
+        let max_sequences = max_sequences.max(1);
+        Self {
+            max_sequences,
+            step_tokens: DEFAULT_STEP_TOKENS.max(max_sequences),
+            kv_blocks: max_sequences * blocks_for(context),
+        }
+    }
+}
+
+/// The default step budget: long enough for prefill to run near its full
+/// speed, short enough that a new prompt holds the others' next tokens up
+/// by a fraction of a second.
+pub const DEFAULT_STEP_TOKENS: usize = 128;
+
+/// What a step tells the caller about one sequence.
+#[derive(Debug)]
+pub enum SeqEvent<'a> {
+    /// Progress, tokens and parsed output, as [`Session::generate`] streams
+    /// them ([`crate::generate::Session`]).
+    Generation(GenerationEvent<'a>),
+    /// The sequence is done (finished, stopped or cancelled).
+    Finished(GenerationOutput),
+    /// The step failed (a rank died, a kernel failed): every running
+    /// sequence gets this, and the step returns the error.
+    Failed(&'a str),
+}
+
+struct Waiting {
+    id: SeqId,
+    request: GenerateRequest,
+    prompt: Vec<u32>,
+    submitted: Instant,
+}
+
+struct Running {
+    id: SeqId,
+    request: GenerateRequest,
+    /// Prompt and generated tokens; positions `0..computed` have keys and
+    /// values.
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    computed: usize,
+    /// Positions that came from the prefix cache.
+    cached: usize,
+    table: Vec<BlockId>,
+    chain: Vec<[u8; 32]>,
+    decoder: Decoder,
+    submitted: Instant,
+    prefill_done: Option<Instant>,
+    cancelled: bool,
+}
+
+impl Running {
+    fn state(&self) -> SeqState {
+        SeqState {
+            computed: self.computed,
+            tokens: self.tokens.len(),
+            prompt: self.prompt_len,
+            chunk: self.request.prefill_chunk.max(1),
+        }
+    }
+}
+
+/// The sequences of one instance and the engine they run on (rank 0).
+pub struct Batch<'m> {
+    model: &'m LoadedModel,
+    executor: Executor<'m>,
+    config: BatchConfig,
+    blocks: BlockManager,
+    waiting: VecDeque<Waiting>,
+    running: Vec<Running>,
+    cancelled_waiting: Vec<SeqId>,
+    // Reused every step.
+    planned: Vec<Planned>,
+    step_tokens: Vec<u32>,
+    logits: Vec<f32>,
+}
+
+impl<'m> Batch<'m> {
+    pub fn new(model: &'m LoadedModel, executor: Executor<'m>, config: BatchConfig) -> Self {
+        let config = BatchConfig {
+            max_sequences: config.max_sequences.max(1),
+            step_tokens: config.step_tokens.max(config.max_sequences).max(1),
+            kv_blocks: config.kv_blocks.max(1),
+        };
+        Self {
+            model,
+            executor,
+            blocks: BlockManager::new(config.kv_blocks),
+            config,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            cancelled_waiting: Vec::new(),
+            planned: Vec::new(),
+            step_tokens: Vec::new(),
+            logits: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> BatchConfig {
+        self.config
+    }
+
+    /// The executor (for shutting a distributed instance down).
+    pub fn executor(&mut self) -> &mut Executor<'m> {
+        &mut self.executor
+    }
+
+    /// Nothing waiting or running.
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty() && self.cancelled_waiting.is_empty()
+    }
+
+    /// Sequences running now, and waiting.
+    pub fn load(&self) -> (usize, usize) {
+        (self.running.len(), self.waiting.len())
+    }
+
+    /// Forgets every cached prefix (the next requests start cold).
+    pub fn clear_cache(&mut self) {
+        if self.running.is_empty() {
+            self.blocks = BlockManager::new(self.config.kv_blocks);
+        }
+    }
+
+    /// Queues a request. Whatever makes it impossible (an empty prompt, a
+    /// template error, more tokens than the context or the whole KV pool)
+    /// is its error now; the other sequences are not touched.
+    pub fn submit(&mut self, id: SeqId, request: GenerateRequest) -> Result<(), EngineError> {
+        if request.max_tokens == 0 {
+            return Err(EngineError::ZeroMaxTokens);
+        }
+        request.sampling.validate()?;
+        let prompt = self.model.tokenize(&request.prompt)?;
+        let context = self.model.transformer.config.context_length;
+        let needed = prompt.len() + request.max_tokens;
+        if prompt.len() >= context || needed > context {
+            return Err(EngineError::PromptTooLong {
+                prompt: prompt.len(),
+                max_tokens: request.max_tokens,
+                needed,
+                context,
+            });
+        }
+        let capacity = self.blocks.capacity() * BLOCK_TOKENS;
+        if blocks_for(positions(prompt.len(), request.max_tokens)) > self.blocks.capacity() {
+            return Err(EngineError::BeyondKvCache {
+                prompt: prompt.len(),
+                max_tokens: request.max_tokens,
+                capacity,
+            });
+        }
+        self.waiting.push_back(Waiting {
+            id,
+            request,
+            prompt,
+            submitted: Instant::now(),
+        });
+        Ok(())
+    }
+
+    /// Ends a sequence at the next step, as cancelled.
+    pub fn cancel(&mut self, id: SeqId) {
+        if let Some(index) = self.waiting.iter().position(|w| w.id == id) {
+            self.waiting.remove(index);
+            self.cancelled_waiting.push(id);
+        }
+        if let Some(running) = self.running.iter_mut().find(|r| r.id == id) {
+            running.cancelled = true;
+        }
+    }
+
+    /// Admits what fits, runs one forward pass over the batch and hands
+    /// each sequence its events. `sink` may return `Break` to cancel that
+    /// sequence. An error of the step fails every running sequence (each
+    /// hears it as [`SeqEvent::Failed`]) and is returned.
+    pub fn step(
+        &mut self,
+        sink: &mut dyn FnMut(SeqId, SeqEvent<'_>) -> ControlFlow<()>,
+    ) -> Result<(), EngineError> {
+        self.finish_cancelled(sink);
+        self.admit();
+        if self.running.is_empty() {
+            return Ok(());
+        }
+        let states: Vec<SeqState> = self.running.iter().map(Running::state).collect();
+        plan_step(&states, self.config.step_tokens, &mut self.planned);
+        self.step_tokens.clear();
+        for planned in &self.planned {
+            let seq = &self.running[planned.index];
+            self.step_tokens
+                .extend_from_slice(&seq.tokens[seq.computed..seq.computed + planned.len]);
+        }
+        let spans: Vec<SeqSpan<'_>> = self
+            .planned
+            .iter()
+            .map(|p| {
+                let seq = &self.running[p.index];
+                SeqSpan {
+                    start: seq.computed,
+                    len: p.len,
+                    table: &seq.table,
+                    logits: p.logits,
+                }
+            })
+            .collect();
+        let mut logits = std::mem::take(&mut self.logits);
+        logits.clear();
+        match self.executor.step(&spans, &self.step_tokens) {
+            Ok(rows) => logits.extend_from_slice(rows.unwrap_or_default()),
+            Err(error) => {
+                self.logits = logits;
+                let error = EngineError::from(error);
+                self.fail_all(&error.to_string(), sink);
+                return Err(error);
+            }
+        }
+        self.after_step(&mut logits, sink);
+        self.logits = logits;
+        Ok(())
+    }
+
+    /// Moves waiting requests in, oldest first, while there is room.
+    fn admit(&mut self) {
+        while self.running.len() < self.config.max_sequences {
+            let Some(next) = self.waiting.front() else {
+                return;
+            };
+            let reuse_limit = if next.request.reuse_prefix {
+                next.prompt.len() - 1
+            } else {
+                0
+            };
+            let total = positions(next.prompt.len(), next.request.max_tokens);
+            let admitted = match self.blocks.admit(&next.prompt, total, reuse_limit) {
+                Ok(admitted) => admitted,
+                // The oldest waits for blocks; the younger wait behind it.
+                Err(PoolError::Busy { .. }) => return,
+                Err(PoolError::TooLarge { .. }) => {
+                    // Checked on submit against the same capacity.
+                    self.waiting.pop_front();
+                    continue;
+                }
+            };
+            let Some(waiting) = self.waiting.pop_front() else {
+                return;
+            };
+            let vocab = self.model.transformer.config.vocab;
+            let sampler = match Sampler::new(waiting.request.sampling.clone(), vocab) {
+                Ok(sampler) => sampler,
+                // Validated on submit.
+                Err(_) => {
+                    self.blocks.release(&admitted.table);
+                    continue;
+                }
+            };
+            let decoder = Decoder::new(self.model, &waiting.request, sampler);
+            self.running.push(Running {
+                id: waiting.id,
+                prompt_len: waiting.prompt.len(),
+                tokens: waiting.prompt,
+                computed: admitted.cached_positions,
+                cached: admitted.cached_positions,
+                table: admitted.table,
+                chain: admitted.chain,
+                decoder,
+                submitted: waiting.submitted,
+                prefill_done: None,
+                cancelled: false,
+                request: waiting.request,
+            });
+        }
+    }
+
+    /// Advances every sequence of the step: progress, sampling, endings.
+    fn after_step(
+        &mut self,
+        logits: &mut [f32],
+        sink: &mut dyn FnMut(SeqId, SeqEvent<'_>) -> ControlFlow<()>,
+    ) {
+        let vocab = self.model.transformer.config.vocab;
+        let mut row = 0;
+        let mut ended = Vec::new();
+        for planned in &self.planned {
+            let seq = &mut self.running[planned.index];
+            seq.computed += planned.len;
+            self.blocks
+                .register(&seq.table, &seq.tokens[..seq.computed], &mut seq.chain);
+            let mut flow = ControlFlow::Continue(());
+            if seq.computed <= seq.prompt_len {
+                let event = GenerationEvent::PrefillProgress {
+                    done: seq.computed - seq.cached,
+                    total: seq.prompt_len - seq.cached,
+                };
+                flow = sink(seq.id, SeqEvent::Generation(event));
+                if seq.computed == seq.prompt_len {
+                    seq.prefill_done = Some(Instant::now());
+                }
+            }
+            if planned.logits {
+                let row_logits = &mut logits[row * vocab..(row + 1) * vocab];
+                row += 1;
+                if flow.is_continue() {
+                    let id = seq.id;
+                    let next = seq.decoder.next(self.model, row_logits, &seq.tokens, &mut |event| {
+                        sink(id, SeqEvent::Generation(event))
+                    });
+                    match next {
+                        Some(token) => seq.tokens.push(token),
+                        None => ended.push(planned.index),
+                    }
+                }
+            }
+            if flow.is_break() || seq.cancelled {
+                seq.decoder.cancel();
+                if !ended.contains(&planned.index) {
+                    ended.push(planned.index);
+                }
+            }
+        }
+        ended.sort_unstable();
+        for index in ended.into_iter().rev() {
+            let seq = self.running.remove(index);
+            self.blocks.release(&seq.table);
+            finish(seq, sink);
+        }
+    }
+
+    fn finish_cancelled(&mut self, sink: &mut dyn FnMut(SeqId, SeqEvent<'_>) -> ControlFlow<()>) {
+        for id in self.cancelled_waiting.drain(..) {
+            let _ = sink(id, SeqEvent::Finished(GenerationOutput::cancelled_before_start()));
+        }
+        let mut index = 0;
+        while index < self.running.len() {
+            if self.running[index].cancelled {
+                let mut seq = self.running.remove(index);
+                seq.decoder.cancel();
+                self.blocks.release(&seq.table);
+                finish(seq, sink);
+            } else {
+                index += 1;
+            }
+        }
+    }
+
+    fn fail_all(
+        &mut self,
+        message: &str,
+        sink: &mut dyn FnMut(SeqId, SeqEvent<'_>) -> ControlFlow<()>,
+    ) {
+        for seq in self.running.drain(..) {
+            self.blocks.release(&seq.table);
+            let _ = sink(seq.id, SeqEvent::Failed(message));
+        }
+    }
+
+    /// Runs `tokens` from an empty cache, nothing shared or kept, and
+    /// returns the logits after the last one (for comparisons against
+    /// reference engines).
+    pub fn logits_for(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {
+        let admitted = self
+            .blocks
+            .admit(tokens, tokens.len(), 0)
+            .map_err(|_| EngineError::BeyondKvCache {
+                prompt: tokens.len(),
+                max_tokens: 0,
+                capacity: self.blocks.capacity() * BLOCK_TOKENS,
+            })?;
+        let span = SeqSpan {
+            start: 0,
+            len: tokens.len(),
+            table: &admitted.table,
+            logits: true,
+        };
+        let result = self.executor.step(&[span], tokens);
+        self.blocks.release(&admitted.table);
+        match result {
+            Ok(Some(logits)) => Ok(logits),
+            Ok(None) => Err(EngineError::Forward(
+                crate::model::transformer::ForwardError::NotLastStage,
+            )),
+            Err(error) => Err(error.into()),
+        }
+    }
+}
+
+/// Positions a request can fill: its prompt and every generated token but
+/// the last, which is never fed back.
+fn positions(prompt: usize, max_tokens: usize) -> usize {
+    prompt + max_tokens.saturating_sub(1)
+}
+
+/// Streams a finished sequence's last chunks, then its output and stats.
+fn finish(seq: Running, sink: &mut dyn FnMut(SeqId, SeqEvent<'_>) -> ControlFlow<()>) {
+    let id = seq.id;
+    let decoded = seq
+        .decoder
+        .finish(&mut |event| sink(id, SeqEvent::Generation(event)));
+    let now = Instant::now();
+    let prompt_len = seq.prompt_len;
+    let since_submit = |at: Instant| at.duration_since(seq.submitted).as_secs_f64();
+    let prefill_seconds = since_submit(seq.prefill_done.unwrap_or(now));
+    let prefilled = prompt_len - seq.cached;
+    let ttft = decoded.first_token_at.map_or(prefill_seconds, since_submit);
+    let generated = decoded.tokens.len();
+    let total = since_submit(now);
+    let stats = GenerationStats {
+        prompt_tokens: prompt_len,
+        prefilled_tokens: prefilled,
+        generated_tokens: generated,
+        prefill_seconds,
+        prefill_tokens_per_second: per_second(prefilled, prefill_seconds),
+        decode_seconds: (total - prefill_seconds).max(0.0),
+        decode_tokens_per_second: per_second(generated.saturating_sub(1), (total - ttft).max(0.0)),
+        time_to_first_token_seconds: ttft,
+        peak_rss_bytes: crate::memory::peak_rss_bytes(),
+    };
+    let mut prompt_tokens = seq.tokens;
+    prompt_tokens.truncate(prompt_len);
+    let output = GenerationOutput {
+        prompt_tokens,
+        tokens: decoded.tokens,
+        logprobs: decoded.logprobs,
+        text: decoded.text,
+        chunks: decoded.chunks,
+        finish_reason: decoded.reason,
+        stats,
+    };
+    let _ = sink(id, SeqEvent::Finished(output));
+}
+
+fn per_second(count: usize, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        count as f64 / seconds
+    } else {
+        0.0
+    }
+}

@@ -1,0 +1,176 @@
+//! One sequence's side of decoding: from each step's logits to its next
+//! token and the text it releases (sampling, end-of-generation and stop
+//! tokens, stop strings, whole UTF-8 characters, thinking and tool calls,
+//! logprobs).
+
+use std::ops::ControlFlow;
+use std::time::Instant;
+
+use crate::generate::{FinishReason, GenerateRequest, GenerationEvent, LoadedModel, TokenLogprob};
+use crate::output_parser::{OutputParser, ParsedChunk};
+use crate::sampler::{Sampled, Sampler};
+use crate::stop::StopMatcher;
+use crate::utf8_stream::Utf8Stream;
+
+/// Where a sequence's output stands.
+pub struct Decoder {
+    max_tokens: usize,
+    stop_token_ids: Vec<u32>,
+    ignore_eos: bool,
+    want_logprobs: bool,
+    sampler: Sampler,
+    tokens: Vec<u32>,
+    logprobs: Vec<TokenLogprob>,
+    text: String,
+    chunks: Vec<ParsedChunk>,
+    utf8: Utf8Stream,
+    stops: StopMatcher,
+    parser: OutputParser,
+    piece: String,
+    first_token_at: Option<Instant>,
+    reason: FinishReason,
+}
+
+/// What a finished sequence produced.
+pub struct Decoded {
+    pub tokens: Vec<u32>,
+    pub logprobs: Vec<TokenLogprob>,
+    pub text: String,
+    pub chunks: Vec<ParsedChunk>,
+    pub reason: FinishReason,
+    pub first_token_at: Option<Instant>,
+}
+
+/// Where a sequence's events go; `Break` cancels it.
+pub type Emit<'s> = dyn FnMut(GenerationEvent<'_>) -> ControlFlow<()> + 's;
+
+impl Decoder {
+    pub fn new(model: &LoadedModel, request: &GenerateRequest, sampler: Sampler) -> Self {
+        Self {
+            max_tokens: request.max_tokens,
+            stop_token_ids: request.stop_token_ids.clone(),
+            ignore_eos: request.ignore_eos,
+            want_logprobs: request.logprobs,
+            sampler,
+            tokens: Vec::with_capacity(request.max_tokens.min(4096)),
+            logprobs: Vec::new(),
+            text: String::new(),
+            chunks: Vec::new(),
+            utf8: Utf8Stream::new(),
+            stops: StopMatcher::new(request.stop.clone()),
+            parser: OutputParser::new(model.output_format.clone()),
+            piece: String::new(),
+            first_token_at: None,
+            reason: FinishReason::Length,
+        }
+    }
+
+    /// Samples the next token from `logits` (`history`: the prompt and the
+    /// tokens so far) and streams what it releases. `Some(token)` when the
+    /// sequence goes on with `token` fed back; `None` once it has ended.
+    pub fn next(
+        &mut self,
+        model: &LoadedModel,
+        logits: &mut [f32],
+        history: &[u32],
+        emit: &mut Emit<'_>,
+    ) -> Option<u32> {
+        let sampled = self.sampler.sample(logits, history);
+        let id = sampled.token;
+        self.first_token_at.get_or_insert_with(Instant::now);
+        self.tokens.push(id);
+        if self.want_logprobs {
+            self.logprobs.push(TokenLogprob {
+                token: id,
+                logprob: sampled.logprob,
+                top: sampled.top_logprobs.clone(),
+            });
+        }
+        let tokenizer = &model.tokenizer;
+        let end_of_generation = !self.ignore_eos && tokenizer.eog_ids().contains(&id);
+        if end_of_generation || self.stop_token_ids.contains(&id) {
+            self.reason = FinishReason::Stop;
+            return None;
+        }
+        self.piece.clear();
+        if !tokenizer.is_control(id) {
+            self.utf8
+                .push_into(tokenizer.token_bytes(id), &mut self.piece);
+        }
+        let outcome = self.stops.push(&self.piece);
+        let flow = self.emit(emit, id, &outcome.emit, &sampled);
+        if outcome.stopped.is_some() {
+            self.reason = FinishReason::StopString;
+            return None;
+        }
+        if flow.is_break() {
+            self.reason = FinishReason::Cancelled;
+            return None;
+        }
+        if self.tokens.len() >= self.max_tokens {
+            self.reason = FinishReason::Length;
+            return None;
+        }
+        Some(id)
+    }
+
+    fn emit(
+        &mut self,
+        emit: &mut Emit<'_>,
+        id: u32,
+        released: &str,
+        sampled: &Sampled,
+    ) -> ControlFlow<()> {
+        self.text.push_str(released);
+        let mut flow = emit(GenerationEvent::Token {
+            id,
+            text: released,
+            logprob: sampled.logprob,
+            top_logprobs: &sampled.top_logprobs,
+        });
+        if !released.is_empty() {
+            for chunk in self.parser.push(released) {
+                if emit(GenerationEvent::Parsed(&chunk)).is_break() {
+                    flow = ControlFlow::Break(());
+                }
+                self.chunks.push(chunk);
+            }
+        }
+        flow
+    }
+
+    /// Ends the sequence as cancelled (unless it already ended otherwise).
+    pub fn cancel(&mut self) {
+        if self.reason == FinishReason::Length && self.tokens.len() < self.max_tokens {
+            self.reason = FinishReason::Cancelled;
+        }
+    }
+
+    /// Releases what was held back (unless a stop string cut it) and
+    /// closes the parser, streaming the last chunks.
+    pub fn finish(mut self, emit: &mut Emit<'_>) -> Decoded {
+        if self.reason != FinishReason::StopString {
+            let mut tail = self.utf8.finish();
+            tail = format!("{}{}", self.stops.push(&tail).emit, self.stops.finish());
+            if !tail.is_empty() {
+                for chunk in self.parser.push(&tail) {
+                    let _ = emit(GenerationEvent::Parsed(&chunk));
+                    self.chunks.push(chunk);
+                }
+                self.text.push_str(&tail);
+            }
+        }
+        for chunk in self.parser.finish() {
+            let _ = emit(GenerationEvent::Parsed(&chunk));
+            self.chunks.push(chunk);
+        }
+        Decoded {
+            tokens: self.tokens,
+            logprobs: self.logprobs,
+            text: self.text,
+            chunks: self.chunks,
+            reason: self.reason,
+            first_token_at: self.first_token_at,
+        }
+    }
+}
