@@ -353,9 +353,11 @@ impl<'m> Batch<'m> {
                 row += 1;
                 if flow.is_continue() {
                     let id = seq.id;
-                    let next = seq.decoder.next(self.model, row_logits, &seq.tokens, &mut |event| {
-                        sink(id, SeqEvent::Generation(event))
-                    });
+                    let next =
+                        seq.decoder
+                            .next(self.model, row_logits, &seq.tokens, &mut |event| {
+                                sink(id, SeqEvent::Generation(event))
+                            });
                     match next {
                         Some(token) => seq.tokens.push(token),
                         None => ended.push(planned.index),
@@ -379,7 +381,10 @@ impl<'m> Batch<'m> {
 
     fn finish_cancelled(&mut self, sink: &mut dyn FnMut(SeqId, SeqEvent<'_>) -> ControlFlow<()>) {
         for id in self.cancelled_waiting.drain(..) {
-            let _ = sink(id, SeqEvent::Finished(GenerationOutput::cancelled_before_start()));
+            let _ = sink(
+                id,
+                SeqEvent::Finished(GenerationOutput::cancelled_before_start()),
+            );
         }
         let mut index = 0;
         while index < self.running.len() {
@@ -409,14 +414,14 @@ impl<'m> Batch<'m> {
     /// returns the logits after the last one (for comparisons against
     /// reference engines).
     pub fn logits_for(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {
-        let admitted = self
-            .blocks
-            .admit(tokens, tokens.len(), 0)
-            .map_err(|_| EngineError::BeyondKvCache {
-                prompt: tokens.len(),
-                max_tokens: 0,
-                capacity: self.blocks.capacity() * BLOCK_TOKENS,
-            })?;
+        let admitted =
+            self.blocks
+                .admit(tokens, tokens.len(), 0)
+                .map_err(|_| EngineError::BeyondKvCache {
+                    prompt: tokens.len(),
+                    max_tokens: 0,
+                    capacity: self.blocks.capacity() * BLOCK_TOKENS,
+                })?;
         let span = SeqSpan {
             start: 0,
             len: tokens.len(),

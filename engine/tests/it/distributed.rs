@@ -21,15 +21,15 @@ const MARGIN: f32 = 0.05;
 /// See `check`: the margin below which tensor parallelism's reordered
 /// partial sums may flip a token (the golden test's threshold).
 const CHAOTIC_MARGIN: f32 = 0.25;
-const TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(20);
 
 #[derive(Clone, Copy, Debug)]
-enum Sharding {
+pub(crate) enum Sharding {
     Tensor,
     Pipeline,
 }
 
-fn spec(sharding: Sharding, rank: usize, world: usize, layers: usize) -> ShardSpec {
+pub(crate) fn spec(sharding: Sharding, rank: usize, world: usize, layers: usize) -> ShardSpec {
     match sharding {
         Sharding::Tensor => ShardSpec::Tensor {
             rank: rank as u32,

@@ -3,6 +3,7 @@
 //! minutes and gigabytes of disk.
 
 mod architectures;
+mod batching;
 mod distributed;
 mod golden;
 mod kquants;

@@ -1,0 +1,368 @@
+//! Continuous batching on the default model: a request's tokens under any
+//! concurrency equal its tokens alone (single machine, tensor and pipeline
+//! world 2), prefix sharing gives cold-run tokens, a small pool evicts and
+//! makes requests wait, one cancelled stream leaves the others whole, and a
+//! request bigger than the pool is refused.
+
+use std::collections::BTreeMap;
+use std::ops::ControlFlow;
+use std::path::Path;
+
+use tessera_engine::batch::{Batch, BatchConfig, SeqEvent, SeqId};
+use tessera_engine::chat_template::ChatMessage;
+use tessera_engine::collectives::TcpRing;
+use tessera_engine::executor::Executor;
+use tessera_engine::generate::{
+    load_transformer, model_config, EngineError, FinishReason, GenerateRequest, GenerationOutput,
+    LoadedModel, Prompt,
+};
+use tessera_engine::paged::BLOCK_TOKENS;
+
+use super::distributed::{spec, Sharding, TIMEOUT};
+
+const QUESTIONS: [&str; 8] = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Name three primary colours.",
+    "How many legs does a spider have?",
+    "Explain what a CPU does in one sentence.",
+    "What is 12 times 12?",
+    "Give me a synonym for happy.",
+    "Why is the sky blue?",
+];
+
+fn chat(system: Option<&str>, question: &str) -> Prompt {
+    let mut messages = Vec::new();
+    if let Some(system) = system {
+        messages.push(ChatMessage::new("system", system));
+    }
+    messages.push(ChatMessage::new("user", question));
+    Prompt::Chat {
+        messages,
+        tools: None,
+    }
+}
+
+/// Eight requests: greedy chats, one seeded sampled chat, one raw prompt.
+fn requests(tokens: usize) -> Vec<GenerateRequest> {
+    QUESTIONS
+        .iter()
+        .enumerate()
+        .map(|(i, question)| {
+            let prompt = if i == 7 {
+                Prompt::Raw(format!("Once upon a time, {question}"))
+            } else {
+                chat(None, question)
+            };
+            let mut request = GenerateRequest::new(prompt);
+            request.max_tokens = tokens;
+            request.ignore_eos = true;
+            if i == 5 {
+                request.sampling.temperature = 0.8;
+                request.sampling.seed = Some(7);
+            }
+            request
+        })
+        .collect()
+}
+
+/// Runs `requests` on `batch`, request `i` submitted before step
+/// `arrivals[i]`, until all end; each request's output by index.
+fn run_all(
+    batch: &mut Batch<'_>,
+    requests: &[GenerateRequest],
+    arrivals: &[usize],
+    mut cancel_after: Option<(SeqId, usize)>,
+) -> BTreeMap<SeqId, GenerationOutput> {
+    let mut outputs = BTreeMap::new();
+    let mut step = 0;
+    while outputs.len() < requests.len() {
+        for (i, request) in requests.iter().enumerate() {
+            if arrivals[i] == step {
+                batch.submit(i as SeqId, request.clone()).expect("submits");
+            }
+        }
+        let mut tokens: BTreeMap<SeqId, usize> = BTreeMap::new();
+        batch
+            .step(&mut |id, event| match event {
+                SeqEvent::Finished(output) => {
+                    outputs.insert(id, output);
+                    ControlFlow::Continue(())
+                }
+                SeqEvent::Failed(message) => panic!("sequence {id} failed: {message}"),
+                SeqEvent::Generation(tessera_engine::generate::GenerationEvent::Token {
+                    ..
+                }) => {
+                    *tokens.entry(id).or_default() += 1;
+                    match cancel_after {
+                        Some((target, after)) if target == id && after <= 1 => {
+                            ControlFlow::Break(())
+                        }
+                        _ => ControlFlow::Continue(()),
+                    }
+                }
+                SeqEvent::Generation(_) => ControlFlow::Continue(()),
+            })
+            .expect("step");
+        if let Some((target, after)) = cancel_after.as_mut() {
+            if tokens.contains_key(target) {
+                *after = after.saturating_sub(1);
+            }
+        }
+        step += 1;
+        assert!(step < 10_000, "the batch does not finish");
+    }
+    outputs
+}
+
+/// Each request alone, one after another, on a batch of one.
+fn alone(batch: &mut Batch<'_>, requests: &[GenerateRequest]) -> Vec<Vec<u32>> {
+    requests
+        .iter()
+        .map(|request| {
+            batch.clear_cache();
+            run_all(batch, std::slice::from_ref(request), &[0], None)[&0]
+                .tokens
+                .clone()
+        })
+        .collect()
+}
+
+fn config(max_sequences: usize, step_tokens: usize, kv_blocks: usize) -> BatchConfig {
+    BatchConfig {
+        max_sequences,
+        step_tokens,
+        kv_blocks,
+    }
+}
+
+/// Alone, then all eight at once with staggered arrivals and a small step
+/// budget, so prompt chunks share steps with other sequences' decoding.
+fn check_invariance(model: &LoadedModel, executor: Executor<'_>) {
+    let requests = requests(16);
+    let mut batch = Batch::new(model, executor, config(8, 24, 256));
+    let expected = alone(&mut batch, &requests);
+    batch.clear_cache();
+    let arrivals = [0, 0, 0, 2, 3, 3, 7, 12];
+    let together = run_all(&mut batch, &requests, &arrivals, None);
+    for (i, want) in expected.iter().enumerate() {
+        assert_eq!(
+            &together[&(i as SeqId)].tokens,
+            want,
+            "request {i} in a batch of 8"
+        );
+    }
+    // Alone twice gives the same too (the sampled one included).
+    assert_eq!(alone(&mut batch, &requests), expected);
+}
+
+#[test]
+fn eight_concurrent_requests_each_get_what_they_get_alone() {
+    let model = LoadedModel::load(&tessera_engine::testing::default_model_path(), |_, _| {})
+        .expect("default model loads");
+    check_invariance(&model, Executor::single(&model.transformer, 2));
+}
+
+/// Runs `body` on rank 0 of `world` ranks (the others are threads).
+fn on_ranks(
+    path: &Path,
+    sharding: Sharding,
+    world: usize,
+    body: impl FnOnce(&LoadedModel, Executor<'_>),
+) {
+    let layers = model_config(path).expect("config").layers;
+    let (listeners, addrs) = tessera_engine::testing::loopback_listeners(world);
+    let mut listeners = listeners.into_iter();
+    let own = listeners.next().expect("rank 0 listener");
+    let workers: Vec<_> = listeners
+        .enumerate()
+        .map(|(i, listener)| {
+            let rank = i + 1;
+            let (addrs, path) = (addrs.clone(), path.to_path_buf());
+            std::thread::spawn(move || {
+                let shard = spec(sharding, rank, world, layers);
+                let transformer = load_transformer(&path, &shard, |_, _| {}).expect("loads");
+                let ring = TcpRing::from_listener(rank, listener, &addrs, "test", TIMEOUT, TIMEOUT)
+                    .expect("ring");
+                let mut executor = Executor::new(&transformer, 1, Box::new(ring));
+                executor.serve(None, TIMEOUT).expect("serves");
+            })
+        })
+        .collect();
+    let shard = spec(sharding, 0, world, layers);
+    let model = LoadedModel::load_shard(path, Some(&shard), |_, _| {}).expect("loads");
+    let ring = TcpRing::from_listener(0, own, &addrs, "test", TIMEOUT, TIMEOUT).expect("ring");
+    body(&model, Executor::new(&model.transformer, 1, Box::new(ring)));
+    for worker in workers {
+        worker.join().expect("worker rank");
+    }
+}
+
+#[test]
+fn batching_is_invariant_through_tensor_and_pipeline_parallelism() {
+    let path = tessera_engine::testing::default_model_path();
+    for sharding in [Sharding::Tensor, Sharding::Pipeline] {
+        // Dropping the executor (inside the batch) lets the other ranks go.
+        on_ranks(&path, sharding, 2, check_invariance);
+    }
+}
+
+/// About 600 tokens of system prompt.
+fn long_system_prompt() -> String {
+    let sentence = "You are a careful assistant for a home cluster of computers; answer briefly, name the machine you mean, and never invent a number you were not given. ";
+    sentence.repeat(20)
+}
+
+#[test]
+fn a_shared_system_prompt_is_taken_from_the_cache_and_gives_cold_tokens() {
+    let model = LoadedModel::load(&tessera_engine::testing::default_model_path(), |_, _| {})
+        .expect("default model loads");
+    let mut batch = Batch::new(
+        &model,
+        Executor::single(&model.transformer, 2),
+        config(8, 128, 512),
+    );
+    let system = long_system_prompt();
+    let request = |question: &str| {
+        let mut request = GenerateRequest::new(chat(Some(&system), question));
+        request.max_tokens = 12;
+        request.ignore_eos = true;
+        request
+    };
+    let (first, second) = (request(QUESTIONS[0]), request(QUESTIONS[1]));
+    let cold = run_all(&mut batch, std::slice::from_ref(&second), &[0], None)[&0].clone();
+    assert!(
+        cold.stats.prompt_tokens >= 600,
+        "{} prompt tokens",
+        cold.stats.prompt_tokens
+    );
+    batch.clear_cache();
+    let first = run_all(&mut batch, &[first], &[0], None)[&0].clone();
+    assert_eq!(first.stats.prefilled_tokens, first.stats.prompt_tokens);
+    let hit = &run_all(&mut batch, &[second], &[0], None)[&0];
+    let cached = hit.stats.prompt_tokens - hit.stats.prefilled_tokens;
+    assert!(cached >= 576, "{cached} cached tokens");
+    assert_eq!(
+        hit.tokens, cold.tokens,
+        "tokens from shared blocks equal a cold run"
+    );
+}
+
+#[test]
+fn a_small_pool_evicts_idle_blocks_and_makes_requests_wait() {
+    let model = LoadedModel::load(&tessera_engine::testing::default_model_path(), |_, _| {})
+        .expect("default model loads");
+    let requests = requests(12);
+    let mut reference = Batch::new(
+        &model,
+        Executor::single(&model.transformer, 2),
+        config(1, 512, 64),
+    );
+    let expected = alone(&mut reference, &requests);
+    drop(reference);
+    // Room for about two requests at a time (each needs 3 or 4 blocks).
+    let mut batch = Batch::new(
+        &model,
+        Executor::single(&model.transformer, 2),
+        config(8, 64, 8),
+    );
+    let mut waited = false;
+    let mut outputs = BTreeMap::new();
+    for (i, request) in requests.iter().enumerate() {
+        batch.submit(i as SeqId, request.clone()).expect("submits");
+    }
+    while outputs.len() < requests.len() {
+        batch
+            .step(&mut |id, event| {
+                if let SeqEvent::Finished(output) = event {
+                    outputs.insert(id, output);
+                }
+                ControlFlow::Continue(())
+            })
+            .expect("step");
+        let (running, waiting) = batch.load();
+        waited |= waiting > 0 && running < 8;
+    }
+    assert!(waited, "requests waited for blocks");
+    for (i, want) in expected.iter().enumerate() {
+        assert_eq!(
+            &outputs[&(i as SeqId)].tokens,
+            want,
+            "request {i} under eviction"
+        );
+    }
+}
+
+#[test]
+fn cancelling_one_of_eight_leaves_the_others_complete_and_identical() {
+    let model = LoadedModel::load(&tessera_engine::testing::default_model_path(), |_, _| {})
+        .expect("default model loads");
+    let requests = requests(16);
+    let mut batch = Batch::new(
+        &model,
+        Executor::single(&model.transformer, 2),
+        config(8, 128, 256),
+    );
+    let expected = alone(&mut batch, &requests);
+    batch.clear_cache();
+    let outputs = run_all(&mut batch, &requests, &[0; 8], Some((3, 4)));
+    for (i, want) in expected.iter().enumerate() {
+        let out = &outputs[&(i as SeqId)];
+        if i == 3 {
+            assert_eq!(out.finish_reason, FinishReason::Cancelled);
+            assert!(out.tokens.len() < 16, "{} tokens", out.tokens.len());
+            assert_eq!(out.tokens[..], want[..out.tokens.len()]);
+        } else {
+            assert_eq!(out.finish_reason, FinishReason::Length);
+            assert_eq!(&out.tokens, want, "request {i}");
+        }
+    }
+    // Cancelling one that waits ends it at the next step without running.
+    let mut small = Batch::new(
+        &model,
+        Executor::single(&model.transformer, 2),
+        config(1, 128, 256),
+    );
+    small.submit(0, requests[0].clone()).expect("submits");
+    small.submit(1, requests[1].clone()).expect("submits");
+    small.cancel(1);
+    let mut ended = Vec::new();
+    while !small.is_idle() {
+        small
+            .step(&mut |id, event| {
+                if let SeqEvent::Finished(out) = event {
+                    ended.push((id, out.finish_reason, out.tokens.len()));
+                }
+                ControlFlow::Continue(())
+            })
+            .expect("step");
+    }
+    assert_eq!(
+        ended,
+        vec![
+            (1, FinishReason::Cancelled, 0),
+            (0, FinishReason::Length, 16)
+        ]
+    );
+}
+
+#[test]
+fn a_request_bigger_than_the_pool_is_refused_with_its_token_counts() {
+    let model = LoadedModel::load(&tessera_engine::testing::default_model_path(), |_, _| {})
+        .expect("default model loads");
+    let mut batch = Batch::new(
+        &model,
+        Executor::single(&model.transformer, 2),
+        config(8, 128, 4),
+    );
+    let mut request = GenerateRequest::new(chat(None, QUESTIONS[0]));
+    request.max_tokens = 4 * BLOCK_TOKENS;
+    let error = batch.submit(0, request).expect_err("refused");
+    assert!(
+        matches!(error, EngineError::BeyondKvCache { capacity: 64, .. }),
+        "{error}"
+    );
+    assert!(error.is_invalid_request());
+    assert!(error.to_string().contains("max_tokens 64"), "{error}");
+    assert!(batch.is_idle());
+}
