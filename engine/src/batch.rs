@@ -157,6 +157,11 @@ impl<'m> Batch<'m> {
         &mut self.executor
     }
 
+    /// The executor back, once the batch is done with.
+    pub fn into_executor(self) -> Executor<'m> {
+        self.executor
+    }
+
     /// Nothing waiting or running.
     pub fn is_idle(&self) -> bool {
         self.waiting.is_empty() && self.running.is_empty() && self.cancelled_waiting.is_empty()

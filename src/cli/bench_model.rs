@@ -12,6 +12,7 @@ use serde::Serialize;
 use tessera_engine::executor::Executor;
 use tessera_engine::generate::{GenerateRequest, LoadedModel, Prompt, Session};
 
+use super::bench_batch;
 use super::generate::Distributed;
 use super::model_args::ModelArgs;
 use super::ranks::{DistributedArgs, RankZero};
@@ -35,6 +36,17 @@ pub struct ModelBenchArgs {
     /// Print JSON only.
     #[arg(long)]
     pub json: bool,
+    /// Continuous batching instead: N sequences at once, prefilled then
+    /// decoded together (several levels: `1,2,4,8,16`), as
+    /// llama-batched-bench measures them.
+    #[arg(long, value_delimiter = ',')]
+    pub concurrency: Vec<usize>,
+    /// Prompt tokens of each sequence, with --concurrency.
+    #[arg(long, default_value_t = 128)]
+    pub prompt_tokens: usize,
+    /// Tokens each sequence generates, with --concurrency.
+    #[arg(long, default_value_t = 128)]
+    pub gen_tokens: usize,
 }
 
 /// A measurement's runs and their spread, to two decimals.
@@ -71,6 +83,20 @@ struct Report {
     distributed: Option<Distributed>,
 }
 
+#[derive(Serialize)]
+struct BatchReport {
+    bench: &'static str,
+    model: String,
+    threads: usize,
+    runs: usize,
+    prompt_tokens: usize,
+    gen_tokens: usize,
+    levels: Vec<bench_batch::LevelReport>,
+    peak_rss_mb: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    distributed: Option<Distributed>,
+}
+
 const SHORT_PROMPT: &str = "The quick brown fox";
 /// The reference benchmark's prompt text, repeated and cut to `n_prefill` tokens.
 const PREFILL_TEXT: &str = "The history of computing is a story of abstractions layered on top of one another. Early machines were programmed by rewiring panels, later by punched cards, and then by assembly language and compilers. Each layer hid the details of the one below it. ";
@@ -79,11 +105,14 @@ pub fn run(args: ModelBenchArgs) -> anyhow::Result<()> {
     if args.runs == 0 || args.n_gen < 2 || args.n_prefill == 0 {
         bail!("--runs and --n-prefill must be at least 1, --n-gen at least 2");
     }
+    if args.concurrency.contains(&0) || (!args.concurrency.is_empty() && args.gen_tokens < 2) {
+        bail!("--concurrency levels must be at least 1, --gen-tokens at least 2");
+    }
     if !args.dist.is_distributed() {
         let model = args.model.load(args.json)?;
         let threads = args.model.threads();
-        let session = Session::new(&model, threads);
-        return measure(&args, &model, session, threads, |_| Ok(None));
+        let executor = Executor::single(&model.transformer, threads);
+        return dispatch(&args, &model, executor, threads, |_| Ok(None));
     }
     let threads = args.model.rank_threads();
     let RankZero {
@@ -95,25 +124,62 @@ pub fn run(args: ModelBenchArgs) -> anyhow::Result<()> {
     let model = args.model.load_shard(Some(&spec), args.json)?;
     let mut executor = Executor::new(&model.transformer, threads, Box::new(ring));
     RankZero::ready(&mut executor, ring_timeout)?;
-    let session = Session::with_executor(&model, executor);
     let weights = model.transformer.weight_bytes();
     let dist = args.dist.clone();
     let mut ranks = Some(ranks);
-    measure(&args, &model, session, threads, move |session| {
-        session.executor().shutdown()?;
+    dispatch(&args, &model, executor, threads, move |executor| {
+        executor.shutdown()?;
         let reports = ranks.take().context("ranks")?.finish()?;
         Ok(Some(Distributed::new(&dist, threads, weights, reports)))
     })
 }
 
+/// The single-sequence benchmark, or the batched one with --concurrency.
+fn dispatch<'m>(
+    args: &ModelBenchArgs,
+    model: &'m LoadedModel,
+    executor: Executor<'m>,
+    threads: usize,
+    finish: impl FnOnce(&mut Executor<'m>) -> anyhow::Result<Option<Distributed>>,
+) -> anyhow::Result<()> {
+    if args.concurrency.is_empty() {
+        let session = Session::with_executor(model, executor);
+        return measure(args, model, session, threads, |session| {
+            finish(session.executor())
+        });
+    }
+    let bench = bench_batch::BatchBench {
+        concurrency: args.concurrency.clone(),
+        prompt_tokens: args.prompt_tokens,
+        gen_tokens: args.gen_tokens,
+        runs: args.runs,
+        quiet: args.json,
+    };
+    let (levels, mut executor) = bench_batch::measure(&bench, model, executor)?;
+    let distributed = finish(&mut executor)?;
+    let report = BatchReport {
+        bench: "batch",
+        model: model.path.display().to_string(),
+        threads,
+        runs: args.runs,
+        prompt_tokens: args.prompt_tokens,
+        gen_tokens: args.gen_tokens,
+        levels,
+        peak_rss_mb: tessera_engine::memory::peak_rss_bytes().unwrap_or(0) as f64 / 1e6,
+        distributed,
+    };
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
+
 /// Runs the measurements; `finish` ends a distributed run and reports its
 /// ranks before the report is printed.
-fn measure(
+fn measure<'m>(
     args: &ModelBenchArgs,
     model: &LoadedModel,
-    mut session: Session<'_>,
+    mut session: Session<'m>,
     threads: usize,
-    finish: impl FnOnce(&mut Session<'_>) -> anyhow::Result<Option<Distributed>>,
+    finish: impl FnOnce(&mut Session<'m>) -> anyhow::Result<Option<Distributed>>,
 ) -> anyhow::Result<()> {
     let mut decode = GenerateRequest::new(Prompt::Raw(SHORT_PROMPT.into()));
     decode.max_tokens = args.n_gen;

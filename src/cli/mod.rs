@@ -2,6 +2,7 @@
 
 mod admin;
 mod bench_api;
+mod bench_batch;
 mod bench_cluster;
 mod bench_collectives;
 mod bench_download;
