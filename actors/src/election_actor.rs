@@ -64,6 +64,8 @@ pub struct ElectionArgs {
     /// The log names other nodes: this node rejoins a cluster.
     pub was_member: bool,
     pub leadership: Leadership,
+    /// The default the master writes into the instances it places.
+    pub max_concurrent: u32,
 }
 
 pub struct ElectionState {
@@ -77,6 +79,7 @@ pub struct ElectionState {
     alive: BTreeSet<String>,
     /// Won round `clock`; the Master starts at `at_ms` if still leading.
     settling: Option<(u64, u64)>,
+    max_concurrent: u32,
 }
 
 /// How long a winner waits before its Master writes anything. Two nodes can
@@ -121,6 +124,7 @@ impl Actor for ElectionActor {
             leadership: args.leadership,
             alive: BTreeSet::new(),
             settling: None,
+            max_concurrent: args.max_concurrent,
         })
     }
 
@@ -251,6 +255,7 @@ async fn start_master(state: &mut ElectionState, clock: u64, myself: &ActorRef<E
         bus: state.bus.clone(),
         replica: state.replica.clone(),
         alive: state.alive.clone(),
+        max_concurrent: state.max_concurrent,
     };
     let _ = state.replica.cast(ReplicaMsg::SetMaster {
         node_id: state.node_id.clone(),

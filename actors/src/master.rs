@@ -72,6 +72,8 @@ pub struct MasterArgs {
     pub bus: Bus,
     pub replica: ActorRef<ReplicaMsg>,
     pub alive: BTreeSet<String>,
+    /// Generations an instance runs at once unless its placement says.
+    pub max_concurrent: u32,
 }
 
 pub struct MasterState {
@@ -84,6 +86,7 @@ pub struct MasterState {
     /// Runner failures in a row, by instance.
     runner_failures: BTreeMap<String, u32>,
     alive: BTreeSet<String>,
+    max_concurrent: u32,
 }
 
 impl MasterState {
@@ -150,6 +153,7 @@ impl MasterState {
                         .unwrap_or(v1::Sharding::Unspecified),
                     min_nodes: place.min_nodes as usize,
                     node_ids: &place.node_ids,
+                    max_concurrent: self.max_concurrent_for(place.max_concurrent),
                 };
                 let instance_id = if command.command_id.is_empty() {
                     uuid::Uuid::now_v7().to_string()
@@ -386,6 +390,15 @@ impl MasterState {
         }
     }
 
+    /// What a placement asked for, else this master's default.
+    fn max_concurrent_for(&self, asked: u32) -> u32 {
+        if asked > 0 {
+            asked
+        } else {
+            self.max_concurrent
+        }
+    }
+
     /// Places `card` on the nodes of `state` and logs the instance; the
     /// inner error says why it does not fit.
     async fn place_card(
@@ -403,6 +416,7 @@ impl MasterState {
             sharding,
             min_nodes,
             node_ids,
+            max_concurrent: self.max_concurrent,
         };
         let command_id = if request_id.is_empty() {
             uuid::Uuid::now_v7().to_string()
@@ -688,6 +702,7 @@ impl Actor for Master {
             seen: state.local_seqs.clone(),
             runner_failures: BTreeMap::new(),
             alive: args.alive,
+            max_concurrent: args.max_concurrent,
         };
         // Nodes the log knows that are gone now (the old master among them).
         let known: Vec<String> = state.nodes.keys().cloned().collect();

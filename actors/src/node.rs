@@ -43,6 +43,8 @@ pub struct NodeOptions {
     pub worker: bool,
     /// Compute threads of each runner process.
     pub runner_threads: usize,
+    /// Generations an instance this node's master places runs at once.
+    pub max_concurrent: u32,
     /// Where to start looking for this node's slot of ring ports (`None`:
     /// a place picked from the node id; see [`claim_ring_slot`]).
     pub ring_port_base: Option<u16>,
@@ -280,6 +282,7 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
             clock,
             was_member,
             leadership: leadership.clone(),
+            max_concurrent: options.max_concurrent,
         },
     )
     .await

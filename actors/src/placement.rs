@@ -201,6 +201,8 @@ pub struct PlacementRequest<'a> {
     pub min_nodes: usize,
     /// Only these nodes; empty: any.
     pub node_ids: &'a [String],
+    /// Generations the instance runs at once (0: the default).
+    pub max_concurrent: u32,
 }
 
 /// A chosen placement: the instance (ranks in order) and each node's share.
@@ -296,6 +298,7 @@ pub fn previews(
             sharding,
             min_nodes: 1,
             node_ids,
+            max_concurrent: 0,
         };
         let candidates = match candidates(&request, nodes) {
             Ok(c) => c,
@@ -563,6 +566,7 @@ fn build(
             model: Some(request.model.clone()),
             sharding: request.sharding as i32,
             ranks,
+            max_concurrent: request.max_concurrent,
         },
         memory_bytes_by_node: memory,
     }
@@ -654,6 +658,7 @@ mod tests {
             sharding,
             min_nodes,
             node_ids: &[],
+            max_concurrent: 0,
         };
         place(&request, nodes, "i1", &BTreeSet::new(), |r| format!("r{r}"))
     }
@@ -742,6 +747,7 @@ mod tests {
             sharding: Sharding::Pipeline,
             min_nodes: 2,
             node_ids: &[],
+            max_concurrent: 0,
         };
         let used = BTreeSet::from(["127.0.0.1:6000".to_string()]);
         let p = place(&request, &nodes, "i", &used, |r| format!("r{r}")).expect("fits");
@@ -899,6 +905,7 @@ mod tests {
             sharding: Sharding::Pipeline,
             min_nodes: 1,
             node_ids: &["ghost".to_string()],
+            max_concurrent: 0,
         };
         assert_eq!(
             place(&request, &nodes, "i", &BTreeSet::new(), |r| r.to_string()),
@@ -939,6 +946,7 @@ mod tests {
             sharding: Sharding::Tensor,
             min_nodes: 2,
             node_ids: &[],
+            max_concurrent: 0,
         };
         let p = place(&request, &nodes, "i2", &used, |r| format!("r{r}")).expect("fits");
         let addresses: Vec<&str> = p
@@ -958,6 +966,7 @@ mod tests {
             sharding: Sharding::Tensor,
             min_nodes: 2,
             node_ids: &[],
+            max_concurrent: 0,
         };
         let on = |id: &str, ip: &str, base: u16| NodeCapacity {
             ip: ip.into(),

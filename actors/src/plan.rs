@@ -182,8 +182,21 @@ pub struct LocalRunner {
     /// The step last handed to it and not yet reflected in its status, so
     /// the same step is not given twice.
     pub pending: Option<Step>,
-    /// The generation it is working on, if any.
-    pub task_id: Option<String>,
+    /// The generations it is working on (rank 0), oldest first by id.
+    pub tasks: BTreeSet<String>,
+    /// Those of them it was told to cancel.
+    pub cancelling: BTreeSet<String>,
+}
+
+/// Generations an instance runs at once when it names no number.
+pub const DEFAULT_MAX_CONCURRENT: u32 = 8;
+
+/// Generations `instance` runs at once.
+pub fn max_concurrent(instance: &v1::Instance) -> usize {
+    match instance.max_concurrent {
+        0 => DEFAULT_MAX_CONCURRENT as usize,
+        n => n as usize,
+    }
 }
 
 /// The runner's state, `None` before its first status event.
@@ -191,8 +204,12 @@ fn status<'a>(state: &'a ClusterState, runner_id: &str) -> Option<&'a Rs> {
     state.runners.get(runner_id).and_then(|s| s.state.as_ref())
 }
 
-fn is_ready(state: &ClusterState, runner_id: &str) -> bool {
-    matches!(status(state, runner_id), Some(Rs::Ready(_)))
+/// Ready for generations: idle, or running a batch with room.
+fn takes_generations(state: &ClusterState, runner_id: &str) -> bool {
+    matches!(
+        status(state, runner_id),
+        Some(Rs::Ready(_)) | Some(Rs::Running(_))
+    )
 }
 
 /// Where a runner stands on the way to Ready, as a number (Failed and the
@@ -293,23 +310,25 @@ pub fn plan(
             }
         }
     }
-    // 5 and 6. Generations, on rank 0 only.
+    // 5 and 6. Generations, on rank 0 only: cancellations of what it
+    // runs, then the oldest pending tasks while its batch has room.
     for (runner_id, runner) in runners.iter().filter(|(_, r)| r.rank == 0) {
-        if let Some(task_id) = &runner.task_id {
+        for task_id in runner.tasks.difference(&runner.cancelling) {
             let cancelled = state
                 .tasks
                 .get(task_id)
                 .is_none_or(|t| t.status == TaskStatus::Cancelled as i32);
-            let step = Step::Cancel {
-                runner_id: runner_id.clone(),
-                task_id: task_id.clone(),
-            };
-            if cancelled && runner.pending.as_ref() != Some(&step) {
-                return Some(step);
+            if cancelled {
+                return Some(Step::Cancel {
+                    runner_id: runner_id.clone(),
+                    task_id: task_id.clone(),
+                });
             }
-            continue;
         }
-        if !is_ready(state, runner_id) {
+        let Some(instance) = state.instances.get(&runner.instance_id) else {
+            continue;
+        };
+        if runner.tasks.len() >= max_concurrent(instance) || !takes_generations(state, runner_id) {
             continue;
         }
         // Oldest first: the master issues time-ordered task ids (UUIDv7)
@@ -318,6 +337,7 @@ pub fn plan(
             t.instance_id == runner.instance_id
                 && t.status == TaskStatus::Pending as i32
                 && !t.acknowledged
+                && !runner.tasks.contains(&t.task_id)
                 && matches!(t.kind, Some(task::Kind::TextGeneration(_)))
         });
         if let Some(task) = next {
@@ -438,6 +458,7 @@ mod tests {
 
     fn instance(id: &str, nodes: &[&str]) -> Instance {
         Instance {
+            max_concurrent: 0,
             instance_id: id.into(),
             ranks: nodes
                 .iter()
@@ -468,7 +489,8 @@ mod tests {
             instance_id: instance.into(),
             rank,
             pending: None,
-            task_id: None,
+            tasks: BTreeSet::new(),
+            cancelling: BTreeSet::new(),
         }
     }
 
@@ -550,8 +572,8 @@ mod tests {
     #[test]
     fn generations_go_to_a_ready_rank_0_and_cancellations_follow() {
         let mut s = state(&[instance("i", &["n1", "n2"])]);
-        with_status(&mut s, "i-r0", Rs::Ready(RunnerReady {}));
-        with_status(&mut s, "i-r1", Rs::Ready(RunnerReady {}));
+        with_status(&mut s, "i-r0", Rs::Ready(RunnerReady::default()));
+        with_status(&mut s, "i-r1", Rs::Ready(RunnerReady::default()));
         s.tasks.insert(
             "t1".into(),
             Task {
@@ -578,7 +600,39 @@ mod tests {
         );
         let mut busy = rank0.clone();
         if let Some(r) = busy.get_mut("i-r0") {
-            r.task_id = Some("t1".into());
+            r.tasks.insert("t1".into());
+        }
+        assert_eq!(plan(&s, "n1", &busy, &Downloads::default()), None);
+        // A second task joins the batch while the first runs.
+        with_status(
+            &mut s,
+            "i-r0",
+            Rs::Running(v1::RunnerRunning {
+                task_id: "t1".into(),
+                task_ids: vec!["t1".into()],
+                ..Default::default()
+            }),
+        );
+        s.tasks.insert(
+            "t2".into(),
+            Task {
+                task_id: "t2".into(),
+                instance_id: "i".into(),
+                status: TaskStatus::Pending as i32,
+                kind: Some(task::Kind::TextGeneration(TextGenerationTask::default())),
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            plan(&s, "n1", &busy, &Downloads::default()),
+            Some(Step::Forward {
+                runner_id: "i-r0".into(),
+                task_id: "t2".into()
+            })
+        );
+        // A full batch takes no more.
+        if let Some(i) = s.instances.get_mut("i") {
+            i.max_concurrent = 1;
         }
         assert_eq!(plan(&s, "n1", &busy, &Downloads::default()), None);
         if let Some(t) = s.tasks.get_mut("t1") {
@@ -591,6 +645,11 @@ mod tests {
                 task_id: "t1".into()
             })
         );
+        // Told once: not again.
+        if let Some(r) = busy.get_mut("i-r0") {
+            r.cancelling.insert("t1".into());
+        }
+        assert_eq!(plan(&s, "n1", &busy, &Downloads::default()), None);
     }
 
     #[test]

@@ -72,12 +72,6 @@ pub struct SupervisorArgs {
     pub reports: DerivedActorRef<RunnerReport>,
 }
 
-/// The generation a runner is running.
-struct InFlight {
-    task_id: String,
-    command_id: String,
-}
-
 pub struct SupervisorState {
     args: SupervisorArgs,
     /// Sending (or dropping) it kills the child.
@@ -85,7 +79,9 @@ pub struct SupervisorState {
     /// The child's stdin, held open while the supervisor lives: the child
     /// exits when it closes, so a node killed outright leaves no runner.
     _lifeline: Option<tokio::process::ChildStdin>,
-    in_flight: Option<InFlight>,
+    /// Generations handed to the runner and not yet ended: task id to
+    /// command id.
+    in_flight: BTreeMap<String, String>,
     stopping: bool,
     /// The last status relayed (a runner repeats its status until it hears
     /// from the node; repeats are not relayed again).
@@ -109,7 +105,7 @@ impl Actor for RunnerSupervisor {
             args,
             kill: Some(kill),
             _lifeline: lifeline,
-            in_flight: None,
+            in_flight: BTreeMap::new(),
             stopping: false,
             last_status: None,
         })
@@ -228,10 +224,8 @@ impl SupervisorState {
             return false;
         }
         if let Some(task::Kind::TextGeneration(_)) = &task.kind {
-            self.in_flight = Some(InFlight {
-                task_id: task.task_id.clone(),
-                command_id: task.command_id.clone(),
-            });
+            self.in_flight
+                .insert(task.task_id.clone(), task.command_id.clone());
         }
         true
     }
@@ -284,15 +278,25 @@ impl SupervisorState {
             return;
         }
         self.last_status = Some(state.clone());
-        let finished = match (&self.in_flight, &state) {
-            (Some(run), Rs::Running(running)) if running.task_id == run.task_id => None,
-            (Some(_), _) => self.in_flight.take(),
-            (None, _) => None,
+        // A task ends when the runner says so; one that stops or fails
+        // ends them all.
+        let finished: Vec<String> = match &state {
+            Rs::Ready(ready) => self.take_ended(&ready.ended_task_ids),
+            Rs::Running(running) => self.take_ended(&running.ended_task_ids),
+            _ => std::mem::take(&mut self.in_flight).into_keys().collect(),
         };
         self.status(state).await;
-        if let Some(run) = finished {
-            self.task_ended(run.task_id).await;
+        for task_id in finished {
+            self.task_ended(task_id).await;
         }
+    }
+
+    fn take_ended(&mut self, ended: &[String]) -> Vec<String> {
+        ended
+            .iter()
+            .filter(|id| self.in_flight.remove(id.as_str()).is_some())
+            .cloned()
+            .collect()
     }
 
     async fn on_exit(&mut self, exit: String, stderr: String) {
@@ -307,9 +311,9 @@ impl SupervisorState {
         }
         let reason = format!("the runner process exited ({exit})");
         tracing::warn!(runner_id, reason, "runner failed");
-        if let Some(run) = self.in_flight.take() {
-            error_chunk(&self.args.bus, &run.command_id, &reason).await;
-            self.task_ended(run.task_id).await;
+        for (task_id, command_id) in std::mem::take(&mut self.in_flight) {
+            error_chunk(&self.args.bus, &command_id, &reason).await;
+            self.task_ended(task_id).await;
         }
         self.status(Rs::Failed(v1::RunnerFailed {
             reason,
@@ -636,11 +640,15 @@ mod tests {
         let supervisor = harness.supervise(shell("sleep 600")).await;
         order_generation(&supervisor).await;
         let ready = || v1::RunnerStatus {
-            state: Some(Rs::Ready(v1::RunnerReady {})),
+            state: Some(Rs::Ready(v1::RunnerReady {
+                ended_task_ids: vec!["t0".into(), "t1".into()],
+            })),
         };
         let running = v1::RunnerStatus {
             state: Some(Rs::Running(v1::RunnerRunning {
                 task_id: "t1".into(),
+                task_ids: vec!["t1".into()],
+                ended_task_ids: vec!["t0".into()],
             })),
         };
         for status in [running.clone(), running, ready(), ready()] {

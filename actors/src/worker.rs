@@ -386,7 +386,8 @@ impl WorkerState {
                     instance_id: instance_id.to_string(),
                     rank,
                     pending: None,
-                    task_id: None,
+                    tasks: Default::default(),
+                    cancelling: Default::default(),
                 },
                 supervisor,
                 ordered_at: None,
@@ -453,6 +454,12 @@ impl WorkerState {
             } => {
                 self.start_runner(myself, &instance_id, &runner_id, rank)
                     .await?;
+            }
+            step @ (Step::Forward { .. } | Step::Cancel { .. }) => {
+                self.order_runner(&cluster, step).await;
+                // The next generation of a burst joins the batch now, not
+                // at the next tick.
+                let _ = myself.cast(WorkerMsg::Tick);
             }
             step => self.order_runner(&cluster, step).await,
         }
@@ -524,9 +531,17 @@ impl WorkerState {
                 .is_some_and(|r| r.supervisor.cast(SupervisorMsg::Shutdown).is_ok()),
             _ => self.order(&runner_id, &task).await,
         };
-        if let Step::Forward { task_id, .. } = &step {
-            self.forwarded(&runner_id, task_id, &task.command_id, sent)
-                .await;
+        match &step {
+            Step::Forward { task_id, .. } => {
+                self.forwarded(&runner_id, task_id, &task.command_id, sent)
+                    .await;
+            }
+            Step::Cancel { task_id, .. } if sent => {
+                if let Some(r) = self.runners.get_mut(&runner_id) {
+                    r.local.cancelling.insert(task_id.clone());
+                }
+            }
+            _ => {}
         }
         if let Some(r) = self.runners.get_mut(&runner_id) {
             r.local.pending = Some(step);
@@ -540,7 +555,7 @@ impl WorkerState {
         self.handed.insert(task_id.to_string());
         if let Some(r) = self.runners.get_mut(runner_id) {
             if sent {
-                r.local.task_id = Some(task_id.to_string());
+                r.local.tasks.insert(task_id.to_string());
             }
         }
         self.local_event(event::Kind::TaskAcknowledged(v1::TaskAcknowledged {
@@ -561,9 +576,8 @@ impl WorkerState {
         match report {
             RunnerReport::TaskEnded { runner_id, task_id } => {
                 if let Some(runner) = self.runners.get_mut(&runner_id) {
-                    if runner.local.task_id.as_ref() == Some(&task_id) {
-                        runner.local.task_id = None;
-                    }
+                    runner.local.tasks.remove(&task_id);
+                    runner.local.cancelling.remove(&task_id);
                 }
             }
             RunnerReport::Ended { runner_id, failed } => {

@@ -71,8 +71,8 @@ pub enum SeqEvent<'a> {
     Generation(GenerationEvent<'a>),
     /// The sequence is done (finished, stopped or cancelled).
     Finished(GenerationOutput),
-    /// The step failed (a rank died, a kernel failed): every running
-    /// sequence gets this, and the step returns the error.
+    /// The step failed (a rank died, a kernel failed): every running and
+    /// waiting sequence gets this, and the step returns the error.
     Failed(&'a str),
 }
 
@@ -412,6 +412,10 @@ impl<'m> Batch<'m> {
         for seq in self.running.drain(..) {
             self.blocks.release(&seq.table);
             let _ = sink(seq.id, SeqEvent::Failed(message));
+        }
+        // What waits would meet the same broken engine.
+        for waiting in self.waiting.drain(..) {
+            let _ = sink(waiting.id, SeqEvent::Failed(message));
         }
     }
 

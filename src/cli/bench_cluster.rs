@@ -80,6 +80,7 @@ pub fn run(args: ClusterBenchArgs) -> anyhow::Result<()> {
                 let instance_id = format!("instance-{command_id}");
                 let kind = command::Kind::CreateInstance(v1::CreateInstance {
                     instance: Some(v1::Instance {
+                        max_concurrent: 0,
                         instance_id: instance_id.clone(),
                         model: Some(card.clone()),
                         sharding: v1::Sharding::Pipeline as i32,

@@ -90,6 +90,11 @@ pub struct NodeArgs {
     /// Requests per model this node lets wait or run at once (then 429).
     #[arg(long, default_value_t = 64)]
     pub queue_limit: usize,
+    /// Generations an instance runs at once in one batch (written into
+    /// each instance this node places as master, so the cluster agrees).
+    #[arg(long, default_value_t = tessera_actors::plan::DEFAULT_MAX_CONCURRENT,
+          value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub max_concurrent: u32,
 }
 
 pub fn run(args: NodeArgs) -> anyhow::Result<()> {
@@ -118,6 +123,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
             api.max_connections = usize::try_from(args.api_max_connections).unwrap_or(usize::MAX);
             api
         }),
+        max_concurrent: args.max_concurrent,
         runner_threads: args
             .runner_threads
             .filter(|t| *t > 0)

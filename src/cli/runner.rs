@@ -143,6 +143,7 @@ fn engine_setup(args: &RunnerArgs) -> anyhow::Result<(EngineSetup, usize)> {
         ring,
         ring_id: instance.instance_id.clone(),
         threads: args.threads,
+        max_concurrent: tessera_actors::plan::max_concurrent(&instance),
     };
     Ok((setup, world))
 }

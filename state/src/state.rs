@@ -546,6 +546,7 @@ mod tests {
     fn instance(id: &str, nodes: &[&str]) -> K {
         K::InstanceCreated(v1::InstanceCreated {
             instance: Some(v1::Instance {
+                max_concurrent: 0,
                 instance_id: id.into(),
                 ranks: nodes
                     .iter()
@@ -666,7 +667,7 @@ mod tests {
                         bytes_loaded: 0,
                     }),
                 ),
-                runner("nobody", R::Ready(v1::RunnerReady {})),
+                runner("nobody", R::Ready(v1::RunnerReady::default())),
                 task("t", "i"),
                 task("t2", "no-such-instance"),
                 K::TaskAcknowledged(v1::TaskAcknowledged {
@@ -677,7 +678,7 @@ mod tests {
                     status: v1::TaskStatus::Failed as i32,
                     error: "boom".into(),
                 }),
-                runner("i-r0", R::Ready(v1::RunnerReady {})),
+                runner("i-r0", R::Ready(v1::RunnerReady::default())),
                 K::InstanceDeleted(v1::InstanceDeleted {
                     instance_id: "i".into(),
                     ..Default::default()

@@ -151,6 +151,7 @@ impl SyntheticEvents {
         self.pending
             .push_back(Kind::InstanceCreated(v1::InstanceCreated {
                 instance: Some(v1::Instance {
+                    max_concurrent: 0,
                     instance_id: instance_id.clone(),
                     model: Some(v1::ModelCard {
                         model_id: model_id.clone(),
@@ -178,7 +179,7 @@ impl SyntheticEvents {
                 resident_bytes: 60_000_000,
             }),
             RunnerState::WarmingUp(v1::RunnerWarmingUp {}),
-            RunnerState::Ready(v1::RunnerReady {}),
+            RunnerState::Ready(v1::RunnerReady::default()),
         ];
         for state in lifecycle {
             for rank in &ranks {
@@ -259,11 +260,16 @@ impl SyntheticEvents {
                 &rank.runner_id,
                 RunnerState::Running(v1::RunnerRunning {
                     task_id: task_id.clone(),
+                    task_ids: vec![task_id.clone()],
+                    ..Default::default()
                 }),
             );
         }
         for rank in ranks {
-            self.push_runner(&rank.runner_id, RunnerState::Ready(v1::RunnerReady {}));
+            self.push_runner(
+                &rank.runner_id,
+                RunnerState::Ready(v1::RunnerReady::default()),
+            );
         }
         let outcome = if self.rng.gen_ratio(1, 50) {
             v1::TaskStatus::Cancelled

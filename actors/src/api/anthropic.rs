@@ -329,7 +329,18 @@ pub fn message(id: &str, model: &str, chunks: &[generation_chunk::Kind]) -> Valu
         "content": content,
         "stop_reason": stop_reason(finish.map_or(0, |f| f.reason)),
         "stop_sequence": null,
-        "usage": {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens},
+        "usage": usage_json(&usage),
+    })
+}
+
+/// Anthropic's usage: `input_tokens` are the prompt tokens computed, those
+/// taken from the prefix cache are `cache_read_input_tokens`.
+fn usage_json(usage: &v1::Usage) -> serde_json::Value {
+    json!({
+        "input_tokens": usage.prompt_tokens.saturating_sub(usage.cached_tokens),
+        "cache_read_input_tokens": usage.cached_tokens,
+        "cache_creation_input_tokens": 0,
+        "output_tokens": usage.completion_tokens,
     })
 }
 
@@ -448,7 +459,7 @@ impl EventWriter {
                     "message_delta",
                     json!({"type": "message_delta",
                         "delta": {"stop_reason": stop_reason(f.reason), "stop_sequence": null},
-                        "usage": {"output_tokens": usage.completion_tokens}}),
+                        "usage": usage_json(&usage)}),
                 ));
                 out.push(("message_stop", json!({"type": "message_stop"})));
             }
@@ -538,14 +549,17 @@ mod tests {
             generation_chunk::Kind::Finish(v1::FinishChunk {
                 reason: v1::FinishReason::ToolCalls as i32,
                 usage: Some(v1::Usage {
-                    prompt_tokens: 3,
+                    prompt_tokens: 40,
                     completion_tokens: 2,
+                    cached_tokens: 32,
                     ..Default::default()
                 }),
                 stats: None,
             }),
         ];
         let whole = message("msg_1", "m", &chunks);
+        assert_eq!(whole["usage"]["input_tokens"], 8);
+        assert_eq!(whole["usage"]["cache_read_input_tokens"], 32);
         assert_eq!(whole["content"][0], json!({"type": "text", "text": "Hi"}));
         assert_eq!(whole["content"][1]["input"], json!({"a": 1}));
         assert_eq!(whole["stop_reason"], "tool_use");

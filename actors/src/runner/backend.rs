@@ -1,12 +1,12 @@
 //! The narrow interface between the Runner actor and the engine, in the
 //! spirit of TGI's `Backend`: join the ring, load with progress, warm up,
-//! run a request (a stream of chunks, cancellable), follow rank 0, shut
-//! down. Every call blocks, so the backend lives on a thread of its own
-//! ([`spawn_engine`]) and the actor only ever sends it commands and takes
-//! its events.
+//! queue and cancel generations, run the batch one step at a time (each
+//! generation a stream of chunks), follow rank 0, shut down. Every call
+//! blocks, so the backend lives on a thread of its own ([`spawn_engine`]),
+//! which steps the batch while it has work and takes the actor's commands
+//! between steps; the actor only ever sends commands and takes events.
 
-use std::sync::atomic::AtomicBool;
-use std::sync::{mpsc, Arc};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use tessera_engine::generate::GenerateRequest;
@@ -44,16 +44,23 @@ pub trait Backend {
     fn load(&mut self, progress: &mut dyn FnMut(usize, usize)) -> Result<u64, BackendError>;
     /// Makes the rank ready (rank 0 runs a tiny generation).
     fn warm_up(&mut self) -> Result<(), BackendError>;
-    /// Rank 0: runs `request`, handing each chunk to `sink`; stops early,
-    /// finishing as cancelled, once `cancel` is set. The finish chunk is
-    /// the last one sent; an error is returned instead of sent.
-    fn generate(
+    /// Rank 0: queues a generation; what makes it impossible (a prompt
+    /// beyond the context or the KV cache, a template error) is its error
+    /// now, and nothing else is touched.
+    fn submit(
         &mut self,
-        request: &GenerateRequest,
+        task_id: &str,
         command_id: &str,
-        cancel: &AtomicBool,
-        sink: &mut dyn FnMut(generation_chunk::Kind),
+        request: GenerateRequest,
     ) -> Result<(), BackendError>;
+    /// Rank 0: ends a generation at the next step, finishing as cancelled.
+    fn cancel(&mut self, task_id: &str);
+    /// Rank 0: generations are waiting or running.
+    fn busy(&self) -> bool;
+    /// Rank 0: one forward pass over the batch. Each generation's chunks
+    /// go to `sink` as [`EngineEvent::Chunk`], its end (the finish chunk
+    /// sent, or its error) as [`EngineEvent::Generated`].
+    fn step(&mut self, sink: &mut dyn FnMut(EngineEvent));
     /// Other ranks: follows rank 0's steps until it shuts down.
     fn follow(&mut self) -> Result<(), BackendError>;
     /// Rank 0: tells the other ranks to stop.
@@ -69,7 +76,9 @@ pub enum EngineCommand {
         task_id: String,
         command_id: String,
         request: Box<GenerateRequest>,
-        cancel: Arc<AtomicBool>,
+    },
+    Cancel {
+        task_id: String,
     },
     Follow,
     Shutdown,
@@ -115,8 +124,9 @@ impl EngineHandle {
 }
 
 /// Starts the engine thread: `make` builds the backend there (an engine
-/// holds borrows and threads that never move), then each command runs in
-/// turn and its events go to `events`.
+/// holds borrows and threads that never move). It runs each command in
+/// turn, and while generations are queued it steps the batch, taking the
+/// commands that came in between steps; events go to `events`.
 pub fn spawn_engine<B, F>(
     make: F,
     events: impl Fn(EngineEvent) + Send + 'static,
@@ -130,8 +140,23 @@ where
         .name("engine".into())
         .spawn(move || {
             let mut backend = make();
-            while let Ok(command) = inbox.recv() {
-                run_command(&mut backend, command, &events);
+            loop {
+                let command = if backend.busy() {
+                    match inbox.try_recv() {
+                        Ok(command) => Some(command),
+                        Err(mpsc::TryRecvError::Empty) => None,
+                        Err(mpsc::TryRecvError::Disconnected) => return,
+                    }
+                } else {
+                    match inbox.recv() {
+                        Ok(command) => Some(command),
+                        Err(_) => return,
+                    }
+                };
+                match command {
+                    Some(command) => run_command(&mut backend, command, &events),
+                    None => backend.step(&mut |event| events(event)),
+                }
             }
         })?;
     Ok(EngineHandle { commands })
@@ -164,16 +189,16 @@ fn run_command<B: Backend>(backend: &mut B, command: EngineCommand, events: &dyn
             task_id,
             command_id,
             request,
-            cancel,
-        } => {
-            let mut sink = |kind| {
-                events(EngineEvent::Chunk {
-                    task_id: task_id.clone(),
-                    kind,
-                })
-            };
-            let result = backend.generate(&request, &command_id, &cancel, &mut sink);
-            EngineEvent::Generated { task_id, result }
+        } => match backend.submit(&task_id, &command_id, *request) {
+            Ok(()) => return,
+            Err(error) => EngineEvent::Generated {
+                task_id,
+                result: Err(error),
+            },
+        },
+        EngineCommand::Cancel { task_id } => {
+            backend.cancel(&task_id);
+            return;
         }
         EngineCommand::Follow => EngineEvent::Followed(backend.follow()),
         EngineCommand::Shutdown => EngineEvent::ShutDown(backend.shutdown()),

@@ -1,29 +1,31 @@
 //! The [`Backend`] over tessera's own engine: a ring of TCP connections
 //! between ranks, this rank's shard of the weights, and (rank 0) a
-//! generation `Session` whose events become protobuf chunks: answer text,
+//! continuous [`Batch`] whose sequences' events become protobuf chunks: answer text,
 //! reasoning (flagged) and tool calls, each sampled token's id and logprob
 //! riding on the first chunk it released (an empty one if it released
 //! nothing).
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::ops::ControlFlow;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use tessera_engine::batch::{Batch, BatchConfig, SeqEvent, SeqId};
 use tessera_engine::collectives::{Group, SingleRank, TcpRing};
 use tessera_engine::executor::Executor;
 use tessera_engine::generate::{
-    load_transformer, FinishReason, GenerateRequest, GenerationEvent, GenerationOutput,
-    LoadedModel, Prompt, Session,
+    load_transformer, EngineError, FinishReason, GenerateRequest, GenerationEvent,
+    GenerationOutput, LoadedModel, Prompt,
 };
 use tessera_engine::model::Transformer;
 use tessera_engine::output_parser::ParsedChunk;
+use tessera_engine::paged::blocks_for;
 use tessera_engine::shard::ShardSpec;
 use tessera_engine::tokenizer::Tokenizer;
 use tessera_protos::v1::{self, generation_chunk};
 
-use super::backend::{Backend, BackendError};
+use super::backend::{Backend, BackendError, EngineEvent};
 
 /// How long the ranks of an instance may take to all reach the ring.
 const CONNECT_WAIT: Duration = Duration::from_secs(60);
@@ -42,15 +44,35 @@ pub struct EngineSetup {
     /// Names the ring: a rank of another instance is turned away.
     pub ring_id: String,
     pub threads: usize,
+    /// Generations in one batch at once (the instance's `max_concurrent`).
+    pub max_concurrent: usize,
 }
+
+/// KV positions the pool holds per concurrent sequence: a request may use
+/// more (up to the whole pool) while others use less.
+pub const KV_POSITIONS_PER_SEQUENCE: usize = 2048;
 
 /// What is loaded. A runner process loads one shard once and keeps it
 /// until it exits, so the weights are leaked to a `'static` borrow that the
-/// session and executor can hold.
+/// batch and executor can hold.
 enum Loaded {
     Nothing,
     Head(&'static LoadedModel),
     Follower(&'static Transformer),
+}
+
+/// A generation in the batch.
+struct Generation {
+    task_id: String,
+    chunks: ChunkWriter<'static>,
+}
+
+/// Rank 0 once warmed up: the batch and its generations.
+struct Head {
+    batch: Batch<'static>,
+    tokenizer: &'static Tokenizer,
+    generations: HashMap<SeqId, Generation>,
+    next_id: SeqId,
 }
 
 pub struct EngineBackend {
@@ -58,7 +80,7 @@ pub struct EngineBackend {
     group: Option<Box<dyn Group>>,
     loaded: Loaded,
     /// Rank 0, once warmed up.
-    session: Option<Session<'static>>,
+    head: Option<Head>,
     /// Other ranks, once warmed up.
     follower: Option<Executor<'static>>,
 }
@@ -67,13 +89,21 @@ fn engine_error(error: impl std::fmt::Display) -> BackendError {
     BackendError::Engine(format!("{error:#}"))
 }
 
+fn request_error(error: EngineError) -> BackendError {
+    if error.is_invalid_request() {
+        BackendError::InvalidRequest(error.to_string())
+    } else {
+        BackendError::Engine(error.to_string())
+    }
+}
+
 impl EngineBackend {
     pub fn new(setup: EngineSetup) -> Self {
         Self {
             setup,
             group: None,
             loaded: Loaded::Nothing,
-            session: None,
+            head: None,
             follower: None,
         }
     }
@@ -84,6 +114,15 @@ impl EngineBackend {
 
     fn threads(&self) -> usize {
         self.setup.threads.max(1)
+    }
+
+    fn batch_config(&self, model: &LoadedModel) -> BatchConfig {
+        let sequences = self.setup.max_concurrent.max(1);
+        let context = model.transformer.config.context_length;
+        BatchConfig {
+            kv_blocks: sequences * blocks_for(context.min(KV_POSITIONS_PER_SEQUENCE)),
+            ..BatchConfig::for_context(sequences, context)
+        }
     }
 }
 
@@ -130,47 +169,70 @@ impl Backend for EngineBackend {
             Loaded::Head(model) => {
                 let group = self.take_group();
                 let executor = Executor::new(&model.transformer, threads, group);
-                let mut session = Session::with_executor(model, executor);
-                let mut warm = GenerateRequest::new(Prompt::Raw("Hello".into()));
-                warm.max_tokens = 2;
-                warm.reuse_prefix = false;
-                session
-                    .generate(&warm, |_| ControlFlow::Continue(()))
-                    .map_err(|e| BackendError::Engine(format!("warming up: {e}")))?;
-                self.session = Some(session);
+                let mut batch = Batch::new(model, executor, self.batch_config(model));
+                warm(&mut batch).map_err(|e| BackendError::Engine(format!("warming up: {e}")))?;
+                self.head = Some(Head {
+                    batch,
+                    tokenizer: &model.tokenizer,
+                    generations: HashMap::new(),
+                    next_id: 1,
+                });
                 Ok(())
             }
         }
     }
 
-    fn generate(
+    fn submit(
         &mut self,
-        request: &GenerateRequest,
+        task_id: &str,
         command_id: &str,
-        cancel: &AtomicBool,
-        sink: &mut dyn FnMut(generation_chunk::Kind),
+        request: GenerateRequest,
     ) -> Result<(), BackendError> {
-        let (Some(session), Loaded::Head(model)) = (self.session.as_mut(), &self.loaded) else {
-            return Err(BackendError::Engine("generating before warming up".into()));
+        let head = self
+            .head
+            .as_mut()
+            .ok_or_else(|| BackendError::Engine("generating before warming up".into()))?;
+        let id = head.next_id;
+        let logprobs = request.logprobs;
+        head.batch.submit(id, request).map_err(request_error)?;
+        head.next_id += 1;
+        head.generations.insert(
+            id,
+            Generation {
+                task_id: task_id.to_string(),
+                chunks: ChunkWriter::new(head.tokenizer, command_id, logprobs),
+            },
+        );
+        Ok(())
+    }
+
+    fn cancel(&mut self, task_id: &str) {
+        if let Some(head) = self.head.as_mut() {
+            let found = head
+                .generations
+                .iter()
+                .find(|(_, g)| g.task_id == task_id)
+                .map(|(id, _)| *id);
+            if let Some(id) = found {
+                head.batch.cancel(id);
+            }
+        }
+    }
+
+    fn busy(&self) -> bool {
+        self.head.as_ref().is_some_and(|h| !h.batch.is_idle())
+    }
+
+    fn step(&mut self, sink: &mut dyn FnMut(EngineEvent)) {
+        let Some(head) = self.head.as_mut() else {
+            return;
         };
-        let mut chunks = ChunkWriter::new(&model.tokenizer, command_id, request.logprobs);
-        let result = session.generate(request, |event| {
-            if cancel.load(Ordering::Relaxed) {
-                return ControlFlow::Break(());
-            }
-            chunks.on_event(event, sink);
-            ControlFlow::Continue(())
-        });
-        chunks.flush(sink);
-        match result {
-            Ok(output) => {
-                sink(chunks.finish(&output));
-                Ok(())
-            }
-            Err(error) if error.is_invalid_request() => {
-                Err(BackendError::InvalidRequest(error.to_string()))
-            }
-            Err(error) => Err(BackendError::Engine(error.to_string())),
+        let generations = &mut head.generations;
+        let result = head
+            .batch
+            .step(&mut |id, event| on_seq_event(generations, id, event, sink));
+        if let Err(error) = result {
+            tracing::warn!("a batch step failed: {error}");
         }
     }
 
@@ -183,12 +245,66 @@ impl Backend for EngineBackend {
     }
 
     fn shutdown(&mut self) -> Result<(), BackendError> {
-        if let Some(session) = self.session.as_mut() {
-            session.executor().shutdown().map_err(engine_error)?;
+        if let Some(head) = self.head.as_mut() {
+            head.batch.executor().shutdown().map_err(engine_error)?;
         }
-        self.session = None;
+        self.head = None;
         Ok(())
     }
+}
+
+/// A tiny generation through the batch, so the first request pays no
+/// first-touch costs.
+fn warm(batch: &mut Batch<'_>) -> Result<(), EngineError> {
+    let mut warm = GenerateRequest::new(Prompt::Raw("Hello".into()));
+    warm.max_tokens = 2;
+    warm.reuse_prefix = false;
+    batch.submit(0, warm)?;
+    while !batch.is_idle() {
+        batch.step(&mut |_, _| ControlFlow::Continue(()))?;
+    }
+    batch.clear_cache();
+    Ok(())
+}
+
+/// One sequence's event as the runner's events: chunks, then its end.
+fn on_seq_event(
+    generations: &mut HashMap<SeqId, Generation>,
+    id: SeqId,
+    event: SeqEvent<'_>,
+    sink: &mut dyn FnMut(EngineEvent),
+) -> ControlFlow<()> {
+    let Some(generation) = generations.get_mut(&id) else {
+        return ControlFlow::Continue(());
+    };
+    let task_id = generation.task_id.clone();
+    let mut chunk = |kind| {
+        sink(EngineEvent::Chunk {
+            task_id: task_id.clone(),
+            kind,
+        })
+    };
+    match event {
+        SeqEvent::Generation(event) => generation.chunks.on_event(event, &mut chunk),
+        SeqEvent::Finished(output) => {
+            generation.chunks.flush(&mut chunk);
+            chunk(generation.chunks.finish(&output));
+            generations.remove(&id);
+            sink(EngineEvent::Generated {
+                task_id,
+                result: Ok(()),
+            });
+        }
+        SeqEvent::Failed(message) => {
+            generation.chunks.flush(&mut chunk);
+            generations.remove(&id);
+            sink(EngineEvent::Generated {
+                task_id,
+                result: Err(BackendError::Engine(message.to_string())),
+            });
+        }
+    }
+    ControlFlow::Continue(())
 }
 
 /// The token whose chunk is not sent yet: its parsed text, if any, comes

@@ -3,8 +3,10 @@
 //! Connected → Loading → Loaded → WarmingUp → Ready ⇄ Running →
 //! ShuttingDown → Shutdown, Failed from anywhere), takes its node's orders,
 //! and drives the engine through the [`Backend`] on the engine's own
-//! thread, so its mailbox never waits on a forward pass: a cancel or a
-//! shutdown is taken in while a generation runs. Statuses and chunks go out
+//! thread, so its mailbox never waits on a forward pass: generations join
+//! the engine's batch as they come, and a cancel or a shutdown is taken in
+//! while they run. Its status names every generation in the batch and the
+//! ones that ended lately, which is how the node learns each one's end. Statuses and chunks go out
 //! through a [`RunnerOutput`] (zenoh in a node, a channel in tests).
 
 pub mod backend;
@@ -12,10 +14,9 @@ pub mod engine;
 pub mod request;
 pub mod zenoh_link;
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -29,6 +30,10 @@ use backend::{spawn_engine, Backend, BackendError, EngineCommand, EngineEvent, E
 /// a put made before the client session has learnt of the node's
 /// subscriber is dropped by zenoh.
 const REPEAT_STATUS: Duration = Duration::from_millis(500);
+
+/// Ended generations a status names: enough to outlast any delay between
+/// an order and the status that follows it.
+const ENDED_REMEMBERED: usize = 32;
 
 /// Where the runner's statuses and chunks go.
 pub trait RunnerOutput: Send + Sync + 'static {
@@ -65,8 +70,8 @@ enum Phase {
     Loading,
     Loaded,
     WarmingUp,
+    /// Rank 0, taking generations (Running while any are in the batch).
     Ready,
-    Running(Run),
     /// Other ranks, once ready: the engine thread follows rank 0.
     Following,
     ShuttingDown,
@@ -76,11 +81,8 @@ enum Phase {
 struct Run {
     task_id: String,
     command_id: String,
-    cancel: Arc<AtomicBool>,
     /// The next chunk's number.
     seq: u64,
-    /// A shutdown came during the run: stop once it has ended.
-    then_shut_down: bool,
 }
 
 pub struct RunnerArgs<O, F> {
@@ -105,6 +107,12 @@ pub struct RunnerState<O> {
     exit: Option<oneshot::Sender<RunnerExit>>,
     /// How it ends, once it does.
     ending: Option<RunnerExit>,
+    /// Generations in the batch, oldest first.
+    runs: Vec<Run>,
+    /// Generations that ended lately, newest last.
+    ended: VecDeque<String>,
+    /// A shutdown came while generations ran: stop once they have ended.
+    then_shut_down: bool,
 }
 
 /// The actor; its types are the output, the backend and what builds it.
@@ -147,6 +155,9 @@ where
             heard_from_node: false,
             exit: Some(args.exit),
             ending: None,
+            runs: Vec::new(),
+            ended: VecDeque::new(),
+            then_shut_down: false,
         })
     }
 
@@ -247,9 +258,11 @@ impl<O: RunnerOutput> RunnerState<O> {
                     command_id,
                     params,
                 },
-            ) => self.start_run(task_id, command_id, &params).await,
-            (Phase::Running(run), Order::Cancel { task_id }) if run.task_id == task_id => {
-                run.cancel.store(true, Ordering::Relaxed);
+            ) if !self.then_shut_down => self.start_run(task_id, command_id, &params).await,
+            (Phase::Ready, Order::Cancel { task_id }) => {
+                if self.has_run(&task_id) {
+                    self.engine(EngineCommand::Cancel { task_id }).await;
+                }
             }
             (phase, order) => tracing::debug!(?phase, ?order, "order out of turn, ignored"),
         }
@@ -261,12 +274,19 @@ impl<O: RunnerOutput> RunnerState<O> {
         self.engine(EngineCommand::Load).await;
     }
 
+    fn has_run(&self, task_id: &str) -> bool {
+        self.runs.iter().any(|r| r.task_id == task_id)
+    }
+
     async fn on_shutdown(&mut self) {
         match &mut self.phase {
-            // The generation ends first (as cancelled), then the rest.
-            Phase::Running(run) => {
-                run.cancel.store(true, Ordering::Relaxed);
-                run.then_shut_down = true;
+            // The generations end first (as cancelled), then the rest.
+            Phase::Ready if !self.runs.is_empty() => {
+                self.then_shut_down = true;
+                let cancels: Vec<String> = self.runs.iter().map(|r| r.task_id.clone()).collect();
+                for task_id in cancels {
+                    self.engine(EngineCommand::Cancel { task_id }).await;
+                }
             }
             // Rank 0 tells the other ranks to leave the ring.
             Phase::Ready => self.begin_shutdown().await,
@@ -284,33 +304,43 @@ impl<O: RunnerOutput> RunnerState<O> {
         self.engine(EngineCommand::Shutdown).await;
     }
 
+    /// Ready with nothing in the batch, else Running with what is; both
+    /// name the generations that ended lately.
+    fn batch_status(&self) -> Rs {
+        let ended_task_ids: Vec<String> = self.ended.iter().cloned().collect();
+        match self.runs.first() {
+            None => Rs::Ready(v1::RunnerReady { ended_task_ids }),
+            Some(oldest) => Rs::Running(v1::RunnerRunning {
+                task_id: oldest.task_id.clone(),
+                task_ids: self.runs.iter().map(|r| r.task_id.clone()).collect(),
+                ended_task_ids,
+            }),
+        }
+    }
+
     async fn start_run(
         &mut self,
         task_id: String,
         command_id: String,
         params: &v1::TextGenerationParams,
     ) {
+        if self.has_run(&task_id) || self.ended.contains(&task_id) {
+            return;
+        }
         tracing::debug!(command_id, "generation order");
-        self.status(Rs::Running(v1::RunnerRunning {
-            task_id: task_id.clone(),
-        }))
-        .await;
         let mut run = Run {
             task_id: task_id.clone(),
             command_id: command_id.clone(),
-            cancel: Arc::new(AtomicBool::new(false)),
             seq: 0,
-            then_shut_down: false,
         };
         match request::request_from(params) {
             Ok(request) => {
-                let cancel = run.cancel.clone();
-                self.phase = Phase::Running(run);
+                self.runs.push(run);
+                self.status(self.batch_status()).await;
                 let command = EngineCommand::Generate {
                     task_id,
                     command_id,
                     request: Box::new(request),
-                    cancel,
                 };
                 self.engine(command).await;
             }
@@ -320,11 +350,18 @@ impl<O: RunnerOutput> RunnerState<O> {
                     message: error.to_string(),
                 });
                 self.send_chunk(&mut run, kind).await;
-                // Ready again: the worker takes it as the end of the task.
-                self.phase = Phase::Ready;
-                self.status(Rs::Ready(v1::RunnerReady {})).await;
+                // Its end in the status: the worker takes it from there.
+                self.remember_ended(task_id);
+                self.status(self.batch_status()).await;
             }
         }
+    }
+
+    fn remember_ended(&mut self, task_id: String) {
+        if self.ended.len() == ENDED_REMEMBERED {
+            self.ended.pop_front();
+        }
+        self.ended.push_back(task_id);
     }
 
     async fn send_chunk(&self, run: &mut Run, kind: generation_chunk::Kind) {
@@ -368,7 +405,7 @@ impl<O: RunnerOutput> RunnerState<O> {
     }
 
     async fn on_warmed_up(&mut self) {
-        self.status(Rs::Ready(v1::RunnerReady {})).await;
+        self.status(Rs::Ready(v1::RunnerReady::default())).await;
         if self.rank == 0 {
             self.phase = Phase::Ready;
         } else {
@@ -379,23 +416,19 @@ impl<O: RunnerOutput> RunnerState<O> {
     }
 
     async fn on_chunk(&mut self, task_id: &str, kind: generation_chunk::Kind) {
-        let Phase::Running(mut run) = std::mem::replace(&mut self.phase, Phase::Ready) else {
+        let Some(index) = self.runs.iter().position(|r| r.task_id == task_id) else {
             return;
         };
-        if run.task_id == task_id {
-            self.send_chunk(&mut run, kind).await;
-        }
-        self.phase = Phase::Running(run);
+        let mut run = self.runs.remove(index);
+        self.send_chunk(&mut run, kind).await;
+        self.runs.insert(index, run);
     }
 
     async fn on_generated(&mut self, task_id: &str, result: Result<(), BackendError>) {
-        let Phase::Running(mut run) = std::mem::replace(&mut self.phase, Phase::Ready) else {
+        let Some(index) = self.runs.iter().position(|r| r.task_id == task_id) else {
             return;
         };
-        if run.task_id != task_id {
-            self.phase = Phase::Running(run);
-            return;
-        }
+        let mut run = self.runs.remove(index);
         if let Err(error) = result {
             tracing::warn!(task_id, "generation failed: {error}");
             let kind = generation_chunk::Kind::Error(v1::ErrorChunk {
@@ -404,11 +437,11 @@ impl<O: RunnerOutput> RunnerState<O> {
             });
             self.send_chunk(&mut run, kind).await;
         }
-        if run.then_shut_down {
+        self.remember_ended(run.task_id);
+        if self.then_shut_down && self.runs.is_empty() {
             self.begin_shutdown().await;
         } else {
-            // Ready again: the worker takes it as the end of the task.
-            self.status(Rs::Ready(v1::RunnerReady {})).await;
+            self.status(self.batch_status()).await;
         }
     }
 }

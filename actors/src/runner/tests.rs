@@ -1,6 +1,5 @@
 //! The Runner's state machine, driven with a fake backend (no model).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -8,7 +7,7 @@ use tessera_engine::generate::GenerateRequest;
 use tessera_protos::v1::{self, generation_chunk, runner_status::State as Rs};
 use tokio::sync::{mpsc, oneshot};
 
-use super::backend::{Backend, BackendError};
+use super::backend::{Backend, BackendError, EngineEvent};
 use super::*;
 
 /// Statuses and chunks, as they went out.
@@ -32,13 +31,25 @@ impl RunnerOutput for ChannelOutput {
     }
 }
 
-/// A backend whose generations send one token a step until cancelled or
-/// `tokens` are out; `gate` holds each step until the test lets it go.
+/// A generation of the fake batch.
+struct FakeGeneration {
+    task_id: String,
+    sent: usize,
+    max: usize,
+    cancelled: bool,
+}
+
+/// A backend whose batch sends one token per generation a step until a
+/// generation is cancelled or its `tokens` are out; `gate` holds each step
+/// until the test lets it go.
 struct FakeBackend {
     calls: Arc<Mutex<Vec<&'static str>>>,
     fail_load: bool,
     tokens: usize,
     gate: Option<std::sync::mpsc::Receiver<()>>,
+    batch: Vec<FakeGeneration>,
+    /// The first step waits until this many generations are in the batch.
+    first_step_waits_for: usize,
 }
 
 impl Backend for FakeBackend {
@@ -61,34 +72,68 @@ impl Backend for FakeBackend {
         Ok(())
     }
 
-    fn generate(
+    fn submit(
         &mut self,
-        request: &GenerateRequest,
+        task_id: &str,
         _command_id: &str,
-        cancel: &AtomicBool,
-        sink: &mut dyn FnMut(generation_chunk::Kind),
+        request: GenerateRequest,
     ) -> Result<(), BackendError> {
-        self.calls.lock().expect("calls").push("generate");
-        let mut reason = v1::FinishReason::Length;
-        for i in 0..self.tokens.min(request.max_tokens) {
-            if let Some(gate) = &self.gate {
-                let _ = gate.recv_timeout(Duration::from_secs(10));
+        self.calls.lock().expect("calls").push("submit");
+        self.batch.push(FakeGeneration {
+            task_id: task_id.into(),
+            sent: 0,
+            max: self.tokens.min(request.max_tokens),
+            cancelled: false,
+        });
+        Ok(())
+    }
+
+    fn cancel(&mut self, task_id: &str) {
+        for generation in self.batch.iter_mut().filter(|g| g.task_id == task_id) {
+            generation.cancelled = true;
+        }
+    }
+
+    fn busy(&self) -> bool {
+        !self.batch.is_empty() && self.batch.len() >= self.first_step_waits_for
+    }
+
+    fn step(&mut self, sink: &mut dyn FnMut(EngineEvent)) {
+        if let Some(gate) = &self.gate {
+            let _ = gate.recv_timeout(Duration::from_secs(10));
+        }
+        self.first_step_waits_for = 0;
+        for generation in &mut self.batch {
+            let chunk = |kind| EngineEvent::Chunk {
+                task_id: generation.task_id.clone(),
+                kind,
+            };
+            if generation.cancelled || generation.sent == generation.max {
+                let reason = if generation.cancelled {
+                    v1::FinishReason::Cancelled
+                } else {
+                    v1::FinishReason::Length
+                };
+                sink(chunk(generation_chunk::Kind::Finish(v1::FinishChunk {
+                    reason: reason as i32,
+                    ..Default::default()
+                })));
+                sink(EngineEvent::Generated {
+                    task_id: generation.task_id.clone(),
+                    result: Ok(()),
+                });
+                generation.max = usize::MAX;
+                continue;
             }
-            if cancel.load(Ordering::Relaxed) {
-                reason = v1::FinishReason::Cancelled;
-                break;
-            }
-            sink(generation_chunk::Kind::Token(v1::TokenChunk {
+            let i = generation.sent;
+            sink(chunk(generation_chunk::Kind::Token(v1::TokenChunk {
                 token_id: i as u32,
                 text: format!("t{i}"),
                 ..Default::default()
-            }));
+            })));
+            generation.sent += 1;
         }
-        sink(generation_chunk::Kind::Finish(v1::FinishChunk {
-            reason: reason as i32,
-            ..Default::default()
-        }));
-        Ok(())
+        self.batch.retain(|g| g.max != usize::MAX);
     }
 
     fn follow(&mut self) -> Result<(), BackendError> {
@@ -142,6 +187,8 @@ fn fake(tokens: usize) -> FakeBackend {
         fail_load: false,
         tokens,
         gate: None,
+        batch: Vec::new(),
+        first_step_waits_for: 0,
     }
 }
 
@@ -245,7 +292,9 @@ async fn one_rank_walks_walk_to_ready_runs_generations_in_turn_and_shuts_down() 
         }
         let finish = h.chunk().await;
         assert!(matches!(kind(&finish), generation_chunk::Kind::Finish(_)));
-        assert!(matches!(h.status().await, Rs::Ready(_)));
+        assert!(
+            matches!(h.status().await, Rs::Ready(r) if r.ended_task_ids.last().is_some_and(|t| t == task))
+        );
     }
     h.order(Order::Shutdown);
     assert!(matches!(h.status().await, Rs::ShuttingDown(_)));
@@ -254,8 +303,51 @@ async fn one_rank_walks_walk_to_ready_runs_generations_in_turn_and_shuts_down() 
     assert_eq!(h.exit().await, RunnerExit::Shutdown);
     assert_eq!(
         *calls.lock().expect("calls"),
-        ["load", "warm_up", "generate", "generate", "shutdown"]
+        ["load", "warm_up", "submit", "submit", "shutdown"]
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generations_that_arrive_together_run_in_one_batch_and_end_each_on_its_own() {
+    let mut backend = fake(2);
+    backend.first_step_waits_for = 2;
+    let mut h = start(0, 1, backend).await;
+    h.walk_to_ready().await;
+    h.order(generate("t1", 16));
+    assert!(matches!(h.status().await, Rs::Running(r) if r.task_ids == ["t1"]));
+    h.order(generate("t2", 1));
+    assert!(matches!(h.status().await, Rs::Running(r) if r.task_ids == ["t1", "t2"]));
+    // Step 1: a token of each; step 2: t1's second, t2's end (it asked for
+    // one token); step 3: t1's end.
+    let mut order = Vec::new();
+    for _ in 0..4 {
+        let chunk = h.chunk().await;
+        let finished = matches!(kind(&chunk), generation_chunk::Kind::Finish(_));
+        order.push((chunk.command_id, chunk.seq, finished));
+    }
+    let expect = |id: &str, seq, finished| (format!("cmd-{id}"), seq, finished);
+    assert_eq!(
+        order,
+        [
+            expect("t1", 0, false),
+            expect("t2", 0, false),
+            expect("t1", 1, false),
+            expect("t2", 1, true)
+        ]
+    );
+    let Rs::Running(running) = h.status().await else {
+        panic!("t1 still runs");
+    };
+    assert_eq!(running.task_ids, ["t1"]);
+    assert_eq!(running.ended_task_ids, ["t2"]);
+    assert!(matches!(
+        kind(&h.chunk().await),
+        generation_chunk::Kind::Finish(_)
+    ));
+    let Rs::Ready(ready) = h.status().await else {
+        panic!("not ready");
+    };
+    assert_eq!(ready.ended_task_ids, ["t2", "t1"]);
 }
 
 /// A ready runner running generation `t1`, whose every token waits for a
@@ -269,6 +361,22 @@ async fn running_held_generation() -> (Harness, std::sync::mpsc::Sender<()>) {
     h.order(generate("t1", 1000));
     assert!(matches!(h.status().await, Rs::Running(_)));
     (h, gate_tx)
+}
+
+/// Lets steps go until the held generation's finish chunk comes (a cancel
+/// is taken in between two steps, whichever one is under way).
+async fn finish_after_steps(
+    h: &mut Harness,
+    gate: &std::sync::mpsc::Sender<()>,
+) -> v1::FinishChunk {
+    for _ in 0..5 {
+        gate.send(()).expect("gate");
+        let chunk = h.chunk().await;
+        if let generation_chunk::Kind::Finish(finish) = kind(&chunk) {
+            return finish.clone();
+        }
+    }
+    panic!("no finish after five steps");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -286,12 +394,7 @@ async fn a_cancel_is_taken_in_while_the_engine_generates() {
     h.order(Order::Cancel {
         task_id: "t1".into(),
     });
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    gate_tx.send(()).expect("gate");
-    let finish = h.chunk().await;
-    let generation_chunk::Kind::Finish(finish) = kind(&finish) else {
-        panic!("not a finish: {finish:?}");
-    };
+    let finish = finish_after_steps(&mut h, &gate_tx).await;
     assert_eq!(finish.reason, v1::FinishReason::Cancelled as i32);
     assert!(matches!(h.status().await, Rs::Ready(_)));
 }
@@ -300,10 +403,8 @@ async fn a_cancel_is_taken_in_while_the_engine_generates() {
 async fn a_shutdown_during_a_generation_ends_it_first() {
     let (mut h, gate_tx) = running_held_generation().await;
     h.order(Order::Shutdown);
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    gate_tx.send(()).expect("gate");
-    let finish = h.chunk().await;
-    assert!(matches!(kind(&finish), generation_chunk::Kind::Finish(_)));
+    let finish = finish_after_steps(&mut h, &gate_tx).await;
+    assert_eq!(finish.reason, v1::FinishReason::Cancelled as i32);
     assert!(matches!(h.status().await, Rs::ShuttingDown(_)));
     assert!(matches!(h.status().await, Rs::Shutdown(_)));
     assert_eq!(h.exit().await, RunnerExit::Shutdown);
@@ -318,14 +419,13 @@ async fn a_bad_request_gets_an_invalid_request_chunk_and_the_runner_stays_ready(
         command_id: "c1".into(),
         params: Box::default(),
     });
-    assert!(matches!(h.status().await, Rs::Running(_)));
     let chunk = h.chunk().await;
     let generation_chunk::Kind::Error(error) = kind(&chunk) else {
         panic!("not an error: {chunk:?}");
     };
     assert_eq!(error.kind, "invalid_request");
-    assert!(matches!(h.status().await, Rs::Ready(_)));
-    assert!(!h.calls.lock().expect("calls").contains(&"generate"));
+    assert!(matches!(h.status().await, Rs::Ready(r) if r.ended_task_ids == ["t1"]));
+    assert!(!h.calls.lock().expect("calls").contains(&"submit"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

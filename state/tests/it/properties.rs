@@ -21,8 +21,11 @@ fn runner_state() -> impl Strategy<Value = R> {
             layers_total: t,
             bytes_loaded: 0
         })),
-        Just(R::Ready(v1::RunnerReady {})),
-        id("t", 4).prop_map(|task_id| R::Running(v1::RunnerRunning { task_id })),
+        Just(R::Ready(v1::RunnerReady::default())),
+        id("t", 4).prop_map(|task_id| R::Running(v1::RunnerRunning {
+            task_id,
+            ..Default::default()
+        })),
         Just(R::Shutdown(v1::RunnerShutdown {})),
         ".{0,8}".prop_map(|reason| R::Failed(v1::RunnerFailed {
             reason,
