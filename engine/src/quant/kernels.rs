@@ -52,6 +52,7 @@ pub fn select_dot4(format: WeightFormat) -> Option<Dot4Fn> {
         return match format {
             WeightFormat::Q4_1 => Some(avx2::dot4_q4_1),
             WeightFormat::Q4_0 => Some(avx2::dot4_q4_0),
+            WeightFormat::Q8_0 => Some(avx2::dot4_q8_0),
             _ => None,
         };
     }
@@ -462,6 +463,37 @@ mod avx2 {
         hsum(acc)
     }
 
+    /// Q8_0 against four activation rows (a batch's LM head): each weight
+    /// block is loaded and its signs taken once for all four. Same
+    /// arithmetic, in the same order, as [`dot_q8_0`].
+    pub fn dot4_q8_0(row: &[u8], x: [&[BlockQ8]; 4], out: &mut [f32; 4]) {
+        let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
+        assert!(row.len() >= n * 34);
+        // SAFETY: features checked by `available`; bounds by the assert.
+        unsafe { dot4_q8_0_impl(row, x, n, out) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot4_q8_0_impl(row: &[u8], x: [&[BlockQ8]; 4], n: usize, out: &mut [f32; 4]) {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let w = row.as_ptr();
+        for i in 0..n {
+            let wb = w.add(i * 34);
+            let dw = load_f16(wb);
+            let q = _mm256_loadu_si256(wb.add(2) as *const __m256i);
+            let q_abs = _mm256_sign_epi8(q, q);
+            for k in 0..4 {
+                let a = x[k].get_unchecked(i);
+                let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+                let prod = mul_sum_us8(q_abs, _mm256_sign_epi8(y, q));
+                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), prod, acc[k]);
+            }
+        }
+        for k in 0..4 {
+            out[k] = hsum(acc[k]);
+        }
+    }
+
     pub fn dot_q8_0(row: &[u8], x: &[BlockQ8]) -> f32 {
         assert!(row.len() >= x.len() * 34);
         // SAFETY: features checked by `available`; bounds by the assert.
@@ -592,6 +624,37 @@ mod neon {
             mins += read_f16(w, 2) * a.s;
         }
         sum + mins
+    }
+
+    /// Q8_0 against four activation rows (a batch's LM head): each weight
+    /// block is loaded and its signs taken once for all four. Same
+    /// arithmetic, in the same order, as [`dot_q8_0`].
+    pub fn dot4_q8_0(row: &[u8], x: [&[BlockQ8]; 4], out: &mut [f32; 4]) {
+        let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
+        assert!(row.len() >= n * 34);
+        // SAFETY: features checked by `available`; bounds by the assert.
+        unsafe { dot4_q8_0_impl(row, x, n, out) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot4_q8_0_impl(row: &[u8], x: [&[BlockQ8]; 4], n: usize, out: &mut [f32; 4]) {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let w = row.as_ptr();
+        for i in 0..n {
+            let wb = w.add(i * 34);
+            let dw = load_f16(wb);
+            let q = _mm256_loadu_si256(wb.add(2) as *const __m256i);
+            let q_abs = _mm256_sign_epi8(q, q);
+            for k in 0..4 {
+                let a = x[k].get_unchecked(i);
+                let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+                let prod = mul_sum_us8(q_abs, _mm256_sign_epi8(y, q));
+                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), prod, acc[k]);
+            }
+        }
+        for k in 0..4 {
+            out[k] = hsum(acc[k]);
+        }
     }
 
     pub fn dot_q8_0(row: &[u8], x: &[BlockQ8]) -> f32 {

@@ -473,7 +473,7 @@ mod tests {
 
     #[test]
     fn four_row_kernels_equal_single_row_kernels_exactly() {
-        for format in [WeightFormat::Q4_0, WeightFormat::Q4_1] {
+        for format in [WeightFormat::Q4_0, WeightFormat::Q4_1, WeightFormat::Q8_0] {
             let Some(dot4) = kernels::select_dot4(format) else {
                 continue;
             };
