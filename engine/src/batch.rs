@@ -99,7 +99,31 @@ struct Running {
     submitted: Instant,
     prefill_done: Option<Instant>,
     cancelled: bool,
+    /// In a launched step not collected yet.
+    in_flight: bool,
+    /// The launch it was last in (0: none yet).
+    launched_at: u64,
 }
+
+/// One sequence's share of a launched step.
+#[derive(Clone, Copy, Debug)]
+struct Part {
+    id: SeqId,
+    len: usize,
+    logits: bool,
+}
+
+/// A step launched on the executor, waiting to be collected.
+struct Launch {
+    parts: Vec<Part>,
+    wants_logits: bool,
+}
+
+/// The most tokens a step may have to be launched while another that
+/// wants logits is in flight: its hidden states (a few KB a token) then fit
+/// in the ring's socket buffers, so rank 0 never blocks sending them while
+/// the last stage blocks sending it logits.
+const OVERLAP_TOKENS: usize = 32;
 
 impl Running {
     fn state(&self) -> SeqState {
@@ -125,6 +149,8 @@ pub struct Batch<'m> {
     planned: Vec<Planned>,
     step_tokens: Vec<u32>,
     logits: Vec<f32>,
+    launches: VecDeque<Launch>,
+    launch_clock: u64,
 }
 
 impl<'m> Batch<'m> {
@@ -145,6 +171,8 @@ impl<'m> Batch<'m> {
             planned: Vec::new(),
             step_tokens: Vec::new(),
             logits: Vec::new(),
+            launches: VecDeque::new(),
+            launch_clock: 0,
         }
     }
 
@@ -164,7 +192,10 @@ impl<'m> Batch<'m> {
 
     /// Nothing waiting or running.
     pub fn is_idle(&self) -> bool {
-        self.waiting.is_empty() && self.running.is_empty() && self.cancelled_waiting.is_empty()
+        self.waiting.is_empty()
+            && self.running.is_empty()
+            && self.cancelled_waiting.is_empty()
+            && self.launches.is_empty()
     }
 
     /// Sequences running now, and waiting.
@@ -228,30 +259,78 @@ impl<'m> Batch<'m> {
 
     /// Admits what fits, runs one forward pass over the batch and hands
     /// each sequence its events. `sink` may return `Break` to cancel that
-    /// sequence. An error of the step fails every running sequence (each
-    /// hears it as [`SeqEvent::Failed`]) and is returned.
+    /// sequence. An error of the step fails every running and waiting
+    /// sequence (each hears it as [`SeqEvent::Failed`]) and is returned.
+    ///
+    /// On a pipeline ([`Executor::overlaps_steps`]) the batch runs as two
+    /// micro-batches, one in flight while the other is launched: a call
+    /// launches one and collects the older, so every stage has work.
     pub fn step(
         &mut self,
         sink: &mut dyn FnMut(SeqId, SeqEvent<'_>) -> ControlFlow<()>,
     ) -> Result<(), EngineError> {
         self.finish_cancelled(sink);
         self.admit();
-        if self.running.is_empty() {
-            return Ok(());
+        let depth = if self.executor.overlaps_steps() { 2 } else { 1 };
+        // Overlapped, the oldest is collected before the next launch: the
+        // last stage (the slower one, with the head) then finds rank 0
+        // reading when it sends, and never waits to send.
+        if self.launches.len() >= depth {
+            self.collect_oldest(sink)?;
         }
-        let states: Vec<SeqState> = self.running.iter().map(Running::state).collect();
+        let launched = match self.launch_next() {
+            Ok(launched) => launched,
+            Err(error) => return Err(self.fail(error, sink)),
+        };
+        if (depth == 1 && launched) || (!launched && !self.launches.is_empty()) {
+            self.collect_oldest(sink)?;
+        }
+        Ok(())
+    }
+
+    /// Plans and launches a step over the sequences not in flight; false
+    /// when there is nothing to launch (or it must wait for the one in
+    /// flight).
+    fn launch_next(&mut self) -> Result<bool, crate::executor::ExecError> {
+        let mut idle: Vec<usize> = (0..self.running.len())
+            .filter(|&i| !self.running[i].in_flight)
+            .collect();
+        // Longest since its last step first, so micro-batches take turns.
+        idle.sort_by_key(|&i| self.running[i].launched_at);
+        // Two micro-batches when steps overlap: each takes half the batch.
+        let cap = if self.executor.overlaps_steps() {
+            self.running.len().div_ceil(2)
+        } else {
+            idle.len()
+        };
+        let candidates = &idle[..cap.min(idle.len())];
+        let states: Vec<SeqState> = candidates
+            .iter()
+            .map(|&i| self.running[i].state())
+            .collect();
         plan_step(&states, self.config.step_tokens, &mut self.planned);
+        let tokens: usize = self.planned.iter().map(|p| p.len).sum();
+        let wants_logits = self.planned.iter().any(|p| p.logits);
+        if tokens == 0 || !self.may_overlap(tokens) {
+            return Ok(false);
+        }
         self.step_tokens.clear();
+        let mut parts = Vec::with_capacity(self.planned.len());
         for planned in &self.planned {
-            let seq = &self.running[planned.index];
+            let seq = &self.running[candidates[planned.index]];
             self.step_tokens
                 .extend_from_slice(&seq.tokens[seq.computed..seq.computed + planned.len]);
+            parts.push(Part {
+                id: seq.id,
+                len: planned.len,
+                logits: planned.logits,
+            });
         }
         let spans: Vec<SeqSpan<'_>> = self
             .planned
             .iter()
             .map(|p| {
-                let seq = &self.running[p.index];
+                let seq = &self.running[candidates[p.index]];
                 SeqSpan {
                     start: seq.computed,
                     len: p.len,
@@ -260,20 +339,62 @@ impl<'m> Batch<'m> {
                 }
             })
             .collect();
+        self.executor.launch(&spans, &self.step_tokens)?;
+        self.launch_clock += 1;
+        for planned in &self.planned {
+            let seq = &mut self.running[candidates[planned.index]];
+            seq.in_flight = true;
+            seq.launched_at = self.launch_clock;
+        }
+        self.launches.push_back(Launch {
+            parts,
+            wants_logits,
+        });
+        Ok(true)
+    }
+
+    /// A second step may go out before the first is collected only when
+    /// the sends cannot all block on each other: the first asks for no
+    /// logits (nothing comes back to rank 0), or the second is small
+    /// enough for the socket buffers.
+    fn may_overlap(&self, tokens: usize) -> bool {
+        self.launches
+            .iter()
+            .all(|l| !l.wants_logits || tokens <= OVERLAP_TOKENS)
+    }
+
+    /// Collects the oldest launched step and advances its sequences.
+    fn collect_oldest(
+        &mut self,
+        sink: &mut dyn FnMut(SeqId, SeqEvent<'_>) -> ControlFlow<()>,
+    ) -> Result<(), EngineError> {
+        let Some(launch) = self.launches.pop_front() else {
+            return Ok(());
+        };
         let mut logits = std::mem::take(&mut self.logits);
         logits.clear();
-        match self.executor.step(&spans, &self.step_tokens) {
+        match self.executor.collect() {
             Ok(rows) => logits.extend_from_slice(rows.unwrap_or_default()),
             Err(error) => {
                 self.logits = logits;
-                let error = EngineError::from(error);
-                self.fail_all(&error.to_string(), sink);
-                return Err(error);
+                return Err(self.fail(error, sink));
             }
         }
-        self.after_step(&mut logits, sink);
+        self.after_step(&launch.parts, &mut logits, sink);
         self.logits = logits;
         Ok(())
+    }
+
+    /// Fails everything after a failed step; the error to return.
+    fn fail(
+        &mut self,
+        error: crate::executor::ExecError,
+        sink: &mut dyn FnMut(SeqId, SeqEvent<'_>) -> ControlFlow<()>,
+    ) -> EngineError {
+        let error = EngineError::from(error);
+        self.launches.clear();
+        self.fail_all(&error.to_string(), sink);
+        error
     }
 
     /// Moves waiting requests in, oldest first, while there is room.
@@ -323,6 +444,8 @@ impl<'m> Batch<'m> {
                 submitted: waiting.submitted,
                 prefill_done: None,
                 cancelled: false,
+                in_flight: false,
+                launched_at: 0,
                 request: waiting.request,
             });
         }
@@ -331,15 +454,20 @@ impl<'m> Batch<'m> {
     /// Advances every sequence of the step: progress, sampling, endings.
     fn after_step(
         &mut self,
+        parts: &[Part],
         logits: &mut [f32],
         sink: &mut dyn FnMut(SeqId, SeqEvent<'_>) -> ControlFlow<()>,
     ) {
         let vocab = self.model.transformer.config.vocab;
         let mut row = 0;
         let mut ended = Vec::new();
-        for planned in &self.planned {
-            let seq = &mut self.running[planned.index];
-            seq.computed += planned.len;
+        for part in parts {
+            let Some(index) = self.running.iter().position(|r| r.id == part.id) else {
+                continue;
+            };
+            let seq = &mut self.running[index];
+            seq.in_flight = false;
+            seq.computed += part.len;
             self.blocks
                 .register(&seq.table, &seq.tokens[..seq.computed], &mut seq.chain);
             let mut flow = ControlFlow::Continue(());
@@ -353,7 +481,7 @@ impl<'m> Batch<'m> {
                     seq.prefill_done = Some(Instant::now());
                 }
             }
-            if planned.logits {
+            if part.logits {
                 let row_logits = &mut logits[row * vocab..(row + 1) * vocab];
                 row += 1;
                 if flow.is_continue() {
@@ -365,14 +493,14 @@ impl<'m> Batch<'m> {
                             });
                     match next {
                         Some(token) => seq.tokens.push(token),
-                        None => ended.push(planned.index),
+                        None => ended.push(index),
                     }
                 }
             }
             if flow.is_break() || seq.cancelled {
                 seq.decoder.cancel();
-                if !ended.contains(&planned.index) {
-                    ended.push(planned.index);
+                if !ended.contains(&index) {
+                    ended.push(index);
                 }
             }
         }
@@ -393,7 +521,8 @@ impl<'m> Batch<'m> {
         }
         let mut index = 0;
         while index < self.running.len() {
-            if self.running[index].cancelled {
+            // One in flight ends when its step is collected.
+            if self.running[index].cancelled && !self.running[index].in_flight {
                 let mut seq = self.running.remove(index);
                 seq.decoder.cancel();
                 self.blocks.release(&seq.table);

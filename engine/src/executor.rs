@@ -15,6 +15,7 @@
 //! Only rank 0 samples and allocates blocks, and a step names every block
 //! it writes and reads: ranks cannot drift apart.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::collectives::{CollectiveError, Group, SingleRank};
@@ -187,6 +188,17 @@ pub struct Executor<'m> {
     hidden: Vec<f32>,
     message: Vec<u8>,
     shut_down: bool,
+    /// Rank 0: launched steps whose logits are not collected yet.
+    launched: VecDeque<Launched>,
+    /// Logits buffers of collected steps, for the next launches.
+    spare: Vec<Vec<f32>>,
+}
+
+/// A step rank 0 launched: how many logits rows it waits for, and the rows
+/// themselves when this rank computed them (no pipeline stage after it).
+struct Launched {
+    wanted: usize,
+    local: Option<Vec<f32>>,
 }
 
 impl<'m> Executor<'m> {
@@ -207,7 +219,23 @@ impl<'m> Executor<'m> {
             hidden: Vec::new(),
             message: Vec::new(),
             shut_down: false,
+            launched: VecDeque::new(),
+            spare: Vec::new(),
         }
+    }
+
+    /// Whether a launched step's logits come later from other ranks, so
+    /// that launching a second one before collecting the first keeps every
+    /// pipeline stage busy (rank 0 is a first stage but not the last).
+    pub fn overlaps_steps(&self) -> bool {
+        self.world_size() > 1
+            && !self.transformer.is_tensor_parallel()
+            && !self.transformer.is_last_stage()
+    }
+
+    /// Steps launched and not yet collected.
+    pub fn in_flight(&self) -> usize {
+        self.launched.len()
     }
 
     pub fn rank(&self) -> usize {
@@ -242,6 +270,15 @@ impl<'m> Executor<'m> {
         spans: &[SeqSpan<'_>],
         tokens: &[u32],
     ) -> Result<Option<&[f32]>, ExecError> {
+        self.launch(spans, tokens)?;
+        self.collect()
+    }
+
+    /// Rank 0: starts a step on every rank and runs this rank's part; its
+    /// logits are [`Executor::collect`]ed later, oldest step first. On a
+    /// pipeline, the next step can be launched first: this stage works on
+    /// it while later stages finish the last one.
+    pub fn launch(&mut self, spans: &[SeqSpan<'_>], tokens: &[u32]) -> Result<(), ExecError> {
         if self.rank() != 0 {
             return Err(ExecError::NotDriver { rank: self.rank() });
         }
@@ -252,7 +289,44 @@ impl<'m> Executor<'m> {
             self.message = message;
             sent?;
         }
-        self.execute(spans, tokens)
+        let wanted = spans.iter().filter(|s| s.logits).count();
+        let local = if self.execute(spans, tokens)? {
+            // The rows move to the launch; `logits` gets a spare buffer.
+            let mut buffer = self.spare.pop().unwrap_or_default();
+            std::mem::swap(&mut buffer, &mut self.logits);
+            Some(buffer)
+        } else {
+            None
+        };
+        self.launched.push_back(Launched { wanted, local });
+        Ok(())
+    }
+
+    /// Rank 0: the logits of the oldest launched step (`None` when it
+    /// asked for none), waiting for the last stage if need be.
+    pub fn collect(&mut self) -> Result<Option<&[f32]>, ExecError> {
+        let Some(launched) = self.launched.pop_front() else {
+            return Ok(None);
+        };
+        let previous = std::mem::take(&mut self.logits);
+        self.spare.push(previous);
+        if let Some(local) = launched.local {
+            self.logits = local;
+            return Ok(Some(&self.logits[..]));
+        }
+        if launched.wanted == 0 {
+            return Ok(None);
+        }
+        let mut buffer = self.spare.pop().unwrap_or_default();
+        buffer.resize(launched.wanted * self.transformer.config.vocab, 0.0);
+        let received = self.group.recv_prev(&mut buffer);
+        self.logits = buffer;
+        if let Err(error) = received {
+            // What else was launched will not come either.
+            self.launched.clear();
+            return Err(error.into());
+        }
+        Ok(Some(&self.logits[..]))
     }
 
     /// Rank 0: tells the other ranks to leave [`Executor::serve`].
@@ -305,12 +379,9 @@ impl<'m> Executor<'m> {
         Ok(self.group.barrier()?)
     }
 
-    /// This rank's part of one step.
-    fn execute(
-        &mut self,
-        spans: &[SeqSpan<'_>],
-        tokens: &[u32],
-    ) -> Result<Option<&[f32]>, ExecError> {
+    /// This rank's part of one step; true when rank 0 holds the step's
+    /// logits in `logits` now.
+    fn execute(&mut self, spans: &[SeqSpan<'_>], tokens: &[u32]) -> Result<bool, ExecError> {
         let rank = self.group.rank();
         let most = spans
             .iter()
@@ -325,8 +396,7 @@ impl<'m> Executor<'m> {
         }
         self.kv.ensure_blocks(most);
         let model = self.transformer;
-        let (hidden, vocab) = (model.config.hidden, model.config.vocab);
-        let wanted = spans.iter().filter(|s| s.logits).count();
+        let hidden = model.config.hidden;
         let group = self.group.as_mut();
         let input = if model.is_first_stage() {
             StageInput::Tokens(tokens)
@@ -359,12 +429,8 @@ impl<'m> Executor<'m> {
             ForwardOutput::Hidden(x) if !model.is_last_stage() => group.send_next(x)?,
             ForwardOutput::Hidden(_) => {}
         }
-        if rank == 0 && wanted > 0 && !have_logits {
-            self.logits.resize(wanted * vocab, 0.0);
-            group.recv_prev(&mut self.logits)?;
-            have_logits = true;
-        }
-        Ok(have_logits.then_some(&self.logits[..]))
+        // Rank 0 of a pipeline collects the last stage's logits later.
+        Ok(have_logits)
     }
 }
 
