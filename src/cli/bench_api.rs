@@ -133,14 +133,21 @@ async fn stream_once(
         "stream_options": {"include_usage": true},
     });
     let started = Instant::now();
-    let response = match client
-        .post(format!("{url}/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-    {
-        Ok(r) => r,
-        Err(e) => return Outcome::Failed(format!("request: {e}")),
+    // A server may close a kept-alive connection just as the pool hands it
+    // out (llama-server does): a request that could not be sent is sent
+    // again on a fresh connection, twice at most.
+    let mut attempt = 0;
+    let response = loop {
+        match client
+            .post(format!("{url}/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+        {
+            Ok(r) => break r,
+            Err(e) if e.is_request() && attempt < 2 => attempt += 1,
+            Err(e) => return Outcome::Failed(format!("request: {e}")),
+        }
     };
     let status = response.status();
     if status.as_u16() == 429 {

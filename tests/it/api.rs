@@ -250,7 +250,14 @@ fn bad_bodies_get_clear_errors_and_a_gone_client_cancels_its_generation() {
     let root = tempfile::tempdir().expect("temp dir");
     let node = Node::start(
         &root.path().join("n"),
-        &["--no-auto-place", "--queue-limit", "2"],
+        // One generation at a time: a KV cache of 2,048 positions.
+        &[
+            "--no-auto-place",
+            "--queue-limit",
+            "2",
+            "--max-concurrent",
+            "1",
+        ],
     );
     let api = node.api.as_str();
     // Malformed JSON, wrong types, an unknown endpoint, an oversized body.
@@ -352,6 +359,51 @@ fn bad_bodies_get_clear_errors_and_a_gone_client_cancels_its_generation() {
         assert_eq!(status, 400, "{path}: {}", &answer[..answer.len().min(300)]);
         assert!(answer.contains("context"), "{path}: {answer}");
     }
+
+    // Within the context but beyond the instance's KV cache: a 400 that
+    // names the token counts.
+    let (status, answer) = http(
+        api,
+        "POST",
+        "/v1/chat/completions",
+        chat(3000, false).as_bytes(),
+    );
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer.contains("KV cache") && answer.contains("max_tokens 3000"),
+        "{answer}"
+    );
+
+    // The same long system prompt twice: the second request's prompt comes
+    // from the prefix cache, and usage says how much.
+    let system = "You are a careful assistant for a home cluster of computers; answer briefly, name the machine you mean, and never invent a number you were not given. ".repeat(20);
+    let mut cached = Vec::new();
+    for question in ["What is a node?", "What is a rank?"] {
+        let body = serde_json::json!({
+            "model": MODEL,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+            "max_tokens": 4,
+            "temperature": 0,
+        });
+        let (status, answer) = http(
+            api,
+            "POST",
+            "/v1/chat/completions",
+            body.to_string().as_bytes(),
+        );
+        assert_eq!(status, 200, "{answer}");
+        let answer: Value = serde_json::from_str(&answer).expect("JSON");
+        assert!(
+            answer["usage"]["prompt_tokens"].as_u64().unwrap_or(0) >= 600,
+            "{answer}"
+        );
+        cached.push(answer["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64());
+    }
+    assert_eq!(cached[0], Some(0), "a cold prompt");
+    assert!(
+        cached[1].is_some_and(|n| n >= 576),
+        "cached tokens {cached:?}"
+    );
 
     // A streaming client that leaves after a few chunks: its generation
     // is cancelled (the task goes, the runner is Ready again) long before
