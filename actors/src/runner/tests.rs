@@ -373,7 +373,7 @@ async fn finish_after_steps(
         gate.send(()).expect("gate");
         let chunk = h.chunk().await;
         if let generation_chunk::Kind::Finish(finish) = kind(&chunk) {
-            return finish.clone();
+            return *finish;
         }
     }
     panic!("no finish after five steps");

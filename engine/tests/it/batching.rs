@@ -6,19 +6,16 @@
 
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
-use std::path::Path;
 
 use tessera_engine::batch::{Batch, BatchConfig, SeqEvent, SeqId};
 use tessera_engine::chat_template::ChatMessage;
-use tessera_engine::collectives::TcpRing;
 use tessera_engine::executor::Executor;
 use tessera_engine::generate::{
-    load_transformer, model_config, EngineError, FinishReason, GenerateRequest, GenerationOutput,
-    LoadedModel, Prompt,
+    EngineError, FinishReason, GenerateRequest, GenerationOutput, LoadedModel, Prompt,
 };
 use tessera_engine::paged::BLOCK_TOKENS;
 
-use super::distributed::{spec, Sharding, TIMEOUT};
+use super::distributed::{on_ranks, Sharding};
 
 const QUESTIONS: [&str; 8] = [
     "What is the capital of France?",
@@ -161,41 +158,6 @@ fn eight_concurrent_requests_each_get_what_they_get_alone() {
     let model = LoadedModel::load(&tessera_engine::testing::default_model_path(), |_, _| {})
         .expect("default model loads");
     check_invariance(&model, Executor::single(&model.transformer, 2));
-}
-
-/// Runs `body` on rank 0 of `world` ranks (the others are threads).
-fn on_ranks(
-    path: &Path,
-    sharding: Sharding,
-    world: usize,
-    body: impl FnOnce(&LoadedModel, Executor<'_>),
-) {
-    let layers = model_config(path).expect("config").layers;
-    let (listeners, addrs) = tessera_engine::testing::loopback_listeners(world);
-    let mut listeners = listeners.into_iter();
-    let own = listeners.next().expect("rank 0 listener");
-    let workers: Vec<_> = listeners
-        .enumerate()
-        .map(|(i, listener)| {
-            let rank = i + 1;
-            let (addrs, path) = (addrs.clone(), path.to_path_buf());
-            std::thread::spawn(move || {
-                let shard = spec(sharding, rank, world, layers);
-                let transformer = load_transformer(&path, &shard, |_, _| {}).expect("loads");
-                let ring = TcpRing::from_listener(rank, listener, &addrs, "test", TIMEOUT, TIMEOUT)
-                    .expect("ring");
-                let mut executor = Executor::new(&transformer, 1, Box::new(ring));
-                executor.serve(None, TIMEOUT).expect("serves");
-            })
-        })
-        .collect();
-    let shard = spec(sharding, 0, world, layers);
-    let model = LoadedModel::load_shard(path, Some(&shard), |_, _| {}).expect("loads");
-    let ring = TcpRing::from_listener(0, own, &addrs, "test", TIMEOUT, TIMEOUT).expect("ring");
-    body(&model, Executor::new(&model.transformer, 1, Box::new(ring)));
-    for worker in workers {
-        worker.join().expect("worker rank");
-    }
 }
 
 #[test]

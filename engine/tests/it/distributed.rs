@@ -21,7 +21,7 @@ const MARGIN: f32 = 0.05;
 /// See `check`: the margin below which tensor parallelism's reordered
 /// partial sums may flip a token (the golden test's threshold).
 const CHAOTIC_MARGIN: f32 = 0.25;
-pub(crate) const TIMEOUT: Duration = Duration::from_secs(20);
+const TIMEOUT: Duration = Duration::from_secs(20);
 
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Sharding {
@@ -29,7 +29,7 @@ pub(crate) enum Sharding {
     Pipeline,
 }
 
-pub(crate) fn spec(sharding: Sharding, rank: usize, world: usize, layers: usize) -> ShardSpec {
+fn spec(sharding: Sharding, rank: usize, world: usize, layers: usize) -> ShardSpec {
     match sharding {
         Sharding::Tensor => ShardSpec::Tensor {
             rank: rank as u32,
@@ -117,13 +117,14 @@ fn greedy(session: &mut Session<'_>, prompt: &Prompt, n: usize) -> Vec<u32> {
     greedy_with_margins(session, prompt, n).0
 }
 
-/// Runs every case greedily on `world` ranks (threads on a loopback ring).
-fn distributed_outputs(
+/// Runs `body` on rank 0 of `world` ranks (the others are threads on a
+/// loopback ring); dropping its executor lets the other ranks go.
+pub(crate) fn on_ranks<T>(
     path: &Path,
     sharding: Sharding,
     world: usize,
-    cases: &[(String, Prompt, usize)],
-) -> Vec<Vec<u32>> {
+    body: impl FnOnce(&LoadedModel, Executor<'_>) -> T,
+) -> T {
     let layers = model_config(path).expect("config").layers;
     let (listeners, addrs) = tessera_engine::testing::loopback_listeners(world);
     let mut listeners = listeners.into_iter();
@@ -146,17 +147,29 @@ fn distributed_outputs(
     let shard = spec(sharding, 0, world, layers);
     let model = LoadedModel::load_shard(path, Some(&shard), |_, _| {}).expect("loads");
     let ring = TcpRing::from_listener(0, own, &addrs, "test", TIMEOUT, TIMEOUT).expect("ring");
-    let mut session =
-        Session::with_executor(&model, Executor::new(&model.transformer, 1, Box::new(ring)));
-    let outputs = cases
-        .iter()
-        .map(|(_, prompt, n)| greedy(&mut session, prompt, *n))
-        .collect();
-    session.executor().shutdown().expect("shutdown");
+    let out = body(&model, Executor::new(&model.transformer, 1, Box::new(ring)));
     for worker in workers {
         worker.join().expect("worker rank");
     }
-    outputs
+    out
+}
+
+/// Runs every case greedily on `world` ranks (threads on a loopback ring).
+fn distributed_outputs(
+    path: &Path,
+    sharding: Sharding,
+    world: usize,
+    cases: &[(String, Prompt, usize)],
+) -> Vec<Vec<u32>> {
+    on_ranks(path, sharding, world, |model, executor| {
+        let mut session = Session::with_executor(model, executor);
+        let outputs = cases
+            .iter()
+            .map(|(_, prompt, n)| greedy(&mut session, prompt, *n))
+            .collect();
+        session.executor().shutdown().expect("shutdown");
+        outputs
+    })
 }
 
 fn check(sharding: Sharding, world: usize) {
