@@ -9,13 +9,14 @@ use std::ops::ControlFlow;
 
 use tessera_engine::batch::{Batch, BatchConfig, SeqEvent, SeqId};
 use tessera_engine::chat_template::ChatMessage;
+use tessera_engine::collectives::{CollectiveError, Group, TcpRing};
 use tessera_engine::executor::Executor;
 use tessera_engine::generate::{
     EngineError, FinishReason, GenerateRequest, GenerationOutput, LoadedModel, Prompt,
 };
 use tessera_engine::paged::BLOCK_TOKENS;
 
-use super::distributed::{on_ranks, Sharding};
+use super::distributed::{on_ranks, on_ranks_with, Sharding};
 
 const QUESTIONS: [&str; 8] = [
     "What is the capital of France?",
@@ -327,4 +328,116 @@ fn a_request_bigger_than_the_pool_is_refused_with_its_token_counts() {
     assert!(error.is_invalid_request());
     assert!(error.to_string().contains("max_tokens 64"), "{error}");
     assert!(batch.is_idle());
+}
+
+/// A follower's ring that dies (closes its connections) at its fourth
+/// step: a rank process killed in the middle of a batch.
+struct DiesMidBatch {
+    ring: Option<TcpRing>,
+    steps: usize,
+}
+
+impl DiesMidBatch {
+    fn wrap(ring: TcpRing) -> Box<dyn Group> {
+        Box::new(Self {
+            ring: Some(ring),
+            steps: 0,
+        })
+    }
+
+    fn ring(&mut self) -> Result<&mut TcpRing, CollectiveError> {
+        self.ring
+            .as_mut()
+            .ok_or_else(|| CollectiveError::Invalid("this rank is dead".into()))
+    }
+}
+
+impl Group for DiesMidBatch {
+    fn rank(&self) -> usize {
+        self.ring.as_ref().map_or(1, Group::rank)
+    }
+    fn size(&self) -> usize {
+        self.ring.as_ref().map_or(2, Group::size)
+    }
+    fn all_reduce_sum(&mut self, data: &mut [f32]) -> Result<(), CollectiveError> {
+        self.ring()?.all_reduce_sum(data)
+    }
+    fn all_gather(
+        &mut self,
+        local: &[f32],
+        counts: &[usize],
+        out: &mut [f32],
+    ) -> Result<(), CollectiveError> {
+        self.ring()?.all_gather(local, counts, out)
+    }
+    fn send_next(&mut self, data: &[f32]) -> Result<(), CollectiveError> {
+        self.ring()?.send_next(data)
+    }
+    fn recv_prev(&mut self, out: &mut [f32]) -> Result<(), CollectiveError> {
+        self.ring()?.recv_prev(out)
+    }
+    fn broadcast(&mut self, root: usize, data: &mut [f32]) -> Result<(), CollectiveError> {
+        self.ring()?.broadcast(root, data)
+    }
+    fn barrier(&mut self) -> Result<(), CollectiveError> {
+        self.ring()?.barrier()
+    }
+    fn broadcast_bytes(
+        &mut self,
+        root: usize,
+        message: &mut Vec<u8>,
+    ) -> Result<(), CollectiveError> {
+        // Each step starts with rank 0's broadcast.
+        self.steps += 1;
+        if self.steps == 4 {
+            self.ring = None;
+        }
+        self.ring()?.broadcast_bytes(root, message)
+    }
+    fn set_timeout(&mut self, timeout: Option<std::time::Duration>) -> Result<(), CollectiveError> {
+        self.ring()?.set_timeout(timeout)
+    }
+}
+
+#[test]
+fn a_rank_that_dies_mid_batch_fails_every_request_of_the_instance_at_once() {
+    let path = tessera_engine::testing::default_model_path();
+    for sharding in [Sharding::Tensor, Sharding::Pipeline] {
+        let (failed, followers) =
+            on_ranks_with(&path, sharding, 2, DiesMidBatch::wrap, |model, executor| {
+                let mut batch = Batch::new(model, executor, config(8, 128, 256));
+                for (i, request) in requests(64).into_iter().enumerate() {
+                    batch.submit(i as SeqId, request).expect("submits");
+                }
+                let started = std::time::Instant::now();
+                let mut failed = BTreeMap::new();
+                let mut finished = 0;
+                let mut error = None;
+                while error.is_none() && !batch.is_idle() {
+                    let result = batch.step(&mut |id, event| {
+                        match event {
+                            SeqEvent::Failed(message) => {
+                                failed.insert(id, message.to_string());
+                            }
+                            SeqEvent::Finished(_) => finished += 1,
+                            SeqEvent::Generation(_) => {}
+                        }
+                        ControlFlow::Continue(())
+                    });
+                    error = result.err();
+                }
+                let error = error.expect("the step fails once the rank is gone");
+                assert!(started.elapsed() < std::time::Duration::from_secs(20));
+                assert_eq!(finished, 0, "nothing finished: 64 tokens each");
+                assert!(batch.is_idle(), "nothing is left waiting or running");
+                (failed, error.to_string())
+            });
+        let (failed, error) = failed;
+        assert_eq!(
+            failed.len(),
+            8,
+            "{sharding:?}: every request failed ({error})"
+        );
+        assert!(followers[0].is_err(), "the follower died");
+    }
 }

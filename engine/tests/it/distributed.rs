@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use tessera_engine::chat_template::ChatMessage;
-use tessera_engine::collectives::TcpRing;
-use tessera_engine::executor::Executor;
+use tessera_engine::collectives::{Group, TcpRing};
+use tessera_engine::executor::{ExecError, Executor};
 use tessera_engine::generate::{
     load_transformer, model_config, GenerateRequest, LoadedModel, Prompt, Session,
 };
@@ -125,6 +125,22 @@ pub(crate) fn on_ranks<T>(
     world: usize,
     body: impl FnOnce(&LoadedModel, Executor<'_>) -> T,
 ) -> T {
+    let (out, followers) = on_ranks_with(path, sharding, world, |ring| Box::new(ring), body);
+    for follower in followers {
+        follower.expect("a follower rank serves until rank 0 is done");
+    }
+    out
+}
+
+/// [`on_ranks`], each follower's ring wrapped by `group` (to inject
+/// faults); returns how each follower's `serve` ended too.
+pub(crate) fn on_ranks_with<T>(
+    path: &Path,
+    sharding: Sharding,
+    world: usize,
+    group: fn(TcpRing) -> Box<dyn Group>,
+    body: impl FnOnce(&LoadedModel, Executor<'_>) -> T,
+) -> (T, Vec<Result<(), ExecError>>) {
     let layers = model_config(path).expect("config").layers;
     let (listeners, addrs) = tessera_engine::testing::loopback_listeners(world);
     let mut listeners = listeners.into_iter();
@@ -139,8 +155,8 @@ pub(crate) fn on_ranks<T>(
                 let transformer = load_transformer(&path, &shard, |_, _| {}).expect("loads");
                 let ring = TcpRing::from_listener(rank, listener, &addrs, "test", TIMEOUT, TIMEOUT)
                     .expect("ring");
-                let mut executor = Executor::new(&transformer, 1, Box::new(ring));
-                executor.serve(None, TIMEOUT).expect("serves");
+                let mut executor = Executor::new(&transformer, 1, group(ring));
+                executor.serve(None, TIMEOUT)
             })
         })
         .collect();
@@ -148,10 +164,11 @@ pub(crate) fn on_ranks<T>(
     let model = LoadedModel::load_shard(path, Some(&shard), |_, _| {}).expect("loads");
     let ring = TcpRing::from_listener(0, own, &addrs, "test", TIMEOUT, TIMEOUT).expect("ring");
     let out = body(&model, Executor::new(&model.transformer, 1, Box::new(ring)));
-    for worker in workers {
-        worker.join().expect("worker rank");
-    }
-    out
+    let followers = workers
+        .into_iter()
+        .map(|worker| worker.join().expect("worker rank"))
+        .collect();
+    (out, followers)
 }
 
 /// Runs every case greedily on `world` ranks (threads on a loopback ring).
