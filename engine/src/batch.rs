@@ -145,6 +145,8 @@ pub struct Batch<'m> {
     waiting: VecDeque<Waiting>,
     running: Vec<Running>,
     cancelled_waiting: Vec<SeqId>,
+    /// Requests admission could not take after all, told at the next step.
+    refused: Vec<(SeqId, String)>,
     // Reused every step.
     planned: Vec<Planned>,
     step_tokens: Vec<u32>,
@@ -168,6 +170,7 @@ impl<'m> Batch<'m> {
             waiting: VecDeque::new(),
             running: Vec::new(),
             cancelled_waiting: Vec::new(),
+            refused: Vec::new(),
             planned: Vec::new(),
             step_tokens: Vec::new(),
             logits: Vec::new(),
@@ -195,6 +198,7 @@ impl<'m> Batch<'m> {
         self.waiting.is_empty()
             && self.running.is_empty()
             && self.cancelled_waiting.is_empty()
+            && self.refused.is_empty()
             && self.launches.is_empty()
     }
 
@@ -413,9 +417,12 @@ impl<'m> Batch<'m> {
                 Ok(admitted) => admitted,
                 // The oldest waits for blocks; the younger wait behind it.
                 Err(PoolError::Busy { .. }) => return,
-                Err(PoolError::TooLarge { .. }) => {
-                    // Checked on submit against the same capacity.
-                    self.waiting.pop_front();
+                Err(error @ PoolError::TooLarge { .. }) => {
+                    // Checked on submit against the same capacity; never
+                    // dropped without a word all the same.
+                    if let Some(waiting) = self.waiting.pop_front() {
+                        self.refused.push((waiting.id, error.to_string()));
+                    }
                     continue;
                 }
             };
@@ -426,8 +433,9 @@ impl<'m> Batch<'m> {
             let sampler = match Sampler::new(waiting.request.sampling.clone(), vocab) {
                 Ok(sampler) => sampler,
                 // Validated on submit.
-                Err(_) => {
+                Err(error) => {
                     self.blocks.release(&admitted.table);
+                    self.refused.push((waiting.id, error.to_string()));
                     continue;
                 }
             };
@@ -513,6 +521,9 @@ impl<'m> Batch<'m> {
     }
 
     fn finish_cancelled(&mut self, sink: &mut dyn FnMut(SeqId, SeqEvent<'_>) -> ControlFlow<()>) {
+        for (id, reason) in std::mem::take(&mut self.refused) {
+            let _ = sink(id, SeqEvent::Failed(&reason));
+        }
         for id in self.cancelled_waiting.drain(..) {
             let _ = sink(
                 id,
