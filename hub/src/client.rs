@@ -126,6 +126,12 @@ pub enum HubError {
         expected: String,
         got: String,
     },
+    #[error("{path}: {source}")]
+    BadGguf {
+        path: String,
+        #[source]
+        source: crate::gguf::GgufError,
+    },
     #[error("cancelled")]
     Cancelled,
     #[error("gave up after {attempts} attempts: {last}")]
@@ -410,6 +416,101 @@ impl HubClient {
             })
             .await?;
         Ok(bytes.to_vec())
+    }
+
+    /// Bytes `range` of a file, with a `Range` request (a server that
+    /// ignores the range is read only as far as the range's end).
+    pub async fn fetch_range(
+        &self,
+        repo: &str,
+        revision: &str,
+        path: &str,
+        range: std::ops::Range<u64>,
+    ) -> Result<Vec<u8>, HubError> {
+        check_repo(repo)?;
+        if range.is_empty() {
+            return Ok(Vec::new());
+        }
+        let url = self.url(&[repo, "resolve", revision, path]);
+        let what = format!("{repo}/{path}");
+        self.retrying(&CancellationToken::new(), || {
+            self.fetch_part(url.clone(), &what, range.clone())
+        })
+        .await
+    }
+
+    async fn fetch_part(
+        &self,
+        url: Url,
+        what: &str,
+        range: std::ops::Range<u64>,
+    ) -> Result<Vec<u8>, HubError> {
+        let asked = format!("bytes={}-{}", range.start, range.end - 1);
+        let request = self.get(url).header(header::RANGE, asked);
+        let mut response = request.send().await.map_err(|e| network(what, &e))?;
+        let status = response.status();
+        let skip = match status {
+            StatusCode::PARTIAL_CONTENT => match content_range_start(response.headers()) {
+                Some(start) if start == range.start => 0,
+                _ => {
+                    return Err(HubError::Network {
+                        what: what.into(),
+                        message: "the server answered a different range".into(),
+                    })
+                }
+            },
+            StatusCode::OK => range.start,
+            _ => return Err(status_error(what, status, response.headers())),
+        };
+        let want = range.end - range.start;
+        let mut bytes = Vec::with_capacity(want.min(SMALL_FILE_LIMIT) as usize);
+        let mut skipped = 0u64;
+        while (bytes.len() as u64) < want {
+            let Some(chunk) = response.chunk().await.map_err(|e| network(what, &e))? else {
+                break;
+            };
+            let drop = (skip - skipped).min(chunk.len() as u64) as usize;
+            skipped += drop as u64;
+            let room = (want - bytes.len() as u64) as usize;
+            let rest = &chunk[drop..];
+            bytes.extend_from_slice(&rest[..rest.len().min(room)]);
+        }
+        Ok(bytes)
+    }
+
+    /// The header of a GGUF file of `size` bytes, read with `Range`
+    /// requests that grow until it parses; and the bytes fetched for it.
+    pub async fn gguf_header(
+        &self,
+        repo: &str,
+        revision: &str,
+        path: &str,
+        size: u64,
+    ) -> Result<(crate::gguf::Header, u64), HubError> {
+        use crate::gguf::{self, GgufError};
+        let bad = |source| HubError::BadGguf {
+            path: format!("{repo}/{path}"),
+            source,
+        };
+        let mut bytes = Vec::new();
+        let mut want = gguf::FIRST_READ.min(size);
+        loop {
+            let have = bytes.len() as u64;
+            let part = self.fetch_range(repo, revision, path, have..want).await?;
+            if part.is_empty() {
+                return Err(bad(GgufError::Invalid(format!(
+                    "the file ends after {have} bytes"
+                ))));
+            }
+            bytes.extend(part);
+            match gguf::parse(&bytes) {
+                Ok(header) => return Ok((header, bytes.len() as u64)),
+                Err(GgufError::NeedMore { at_least, .. }) => {
+                    want = gguf::next_read(bytes.len() as u64, at_least, size).map_err(bad)?;
+                }
+                Err(error) => return Err(bad(error)),
+            }
+        }
     }
 
     async fn fetch_bytes(&self, url: Url, what: &str) -> Result<Bytes, HubError> {

@@ -9,7 +9,11 @@
 //!   serve`, which lets machines without internet fetch from one that has
 //!   the files.
 //! - [`weights`] decides which weight files of a sharded safetensors
-//!   checkpoint a pipeline stage needs.
+//!   checkpoint (or of a split GGUF) a pipeline stage needs.
+//! - [`gguf`] reads GGUF headers from a prefix of the file (the client's
+//!   [`HubClient::gguf_header`] fetches it with `Range` requests), names the
+//!   quantizations and split shards of a repository's files, and joins a
+//!   split model's shards into the one file the engine opens.
 //!
 //! # Why not the `hf-hub` crate
 //! `hf-hub` 0.4 writes only into its own cache layout (blobs and snapshot
@@ -20,6 +24,7 @@
 //! `reqwest` the node already uses.
 
 mod client;
+pub mod gguf;
 pub mod mirror;
 pub mod weights;
 

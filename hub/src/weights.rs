@@ -1,4 +1,4 @@
-//! Which files of a Hugging Face checkpoint a node needs.
+//! Which files of a Hugging Face checkpoint (or a split GGUF) a node needs.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
@@ -52,9 +52,13 @@ pub fn parse_index(json: &[u8]) -> Result<BTreeMap<String, String>, IndexError> 
     Ok(index.weight_map)
 }
 
-/// The layer a tensor belongs to (`model.layers.7.mlp.up_proj.weight` → 7).
+/// The layer a tensor belongs to (`model.layers.7.mlp.up_proj.weight`, or
+/// GGUF's `blk.7.ffn_up.weight` → 7).
 fn layer_of(tensor: &str) -> Option<u32> {
-    let (_, rest) = tensor.split_once(".layers.")?;
+    let rest = match tensor.strip_prefix("blk.") {
+        Some(rest) => rest,
+        None => tensor.split_once(".layers.")?.1,
+    };
     rest.split('.').next()?.parse().ok()
 }
 
@@ -69,9 +73,13 @@ fn stage_needs(tensor: &str, stage: &Stage, tied_embeddings: bool) -> bool {
     if let Some(layer) = layer_of(tensor) {
         return matches!(stage, Stage::Layers { layers, .. } if layers.contains(&layer));
     }
-    if tensor.contains("embed_tokens") {
+    // Safetensors names, and GGUF's (`token_embd`, `output_norm`, `output`).
+    if tensor.contains("embed_tokens") || tensor.starts_with("token_embd.") {
         first || (last && tied_embeddings)
-    } else if tensor.starts_with("lm_head") || tensor.ends_with(".norm.weight") {
+    } else if tensor.starts_with("lm_head")
+        || tensor.ends_with(".norm.weight")
+        || tensor.starts_with("output")
+    {
         last
     } else {
         true
@@ -144,6 +152,40 @@ mod tests {
             n_layers: 4,
         };
         assert_eq!(names(files_for_stage(&m, &last, true)), ["a", "c"]);
+    }
+
+    #[test]
+    fn gguf_tensor_names_are_placed_too() {
+        let mut m = BTreeMap::new();
+        for (t, f) in [
+            ("token_embd.weight", "s1"),
+            ("blk.0.attn_q.weight", "s1"),
+            ("blk.1.attn_q.weight", "s2"),
+            ("output_norm.weight", "s3"),
+            ("rope_freqs.weight", "s1"),
+        ] {
+            m.insert(t.to_string(), f.to_string());
+        }
+        let stage = |start, end| Stage::Layers {
+            layers: start..end,
+            n_layers: 2,
+        };
+        assert_eq!(names(files_for_stage(&m, &stage(0, 1), true)), ["s1"]);
+        // The last stage: its layer, the norm, the tied embedding, and
+        // rope_freqs (a tensor of no layer) wherever it is.
+        assert_eq!(
+            names(files_for_stage(&m, &stage(1, 2), true)),
+            ["s1", "s2", "s3"]
+        );
+        assert_eq!(
+            names(files_for_stage(&m, &stage(1, 2), false)),
+            ["s1", "s2", "s3"]
+        );
+        m.remove("rope_freqs.weight");
+        assert_eq!(
+            names(files_for_stage(&m, &stage(1, 2), false)),
+            ["s2", "s3"]
+        );
     }
 
     #[test]
