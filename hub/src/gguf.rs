@@ -344,7 +344,7 @@ impl Cursor<'_> {
         let fixed = match elem_type {
             0 | 1 | 7 => Some(1),
             2 | 3 => Some(2),
-            4 | 5 | 6 => Some(4),
+            4..=6 => Some(4),
             10..=12 => Some(8),
             _ => None,
         };
@@ -460,13 +460,14 @@ pub fn read_header(path: &Path) -> Result<Header, GgufError> {
     }
 }
 
-/// The first read of a header: most headers (the tokenizer's vocabulary
-/// is the bulk) fit in a few megabytes.
-pub const FIRST_READ: u64 = 1 << 20;
+/// The first read of a header: a split model's later shards have headers
+/// of a few kilobytes; a first shard's (the tokenizer's vocabulary is the
+/// bulk) takes a few doublings.
+pub const FIRST_READ: u64 = 256 << 10;
 
-/// How far to read next after `have` bytes that need `at_least`: half as
-/// much again (so a header is read in few requests and at most 1.5 times
-/// over), within the file and [`MAX_HEADER_BYTES`].
+/// How far to read next after `have` bytes that need `at_least`: twice as
+/// far (so a header of a few megabytes takes a handful of requests and is
+/// read at most twice over), within the file and [`MAX_HEADER_BYTES`].
 pub fn next_read(have: u64, at_least: u64, file_len: u64) -> Result<u64, GgufError> {
     if have >= file_len || at_least > file_len {
         return Err(GgufError::Invalid(format!(
@@ -479,7 +480,7 @@ pub fn next_read(have: u64, at_least: u64, file_len: u64) -> Result<u64, GgufErr
             MAX_HEADER_BYTES >> 20
         )));
     }
-    Ok(at_least.max(have + have / 2).min(file_len))
+    Ok(at_least.max(have.saturating_mul(2)).min(file_len))
 }
 
 /// The parts of a `.gguf` file name.
@@ -846,10 +847,10 @@ mod tests {
     }
 
     #[test]
-    fn reads_grow_by_half_within_the_file() {
+    fn reads_double_within_the_file() {
         assert_eq!(
             next_read(1 << 20, (1 << 20) + 5, 10 << 20).unwrap(),
-            3 << 19
+            2 << 20
         );
         assert_eq!(next_read(1 << 20, 5 << 20, 10 << 20).unwrap(), 5 << 20);
         assert_eq!(next_read(1 << 20, (1 << 20) + 5, 5 << 18).unwrap(), 5 << 18);
