@@ -298,16 +298,12 @@ impl AdminClient {
             .await
     }
 
-    /// Builds a card from a hub repository and adds it to the catalogue.
+    /// Builds a card from a hub repository and adds it to the catalogue
+    /// (`request.file` or `request.quant` pick a GGUF file).
     pub async fn add_model(
         &self,
-        hub_repo: &str,
-        revision: &str,
+        request: v1::AddModelRequest,
     ) -> Result<v1::AddModelReply, AdminClientError> {
-        let request = v1::AddModelRequest {
-            hub_repo: hub_repo.to_string(),
-            revision: revision.to_string(),
-        };
         let timeout = self.options.timeout * ADD_MODEL_TIMEOUT_FACTOR;
         self.change(AdminMethod::AddModel, &request, timeout).await
     }

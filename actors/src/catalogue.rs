@@ -71,6 +71,15 @@ pub enum CardError {
     Hub(#[from] tessera_hub::HubError),
 }
 
+impl From<crate::gguf_card::GgufCardError> for CardError {
+    fn from(error: crate::gguf_card::GgufCardError) -> Self {
+        match error {
+            crate::gguf_card::GgufCardError::Invalid(message) => Self::Invalid(message),
+            crate::gguf_card::GgufCardError::Hub(error) => Self::Hub(error),
+        }
+    }
+}
+
 impl CardError {
     /// The admin kind a refused `add_model` answers with.
     pub fn kind(&self) -> AdminErrorKind {
@@ -87,9 +96,11 @@ fn hub_kind(error: &tessera_hub::HubError) -> AdminErrorKind {
         H::NotFound { .. } => AdminErrorKind::NotFound,
         H::GaveUp { last, .. } => hub_kind(last),
         // The repository is not one a card can be built from.
-        H::BadRepo(_) | H::Unauthorized { .. } | H::BadListing { .. } | H::TooLarge { .. } => {
-            AdminErrorKind::InvalidArgument
-        }
+        H::BadRepo(_)
+        | H::Unauthorized { .. }
+        | H::BadListing { .. }
+        | H::TooLarge { .. }
+        | H::BadGguf { .. } => AdminErrorKind::InvalidArgument,
         // The hub busy or unreachable: trying again later may succeed.
         _ => AdminErrorKind::Unavailable,
     }
@@ -181,35 +192,41 @@ pub fn all(state: &v1::ClusterState) -> Vec<ModelCard> {
     cards
 }
 
-/// Builds a card for a safetensors repository from its `config.json` and
-/// file listing; the model id is the repository's name (`OWNER/NAME`).
+/// Builds a card from a hub repository. A safetensors one: from its
+/// `config.json` and file listing, the model id its name (`OWNER/NAME`).
+/// A GGUF one (or any, when `choice` names a file or a quantization): from
+/// the headers of the chosen file ([`crate::gguf_card`]), the model id
+/// `OWNER/NAME:QUANT`.
 pub async fn card_from_hub(
     client: &tessera_hub::HubClient,
     repo: &str,
     revision: &str,
-) -> Result<ModelCard, CardError> {
+    choice: &crate::gguf_card::Choice,
+) -> Result<crate::gguf_card::BuiltCard, CardError> {
     let revision = if revision.is_empty() {
         "main"
     } else {
         revision
     };
     let listing = client.list(repo, revision).await?;
-    let weights: Vec<&tessera_hub::RepoFile> = listing
+    let safetensors = listing
         .files
         .iter()
-        .filter(|f| f.path.ends_with(".safetensors") && !f.path.contains('/'))
-        .collect();
-    if weights.is_empty() {
-        let ggufs = listing
-            .files
-            .iter()
-            .filter(|f| f.path.ends_with(".gguf"))
-            .count();
-        return Err(CardError::Invalid(if ggufs > 0 {
-            format!("{repo} holds GGUF files only; add a card file to resources/model_cards for one of its {ggufs} GGUF files")
-        } else {
-            format!("{repo} has no safetensors weights")
-        }));
+        .any(|f| f.path.ends_with(".safetensors") && !f.path.contains('/'));
+    let gguf = listing.files.iter().any(|f| f.path.ends_with(".gguf"));
+    let chosen = !choice.file.is_empty() || !choice.quant.is_empty();
+    if gguf && (chosen || !safetensors) {
+        return Ok(crate::gguf_card::card_from_hub(client, &listing, choice).await?);
+    }
+    if chosen {
+        return Err(CardError::Invalid(format!(
+            "{repo} has no GGUF files to choose from (a file or a quantization was given)"
+        )));
+    }
+    if !safetensors {
+        return Err(CardError::Invalid(format!(
+            "{repo} has no safetensors or GGUF weights"
+        )));
     }
     if listing.get("config.json").is_none() {
         return Err(CardError::Invalid(format!("{repo} has no config.json")));
@@ -217,7 +234,10 @@ pub async fn card_from_hub(
     let config = client
         .fetch_small(repo, &listing.commit, "config.json")
         .await?;
-    card_from_config(repo, &listing, &config)
+    Ok(crate::gguf_card::BuiltCard {
+        card: card_from_config(repo, &listing, &config)?,
+        bytes_fetched: config.len() as u64,
+    })
 }
 
 /// The pure half of [`card_from_hub`].

@@ -6,9 +6,11 @@
 //! fetched again). Otherwise, unless the node is offline, it lists the
 //! repository (the listing is kept beside the files, so offline mode knows
 //! what a model needs), fetches the config, tokenizer and template files,
-//! reads the safetensors index to pick the weight files that hold the
-//! shard's tensors, checks the disk has room, and downloads what is missing,
-//! a few files at a time, reporting progress at most once a second.
+//! reads the safetensors index (or a split GGUF's shard headers) to pick
+//! the weight files that hold the shard's tensors, checks the disk has
+//! room, and downloads what is missing, a few files at a time, reporting
+//! progress at most once a second; a split GGUF's shards are then joined
+//! into the one file a runner loads.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -20,6 +22,10 @@ use futures_util::StreamExt;
 use tessera_hub::weights::{self, Stage, INDEX_FILE, SINGLE_FILE, SUPPORT_FILES};
 use tessera_hub::{CancellationToken, FileProgress, HubClient, RepoFile, RepoListing};
 use tessera_protos::v1::{self, download_progress::State as Ds};
+
+use crate::gguf_split::{
+    index_shards, joined_name, read_index, shards_for, split_shards, IndexedShard, JoinJob,
+};
 
 /// How often progress is reported while bytes flow.
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(1);
@@ -168,6 +174,9 @@ struct Needed {
     files: Vec<RepoFile>,
     /// Relative to the model folder; empty: the folder itself.
     load: String,
+    /// A split GGUF: every shard in order and their tensors (`load` is
+    /// then the file they are joined into, since the engine opens one).
+    split: Option<(Vec<String>, Vec<IndexedShard>)>,
 }
 
 fn stage_of(shard: &v1::ShardSpec) -> Stage {
@@ -241,11 +250,7 @@ impl Downloader {
             let listing = read_listing(&dir);
             if let Ok(needed) = needed_files(card, &stages, &dir, listing.as_ref()) {
                 if needed.files.iter().all(|f| present(&dir, f)) {
-                    return Ok(Outcome::Completed {
-                        path: dir.join(&needed.load),
-                        total_bytes: needed.files.iter().map(|f| f.size).sum(),
-                        read_only: !writable,
-                    });
+                    return self.completed(model_id, &dir, writable, &needed).await;
                 }
             }
         }
@@ -291,6 +296,11 @@ impl Downloader {
         std::fs::create_dir_all(target.join(NOTES_DIR))
             .map_err(|e| format!("{}: {e}", target.display()))?;
         write_listing(&target, &listing);
+        if let Some(shards) = split_shards(card) {
+            // Which shard holds which tensors: from the shards' headers.
+            let notes = target.join(NOTES_DIR);
+            index_shards(client, &listing, &shards, &target, &notes).await?;
+        }
         // 3. The config, tokenizer and template files first: the index
         //    among them says which weight files the shard needs.
         let support: Vec<RepoFile> = if source.format == v1::WeightFormat::Safetensors as i32 {
@@ -331,12 +341,19 @@ impl Downloader {
                     .saturating_sub(std::fs::metadata(partial).map_or(0, |m| m.len()))
             })
             .sum();
+        // A split GGUF is joined into one more file of the same size.
+        let joining: u64 = if needed.split.is_some() { total } else { 0 };
         if let Some(free) = free_space(&target) {
-            if to_fetch > free {
+            if to_fetch + joining > free {
                 return Err(format!(
-                    "not enough disk space for {model_id} in {}: {} to download, {} free",
+                    "not enough disk space for {model_id} in {}: {} to download{}, {} free",
                     target.display(),
                     gb(to_fetch),
+                    if joining > 0 {
+                        format!(" and {} to join its shards", gb(joining))
+                    } else {
+                        String::new()
+                    },
                     gb(free)
                 ));
             }
@@ -352,9 +369,45 @@ impl Downloader {
             cancel,
         )
         .await?;
+        self.completed(model_id, &target, true, &needed).await
+    }
+
+    /// The outcome once `needed`'s files are in `dir`: a split GGUF's
+    /// shards joined first (into `dir`, or the writable target when `dir`
+    /// is read-only), unless a join of them is there already.
+    async fn completed(
+        &self,
+        model_id: &str,
+        dir: &Path,
+        writable: bool,
+        needed: &Needed,
+    ) -> Result<Outcome, String> {
+        let total_bytes = needed.files.iter().map(|f| f.size).sum();
+        let Some((shards, index)) = &needed.split else {
+            return Ok(Outcome::Completed {
+                path: dir.join(&needed.load),
+                total_bytes,
+                read_only: !writable,
+            });
+        };
+        let out_dir = if writable {
+            dir.to_path_buf()
+        } else {
+            self.store.target(model_id)
+        };
+        let job = JoinJob {
+            dir: dir.to_path_buf(),
+            out: out_dir.join(&needed.load),
+            shards: shards.clone(),
+            needed: needed.files.iter().map(|f| f.path.clone()).collect(),
+            index: index.clone(),
+        };
+        let path = tokio::task::spawn_blocking(move || job.run())
+            .await
+            .map_err(|e| format!("joining the shards: {e}"))??;
         Ok(Outcome::Completed {
-            path: target.join(&needed.load),
-            total_bytes: total,
+            path,
+            total_bytes,
             read_only: false,
         })
     }
@@ -548,6 +601,20 @@ fn needed_files(
         }
     };
     if source.format == v1::WeightFormat::Gguf as i32 {
+        if let Some(shards) = split_shards(card) {
+            let index = read_index(dir, &dir.join(NOTES_DIR), &shards)
+                .ok_or("the split GGUF's tensor index (read from its shards' headers)")?;
+            let needed = shards_for(&index, stages);
+            return Ok(Needed {
+                files: shards
+                    .iter()
+                    .filter(|s| needed.contains(*s))
+                    .map(|s| listed(s))
+                    .collect(),
+                load: joined_name(&shards),
+                split: Some((shards, index)),
+            });
+        }
         let gguf = source
             .files
             .iter()
@@ -556,6 +623,7 @@ fn needed_files(
         return Ok(Needed {
             files: vec![listed(&gguf.path)],
             load: gguf.path.clone(),
+            split: None,
         });
     }
     // Safetensors: the support files the repository has (or, without a
@@ -599,6 +667,7 @@ fn needed_files(
     Ok(Needed {
         files,
         load: String::new(),
+        split: None,
     })
 }
 

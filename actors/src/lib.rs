@@ -12,11 +12,13 @@
 //!   [`replica`] (the persisted log, in order, with catch-up),
 //!   [`election_actor`] (which starts the [`master`] on the winner),
 //!   [`bus`] (typed zenoh), [`local_events`] (this node's reports to the
-//!   master, in one ordered sequence), [`catalogue`] (model cards),
+//!   master, in one ordered sequence), [`catalogue`] (model cards;
+//!   [`gguf_card`]: a GGUF repository's card from its files' headers),
 //!   [`throttle`] (rate-limited logging).
 //! - [`worker`]: the Worker actor, which takes the plan's steps: runner
 //!   processes it supervises, and downloads it hands to its child, the
-//!   Downloads actor ([`downloads_actor`]), which runs [`downloads`] jobs.
+//!   Downloads actor ([`downloads_actor`]), which runs [`downloads`] jobs
+//!   ([`gguf_split`]: a split GGUF's shards per stage, joined into one file).
 //! - [`admin`]: the admin service's error model, typed and on the wire.
 //! - [`api`]: the HTTP API (axum).
 
@@ -35,6 +37,8 @@ pub mod election;
 pub mod election_actor;
 #[cfg(test)]
 mod failover_sim;
+pub mod gguf_card;
+pub mod gguf_split;
 pub mod keys;
 pub mod local_events;
 pub mod log_sync;

@@ -811,6 +811,8 @@ impl Actor for Master {
                         v1::AddModelReply {
                             card: Some(card),
                             command_id: uuid::Uuid::now_v7().to_string(),
+                            // The node that built the card says what it fetched.
+                            bytes_fetched: 0,
                             error: None,
                         }
                     } else {

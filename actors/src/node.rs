@@ -430,8 +430,12 @@ impl Router {
                 encoded(call_t!(master, MasterMsg::Download, MS, request))
             }
             AdminMethod::AddModel => {
-                let card = self.card_from_hub(&decode_request(key, payload)?).await?;
-                encoded(call_t!(master, MasterMsg::AddCard, MS, card))
+                let built = self.card_from_hub(&decode_request(key, payload)?).await?;
+                let reply = call_t!(master, MasterMsg::AddCard, MS, built.card);
+                encoded(reply.map(|reply| v1::AddModelReply {
+                    bytes_fetched: built.bytes_fetched,
+                    ..reply
+                }))
             }
             other => {
                 return Err(AdminFailure::Internal(format!(
@@ -446,13 +450,20 @@ impl Router {
     async fn card_from_hub(
         &self,
         request: &v1::AddModelRequest,
-    ) -> Result<v1::ModelCard, AdminFailure> {
+    ) -> Result<crate::gguf_card::BuiltCard, AdminFailure> {
         let Some(client) = &self.downloader.client else {
             return Err(AdminFailure::Unavailable(
                 "the master node is offline (--offline): it cannot read the hub".into(),
             ));
         };
-        Ok(crate::catalogue::card_from_hub(client, &request.hub_repo, &request.revision).await?)
+        let choice = crate::gguf_card::Choice {
+            file: request.file.clone(),
+            quant: request.quant.clone(),
+        };
+        Ok(
+            crate::catalogue::card_from_hub(client, &request.hub_repo, &request.revision, &choice)
+                .await?,
+        )
     }
 
     /// An admin read answered from this node's state; `None` when the

@@ -94,12 +94,7 @@ pub enum AdminCommand {
     Models,
     /// Build a model card from a hub repository (OWNER/NAME) and add it
     /// to the cluster's catalogue.
-    AddModel {
-        repo: String,
-        /// Branch, tag or commit (default: main).
-        #[arg(long, default_value = "")]
-        revision: String,
-    },
+    AddModel(AddModelArgs),
     /// Every node's downloads: progress, completion, failures.
     Downloads,
     /// Start, cancel or delete a model's download on nodes.
@@ -119,6 +114,26 @@ pub enum AdminCommand {
         #[arg(long)]
         follow: bool,
     },
+}
+
+/// `add-model` / `models add`: a hub repository, and for a GGUF one which
+/// of its files.
+#[derive(Debug, Args)]
+pub struct AddModelArgs {
+    /// OWNER/NAME: a safetensors repository (card from its config.json) or
+    /// a GGUF one (card from the chosen file's headers, read with Range
+    /// requests; split files `NAME-00001-of-0000N.gguf` too).
+    pub repo: String,
+    /// Branch, tag or commit (default: main).
+    #[arg(long, default_value = "")]
+    pub revision: String,
+    /// GGUF: the file to add (any shard of a split one).
+    #[arg(long, default_value = "", conflicts_with = "quant")]
+    pub file: String,
+    /// GGUF: the quantization to add (default Q4_K_M, else the closest the
+    /// repository has), e.g. Q8_0.
+    #[arg(long, default_value = "")]
+    pub quant: String,
 }
 
 #[derive(Debug, Args)]
@@ -238,9 +253,7 @@ async fn dispatch(client: &AdminClient, what: AdminCommand, json: bool) -> anyho
         AdminCommand::Delete { instance } => delete(client, &instance).await,
         AdminCommand::Generate(args) => generate(client, &args, json).await,
         AdminCommand::Models => models(client, json).await,
-        AdminCommand::AddModel { repo, revision } => {
-            add_model(client, &repo, &revision, json).await
-        }
+        AdminCommand::AddModel(args) => add_model(client, args, json).await,
         AdminCommand::Downloads => downloads(client, json).await,
         AdminCommand::Download { model, on, action } => download(client, &model, on, action).await,
         AdminCommand::Events { from, follow } => events(client, from, follow).await,
@@ -470,26 +483,27 @@ async fn models(client: &AdminClient, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn add_model(
-    client: &AdminClient,
-    repo: &str,
-    revision: &str,
-    json: bool,
-) -> anyhow::Result<()> {
-    let card = client
-        .add_model(repo, revision)
-        .await?
-        .card
-        .unwrap_or_default();
+async fn add_model(client: &AdminClient, args: AddModelArgs, json: bool) -> anyhow::Result<()> {
+    let reply = client
+        .add_model(v1::AddModelRequest {
+            hub_repo: args.repo,
+            revision: args.revision,
+            file: args.file,
+            quant: args.quant,
+        })
+        .await?;
     if json {
-        return print_json(&card);
+        return print_json(&reply);
     }
+    let card = reply.card.unwrap_or_default();
+    let files = card.source.as_ref().map_or(0, |s| s.files.len());
     println!(
-        "added {} ({} layers, {:.2} GB, {})",
+        "added {} ({} layers, {:.2} GB in {files} files, {}); {} bytes fetched to build the card",
         card.model_id,
         card.n_layers,
         card.storage_size_bytes as f64 / 1e9,
-        card.quantization
+        card.quantization,
+        reply.bytes_fetched
     );
     Ok(())
 }

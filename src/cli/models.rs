@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 
-use super::admin::{AdminArgs, AdminCommand, ClusterArgs, DownloadActionArg};
+use super::admin::{AddModelArgs, AdminArgs, AdminCommand, ClusterArgs, DownloadActionArg};
 
 #[derive(Debug, Args)]
 pub struct ModelsArgs {
@@ -21,13 +21,10 @@ pub struct ModelsArgs {
 pub enum ModelsCommand {
     /// The catalogue, with the nodes that hold each model's files.
     List,
-    /// Add a model from a hub repository (OWNER/NAME, safetensors): its
-    /// card is built from the repository's config and file list.
-    Add {
-        repo: String,
-        #[arg(long, default_value = "")]
-        revision: String,
-    },
+    /// Add a model from a hub repository (OWNER/NAME): a safetensors one's
+    /// card from its config and file list, a GGUF one's from the chosen
+    /// file's headers (--file or --quant; default Q4_K_M, else the closest).
+    Add(AddModelArgs),
     /// Download a model's files on a node (default: every node).
     Download {
         model: String,
@@ -53,7 +50,7 @@ pub enum ModelsCommand {
 pub fn run(args: ModelsArgs) -> anyhow::Result<()> {
     let what = match args.what {
         ModelsCommand::List => AdminCommand::Models,
-        ModelsCommand::Add { repo, revision } => AdminCommand::AddModel { repo, revision },
+        ModelsCommand::Add(args) => AdminCommand::AddModel(args),
         ModelsCommand::Download { model, on } => AdminCommand::Download {
             model,
             on,

@@ -176,6 +176,12 @@ struct AddModelBody {
     model: String,
     #[serde(default)]
     revision: Option<String>,
+    /// A GGUF repository's file to add (any shard of a split one).
+    #[serde(default)]
+    file: Option<String>,
+    /// A GGUF repository's quantization (default Q4_K_M, else the closest).
+    #[serde(default)]
+    quant: Option<String>,
 }
 
 /// `POST /models/add`: a custom card built from a hub repository.
@@ -187,6 +193,8 @@ pub(super) async fn add_model(
     let request = v1::AddModelRequest {
         hub_repo: body.model,
         revision: body.revision.unwrap_or_default(),
+        file: body.file.unwrap_or_default(),
+        quant: body.quant.unwrap_or_default(),
     };
     admin_json::<_, v1::AddModelReply>(&api, AdminMethod::AddModel, &request).await
 }
