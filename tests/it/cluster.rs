@@ -647,7 +647,12 @@ pub(crate) fn place_on(namespace: &str, via: u16, sharding: &str, min_nodes: u32
     placed["instanceId"].as_str().expect("id").to_string()
 }
 
-fn admin_generate(namespace: &str, via: u16, target: &str, prompt: &str) -> Result<String, String> {
+pub(crate) fn admin_generate(
+    namespace: &str,
+    via: u16,
+    target: &str,
+    prompt: &str,
+) -> Result<String, String> {
     let out = Command::new(BIN)
         .args(["admin", "--namespace", namespace, "--connect"])
         .arg(format!("tcp/127.0.0.1:{via}"))
@@ -731,14 +736,14 @@ fn placed_instances_reach_ready_and_generate_what_one_machine_does() {
 
 /// A local hub (the mirror the hub crate's tests use) on a runtime of its
 /// own, serving `root/OWNER/NAME/...`.
-struct LocalHub {
-    mirror: tessera_hub::mirror::Mirror,
-    endpoint: String,
+pub(crate) struct LocalHub {
+    pub(crate) mirror: tessera_hub::mirror::Mirror,
+    pub(crate) endpoint: String,
     _runtime: tokio::runtime::Runtime,
 }
 
 impl LocalHub {
-    fn start(root: &Path) -> LocalHub {
+    pub(crate) fn start(root: &Path) -> LocalHub {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -757,7 +762,7 @@ impl LocalHub {
 }
 
 /// `tessera models ARGS` through `via`.
-fn models(namespace: &str, via: u16, args: &[&str]) -> std::process::Output {
+pub(crate) fn models(namespace: &str, via: u16, args: &[&str]) -> std::process::Output {
     Command::new(BIN)
         .args(["models", "--namespace", namespace, "--connect"])
         .arg(format!("tcp/127.0.0.1:{via}"))
@@ -1060,8 +1065,8 @@ fn a_pipeline_instance_downloads_only_each_nodes_files() {
         "{}",
         String::from_utf8_lossy(&added.stderr)
     );
-    let card: Value = serde_json::from_slice(&added.stdout).expect("card JSON");
-    assert_eq!(card["nLayers"], 30);
+    let added: Value = serde_json::from_slice(&added.stdout).expect("reply JSON");
+    assert_eq!(added["card"]["nLayers"], 30);
     let out = Command::new(BIN)
         .args(["admin", "--namespace", ns, "--connect"])
         .arg(format!("tcp/127.0.0.1:{}", ports[0]))

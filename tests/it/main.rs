@@ -7,5 +7,6 @@ mod cluster;
 mod distributed_cli;
 mod faults;
 mod generate_cli;
+mod gguf_repo;
 mod replay_cli;
 mod support;
