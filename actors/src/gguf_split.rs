@@ -239,3 +239,55 @@ impl JoinJob {
         Ok(self.out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_hub::weights::Stage;
+
+    fn shard(path: &str, tensors: &[&str]) -> IndexedShard {
+        IndexedShard {
+            path: path.into(),
+            alignment: 32,
+            data_offset: 0,
+            tensors: tensors
+                .iter()
+                .map(|name| TensorInfo {
+                    name: name.to_string(),
+                    dims: vec![8],
+                    ggml_type: 0,
+                    offset: 0,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_stage_needs_the_first_shard_and_those_with_its_tensors() {
+        let index = [
+            shard("m-00001-of-00003.gguf", &["token_embd.weight"]),
+            shard("m-00002-of-00003.gguf", &["blk.0.attn_q.weight"]),
+            shard(
+                "m-00003-of-00003.gguf",
+                &["blk.1.attn_q.weight", "output_norm.weight"],
+            ),
+        ];
+        let stage = |start, end| Stage::Layers {
+            layers: start..end,
+            n_layers: 2,
+        };
+        let names = |set: BTreeSet<String>| set.into_iter().collect::<Vec<_>>();
+        assert_eq!(
+            names(shards_for(&index, &[stage(0, 1)])),
+            ["m-00001-of-00003.gguf", "m-00002-of-00003.gguf"]
+        );
+        // The last stage: the tied embedding (no output.weight) is in 1.
+        assert_eq!(
+            names(shards_for(&index, &[stage(1, 2)])),
+            ["m-00001-of-00003.gguf", "m-00003-of-00003.gguf"]
+        );
+        assert_eq!(shards_for(&index, &[Stage::Whole]).len(), 3);
+        let shards: Vec<String> = index.iter().map(|s| s.path.clone()).collect();
+        assert_eq!(joined_name(&shards), "m.joined.gguf");
+    }
+}
