@@ -315,7 +315,12 @@ fn native_format(dtype: GgmlDType) -> Option<WeightFormat> {
         GgmlDType::F16 => Some(WeightFormat::F16),
         GgmlDType::Q4_0 => Some(WeightFormat::Q4_0),
         GgmlDType::Q4_1 => Some(WeightFormat::Q4_1),
+        GgmlDType::Q5_0 => Some(WeightFormat::Q5_0),
+        GgmlDType::Q5_1 => Some(WeightFormat::Q5_1),
         GgmlDType::Q8_0 => Some(WeightFormat::Q8_0),
+        GgmlDType::Q4K => Some(WeightFormat::Q4_K),
+        GgmlDType::Q5K => Some(WeightFormat::Q5_K),
+        GgmlDType::Q6K => Some(WeightFormat::Q6_K),
         _ => None,
     }
 }

@@ -5,74 +5,97 @@ use half::f16;
 
 use super::{round_f16, BlockQ8, WeightFormat, BLOCK};
 
-/// `dot(weight row bytes, quantized activation row)`.
-pub type DotFn = fn(&[u8], &[BlockQ8]) -> f32;
-
 #[inline]
-fn read_f16(bytes: &[u8], at: usize) -> f32 {
+pub(super) fn read_f16(bytes: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
 }
 
-/// The fastest available quantized dot product for `format`.
-pub fn select_dot(format: WeightFormat) -> DotFn {
+/// `dot(weight row bytes, quantized activation row)`.
+pub type DotFn<B = BlockQ8> = fn(&[u8], &[B]) -> f32;
+
+/// `dot` of one weight row with four activation rows at once (prefill and
+/// batches): the weights are unpacked once for all four.
+pub type Dot4Fn<B = BlockQ8> = fn(&[u8], [&[B]; 4], &mut [f32; 4]);
+
+/// Four weight rows against one activation row (decode).
+pub type Rows4Fn<B = BlockQ8> = fn([&[u8]; 4], &[B], &mut [f32; 4]);
+
+/// The kernels of one weight format on this CPU. Every kernel gives results
+/// bit-identical to `dot`'s, so how tokens are grouped never changes one.
+pub struct Kernels<B> {
+    pub dot: DotFn<B>,
+    pub dot4: Option<Dot4Fn<B>>,
+    pub rows4: Option<Rows4Fn<B>>,
+}
+
+impl<B> Clone for Kernels<B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B> Copy for Kernels<B> {}
+
+/// Whether the AVX2 (+FMA, F16C) kernels run on this CPU.
+#[cfg(target_arch = "x86_64")]
+pub fn avx2_available() -> bool {
+    avx2::available()
+}
+
+/// The fastest kernels for a 32-value `format` on this CPU.
+pub fn select(format: WeightFormat) -> Kernels<BlockQ8> {
     #[cfg(target_arch = "x86_64")]
     if avx2::available() {
-        return match format {
-            WeightFormat::Q4_0 => avx2::dot_q4_0,
-            WeightFormat::Q4_1 => avx2::dot_q4_1,
-            WeightFormat::Q8_0 => avx2::dot_q8_0,
-            WeightFormat::F32 | WeightFormat::F16 => unreachable_dot,
+        let (dot, dot4): (DotFn, Dot4Fn) = match format {
+            WeightFormat::Q4_0 => (avx2::dot_q4_0, avx2::dot4_q4_0),
+            WeightFormat::Q4_1 => (avx2::dot_q4_1, avx2::dot4_q4_1),
+            WeightFormat::Q5_0 => (avx2::dot_q5_0, avx2::dot4_q5_0),
+            WeightFormat::Q5_1 => (avx2::dot_q5_1, avx2::dot4_q5_1),
+            WeightFormat::Q8_0 => (avx2::dot_q8_0, avx2::dot4_q8_0),
+            _ => return scalar_kernels(format),
+        };
+        let rows4 = (format == WeightFormat::Q4_1).then_some(avx2::rows4_q4_1 as Rows4Fn);
+        return Kernels {
+            dot,
+            dot4: Some(dot4),
+            rows4,
         };
     }
     #[cfg(target_arch = "aarch64")]
     {
-        return match format {
+        let dot: DotFn = match format {
             WeightFormat::Q4_0 => neon::dot_q4_0,
             WeightFormat::Q4_1 => neon::dot_q4_1,
             WeightFormat::Q8_0 => neon::dot_q8_0,
-            WeightFormat::F32 | WeightFormat::F16 => unreachable_dot,
+            _ => return scalar_kernels(format),
+        };
+        return Kernels {
+            dot,
+            dot4: None,
+            rows4: None,
         };
     }
     #[allow(unreachable_code)]
-    match format {
+    scalar_kernels(format)
+}
+
+fn scalar_kernels(format: WeightFormat) -> Kernels<BlockQ8> {
+    let dot: DotFn = match format {
         WeightFormat::Q4_0 => scalar::dot_q4_0,
         WeightFormat::Q4_1 => scalar::dot_q4_1,
+        WeightFormat::Q5_0 => scalar::dot_q5_0,
+        WeightFormat::Q5_1 => scalar::dot_q5_1,
         WeightFormat::Q8_0 => scalar::dot_q8_0,
-        WeightFormat::F32 | WeightFormat::F16 => unreachable_dot,
+        _ => unreachable_dot,
+    };
+    Kernels {
+        dot,
+        dot4: None,
+        rows4: None,
     }
 }
 
-/// `dot` of one weight row with four activation rows at once (prefill).
-pub type Dot4Fn = fn(&[u8], [&[BlockQ8]; 4], &mut [f32; 4]);
-
-/// A four-row kernel for `format`, where one exists on this CPU.
-pub fn select_dot4(format: WeightFormat) -> Option<Dot4Fn> {
-    #[cfg(target_arch = "x86_64")]
-    if avx2::available() {
-        return match format {
-            WeightFormat::Q4_1 => Some(avx2::dot4_q4_1),
-            WeightFormat::Q4_0 => Some(avx2::dot4_q4_0),
-            WeightFormat::Q8_0 => Some(avx2::dot4_q8_0),
-            _ => None,
-        };
-    }
-    let _ = format;
-    None
-}
-
-/// Four weight rows against one activation row, where a kernel exists.
-pub type Rows4Fn = fn([&[u8]; 4], &[BlockQ8], &mut [f32; 4]);
-
-pub fn select_rows4(format: WeightFormat) -> Option<Rows4Fn> {
-    #[cfg(target_arch = "x86_64")]
-    if avx2::available() && format == WeightFormat::Q4_1 {
-        return Some(avx2::rows4_q4_1);
-    }
-    let _ = format;
-    None
-}
-
-/// Float formats take f32 activations ([`dot_float`]), never this path.
+/// Float formats and the K-quants take other activations ([`dot_float`],
+/// [`super::kquants`]), never this path.
 fn unreachable_dot(_: &[u8], _: &[BlockQ8]) -> f32 {
     f32::NAN
 }
@@ -140,6 +163,22 @@ pub fn dequantize_row(format: WeightFormat, row: &[u8], out: &mut [f32]) {
                 }
             }
         }
+        WeightFormat::Q5_0 => {
+            for (block, out) in row.chunks_exact(22).zip(out.chunks_exact_mut(BLOCK)) {
+                let d = read_f16(block, 0);
+                for (o, q) in out.iter_mut().zip(q5_values(block, 2)) {
+                    *o = (q as i32 - 16) as f32 * d;
+                }
+            }
+        }
+        WeightFormat::Q5_1 => {
+            for (block, out) in row.chunks_exact(24).zip(out.chunks_exact_mut(BLOCK)) {
+                let (d, m) = (read_f16(block, 0), read_f16(block, 2));
+                for (o, q) in out.iter_mut().zip(q5_values(block, 4)) {
+                    *o = q as f32 * d + m;
+                }
+            }
+        }
         WeightFormat::Q8_0 => {
             for (block, out) in row.chunks_exact(34).zip(out.chunks_exact_mut(BLOCK)) {
                 let d = read_f16(block, 0);
@@ -148,7 +187,32 @@ pub fn dequantize_row(format: WeightFormat, row: &[u8], out: &mut [f32]) {
                 }
             }
         }
+        WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q6_K => {
+            super::kquants::dequantize_row(format, row, out)
+        }
     }
+}
+
+/// The 32 unsigned 5-bit values of a Q5 block whose high bits start at
+/// byte `at` (the nibbles follow them): element `j` takes bit `j`.
+fn q5_values(block: &[u8], at: usize) -> [u8; BLOCK] {
+    let high = u32::from_le_bytes([block[at], block[at + 1], block[at + 2], block[at + 3]]);
+    let nibbles = &block[at + 4..at + 20];
+    std::array::from_fn(|j| {
+        let nibble = if j < 16 {
+            nibbles[j] & 0x0F
+        } else {
+            nibbles[j - 16] >> 4
+        };
+        nibble | ((((high >> j) & 1) as u8) << 4)
+    })
+}
+
+/// Packs 32 5-bit values into a Q5 block's high bits and nibbles.
+fn pack_q5(values: &[u8; BLOCK], out: &mut Vec<u8>) {
+    let high = (0..BLOCK).fold(0u32, |h, j| h | (((values[j] >> 4) as u32 & 1) << j));
+    out.extend(high.to_le_bytes());
+    out.extend((0..16).map(|j| (values[j] & 0x0F) | ((values[j + 16] & 0x0F) << 4)));
 }
 
 /// llama.cpp's reference quantizers (`quantize_row_*_ref`).
@@ -190,6 +254,31 @@ pub fn quantize_reference(format: WeightFormat, values: &[f32]) -> Vec<u8> {
                 }
             }
         }
+        WeightFormat::Q5_0 => {
+            for block in values.chunks_exact(BLOCK) {
+                let max = block
+                    .iter()
+                    .copied()
+                    .fold(0.0f32, |m, v| if v.abs() > m.abs() { v } else { m });
+                let d = max / -16.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                out.extend(f16::from_f32(d).to_le_bytes());
+                let q = std::array::from_fn(|j| ((block[j] * id + 16.5) as i8).min(31) as u8);
+                pack_q5(&q, &mut out);
+            }
+        }
+        WeightFormat::Q5_1 => {
+            for block in values.chunks_exact(BLOCK) {
+                let min = block.iter().copied().fold(f32::INFINITY, f32::min);
+                let max = block.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let d = (max - min) / 31.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                out.extend(f16::from_f32(d).to_le_bytes());
+                out.extend(f16::from_f32(min).to_le_bytes());
+                let q = std::array::from_fn(|j| (((block[j] - min) * id + 0.5) as i8) as u8);
+                pack_q5(&q, &mut out);
+            }
+        }
         WeightFormat::Q8_0 => {
             for block in values.chunks_exact(BLOCK) {
                 let amax = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
@@ -198,6 +287,9 @@ pub fn quantize_reference(format: WeightFormat, values: &[f32]) -> Vec<u8> {
                 out.extend(f16::from_f32(d).to_le_bytes());
                 out.extend(block.iter().map(|v| (v * id).round() as i8 as u8));
             }
+        }
+        WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q6_K => {
+            super::kquants::quantize_simple(format, values, &mut out)
         }
     }
     out
@@ -228,12 +320,35 @@ pub mod scalar {
 
     #[cfg(test)]
     pub fn dot(format: WeightFormat, row: &[u8], x: &[BlockQ8]) -> f32 {
-        match format {
-            WeightFormat::Q4_0 => dot_q4_0(row, x),
-            WeightFormat::Q4_1 => dot_q4_1(row, x),
-            WeightFormat::Q8_0 => dot_q8_0(row, x),
-            _ => f32::NAN,
+        (super::scalar_kernels(format).dot)(row, x)
+    }
+
+    pub fn dot_q5_0(row: &[u8], x: &[BlockQ8]) -> f32 {
+        let mut sum = 0.0f32;
+        for (w, a) in row.chunks_exact(22).zip(x) {
+            let acc: i32 = super::q5_values(w, 2)
+                .iter()
+                .zip(&a.qs)
+                .map(|(q, v)| (*q as i32 - 16) * *v as i32)
+                .sum();
+            sum += acc as f32 * (read_f16(w, 0) * a.d);
         }
+        sum
+    }
+
+    pub fn dot_q5_1(row: &[u8], x: &[BlockQ8]) -> f32 {
+        let mut sum = 0.0f32;
+        let mut mins = 0.0f32;
+        for (w, a) in row.chunks_exact(24).zip(x) {
+            let acc: i32 = super::q5_values(w, 4)
+                .iter()
+                .zip(&a.qs)
+                .map(|(q, v)| *q as i32 * *v as i32)
+                .sum();
+            sum += acc as f32 * (read_f16(w, 0) * a.d);
+            mins += read_f16(w, 2) * a.s;
+        }
+        sum + mins
     }
 
     pub fn dot_q4_0(row: &[u8], x: &[BlockQ8]) -> f32 {
@@ -500,6 +615,126 @@ mod avx2 {
         unsafe { dot_q8_0_impl(row, x) }
     }
 
+    /// Byte `j` is 0xFF where bit `j` of the 32 bits at `p` is set.
+    #[inline(always)]
+    unsafe fn bytes_from_bits(p: *const u8) -> __m256i {
+        let bits = std::ptr::read_unaligned(p as *const u32) as i32;
+        let spread = _mm256_shuffle_epi8(
+            _mm256_set1_epi32(bits),
+            _mm256_set_epi64x(
+                0x0303030303030303,
+                0x0202020202020202,
+                0x0101010101010101,
+                0,
+            ),
+        );
+        let others = _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+        _mm256_cmpeq_epi8(others, _mm256_set1_epi64x(-1))
+    }
+
+    /// A Q5_0 block's 32 values as signed bytes (-16..16).
+    #[inline(always)]
+    unsafe fn q5_0_values(wb: *const u8) -> __m256i {
+        let high = _mm256_andnot_si256(bytes_from_bits(wb.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
+        _mm256_or_si256(nibbles(wb.add(6)), high)
+    }
+
+    /// A Q5_1 block's 32 values as unsigned bytes (0..32).
+    #[inline(always)]
+    unsafe fn q5_1_values(wb: *const u8) -> __m256i {
+        let high = _mm256_and_si256(bytes_from_bits(wb.add(4)), _mm256_set1_epi8(0x10));
+        _mm256_or_si256(nibbles(wb.add(8)), high)
+    }
+
+    pub fn dot_q5_0(row: &[u8], x: &[BlockQ8]) -> f32 {
+        let mut out = [0.0];
+        dotn_q5_0(row, [x], &mut out);
+        out[0]
+    }
+
+    pub fn dot4_q5_0(row: &[u8], x: [&[BlockQ8]; 4], out: &mut [f32; 4]) {
+        dotn_q5_0(row, x, out)
+    }
+
+    /// Q5_0 against `N` activation rows; one body for every `N`, so the
+    /// four-row kernel gives the one-row kernel's bits.
+    fn dotn_q5_0<const N: usize>(row: &[u8], x: [&[BlockQ8]; N], out: &mut [f32; N]) {
+        let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
+        assert!(row.len() >= n * 22);
+        // SAFETY: features checked by `available`; bounds by the assert.
+        unsafe { dotn_q5_0_impl(row, x, n, out) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dotn_q5_0_impl<const N: usize>(
+        row: &[u8],
+        x: [&[BlockQ8]; N],
+        n: usize,
+        out: &mut [f32; N],
+    ) {
+        let mut acc = [_mm256_setzero_ps(); N];
+        let w = row.as_ptr();
+        for i in 0..n {
+            let wb = w.add(i * 22);
+            let dw = load_f16(wb);
+            let q = q5_0_values(wb);
+            let q_abs = _mm256_sign_epi8(q, q);
+            for k in 0..N {
+                let a = x[k].get_unchecked(i);
+                let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+                let prod = mul_sum_us8(q_abs, _mm256_sign_epi8(y, q));
+                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), prod, acc[k]);
+            }
+        }
+        for k in 0..N {
+            out[k] = hsum(acc[k]);
+        }
+    }
+
+    pub fn dot_q5_1(row: &[u8], x: &[BlockQ8]) -> f32 {
+        let mut out = [0.0];
+        dotn_q5_1(row, [x], &mut out);
+        out[0]
+    }
+
+    pub fn dot4_q5_1(row: &[u8], x: [&[BlockQ8]; 4], out: &mut [f32; 4]) {
+        dotn_q5_1(row, x, out)
+    }
+
+    /// Q5_1 against `N` activation rows; see [`dotn_q5_0`].
+    fn dotn_q5_1<const N: usize>(row: &[u8], x: [&[BlockQ8]; N], out: &mut [f32; N]) {
+        let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
+        assert!(row.len() >= n * 24);
+        // SAFETY: features checked by `available`; bounds by the assert.
+        unsafe { dotn_q5_1_impl(row, x, n, out) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dotn_q5_1_impl<const N: usize>(
+        row: &[u8],
+        x: [&[BlockQ8]; N],
+        n: usize,
+        out: &mut [f32; N],
+    ) {
+        let mut acc = [_mm256_setzero_ps(); N];
+        let mut mins = [0.0f32; N];
+        let w = row.as_ptr();
+        for i in 0..n {
+            let wb = w.add(i * 24);
+            let (dw, mw) = (load_f16(wb), load_f16(wb.add(2)));
+            let q = q5_1_values(wb);
+            for k in 0..N {
+                let a = x[k].get_unchecked(i);
+                mins[k] += mw * a.s;
+                let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), mul_sum_us8(q, y), acc[k]);
+            }
+        }
+        for k in 0..N {
+            out[k] = hsum(acc[k]) + mins[k];
+        }
+    }
+
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot_q8_0_impl(row: &[u8], x: &[BlockQ8]) -> f32 {
         let mut acc = _mm256_setzero_ps();
@@ -624,37 +859,6 @@ mod neon {
             mins += read_f16(w, 2) * a.s;
         }
         sum + mins
-    }
-
-    /// Q8_0 against four activation rows (a batch's LM head): each weight
-    /// block is loaded and its signs taken once for all four. Same
-    /// arithmetic, in the same order, as [`dot_q8_0`].
-    pub fn dot4_q8_0(row: &[u8], x: [&[BlockQ8]; 4], out: &mut [f32; 4]) {
-        let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
-        assert!(row.len() >= n * 34);
-        // SAFETY: features checked by `available`; bounds by the assert.
-        unsafe { dot4_q8_0_impl(row, x, n, out) }
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot4_q8_0_impl(row: &[u8], x: [&[BlockQ8]; 4], n: usize, out: &mut [f32; 4]) {
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let w = row.as_ptr();
-        for i in 0..n {
-            let wb = w.add(i * 34);
-            let dw = load_f16(wb);
-            let q = _mm256_loadu_si256(wb.add(2) as *const __m256i);
-            let q_abs = _mm256_sign_epi8(q, q);
-            for k in 0..4 {
-                let a = x[k].get_unchecked(i);
-                let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
-                let prod = mul_sum_us8(q_abs, _mm256_sign_epi8(y, q));
-                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), prod, acc[k]);
-            }
-        }
-        for k in 0..4 {
-            out[k] = hsum(acc[k]);
-        }
     }
 
     pub fn dot_q8_0(row: &[u8], x: &[BlockQ8]) -> f32 {

@@ -8,20 +8,28 @@
 //! f32 across blocks. The SIMD kernels (AVX2+FMA+F16C, NEON) are chosen at
 //! run time; the scalar kernels are the reference the tests compare them to.
 //!
-//! Formats without a native kernel here (the K-quants, Q5_*) go through
+//! K-quants (`Q4_K`, `Q5_K`, `Q6_K`: super-blocks of 256 values) take
+//! llama.cpp's `Q8_K` activations (an f32 scale, 256 i8 values and their sums
+//! by 16) and are exact integers within a super-block ([`kquants`]). Formats
+//! without a native kernel here (`Q2_K`, `Q3_K`, the i-quants) go through
 //! candle's quantized matmul: correct, not tuned.
 
 mod kernels;
+mod kquants;
+
+pub use kquants::{BlockQ8K, QK_K};
 
 use half::f16;
 
 use crate::threadpool::{split_range, DisjointSlice, ThreadPool};
 
-/// Values per quantization block (all formats here).
+/// Values per quantization block of the 32-value formats (and of the
+/// activation blocks they take).
 pub const BLOCK: usize = 32;
 
-/// How a weight matrix is stored.
+/// How a weight matrix is stored (named as GGUF names them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
 pub enum WeightFormat {
     F32,
     F16,
@@ -29,31 +37,63 @@ pub enum WeightFormat {
     Q4_0,
     /// 20 bytes a block: f16 scale, f16 minimum, 32 4-bit values.
     Q4_1,
+    /// 22 bytes a block: f16 scale, 32 high bits, 32 4-bit values; offset 16.
+    Q5_0,
+    /// 24 bytes a block: f16 scale, f16 minimum, 32 high bits, 32 4-bit values.
+    Q5_1,
     /// 34 bytes a block: f16 scale, 32 signed 8-bit values.
     Q8_0,
+    /// 144 bytes a super-block of 256: f16 scale and minimum scale, 8 6-bit
+    /// scales and minimums, 256 4-bit values.
+    Q4_K,
+    /// 176 bytes a super-block: as `Q4_K` plus a fifth bit per value.
+    Q5_K,
+    /// 210 bytes a super-block: 256 6-bit values offset by 32, 16 i8 scales,
+    /// an f16 scale.
+    Q6_K,
 }
 
 impl WeightFormat {
-    /// Bytes one row of `cols` values takes.
-    pub fn row_bytes(self, cols: usize) -> usize {
+    /// Values per block (per super-block for the K-quants).
+    pub fn block_values(self) -> usize {
         match self {
-            Self::F32 => cols * 4,
-            Self::F16 => cols * 2,
-            Self::Q4_0 => cols / BLOCK * 18,
-            Self::Q4_1 => cols / BLOCK * 20,
-            Self::Q8_0 => cols / BLOCK * 34,
+            Self::F32 | Self::F16 => 1,
+            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 => BLOCK,
+            Self::Q4_K | Self::Q5_K | Self::Q6_K => QK_K,
         }
     }
 
+    /// Bytes one block takes.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::F16 => 2,
+            Self::Q4_0 => 18,
+            Self::Q4_1 => 20,
+            Self::Q5_0 => 22,
+            Self::Q5_1 => 24,
+            Self::Q8_0 => 34,
+            Self::Q4_K => 144,
+            Self::Q5_K => 176,
+            Self::Q6_K => 210,
+        }
+    }
+
+    /// Bytes one row of `cols` values takes.
+    pub fn row_bytes(self, cols: usize) -> usize {
+        cols / self.block_values() * self.block_bytes()
+    }
+
     fn is_quantized(self) -> bool {
-        matches!(self, Self::Q4_0 | Self::Q4_1 | Self::Q8_0)
+        self.block_values() > 1
     }
 
     /// The activation format this weight format's dot product takes.
     fn activation_kind(self) -> ActivationKind {
         match self {
-            Self::Q4_1 => ActivationKind::Q8_1,
-            Self::Q4_0 | Self::Q8_0 => ActivationKind::Q8_0,
+            Self::Q4_1 | Self::Q5_1 => ActivationKind::Q8_1,
+            Self::Q4_0 | Self::Q5_0 | Self::Q8_0 => ActivationKind::Q8_0,
+            Self::Q4_K | Self::Q5_K | Self::Q6_K => ActivationKind::Q8K,
             Self::F32 | Self::F16 => ActivationKind::F32,
         }
     }
@@ -80,7 +120,7 @@ pub enum QuantError {
         expected: usize,
         actual: usize,
     },
-    #[error("{format:?} rows need a multiple of {BLOCK} columns, got {cols}")]
+    #[error("{format:?} rows need a multiple of {} columns, got {cols}", format.block_values())]
     RaggedBlocks { format: WeightFormat, cols: usize },
 }
 
@@ -98,7 +138,7 @@ impl QMatrix {
         cols: usize,
         data: Vec<u8>,
     ) -> Result<Self, QuantError> {
-        if format.is_quantized() && !cols.is_multiple_of(BLOCK) {
+        if format.is_quantized() && !cols.is_multiple_of(format.block_values()) {
             return Err(QuantError::RaggedBlocks { format, cols });
         }
         let expected = rows * format.row_bytes(cols);
@@ -167,6 +207,8 @@ enum ActivationKind {
     F32,
     Q8_0,
     Q8_1,
+    /// 256-value blocks with an f32 scale and sums by 16 (the K-quants).
+    Q8K,
 }
 
 /// One block of 32 activations rounded to i8. `d` is already rounded through
@@ -189,8 +231,10 @@ pub struct Activations {
     f32: Vec<f32>,
     q8_0: Vec<BlockQ8>,
     q8_1: Vec<BlockQ8>,
+    q8_k: Vec<BlockQ8K>,
     have_q8_0: bool,
     have_q8_1: bool,
+    have_q8_k: bool,
 }
 
 impl Activations {
@@ -203,41 +247,66 @@ impl Activations {
         self.f32.extend_from_slice(x);
         self.have_q8_0 = false;
         self.have_q8_1 = false;
+        self.have_q8_k = false;
     }
 
     fn prepare(&mut self, kind: ActivationKind, pool: &ThreadPool) {
-        let (blocks, done, with_sum) = match kind {
-            ActivationKind::F32 => return,
-            ActivationKind::Q8_0 => (&mut self.q8_0, &mut self.have_q8_0, false),
-            ActivationKind::Q8_1 => (&mut self.q8_1, &mut self.have_q8_1, true),
-        };
-        if *done {
-            return;
-        }
-        let per_row = self.cols / BLOCK;
-        blocks.resize(self.rows * per_row, BlockQ8::default());
-        let (rows, cols, values) = (self.rows, self.cols, &self.f32);
-        let quantize = |range: std::ops::Range<usize>, out: &mut [BlockQ8]| {
-            for (row, out) in values[range.start * cols..range.end * cols]
-                .chunks_exact(cols)
-                .zip(out.chunks_exact_mut(per_row))
-            {
-                kernels::quantize_row_q8(row, out, with_sum);
+        let (rows, cols, values) = (self.rows, self.cols, &self.f32[..]);
+        match kind {
+            ActivationKind::F32 => {}
+            ActivationKind::Q8_0 if !self.have_q8_0 => {
+                let quantize =
+                    |row: &[f32], out: &mut [BlockQ8]| kernels::quantize_row_q8(row, out, false);
+                quantize_rows(values, rows, cols, BLOCK, &mut self.q8_0, quantize, pool);
+                self.have_q8_0 = true;
             }
-        };
-        if rows < 8 {
-            quantize(0..rows, blocks);
-        } else {
-            // Prefill: a few MB of activations, worth every thread.
-            let view = DisjointSlice::new(&mut blocks[..]);
-            pool.run(|index, count| {
-                let range = split_range(rows, index, count, 1);
-                // SAFETY: threads take disjoint row ranges.
-                let out = unsafe { view.part(range.start * per_row..range.end * per_row) };
-                quantize(range, out);
-            });
+            ActivationKind::Q8_1 if !self.have_q8_1 => {
+                let quantize =
+                    |row: &[f32], out: &mut [BlockQ8]| kernels::quantize_row_q8(row, out, true);
+                quantize_rows(values, rows, cols, BLOCK, &mut self.q8_1, quantize, pool);
+                self.have_q8_1 = true;
+            }
+            ActivationKind::Q8K if !self.have_q8_k => {
+                let quantize = kquants::quantize_row_q8k;
+                quantize_rows(values, rows, cols, QK_K, &mut self.q8_k, quantize, pool);
+                self.have_q8_k = true;
+            }
+            ActivationKind::Q8_0 | ActivationKind::Q8_1 | ActivationKind::Q8K => {}
         }
-        *done = true;
+    }
+}
+
+/// Rounds `rows` rows of `cols` values into blocks of `block` values each.
+fn quantize_rows<B: Clone + Default + Send>(
+    values: &[f32],
+    rows: usize,
+    cols: usize,
+    block: usize,
+    blocks: &mut Vec<B>,
+    quantize_row: impl Fn(&[f32], &mut [B]) + Sync,
+    pool: &ThreadPool,
+) {
+    let per_row = cols / block;
+    blocks.resize(rows * per_row, B::default());
+    let quantize = |range: std::ops::Range<usize>, out: &mut [B]| {
+        for (row, out) in values[range.start * cols..range.end * cols]
+            .chunks_exact(cols)
+            .zip(out.chunks_exact_mut(per_row))
+        {
+            quantize_row(row, out);
+        }
+    };
+    if rows < 8 {
+        quantize(0..rows, blocks);
+    } else {
+        // Prefill: a few MB of activations, worth every thread.
+        let view = DisjointSlice::new(&mut blocks[..]);
+        pool.run(|index, count| {
+            let range = split_range(rows, index, count, 1);
+            // SAFETY: threads take disjoint row ranges.
+            let out = unsafe { view.part(range.start * per_row..range.end * per_row) };
+            quantize(range, out);
+        });
     }
 }
 
@@ -305,82 +374,114 @@ fn matmul_rows(
     tokens: usize,
     out: &DisjointSlice<f32>,
 ) {
-    let per_row = w.cols / BLOCK;
-    let dot = kernels::select_dot(w.format);
-    let dot4 = kernels::select_dot4(w.format);
-    let blocks = match kind {
-        ActivationKind::Q8_0 => &x.q8_0[..],
-        ActivationKind::Q8_1 => &x.q8_1[..],
-        ActivationKind::F32 => &[][..],
+    let job = RowJob {
+        w,
+        range,
+        tokens,
+        out,
     };
-    let mut tile_start = range.start;
-    while tile_start < range.end {
-        let tile_end = (tile_start + ROW_TILE).min(range.end);
-        let mut first_single = 0;
-        if let (Some(dot4), false) = (dot4, blocks.is_empty()) {
-            // Four tokens at a time share each unpacked weight block.
-            let row_of = |t: usize| &blocks[t * per_row..(t + 1) * per_row];
-            let mut results = [0.0f32; 4];
-            while first_single + 4 <= tokens {
-                let t = first_single;
-                let xs = [row_of(t), row_of(t + 1), row_of(t + 2), row_of(t + 3)];
-                for r in tile_start..tile_end {
-                    dot4(w.row(r), xs, &mut results);
-                    for (k, value) in results.iter().enumerate() {
-                        // SAFETY: this thread owns columns `range` of every output row.
-                        unsafe {
-                            out.part((t + k) * w.rows + r..(t + k) * w.rows + r + 1)[0] = *value
-                        };
-                    }
-                }
-                first_single += 4;
+    match kind {
+        ActivationKind::F32 => job.float_rows(&x.f32),
+        ActivationKind::Q8_0 => job.quantized_rows(&x.q8_0, kernels::select(w.format)),
+        ActivationKind::Q8_1 => job.quantized_rows(&x.q8_1, kernels::select(w.format)),
+        ActivationKind::Q8K => job.quantized_rows(&x.q8_k, kquants::select(w.format)),
+    }
+}
+
+/// One thread's share of a product: weight rows `range` for every token.
+struct RowJob<'a> {
+    w: &'a QMatrix,
+    range: std::ops::Range<usize>,
+    tokens: usize,
+    out: &'a DisjointSlice<f32>,
+}
+
+impl RowJob<'_> {
+    /// This thread's columns `tile` of output row `t`. Callers hold one at
+    /// a time (the view is shared, like [`DisjointSlice::part`]).
+    #[allow(clippy::mut_from_ref)]
+    fn out_row(&self, t: usize, tile: std::ops::Range<usize>) -> &mut [f32] {
+        let base = t * self.w.rows;
+        // SAFETY: this thread owns columns `range` of every output row, and
+        // `tile` lies within them.
+        unsafe { self.out.part(base + tile.start..base + tile.end) }
+    }
+
+    fn float_rows(&self, x: &[f32]) {
+        let (w, cols) = (self.w, self.w.cols);
+        for t in 0..self.tokens {
+            let xs = &x[t * cols..(t + 1) * cols];
+            let out_row = self.out_row(t, self.range.clone());
+            for (o, r) in out_row.iter_mut().zip(self.range.clone()) {
+                *o = kernels::dot_float(w.format, w.row(r), xs);
             }
         }
-        if let (Some(rows4), 1, false) = (
-            kernels::select_rows4(w.format),
-            tokens - first_single,
-            blocks.is_empty(),
-        ) {
-            // Decode: four weight rows share each activation block load.
-            let t = first_single;
-            let xs = &blocks[t * per_row..(t + 1) * per_row];
-            // SAFETY: this thread owns columns `range` of every output row.
-            let out_row = unsafe { out.part(t * w.rows + tile_start..t * w.rows + tile_end) };
-            let mut r = tile_start;
-            let mut results = [0.0f32; 4];
-            while r + 4 <= tile_end {
-                rows4(
-                    [w.row(r), w.row(r + 1), w.row(r + 2), w.row(r + 3)],
-                    xs,
-                    &mut results,
-                );
-                out_row[r - tile_start..r - tile_start + 4].copy_from_slice(&results);
-                r += 4;
-            }
-            for (o, r) in out_row[r - tile_start..].iter_mut().zip(r..tile_end) {
-                *o = dot(w.row(r), xs);
-            }
-            first_single = tokens;
-        }
-        for t in first_single..tokens {
-            // SAFETY: this thread owns columns `range` of every output row.
-            let out_row = unsafe { out.part(t * w.rows + tile_start..t * w.rows + tile_end) };
-            match kind {
-                ActivationKind::F32 => {
-                    let xs = &x.f32[t * w.cols..(t + 1) * w.cols];
-                    for (o, r) in out_row.iter_mut().zip(tile_start..tile_end) {
-                        *o = kernels::dot_float(w.format, w.row(r), xs);
+    }
+
+    fn quantized_rows<B>(&self, blocks: &[B], kernels: kernels::Kernels<B>) {
+        let w = self.w;
+        let per_row = w.cols / w.format.block_values();
+        let row_of = |t: usize| &blocks[t * per_row..(t + 1) * per_row];
+        let mut tile_start = self.range.start;
+        while tile_start < self.range.end {
+            let tile = tile_start..(tile_start + ROW_TILE).min(self.range.end);
+            let mut first_single = 0;
+            if let Some(dot4) = kernels.dot4 {
+                // Four tokens at a time share each unpacked weight block.
+                let mut results = [0.0f32; 4];
+                while first_single + 4 <= self.tokens {
+                    let t = first_single;
+                    let xs = [row_of(t), row_of(t + 1), row_of(t + 2), row_of(t + 3)];
+                    for r in tile.clone() {
+                        dot4(w.row(r), xs, &mut results);
+                        for (k, value) in results.iter().enumerate() {
+                            self.out_row(t + k, r..r + 1)[0] = *value;
+                        }
                     }
+                    first_single += 4;
                 }
-                ActivationKind::Q8_0 | ActivationKind::Q8_1 => {
-                    let xs = &blocks[t * per_row..(t + 1) * per_row];
-                    for (o, r) in out_row.iter_mut().zip(tile_start..tile_end) {
-                        *o = dot(w.row(r), xs);
+            }
+            for t in first_single..self.tokens {
+                let out_row = self.out_row(t, tile.clone());
+                match kernels.rows4 {
+                    // Decode: four weight rows share each activation block load.
+                    Some(rows4) if self.tokens - first_single == 1 => {
+                        self.four_rows_at_once(rows4, kernels.dot, row_of(t), &tile, out_row)
+                    }
+                    _ => {
+                        for (o, r) in out_row.iter_mut().zip(tile.clone()) {
+                            *o = (kernels.dot)(w.row(r), row_of(t));
+                        }
                     }
                 }
             }
+            tile_start = tile.end;
         }
-        tile_start = tile_end;
+    }
+
+    fn four_rows_at_once<B>(
+        &self,
+        rows4: kernels::Rows4Fn<B>,
+        dot: kernels::DotFn<B>,
+        xs: &[B],
+        tile: &std::ops::Range<usize>,
+        out_row: &mut [f32],
+    ) {
+        let w = self.w;
+        let mut r = tile.start;
+        let mut results = [0.0f32; 4];
+        while r + 4 <= tile.end {
+            rows4(
+                [w.row(r), w.row(r + 1), w.row(r + 2), w.row(r + 3)],
+                xs,
+                &mut results,
+            );
+            out_row[r - tile.start..r - tile.start + 4].copy_from_slice(&results);
+            r += 4;
+        }
+        for (o, r) in out_row[r - tile.start..].iter_mut().zip(r..tile.end) {
+            *o = dot(w.row(r), xs);
+        }
     }
 }
 
@@ -420,37 +521,116 @@ mod tests {
         out
     }
 
+    const ALL: [WeightFormat; 10] = [
+        WeightFormat::F32,
+        WeightFormat::F16,
+        WeightFormat::Q4_0,
+        WeightFormat::Q4_1,
+        WeightFormat::Q5_0,
+        WeightFormat::Q5_1,
+        WeightFormat::Q8_0,
+        WeightFormat::Q4_K,
+        WeightFormat::Q5_K,
+        WeightFormat::Q6_K,
+    ];
+
+    /// Valid rows of any bit pattern: random bytes with every f16 scale set
+    /// to a small random value, so all packed scales and values are covered.
+    fn random_blocks(format: WeightFormat, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut data: Vec<u8> = (0..rows * format.row_bytes(cols))
+            .map(|_| rng.gen())
+            .collect();
+        let scale_at: &[usize] = match format {
+            WeightFormat::Q4_0 | WeightFormat::Q5_0 | WeightFormat::Q8_0 => &[0],
+            WeightFormat::Q4_1 | WeightFormat::Q5_1 | WeightFormat::Q4_K | WeightFormat::Q5_K => {
+                &[0, 2]
+            }
+            WeightFormat::Q6_K => &[208],
+            WeightFormat::F32 | WeightFormat::F16 => {
+                return quantize(format, &random(rows * cols, seed))
+            }
+        };
+        for block in data.chunks_exact_mut(format.block_bytes()) {
+            for &at in scale_at {
+                let scale = f16::from_f32(rng.gen_range(0.001f32..0.02));
+                block[at..at + 2].copy_from_slice(&scale.to_le_bytes());
+            }
+        }
+        data
+    }
+
+    fn product(w: &QMatrix, x: &[f32], tokens: usize, pool: &ThreadPool) -> Vec<f32> {
+        let mut acts = Activations::default();
+        acts.set(x, tokens, w.cols);
+        let mut out = vec![0.0; tokens * w.rows];
+        matmul(w, &mut acts, &mut out, pool);
+        out
+    }
+
     #[test]
     fn quantized_products_track_the_dense_product() {
         let pool = ThreadPool::new(2);
-        for format in [
-            WeightFormat::Q4_0,
-            WeightFormat::Q4_1,
-            WeightFormat::Q8_0,
-            WeightFormat::F32,
-            WeightFormat::F16,
-        ] {
-            let (rows, cols, tokens) = (37, 256, 3);
+        for format in ALL {
+            let (rows, cols, tokens) = (37, 512, 3);
             let values = random(rows * cols, 1);
             let w = QMatrix::from_bytes(format, rows, cols, quantize(format, &values)).unwrap();
             let x = random(tokens * cols, 2);
-            let mut acts = Activations::default();
-            acts.set(&x, tokens, cols);
-            let mut out = vec![0.0; tokens * rows];
-            matmul(&w, &mut acts, &mut out, &pool);
+            let out = product(&w, &x, tokens, &pool);
             let reference = dense_reference(format, &w, &x, tokens);
             for (got, want) in out.iter().zip(&reference) {
                 // 8-bit activations: error grows with sqrt(cols) * scale.
-                assert!((got - want).abs() < 0.6, "{format:?}: {got} vs {want}");
+                assert!((got - want).abs() < 0.8, "{format:?}: {got} vs {want}");
+            }
+            // The quantizer itself stays close to the values it was given.
+            let mut row = vec![0.0; cols];
+            w.dequantize_row(5, &mut row);
+            let worst = row
+                .iter()
+                .zip(&values[5 * cols..6 * cols])
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(worst < 0.35, "{format:?} round trip off by {worst}");
+        }
+    }
+
+    #[test]
+    fn every_block_layout_decodes_as_its_dot_product_reads_it() {
+        // Random bytes reach every scale and value pattern; the dot product
+        // with quantized activations must track the dequantized row's.
+        let pool = ThreadPool::new(2);
+        for format in &ALL[2..] {
+            let (rows, cols) = (9, 768);
+            let data = random_blocks(*format, rows, cols, 7);
+            let w = QMatrix::from_bytes(*format, rows, cols, data).unwrap();
+            let x = random(cols, 8);
+            let out = product(&w, &x, 1, &pool);
+            let reference = dense_reference(*format, &w, &x, 1);
+            let abs_x: Vec<f32> = x.iter().map(|v| v.abs()).collect();
+            let mut abs_row = vec![0.0; cols];
+            for (r, (got, want)) in out.iter().zip(&reference).enumerate() {
+                // Rounding x to 8 bits moves each term by under 1% of |w x|.
+                w.dequantize_row(r, &mut abs_row);
+                let scale: f32 = abs_row.iter().zip(&abs_x).map(|(a, b)| a.abs() * b).sum();
+                assert!(
+                    (got - want).abs() < 0.01 * scale,
+                    "{format:?}: {got} vs {want}"
+                );
             }
         }
     }
 
     #[test]
     fn simd_kernels_equal_the_scalar_reference() {
-        for format in [WeightFormat::Q4_0, WeightFormat::Q4_1, WeightFormat::Q8_0] {
+        for format in [
+            WeightFormat::Q4_0,
+            WeightFormat::Q4_1,
+            WeightFormat::Q5_0,
+            WeightFormat::Q5_1,
+            WeightFormat::Q8_0,
+        ] {
             let cols = 512;
-            let w = quantize(format, &random(cols, 3));
+            let w = random_blocks(format, 1, cols, 3);
             let x = random(cols, 4);
             let mut blocks = vec![BlockQ8::default(); cols / BLOCK];
             let mut reference_blocks = blocks.clone();
@@ -461,7 +641,7 @@ mod tests {
                 assert_eq!(a.d.to_bits(), b.d.to_bits());
                 assert_eq!(a.s.to_bits(), b.s.to_bits());
             }
-            let fast = kernels::select_dot(format)(&w, &blocks);
+            let fast = (kernels::select(format).dot)(&w, &blocks);
             let slow = kernels::scalar::dot(format, &w, &blocks);
             // Same integer sums; only the f32 summation order differs.
             assert!(
@@ -472,38 +652,68 @@ mod tests {
     }
 
     #[test]
-    fn four_row_kernels_equal_single_row_kernels_exactly() {
-        for format in [WeightFormat::Q4_0, WeightFormat::Q4_1, WeightFormat::Q8_0] {
-            let Some(dot4) = kernels::select_dot4(format) else {
-                continue;
-            };
-            let cols = 576;
-            let w = quantize(format, &random(cols, 5));
-            let rows: Vec<Vec<BlockQ8>> = (0..4)
-                .map(|k| {
-                    let mut blocks = vec![BlockQ8::default(); cols / BLOCK];
-                    kernels::quantize_row_q8(&random(cols, 10 + k), &mut blocks, true);
-                    blocks
-                })
-                .collect();
-            let mut out = [0.0; 4];
-            dot4(&w, [&rows[0], &rows[1], &rows[2], &rows[3]], &mut out);
-            for k in 0..4 {
-                let single = kernels::select_dot(format)(&w, &rows[k]);
-                assert_eq!(out[k].to_bits(), single.to_bits(), "{format:?} row {k}");
+    fn k_quant_kernels_equal_the_scalar_reference_bit_for_bit() {
+        for format in [WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K] {
+            let cols = 1024;
+            for seed in 0..8 {
+                let w = random_blocks(format, 1, cols, 30 + seed);
+                let mut blocks = vec![BlockQ8K::default(); cols / QK_K];
+                kquants::quantize_row_q8k(&random(cols, 40 + seed), &mut blocks);
+                let fast = (kquants::select(format).dot)(&w, &blocks);
+                let slow = match format {
+                    WeightFormat::Q4_K => kquants::scalar::dot_q4_k(&w, &blocks),
+                    WeightFormat::Q5_K => kquants::scalar::dot_q5_k(&w, &blocks),
+                    _ => kquants::scalar::dot_q6_k(&w, &blocks),
+                };
+                assert_eq!(
+                    fast.to_bits(),
+                    slow.to_bits(),
+                    "{format:?}: {fast} vs {slow}"
+                );
             }
-            if let Some(rows4) = kernels::select_rows4(format) {
-                let ws: Vec<Vec<u8>> = (0..4)
-                    .map(|k| quantize(format, &random(cols, 20 + k)))
-                    .collect();
-                rows4([&ws[0], &ws[1], &ws[2], &ws[3]], &rows[0], &mut out);
-                for k in 0..4 {
-                    let single = kernels::select_dot(format)(&ws[k], &rows[0]);
-                    assert_eq!(
-                        out[k].to_bits(),
-                        single.to_bits(),
-                        "{format:?} weight row {k}"
-                    );
+        }
+    }
+
+    #[test]
+    fn q8_k_rounding_is_llama_cpps() {
+        // The largest magnitude (-127 here) maps to -127, so the scale is
+        // exactly 1 and the rounding shows: half to even.
+        let mut x = vec![0.0f32; QK_K];
+        x[..5].copy_from_slice(&[-127.0, 0.5, 1.5, 2.5, -3.5]);
+        x[20] = 100.0;
+        let mut blocks = [BlockQ8K::default()];
+        kquants::quantize_row_q8k(&x, &mut blocks);
+        let b = &blocks[0];
+        assert_eq!(b.d, 1.0);
+        assert_eq!(&b.qs[..5], &[-127, 0, 2, 2, -4]);
+        assert_eq!((b.bsums[0], b.bsums[1]), (-127 + 2 + 2 - 4, 100));
+        assert!(b.bsums[2..].iter().all(|s| *s == 0));
+        kquants::quantize_row_q8k(&[0.0; QK_K], &mut blocks);
+        assert_eq!((blocks[0].d, blocks[0].qs[0]), (0.0, 0));
+    }
+
+    #[test]
+    fn products_are_the_same_bits_for_any_number_of_tokens() {
+        // Batch invariance: a token's outputs never depend on how many
+        // others share the product (1, 2, 3, 4, 8 or 16 tokens).
+        let pool = ThreadPool::new(2);
+        for format in ALL {
+            let (rows, cols) = (21, 512);
+            let w = QMatrix::from_bytes(format, rows, cols, random_blocks(format, rows, cols, 11))
+                .unwrap();
+            let x = random(16 * cols, 12);
+            let alone: Vec<Vec<f32>> = (0..16)
+                .map(|t| product(&w, &x[t * cols..(t + 1) * cols], 1, &pool))
+                .collect();
+            for tokens in [1, 2, 3, 4, 8, 16] {
+                let together = product(&w, &x[..tokens * cols], tokens, &pool);
+                for (t, expected) in alone.iter().take(tokens).enumerate() {
+                    let got = &together[t * rows..(t + 1) * rows];
+                    let same = got
+                        .iter()
+                        .zip(expected)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{format:?}: token {t} of {tokens} differs");
                 }
             }
         }
