@@ -12,7 +12,22 @@ use clap::Parser;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// mimalloc asks for transparent huge pages for its arenas, and a 2 MB page
+/// is resident as soon as one byte of it is touched: scratch buffers and the
+/// KV cache cost a sixth more memory than they use (185 MB against 169 MB
+/// peak for the default model's bench), for no speed we could measure. The
+/// weights are the mapped model file's own pages either way.
+fn no_transparent_huge_pages() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: PR_SET_THP_DISABLE takes plain integers and only sets a flag
+    // of this process; a kernel without it returns an error we can ignore.
+    unsafe {
+        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+    }
+}
+
 fn main() -> ExitCode {
+    no_transparent_huge_pages();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     tracing_subscriber::fmt()

@@ -17,7 +17,7 @@ use candle_core::Device;
 use crate::model::config::{Architecture, ModelConfig, RopeScaling};
 use crate::model::weights::{LoadError, Matrix, TensorSource};
 use crate::ops::RopeStyle;
-use crate::quant::{QMatrix, WeightFormat};
+use crate::quant::{QMatrix, WeightBytes, WeightFormat};
 
 /// An open GGUF file.
 pub struct GgufFile {
@@ -26,6 +26,9 @@ pub struct GgufFile {
     content: Content,
     file: Mutex<File>,
     file_len: u64,
+    /// The whole file, mapped: native matrices of whole rows borrow their
+    /// bytes from it instead of copying them.
+    map: Option<std::sync::Arc<memmap2::Mmap>>,
 }
 
 impl GgufFile {
@@ -41,12 +44,22 @@ impl GgufFile {
             path: display.clone(),
             reason: e.to_string(),
         })?;
+        // SAFETY: the map is read-only and every read of it is checked
+        // against the file's length. Another process truncating or rewriting
+        // the file while it is mapped would fault the process (SIGBUS) or
+        // change the values read; model files are treated as immutable once
+        // opened, as llama.cpp (which maps them too) does. Where mapping
+        // fails (some network file systems), tensors are read and copied.
+        let map = unsafe { memmap2::Mmap::map(&file) }
+            .ok()
+            .map(std::sync::Arc::new);
         Ok(Self {
             path: path.to_path_buf(),
             display,
             content,
             file: Mutex::new(file),
             file_len,
+            map,
         })
     }
 
@@ -231,6 +244,22 @@ impl GgufFile {
         Ok(buffer)
     }
 
+    /// `len` bytes at `offset` of the tensor data: a range of the mapped
+    /// file where there is one, else a copy read from it.
+    fn mapped_or_read(&self, name: &str, offset: u64, len: u64) -> Result<WeightBytes, LoadError> {
+        let start = self.content.tensor_data_offset.saturating_add(offset);
+        match &self.map {
+            Some(map) if start.saturating_add(len) <= map.len() as u64 => {
+                let start = start as usize;
+                Ok(WeightBytes::Mapped {
+                    map: map.clone(),
+                    range: start..start + len as usize,
+                })
+            }
+            _ => self.read_bytes(name, offset, len).map(WeightBytes::Owned),
+        }
+    }
+
     /// Reads `len` bytes at byte `first` of each row in `rows`.
     fn read_row_parts(
         &self,
@@ -278,8 +307,9 @@ impl GgufFile {
         dtype: GgmlDType,
         rows: usize,
         cols: usize,
-        data: Vec<u8>,
+        data: impl Into<WeightBytes>,
     ) -> Result<Matrix, LoadError> {
+        let data = data.into();
         if let Some(format) = native_format(dtype) {
             let matrix =
                 QMatrix::from_bytes(format, rows, cols, data).map_err(|e| LoadError::Tensor {
@@ -380,6 +410,14 @@ impl TensorSource for GgufFile {
                 rows.len() as u64 * row_bytes,
             )
         };
+        if cols.len() == total_cols && native_format(dtype).is_some() {
+            let data = self.mapped_or_read(
+                name,
+                info.offset + rows.start as u64 * row_bytes,
+                rows.len() as u64 * row_bytes,
+            )?;
+            return self.wrap_blocks(name, dtype, rows.len(), cols.len(), data);
+        }
         if cols.start.is_multiple_of(block) && cols.end.is_multiple_of(block) {
             // Whole blocks: copy them as they are, no requantizing.
             let data = if cols.len() == total_cols {
@@ -406,11 +444,16 @@ impl TensorSource for GgufFile {
         } else {
             WeightFormat::F16
         };
-        tracing::debug!(
+        // Placement aligns tensor-parallel splits to the FFN's blocks (256
+        // values for K-quants) where the FFN has enough of them; what is
+        // left here is a split no aligned choice allows, so say so.
+        tracing::warn!(
             tensor = name,
             ?dtype,
+            columns = ?cols,
+            block = block,
             ?format,
-            "column slice cuts blocks: requantized"
+            "this shard's columns cut {dtype:?} blocks of {block}: requantized to {format:?}"
         );
         let data = crate::quant::quantize(format, &values);
         QMatrix::from_bytes(format, rows.len(), cols.len(), data)

@@ -44,21 +44,12 @@ pub fn avx2_available() -> bool {
 /// The fastest kernels for a 32-value `format` on this CPU.
 pub fn select(format: WeightFormat) -> Kernels<BlockQ8> {
     #[cfg(target_arch = "x86_64")]
+    if avx2::vnni_available() {
+        return x86_kernels::<true>(format);
+    }
+    #[cfg(target_arch = "x86_64")]
     if avx2::available() {
-        let (dot, dot4): (DotFn, Dot4Fn) = match format {
-            WeightFormat::Q4_0 => (avx2::dot_q4_0, avx2::dot4_q4_0),
-            WeightFormat::Q4_1 => (avx2::dot_q4_1, avx2::dot4_q4_1),
-            WeightFormat::Q5_0 => (avx2::dot_q5_0, avx2::dot4_q5_0),
-            WeightFormat::Q5_1 => (avx2::dot_q5_1, avx2::dot4_q5_1),
-            WeightFormat::Q8_0 => (avx2::dot_q8_0, avx2::dot4_q8_0),
-            _ => return scalar_kernels(format),
-        };
-        let rows4 = (format == WeightFormat::Q4_1).then_some(avx2::rows4_q4_1 as Rows4Fn);
-        return Kernels {
-            dot,
-            dot4: Some(dot4),
-            rows4,
-        };
+        return x86_kernels::<false>(format);
     }
     #[cfg(target_arch = "aarch64")]
     {
@@ -78,7 +69,33 @@ pub fn select(format: WeightFormat) -> Kernels<BlockQ8> {
     scalar_kernels(format)
 }
 
-fn scalar_kernels(format: WeightFormat) -> Kernels<BlockQ8> {
+/// The AVX2 kernels (`VNNI`: with AVX-512 VNNI's byte dot products), for
+/// tests to compare every path this CPU has.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn x86_kernels<const VNNI: bool>(format: WeightFormat) -> Kernels<BlockQ8> {
+    let (dot, dot4): (DotFn, Dot4Fn) = match format {
+        WeightFormat::Q4_0 => (avx2::dot_q4_0::<VNNI>, avx2::dot4_q4_0::<VNNI>),
+        WeightFormat::Q4_1 => (avx2::dot_q4_1::<VNNI>, avx2::dot4_q4_1::<VNNI>),
+        WeightFormat::Q5_0 => (avx2::dot_q5_0::<VNNI>, avx2::dot4_q5_0::<VNNI>),
+        WeightFormat::Q5_1 => (avx2::dot_q5_1::<VNNI>, avx2::dot4_q5_1::<VNNI>),
+        WeightFormat::Q8_0 => (avx2::dot_q8_0::<VNNI>, avx2::dot4_q8_0::<VNNI>),
+        _ => return scalar_kernels(format),
+    };
+    let rows4 = (format == WeightFormat::Q4_1).then_some(avx2::rows4_q4_1::<VNNI> as Rows4Fn);
+    Kernels {
+        dot,
+        dot4: Some(dot4),
+        rows4,
+    }
+}
+
+/// Which x86 kernel sets this CPU runs: AVX2, and AVX2 with VNNI.
+#[cfg(all(test, target_arch = "x86_64"))]
+pub(super) fn x86_paths() -> (bool, bool) {
+    (avx2::available(), avx2::vnni_available())
+}
+
+pub(super) fn scalar_kernels(format: WeightFormat) -> Kernels<BlockQ8> {
     let dot: DotFn = match format {
         WeightFormat::Q4_0 => scalar::dot_q4_0,
         WeightFormat::Q4_1 => scalar::dot_q4_1,
@@ -411,6 +428,33 @@ mod avx2 {
         })
     }
 
+    /// Whether AVX-512 VNNI (with VL, for 256-bit `vpdpbusd`) runs here.
+    pub fn vnni_available() -> bool {
+        static AVAILABLE: OnceLock<bool> = OnceLock::new();
+        *AVAILABLE.get_or_init(|| {
+            available()
+                && is_x86_feature_detected!("avx512vnni")
+                && is_x86_feature_detected!("avx512vl")
+        })
+    }
+
+    /// Every kernel body comes twice: plain AVX2, and with AVX-512 VNNI's
+    /// `vpdpbusd` in place of `vpmaddubsw` + `vpmaddwd`. Both give the same
+    /// integers in the same lanes (no sum here reaches `vpmaddubsw`'s i16
+    /// saturation), so the results are the same bits.
+    macro_rules! two_isas {
+        ($avx2:ident, $vnni:ident, $body:ident $(<$($g:ident: $gt:ty),*>)?, ($($arg:ident: $ty:ty),*) $(-> $ret:ty)?) => {
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn $avx2$(<$(const $g: $gt),*>)?($($arg: $ty),*) $(-> $ret)? {
+                $body::<false $($(, $g)*)?>($($arg),*)
+            }
+            #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+            unsafe fn $vnni$(<$(const $g: $gt),*>)?($($arg: $ty),*) $(-> $ret)? {
+                $body::<true $($(, $g)*)?>($($arg),*)
+            }
+        };
+    }
+
     #[inline(always)]
     unsafe fn hsum(v: __m256) -> f32 {
         let lo = _mm256_castps256_ps128(v);
@@ -435,27 +479,39 @@ mod avx2 {
         _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
     }
 
-    /// Sum of products of unsigned `x` and signed `y` bytes as 8 floats.
+    /// Sum of products of unsigned `x` and signed `y` bytes, by 4, as 8
+    /// floats (`VNNI`: in one instruction).
     #[inline(always)]
-    unsafe fn mul_sum_us8(x: __m256i, y: __m256i) -> __m256 {
+    unsafe fn mul_sum_us8<const VNNI: bool>(x: __m256i, y: __m256i) -> __m256 {
+        if VNNI {
+            return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), x, y));
+        }
         let pairs = _mm256_maddubs_epi16(x, y);
         _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
     }
 
     /// Sum of products of two signed byte vectors as 8 floats.
     #[inline(always)]
-    unsafe fn mul_sum_i8(x: __m256i, y: __m256i) -> __m256 {
-        mul_sum_us8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
+    unsafe fn mul_sum_i8<const VNNI: bool>(x: __m256i, y: __m256i) -> __m256 {
+        mul_sum_us8::<VNNI>(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
     }
 
-    pub fn dot_q4_1(row: &[u8], x: &[BlockQ8]) -> f32 {
+    pub fn dot_q4_1<const V: bool>(row: &[u8], x: &[BlockQ8]) -> f32 {
         assert!(row.len() >= x.len() * 20);
-        // SAFETY: features checked by `available`; bounds by the assert.
-        unsafe { dot_q4_1_impl(row, x) }
+        // SAFETY: `select` hands out `V` only where the CPU has it; bounds by the assert.
+        unsafe {
+            if V {
+                dot_q4_1_vnni(row, x)
+            } else {
+                dot_q4_1_avx2(row, x)
+            }
+        }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot_q4_1_impl(row: &[u8], x: &[BlockQ8]) -> f32 {
+    two_isas!(dot_q4_1_avx2, dot_q4_1_vnni, dot_q4_1_body, (row: &[u8], x: &[BlockQ8]) -> f32);
+
+    #[inline(always)]
+    unsafe fn dot_q4_1_body<const V: bool>(row: &[u8], x: &[BlockQ8]) -> f32 {
         let mut acc = _mm256_setzero_ps();
         let mut mins = 0.0f32;
         let w = row.as_ptr();
@@ -464,7 +520,7 @@ mod avx2 {
             let d = _mm256_set1_ps(load_f16(wb) * a.d);
             mins += load_f16(wb.add(2)) * a.s;
             let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
-            acc = _mm256_fmadd_ps(d, mul_sum_us8(nibbles(wb.add(4)), y), acc);
+            acc = _mm256_fmadd_ps(d, mul_sum_us8::<V>(nibbles(wb.add(4)), y), acc);
         }
         hsum(acc) + mins
     }
@@ -472,15 +528,28 @@ mod avx2 {
     /// One Q4_1 row against four activation rows (prefill): the weights are
     /// unpacked once per block for all four. Same arithmetic, in the same
     /// order, as [`dot_q4_1`], so batching never changes a result.
-    pub fn dot4_q4_1(row: &[u8], x: [&[BlockQ8]; 4], out: &mut [f32; 4]) {
+    pub fn dot4_q4_1<const V: bool>(row: &[u8], x: [&[BlockQ8]; 4], out: &mut [f32; 4]) {
         let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
         assert!(row.len() >= n * 20);
-        // SAFETY: features checked by `available`; bounds by the assert.
-        unsafe { dot4_q4_1_impl(row, x, n, out) }
+        // SAFETY: `select` hands out `V` only where the CPU has it; bounds by the assert.
+        unsafe {
+            if V {
+                dot4_q4_1_vnni(row, x, n, out)
+            } else {
+                dot4_q4_1_avx2(row, x, n, out)
+            }
+        }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot4_q4_1_impl(row: &[u8], x: [&[BlockQ8]; 4], n: usize, out: &mut [f32; 4]) {
+    two_isas!(dot4_q4_1_avx2, dot4_q4_1_vnni, dot4_q4_1_body, (row: &[u8], x: [&[BlockQ8]; 4], n: usize, out: &mut [f32; 4]));
+
+    #[inline(always)]
+    unsafe fn dot4_q4_1_body<const V: bool>(
+        row: &[u8],
+        x: [&[BlockQ8]; 4],
+        n: usize,
+        out: &mut [f32; 4],
+    ) {
         let mut acc = [_mm256_setzero_ps(); 4];
         let mut mins = [0.0f32; 4];
         let w = row.as_ptr();
@@ -492,7 +561,7 @@ mod avx2 {
                 let a = x[k].get_unchecked(i);
                 mins[k] += mw * a.s;
                 let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
-                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), mul_sum_us8(q, y), acc[k]);
+                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), mul_sum_us8::<V>(q, y), acc[k]);
             }
         }
         for k in 0..4 {
@@ -503,14 +572,22 @@ mod avx2 {
     /// Four Q4_1 rows against one activation row (decode): four
     /// independent accumulators keep the FMA units busy, and each row's
     /// arithmetic is exactly [`dot_q4_1`]'s.
-    pub fn rows4_q4_1(rows: [&[u8]; 4], x: &[BlockQ8], out: &mut [f32; 4]) {
+    pub fn rows4_q4_1<const V: bool>(rows: [&[u8]; 4], x: &[BlockQ8], out: &mut [f32; 4]) {
         assert!(rows.iter().all(|r| r.len() >= x.len() * 20));
-        // SAFETY: features checked by `available`; bounds by the assert.
-        unsafe { rows4_q4_1_impl(rows, x, out) }
+        // SAFETY: `select` hands out `V` only where the CPU has it; bounds by the assert.
+        unsafe {
+            if V {
+                rows4_q4_1_vnni(rows, x, out)
+            } else {
+                rows4_q4_1_avx2(rows, x, out)
+            }
+        }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn rows4_q4_1_impl(rows: [&[u8]; 4], x: &[BlockQ8], out: &mut [f32; 4]) {
+    two_isas!(rows4_q4_1_avx2, rows4_q4_1_vnni, rows4_q4_1_body, (rows: [&[u8]; 4], x: &[BlockQ8], out: &mut [f32; 4]));
+
+    #[inline(always)]
+    unsafe fn rows4_q4_1_body<const V: bool>(rows: [&[u8]; 4], x: &[BlockQ8], out: &mut [f32; 4]) {
         let mut acc = [_mm256_setzero_ps(); 4];
         let mut mins = [0.0f32; 4];
         for (i, a) in x.iter().enumerate() {
@@ -519,7 +596,7 @@ mod avx2 {
                 let wb = rows[k].as_ptr().add(i * 20);
                 mins[k] += load_f16(wb.add(2)) * a.s;
                 let d = _mm256_set1_ps(load_f16(wb) * a.d);
-                acc[k] = _mm256_fmadd_ps(d, mul_sum_us8(nibbles(wb.add(4)), y), acc[k]);
+                acc[k] = _mm256_fmadd_ps(d, mul_sum_us8::<V>(nibbles(wb.add(4)), y), acc[k]);
             }
         }
         for k in 0..4 {
@@ -528,15 +605,28 @@ mod avx2 {
     }
 
     /// Q4_0 against four activation rows; see [`dot4_q4_1`].
-    pub fn dot4_q4_0(row: &[u8], x: [&[BlockQ8]; 4], out: &mut [f32; 4]) {
+    pub fn dot4_q4_0<const V: bool>(row: &[u8], x: [&[BlockQ8]; 4], out: &mut [f32; 4]) {
         let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
         assert!(row.len() >= n * 18);
-        // SAFETY: features checked by `available`; bounds by the assert.
-        unsafe { dot4_q4_0_impl(row, x, n, out) }
+        // SAFETY: `select` hands out `V` only where the CPU has it; bounds by the assert.
+        unsafe {
+            if V {
+                dot4_q4_0_vnni(row, x, n, out)
+            } else {
+                dot4_q4_0_avx2(row, x, n, out)
+            }
+        }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot4_q4_0_impl(row: &[u8], x: [&[BlockQ8]; 4], n: usize, out: &mut [f32; 4]) {
+    two_isas!(dot4_q4_0_avx2, dot4_q4_0_vnni, dot4_q4_0_body, (row: &[u8], x: [&[BlockQ8]; 4], n: usize, out: &mut [f32; 4]));
+
+    #[inline(always)]
+    unsafe fn dot4_q4_0_body<const V: bool>(
+        row: &[u8],
+        x: [&[BlockQ8]; 4],
+        n: usize,
+        out: &mut [f32; 4],
+    ) {
         let mut acc = [_mm256_setzero_ps(); 4];
         let w = row.as_ptr();
         let eight = _mm256_set1_epi8(8);
@@ -548,7 +638,7 @@ mod avx2 {
             for k in 0..4 {
                 let a = x[k].get_unchecked(i);
                 let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
-                let prod = mul_sum_us8(q_abs, _mm256_sign_epi8(y, q));
+                let prod = mul_sum_us8::<V>(q_abs, _mm256_sign_epi8(y, q));
                 acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), prod, acc[k]);
             }
         }
@@ -557,14 +647,22 @@ mod avx2 {
         }
     }
 
-    pub fn dot_q4_0(row: &[u8], x: &[BlockQ8]) -> f32 {
+    pub fn dot_q4_0<const V: bool>(row: &[u8], x: &[BlockQ8]) -> f32 {
         assert!(row.len() >= x.len() * 18);
-        // SAFETY: features checked by `available`; bounds by the assert.
-        unsafe { dot_q4_0_impl(row, x) }
+        // SAFETY: `select` hands out `V` only where the CPU has it; bounds by the assert.
+        unsafe {
+            if V {
+                dot_q4_0_vnni(row, x)
+            } else {
+                dot_q4_0_avx2(row, x)
+            }
+        }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot_q4_0_impl(row: &[u8], x: &[BlockQ8]) -> f32 {
+    two_isas!(dot_q4_0_avx2, dot_q4_0_vnni, dot_q4_0_body, (row: &[u8], x: &[BlockQ8]) -> f32);
+
+    #[inline(always)]
+    unsafe fn dot_q4_0_body<const V: bool>(row: &[u8], x: &[BlockQ8]) -> f32 {
         let mut acc = _mm256_setzero_ps();
         let w = row.as_ptr();
         let eight = _mm256_set1_epi8(8);
@@ -573,7 +671,7 @@ mod avx2 {
             let d = _mm256_set1_ps(load_f16(wb) * a.d);
             let q = _mm256_sub_epi8(nibbles(wb.add(2)), eight);
             let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
-            acc = _mm256_fmadd_ps(d, mul_sum_i8(q, y), acc);
+            acc = _mm256_fmadd_ps(d, mul_sum_i8::<V>(q, y), acc);
         }
         hsum(acc)
     }
@@ -581,15 +679,28 @@ mod avx2 {
     /// Q8_0 against four activation rows (a batch's LM head): each weight
     /// block is loaded and its signs taken once for all four. Same
     /// arithmetic, in the same order, as [`dot_q8_0`].
-    pub fn dot4_q8_0(row: &[u8], x: [&[BlockQ8]; 4], out: &mut [f32; 4]) {
+    pub fn dot4_q8_0<const V: bool>(row: &[u8], x: [&[BlockQ8]; 4], out: &mut [f32; 4]) {
         let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
         assert!(row.len() >= n * 34);
-        // SAFETY: features checked by `available`; bounds by the assert.
-        unsafe { dot4_q8_0_impl(row, x, n, out) }
+        // SAFETY: `select` hands out `V` only where the CPU has it; bounds by the assert.
+        unsafe {
+            if V {
+                dot4_q8_0_vnni(row, x, n, out)
+            } else {
+                dot4_q8_0_avx2(row, x, n, out)
+            }
+        }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot4_q8_0_impl(row: &[u8], x: [&[BlockQ8]; 4], n: usize, out: &mut [f32; 4]) {
+    two_isas!(dot4_q8_0_avx2, dot4_q8_0_vnni, dot4_q8_0_body, (row: &[u8], x: [&[BlockQ8]; 4], n: usize, out: &mut [f32; 4]));
+
+    #[inline(always)]
+    unsafe fn dot4_q8_0_body<const V: bool>(
+        row: &[u8],
+        x: [&[BlockQ8]; 4],
+        n: usize,
+        out: &mut [f32; 4],
+    ) {
         let mut acc = [_mm256_setzero_ps(); 4];
         let w = row.as_ptr();
         for i in 0..n {
@@ -600,7 +711,7 @@ mod avx2 {
             for k in 0..4 {
                 let a = x[k].get_unchecked(i);
                 let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
-                let prod = mul_sum_us8(q_abs, _mm256_sign_epi8(y, q));
+                let prod = mul_sum_us8::<V>(q_abs, _mm256_sign_epi8(y, q));
                 acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), prod, acc[k]);
             }
         }
@@ -609,10 +720,16 @@ mod avx2 {
         }
     }
 
-    pub fn dot_q8_0(row: &[u8], x: &[BlockQ8]) -> f32 {
+    pub fn dot_q8_0<const V: bool>(row: &[u8], x: &[BlockQ8]) -> f32 {
         assert!(row.len() >= x.len() * 34);
-        // SAFETY: features checked by `available`; bounds by the assert.
-        unsafe { dot_q8_0_impl(row, x) }
+        // SAFETY: `select` hands out `V` only where the CPU has it; bounds by the assert.
+        unsafe {
+            if V {
+                dot_q8_0_vnni(row, x)
+            } else {
+                dot_q8_0_avx2(row, x)
+            }
+        }
     }
 
     /// Byte `j` is 0xFF where bit `j` of the 32 bits at `p` is set.
@@ -646,27 +763,39 @@ mod avx2 {
         _mm256_or_si256(nibbles(wb.add(8)), high)
     }
 
-    pub fn dot_q5_0(row: &[u8], x: &[BlockQ8]) -> f32 {
+    pub fn dot_q5_0<const V: bool>(row: &[u8], x: &[BlockQ8]) -> f32 {
         let mut out = [0.0];
-        dotn_q5_0(row, [x], &mut out);
+        dotn_q5_0::<V, 1>(row, [x], &mut out);
         out[0]
     }
 
-    pub fn dot4_q5_0(row: &[u8], x: [&[BlockQ8]; 4], out: &mut [f32; 4]) {
-        dotn_q5_0(row, x, out)
+    pub fn dot4_q5_0<const V: bool>(row: &[u8], x: [&[BlockQ8]; 4], out: &mut [f32; 4]) {
+        dotn_q5_0::<V, 4>(row, x, out)
     }
 
     /// Q5_0 against `N` activation rows; one body for every `N`, so the
     /// four-row kernel gives the one-row kernel's bits.
-    fn dotn_q5_0<const N: usize>(row: &[u8], x: [&[BlockQ8]; N], out: &mut [f32; N]) {
+    fn dotn_q5_0<const V: bool, const N: usize>(
+        row: &[u8],
+        x: [&[BlockQ8]; N],
+        out: &mut [f32; N],
+    ) {
         let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
         assert!(row.len() >= n * 22);
-        // SAFETY: features checked by `available`; bounds by the assert.
-        unsafe { dotn_q5_0_impl(row, x, n, out) }
+        // SAFETY: `select` hands out `V` only where the CPU has it; bounds by the assert.
+        unsafe {
+            if V {
+                dotn_q5_0_vnni(row, x, n, out)
+            } else {
+                dotn_q5_0_avx2(row, x, n, out)
+            }
+        }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dotn_q5_0_impl<const N: usize>(
+    two_isas!(dotn_q5_0_avx2, dotn_q5_0_vnni, dotn_q5_0_body<N: usize>, (row: &[u8], x: [&[BlockQ8]; N], n: usize, out: &mut [f32; N]));
+
+    #[inline(always)]
+    unsafe fn dotn_q5_0_body<const V: bool, const N: usize>(
         row: &[u8],
         x: [&[BlockQ8]; N],
         n: usize,
@@ -682,7 +811,7 @@ mod avx2 {
             for k in 0..N {
                 let a = x[k].get_unchecked(i);
                 let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
-                let prod = mul_sum_us8(q_abs, _mm256_sign_epi8(y, q));
+                let prod = mul_sum_us8::<V>(q_abs, _mm256_sign_epi8(y, q));
                 acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), prod, acc[k]);
             }
         }
@@ -691,26 +820,38 @@ mod avx2 {
         }
     }
 
-    pub fn dot_q5_1(row: &[u8], x: &[BlockQ8]) -> f32 {
+    pub fn dot_q5_1<const V: bool>(row: &[u8], x: &[BlockQ8]) -> f32 {
         let mut out = [0.0];
-        dotn_q5_1(row, [x], &mut out);
+        dotn_q5_1::<V, 1>(row, [x], &mut out);
         out[0]
     }
 
-    pub fn dot4_q5_1(row: &[u8], x: [&[BlockQ8]; 4], out: &mut [f32; 4]) {
-        dotn_q5_1(row, x, out)
+    pub fn dot4_q5_1<const V: bool>(row: &[u8], x: [&[BlockQ8]; 4], out: &mut [f32; 4]) {
+        dotn_q5_1::<V, 4>(row, x, out)
     }
 
     /// Q5_1 against `N` activation rows; see [`dotn_q5_0`].
-    fn dotn_q5_1<const N: usize>(row: &[u8], x: [&[BlockQ8]; N], out: &mut [f32; N]) {
+    fn dotn_q5_1<const V: bool, const N: usize>(
+        row: &[u8],
+        x: [&[BlockQ8]; N],
+        out: &mut [f32; N],
+    ) {
         let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
         assert!(row.len() >= n * 24);
-        // SAFETY: features checked by `available`; bounds by the assert.
-        unsafe { dotn_q5_1_impl(row, x, n, out) }
+        // SAFETY: `select` hands out `V` only where the CPU has it; bounds by the assert.
+        unsafe {
+            if V {
+                dotn_q5_1_vnni(row, x, n, out)
+            } else {
+                dotn_q5_1_avx2(row, x, n, out)
+            }
+        }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dotn_q5_1_impl<const N: usize>(
+    two_isas!(dotn_q5_1_avx2, dotn_q5_1_vnni, dotn_q5_1_body<N: usize>, (row: &[u8], x: [&[BlockQ8]; N], n: usize, out: &mut [f32; N]));
+
+    #[inline(always)]
+    unsafe fn dotn_q5_1_body<const V: bool, const N: usize>(
         row: &[u8],
         x: [&[BlockQ8]; N],
         n: usize,
@@ -727,7 +868,7 @@ mod avx2 {
                 let a = x[k].get_unchecked(i);
                 mins[k] += mw * a.s;
                 let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
-                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), mul_sum_us8(q, y), acc[k]);
+                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), mul_sum_us8::<V>(q, y), acc[k]);
             }
         }
         for k in 0..N {
@@ -735,8 +876,10 @@ mod avx2 {
         }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot_q8_0_impl(row: &[u8], x: &[BlockQ8]) -> f32 {
+    two_isas!(dot_q8_0_avx2, dot_q8_0_vnni, dot_q8_0_body, (row: &[u8], x: &[BlockQ8]) -> f32);
+
+    #[inline(always)]
+    unsafe fn dot_q8_0_body<const V: bool>(row: &[u8], x: &[BlockQ8]) -> f32 {
         let mut acc = _mm256_setzero_ps();
         let w = row.as_ptr();
         for (i, a) in x.iter().enumerate() {
@@ -744,7 +887,7 @@ mod avx2 {
             let d = _mm256_set1_ps(load_f16(wb) * a.d);
             let q = _mm256_loadu_si256(wb.add(2) as *const __m256i);
             let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
-            acc = _mm256_fmadd_ps(d, mul_sum_i8(q, y), acc);
+            acc = _mm256_fmadd_ps(d, mul_sum_i8::<V>(q, y), acc);
         }
         hsum(acc)
     }

@@ -106,7 +106,48 @@ pub struct QMatrix {
     format: WeightFormat,
     rows: usize,
     cols: usize,
-    data: Vec<u8>,
+    data: WeightBytes,
+}
+
+/// A matrix's bytes: its own, or a range of a mapped model file (no copy:
+/// the weights stay the file's pages, shared with the page cache, as
+/// llama.cpp keeps them).
+#[derive(Clone)]
+pub enum WeightBytes {
+    Owned(Vec<u8>),
+    Mapped {
+        map: std::sync::Arc<memmap2::Mmap>,
+        range: std::ops::Range<usize>,
+    },
+}
+
+impl std::ops::Deref for WeightBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Self::Owned(bytes) => bytes,
+            Self::Mapped { map, range } => &map[range.clone()],
+        }
+    }
+}
+
+impl From<Vec<u8>> for WeightBytes {
+    fn from(bytes: Vec<u8>) -> Self {
+        Self::Owned(bytes)
+    }
+}
+
+impl WeightBytes {
+    /// Bytes `range` of these, without copying mapped ones.
+    fn part(&self, range: std::ops::Range<usize>) -> Self {
+        match self {
+            Self::Owned(bytes) => Self::Owned(bytes[range].to_vec()),
+            Self::Mapped { map, range: own } => Self::Mapped {
+                map: map.clone(),
+                range: own.start + range.start..own.start + range.end,
+            },
+        }
+    }
 }
 
 /// Why a matrix cannot be built from the given bytes.
@@ -136,8 +177,9 @@ impl QMatrix {
         format: WeightFormat,
         rows: usize,
         cols: usize,
-        data: Vec<u8>,
+        data: impl Into<WeightBytes>,
     ) -> Result<Self, QuantError> {
+        let data = data.into();
         if format.is_quantized() && !cols.is_multiple_of(format.block_values()) {
             return Err(QuantError::RaggedBlocks { format, cols });
         }
@@ -161,7 +203,7 @@ impl QMatrix {
 
     /// An f32 matrix.
     pub fn from_f32(rows: usize, cols: usize, values: &[f32]) -> Result<Self, QuantError> {
-        let data = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         Self::from_bytes(WeightFormat::F32, rows, cols, data)
     }
 
@@ -191,7 +233,7 @@ impl QMatrix {
             format: self.format,
             rows: range.len(),
             cols: self.cols,
-            data: self.data[range.start * width..range.end * width].to_vec(),
+            data: self.data.part(range.start * width..range.end * width),
         }
     }
 
@@ -213,13 +255,14 @@ enum ActivationKind {
 
 /// One block of 32 activations rounded to i8. `d` is already rounded through
 /// f16 as llama.cpp stores it; `s` is `d * sum(qs)` (also f16-rounded), used
-/// by Q4_1's minimum term.
+/// by Q4_1's minimum term. The values come first and the block is aligned
+/// to 32 bytes, so the kernels' 32-byte loads never split a cache line.
 #[derive(Clone, Copy, Debug, Default)]
-#[repr(C, align(8))]
+#[repr(C, align(32))]
 pub struct BlockQ8 {
+    pub qs: [i8; BLOCK],
     pub d: f32,
     pub s: f32,
-    pub qs: [i8; BLOCK],
 }
 
 /// A batch of activation rows and their quantized copies, made once and
@@ -648,6 +691,56 @@ mod tests {
                 (fast - slow).abs() <= 1e-4 * slow.abs().max(1.0),
                 "{format:?}: {fast} vs {slow}"
             );
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vnni_kernels_give_the_avx2_kernels_bits() {
+        let (avx2, vnni) = kernels::x86_paths();
+        eprintln!("this CPU: AVX2 {avx2}, AVX-512 VNNI {vnni}");
+        if !vnni {
+            return; // Only the AVX2 path exists here; the other tests cover it.
+        }
+        for format in [
+            WeightFormat::Q4_0,
+            WeightFormat::Q4_1,
+            WeightFormat::Q5_0,
+            WeightFormat::Q5_1,
+            WeightFormat::Q8_0,
+        ] {
+            let cols = 576;
+            let rows: Vec<Vec<u8>> = (0..4)
+                .map(|k| random_blocks(format, 1, cols, 50 + k))
+                .collect();
+            let acts: Vec<Vec<BlockQ8>> = (0..4)
+                .map(|k| {
+                    let mut blocks = vec![BlockQ8::default(); cols / BLOCK];
+                    kernels::quantize_row_q8(&random(cols, 60 + k), &mut blocks, true);
+                    blocks
+                })
+                .collect();
+            let (plain, fast) = (
+                kernels::x86_kernels::<false>(format),
+                kernels::x86_kernels::<true>(format),
+            );
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                (plain.dot)(&rows[0], &acts[0]).to_bits(),
+                (fast.dot)(&rows[0], &acts[0]).to_bits(),
+                "{format:?} dot"
+            );
+            let xs = [&acts[0][..], &acts[1], &acts[2], &acts[3]];
+            let (mut a, mut b) = ([0.0; 4], [0.0; 4]);
+            (plain.dot4.unwrap())(&rows[0], xs, &mut a);
+            (fast.dot4.unwrap())(&rows[0], xs, &mut b);
+            assert_eq!(bits(&a), bits(&b), "{format:?} dot4");
+            if let (Some(p), Some(f)) = (plain.rows4, fast.rows4) {
+                let ws = [&rows[0][..], &rows[1], &rows[2], &rows[3]];
+                p(ws, &acts[0], &mut a);
+                f(ws, &acts[0], &mut b);
+                assert_eq!(bits(&a), bits(&b), "{format:?} rows4");
+            }
         }
     }
 

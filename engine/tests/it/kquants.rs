@@ -92,9 +92,12 @@ fn q4_k_m_mix() -> PathBuf {
     BUILT
         .get_or_init(|| {
             let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("smollm2-q4_k_m-mix.gguf");
+            // Tests run as parallel processes: each builds its own copy and
+            // renames it into place (readers keep whichever copy they opened).
+            let own = path.with_extension(format!("{}.part", std::process::id()));
             let layers = 30;
-            requantized(&path, |name, cols| q4_k_m_type(name, cols, layers));
-            let bytes = std::fs::read(&path).expect("built file");
+            requantized(&own, |name, cols| q4_k_m_type(name, cols, layers));
+            let bytes = std::fs::read(&own).expect("built file");
             let hash = blake3::hash(&bytes).to_hex().to_string();
             let expected = fixture()["file_blake3"].as_str().unwrap_or("").to_string();
             assert_eq!(
@@ -102,8 +105,9 @@ fn q4_k_m_mix() -> PathBuf {
                 expected,
                 "{} is not the file {FIXTURE} was made from: the requantization changed; \
                  remake the fixture (tests/data/README.md)",
-                path.display()
+                own.display()
             );
+            std::fs::rename(&own, &path).expect("rename into place");
             path
         })
         .clone()
