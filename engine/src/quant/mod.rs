@@ -577,6 +577,15 @@ mod tests {
         WeightFormat::Q6_K,
     ];
 
+    /// The quantized formats of 32-value blocks (`Q8_0`/`Q8_1` activations).
+    const BLOCK32_FORMATS: [WeightFormat; 5] = [
+        WeightFormat::Q4_0,
+        WeightFormat::Q4_1,
+        WeightFormat::Q5_0,
+        WeightFormat::Q5_1,
+        WeightFormat::Q8_0,
+    ];
+
     /// Valid rows of any bit pattern: random bytes with every f16 scale set
     /// to a small random value, so all packed scales and values are covered.
     fn random_blocks(format: WeightFormat, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
@@ -665,13 +674,7 @@ mod tests {
 
     #[test]
     fn simd_kernels_equal_the_scalar_reference() {
-        for format in [
-            WeightFormat::Q4_0,
-            WeightFormat::Q4_1,
-            WeightFormat::Q5_0,
-            WeightFormat::Q5_1,
-            WeightFormat::Q8_0,
-        ] {
+        for format in BLOCK32_FORMATS {
             let cols = 512;
             let w = random_blocks(format, 1, cols, 3);
             let x = random(cols, 4);
@@ -702,13 +705,7 @@ mod tests {
         if !vnni {
             return; // Only the AVX2 path exists here; the other tests cover it.
         }
-        for format in [
-            WeightFormat::Q4_0,
-            WeightFormat::Q4_1,
-            WeightFormat::Q5_0,
-            WeightFormat::Q5_1,
-            WeightFormat::Q8_0,
-        ] {
+        for format in BLOCK32_FORMATS {
             let cols = 576;
             let rows: Vec<Vec<u8>> = (0..4)
                 .map(|k| random_blocks(format, 1, cols, 50 + k))
