@@ -394,7 +394,9 @@ pub fn parse(bytes: &[u8]) -> Result<Header, GgufError> {
             "{n_tensors} tensors and {n_kv} metadata entries"
         )));
     }
-    let mut metadata = Vec::with_capacity(n_kv as usize);
+    // Counts come from the file: grow as entries actually parse, so a header
+    // that claims millions of entries costs nothing until they are there.
+    let mut metadata = Vec::with_capacity((n_kv as usize).min(1024));
     for _ in 0..n_kv {
         let key = cursor.string()?;
         let start = cursor.at;
@@ -403,7 +405,7 @@ pub fn parse(bytes: &[u8]) -> Result<Header, GgufError> {
         let raw = bytes[start..cursor.at].to_vec();
         metadata.push(MetaEntry { key, value, raw });
     }
-    let mut tensors = Vec::with_capacity(n_tensors as usize);
+    let mut tensors = Vec::with_capacity((n_tensors as usize).min(4096));
     for _ in 0..n_tensors {
         let name = cursor.string()?;
         let n_dims = cursor.u32()?;
