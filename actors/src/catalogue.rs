@@ -192,6 +192,23 @@ pub fn all(state: &v1::ClusterState) -> Vec<ModelCard> {
     cards
 }
 
+/// Every card with the nodes that hold its files, whole or in part: the
+/// admin service's model list and the dashboard's catalogue.
+pub fn listings(state: &v1::ClusterState) -> v1::ListModelsReply {
+    let models = all(state)
+        .into_iter()
+        .map(|card| v1::ModelListing {
+            downloaded_on: crate::placement::downloaded_on(state, &card.model_id),
+            partly_on: crate::placement::partly_on(state, &card.model_id),
+            card: Some(card),
+        })
+        .collect();
+    v1::ListModelsReply {
+        models,
+        error: None,
+    }
+}
+
 /// Builds a card from a hub repository. A safetensors one: from its
 /// `config.json` and file listing, the model id its name (`OWNER/NAME`).
 /// A GGUF one (or any, when `choice` names a file or a quantization): from

@@ -311,7 +311,7 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
         bus: bus.clone(),
         replica: replica.clone(),
         election: election.clone(),
-        leadership,
+        leadership: leadership.clone(),
     };
     let mut tasks = router.spawn_all().await?;
     let mut worker = None;
@@ -356,12 +356,18 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
     let mut api_address = None;
     if let Some(api) = options.api.clone() {
         let listen = api.listen;
-        let (address, task) = crate::api::serve(api, node_id.clone(), bus.clone(), replica.clone())
-            .await
-            .map_err(|source| NodeError::Io {
-                path: format!("the HTTP API address {listen}"),
-                source,
-            })?;
+        let (address, task) = crate::api::serve(
+            api,
+            node_id.clone(),
+            bus.clone(),
+            replica.clone(),
+            leadership.clone(),
+        )
+        .await
+        .map_err(|source| NodeError::Io {
+            path: format!("the HTTP API address {listen}"),
+            source,
+        })?;
         api_address = Some(address);
         tasks.push(task);
     }
@@ -511,7 +517,7 @@ impl Router {
                 .encode_to_vec(),
             AdminMethod::Models => {
                 decode_request::<v1::ListModelsRequest>(key, payload)?;
-                models_reply(&state).encode_to_vec()
+                crate::catalogue::listings(&state).encode_to_vec()
             }
             AdminMethod::Downloads => {
                 downloads_reply(&state, &decode_request(key, payload)?).encode_to_vec()
@@ -743,21 +749,6 @@ fn previews_reply(
                 AdminFailure::NotFound(format!("unknown model {:?}", request.model_id)).to_proto(),
             ),
         },
-    }
-}
-
-fn models_reply(state: &ClusterState) -> v1::ListModelsReply {
-    let models = crate::catalogue::all(state)
-        .into_iter()
-        .map(|card| v1::ModelListing {
-            downloaded_on: placement::downloaded_on(state, &card.model_id),
-            partly_on: placement::partly_on(state, &card.model_id),
-            card: Some(card),
-        })
-        .collect();
-    v1::ListModelsReply {
-        models,
-        error: None,
     }
 }
 

@@ -55,6 +55,9 @@ pub enum ReplicaMsg {
         to: u64,
         reply: RpcReplyPort<Vec<IndexedEvent>>,
     },
+    /// A read-only view of the log as it stands (for time travel: the fold
+    /// runs off the actor, which goes on applying).
+    View(RpcReplyPort<tessera_state::LogView>),
     Tick,
 }
 
@@ -317,6 +320,9 @@ impl Actor for Replica {
                         })
                 };
                 let _ = reply.send(events);
+            }
+            ReplicaMsg::View(reply) => {
+                let _ = reply.send(state.journal.log().view());
             }
             ReplicaMsg::Tick => {
                 if state.behind() {

@@ -43,9 +43,19 @@ pub struct Faults {
     retry_after_secs: AtomicU64,
     cut: Mutex<HashMap<String, u64>>,
     corrupt: Mutex<HashSet<String>>,
+    /// Bytes a second each file response is paced to; 0: as fast as it can.
+    bytes_per_second: AtomicU64,
 }
 
 impl Faults {
+    /// Every file response from now on sends at most `bytes_per_second`
+    /// (0: no bound), as a slow link would: a download then takes long
+    /// enough to watch its progress.
+    pub fn limit_rate(&self, bytes_per_second: u64) {
+        self.bytes_per_second
+            .store(bytes_per_second, Ordering::SeqCst);
+    }
+
     /// The next `requests` file requests get `429` with `Retry-After: secs`.
     pub fn rate_limit(&self, requests: u32, secs: u64) {
         self.retry_after_secs.store(secs, Ordering::SeqCst);
@@ -422,7 +432,9 @@ async fn resolve(
         corrupt: bool,
         inner: Arc<Inner>,
         key: String,
+        pace: Option<(std::time::Instant, u64)>,
     }
+    let rate = inner.faults.bytes_per_second.load(Ordering::SeqCst);
     let state = Body_ {
         file,
         left: body_len,
@@ -431,6 +443,7 @@ async fn resolve(
         corrupt,
         inner: inner.clone(),
         key,
+        pace: (rate > 0).then(|| (std::time::Instant::now(), rate)),
     };
     let stream = futures_util::stream::unfold(state, |mut s| async move {
         if s.left == 0 {
@@ -446,6 +459,12 @@ async fn resolve(
         let mut want = (s.left as usize).min(CHUNK);
         if let Some(cut) = s.cut {
             want = want.min((cut - s.sent) as usize).max(1);
+        }
+        if let Some((started, rate)) = s.pace {
+            // Small pieces, each sent when the rate allows it.
+            want = want.min((rate / 10).max(1) as usize);
+            let due = started + std::time::Duration::from_secs_f64(s.sent as f64 / rate as f64);
+            tokio::time::sleep_until(due.into()).await;
         }
         // Filled straight from the file, without zeroing it first.
         let mut buf = BytesMut::with_capacity(want);

@@ -201,3 +201,22 @@ async fn missing_files_and_repos_fail_at_once_with_clear_errors() {
         .expect_err("bad name");
     assert!(matches!(error, HubError::BadRepo(_)), "{error}");
 }
+
+/// A paced mirror sends no faster than its rate, and the bytes arrive whole.
+#[tokio::test]
+async fn a_rate_limited_mirror_paces_its_responses() {
+    let (dir, mirror, client) = setup().await;
+    mirror.faults().limit_rate(32 << 20);
+    let started = Instant::now();
+    let stats = fetch(&client, &dir.path().join("out"), &CancellationToken::new())
+        .await
+        .expect("download");
+    let took = started.elapsed();
+    assert_eq!(stats.bytes_fetched, SIZE as u64);
+    assert_eq!(
+        std::fs::read(dir.path().join("out")).expect("file"),
+        contents()
+    );
+    // 8 MiB at 32 MiB/s: at least a quarter of a second.
+    assert!(took >= Duration::from_millis(240), "{took:?}");
+}

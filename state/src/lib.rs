@@ -25,7 +25,7 @@ pub mod replay;
 pub mod state;
 pub mod synthetic;
 
-pub use log::{EventLog, LogError};
+pub use log::{EventLog, LogError, LogView};
 pub use replay::{replay, Journal, JournalError, ReplayError, ReplayOptions, Replayed};
 pub use state::{
     command_applied, validate_event, Applied, ApplyError, Ignored, InvalidEvent, State,

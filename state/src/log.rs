@@ -125,6 +125,19 @@ impl EventLog {
         })
     }
 
+    /// A read-only view of the log as it stands now: the same trees, its
+    /// end fixed at this moment, so a fold (time travel) can read it on
+    /// another thread while the owner goes on appending.
+    pub fn view(&self) -> LogView {
+        LogView(Self {
+            db: self.db.clone(),
+            events: self.events.clone(),
+            snapshots: self.snapshots.clone(),
+            last_index: self.last_index,
+            buf: Vec::new(),
+        })
+    }
+
     /// The index of the last stored event; 0 when the log is empty.
     pub fn last_index(&self) -> u64 {
         self.last_index
@@ -326,6 +339,25 @@ pub struct SnapshotLookup {
     pub state: Option<State>,
     /// Newer snapshots that were corrupted and passed over.
     pub skipped: Vec<LogError>,
+}
+
+/// A read-only view of an [`EventLog`] (see [`EventLog::view`]): it can only
+/// be folded, never written.
+pub struct LogView(EventLog);
+
+impl LogView {
+    /// The index of the last event the view holds.
+    pub fn last_index(&self) -> u64 {
+        self.0.last_index()
+    }
+
+    /// Folds the view as [`crate::replay`] folds a log (`tessera replay`).
+    pub fn replay(
+        &self,
+        options: crate::replay::ReplayOptions,
+    ) -> Result<crate::replay::Replayed, crate::replay::ReplayError> {
+        crate::replay::replay(&self.0, options)
+    }
 }
 
 /// Encodes `event` as a stored entry (`crc32 ‖ protobuf`) into `buf`.

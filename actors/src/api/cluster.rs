@@ -1,4 +1,4 @@
-//! The cluster's own endpoints: `/node_id`, `/state`, `/instance/...`,
+//! The cluster's own endpoints: `/node_id`, `/models`, `/instance/...`,
 //! `/place_instance`, `/events`, `/models/add`, `/downloads` and
 //! `/download/...`. Mutations are the admin service's, asked of the master
 //! over zenoh; an admin refusal answers with its kind's status.
@@ -36,7 +36,7 @@ impl Api {
         let key = self.bus.keys.admin(method);
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            match self.bus.query(&key, request, Duration::from_secs(2)).await {
+            match self.bus.query(&key, request, answer_within(method)).await {
                 Ok(reply) => return Ok(reply),
                 Err(crate::bus::BusError::NoReply { .. }) if Instant::now() < deadline => {
                     tracing::debug!(key, "no answer yet; asking again");
@@ -51,20 +51,27 @@ impl Api {
     }
 }
 
+/// How long the master may take to answer: adding a model reads a hub
+/// (file lists, GGUF headers, retried on errors), which takes longer than
+/// a look at the state.
+fn answer_within(method: AdminMethod) -> Duration {
+    match method {
+        AdminMethod::AddModel => Duration::from_secs(60),
+        _ => Duration::from_secs(2),
+    }
+}
+
 pub(super) async fn node_id(State(api): State<Api>) -> Json<Value> {
     Json(json!(api.node_id))
 }
 
-pub(super) async fn state(State(api): State<Api>) -> Result<Json<Value>, ApiError> {
+/// `GET /models`: the catalogue (built-in and added cards) with the nodes
+/// that hold each model's files, as this node's state has it.
+pub(super) async fn models(State(api): State<Api>) -> Result<Json<Value>, ApiError> {
     let state = api.state().await?;
-    let digest = tessera_state::State::from_proto((*state).clone()).digest();
-    let last_index = state.last_index;
-    let state = serde_json::to_value(&*state).map_err(|e| ApiError::internal(e.to_string()))?;
-    Ok(Json(json!({
-        "last_index": last_index,
-        "digest": digest.to_string(),
-        "state": state,
-    })))
+    serde_json::to_value(crate::catalogue::listings(&state))
+        .map(Json)
+        .map_err(|e| ApiError::internal(e.to_string()))
 }
 
 #[derive(Deserialize)]

@@ -13,16 +13,21 @@
 //!   again when its instance went away), SSE helpers.
 //! - one module per dialect, the pure mapper (`openai`, `anthropic`,
 //!   `ollama`, `responses`), with its HTTP handlers in `{dialect}/handlers`.
-//! - [`cluster`]: `/state`, `/instance/...`, `/download/...`, `/models/add`,
+//! - [`cluster`]: `/models`, `/instance/...`, `/download/...`, `/models/add`,
 //!   `/events`: the admin service over HTTP.
+//! - [`live`]: `/cluster`, `/state`, `/state/stream` (pushed on each
+//!   change) and `/state/at` (time travel): what the dashboard watches.
+//! - [`dashboard`]: the dashboard's page and assets (`dashboard/`), at `/`.
 //! - [`error`]: [`ApiError`] and the one mapping of an error kind to its
 //!   HTTP status.
 
 mod answer;
 pub mod anthropic;
 mod cluster;
+mod dashboard;
 pub mod error;
 pub(crate) mod generation;
+mod live;
 pub mod ollama;
 pub mod openai;
 mod ready;
@@ -39,6 +44,7 @@ use ractor::ActorRef;
 use tessera_protos::v1;
 
 use crate::bus::Bus;
+use crate::election_actor::Leadership;
 use crate::replica::{ReplicaMsg, StateView};
 use error::ApiError;
 pub use server::serve;
@@ -91,6 +97,8 @@ struct Api {
     replica: ActorRef<ReplicaMsg>,
     /// The state, as the replica last published it.
     state: StateView,
+    /// The master this node follows (none while electing).
+    leadership: Leadership,
     options: Arc<ApiOptions>,
     /// Requests in hand per model.
     queues: server::Queues,

@@ -52,10 +52,15 @@ pub struct ChatRequest {
     pub n: Option<u32>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, Deserialize)]
 pub struct StreamOptions {
     #[serde(default)]
     pub include_usage: bool,
+    /// tessera's own: chunks telling how far the prompt is processed (no
+    /// choices, a `tessera.prefill_progress` object), for a long prompt's
+    /// wait. A client that does not ask never sees them.
+    #[serde(default)]
+    pub include_progress: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -154,14 +159,10 @@ fn content_text(content: Option<&Content>, index: usize) -> Result<String, ApiEr
 }
 
 impl ChatRequest {
-    /// Whether the answer streams, and with usage at the end.
-    pub fn streaming(&self) -> (bool, bool) {
+    /// Whether the answer streams, and what the stream carries besides.
+    pub fn streaming(&self) -> (bool, StreamOptions) {
         let stream = self.stream.unwrap_or(false);
-        let usage = self
-            .stream_options
-            .as_ref()
-            .is_some_and(|o| o.include_usage);
-        (stream, usage)
+        (stream, self.stream_options.unwrap_or_default())
     }
 
     /// The generation this request asks for; `context` is the model's
@@ -424,17 +425,17 @@ pub struct ChunkWriter {
     pub id: String,
     pub model: String,
     pub created: u64,
-    pub include_usage: bool,
+    pub options: StreamOptions,
     tool_calls: usize,
 }
 
 impl ChunkWriter {
-    pub fn new(id: String, model: String, created: u64, include_usage: bool) -> Self {
+    pub fn new(id: String, model: String, created: u64, options: StreamOptions) -> Self {
         Self {
             id,
             model,
             created,
-            include_usage,
+            options,
             tool_calls: 0,
         }
     }
@@ -452,8 +453,23 @@ impl ChunkWriter {
                 "finish_reason": finish,
             }],
         });
-        if self.include_usage {
+        if self.options.include_usage {
             chunk["usage"] = Value::Null;
+        }
+        chunk
+    }
+
+    /// A chunk without choices (usage, progress), with `extra`'s keys.
+    fn choiceless(&self, extra: Value) -> Value {
+        let mut chunk = json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+        });
+        if let (Some(chunk), Value::Object(extra)) = (chunk.as_object_mut(), extra) {
+            chunk.extend(extra);
         }
         chunk
     }
@@ -490,18 +506,22 @@ impl ChunkWriter {
             }
             generation_chunk::Kind::Finish(finish) => {
                 let mut out = vec![self.chunk(json!({}), Some(finish_reason(finish.reason)), None)];
-                if self.include_usage {
-                    out.push(json!({
-                        "id": self.id,
-                        "object": "chat.completion.chunk",
-                        "created": self.created,
-                        "model": self.model,
-                        "choices": [],
-                        "usage": usage_json(finish.usage.as_ref()),
+                if self.options.include_usage {
+                    let mut last = self.choiceless(json!({
                         "tessera": stats_json(finish.stats.as_ref()),
                     }));
+                    last["usage"] = usage_json(finish.usage.as_ref());
+                    out.push(last);
                 }
                 out
+            }
+            generation_chunk::Kind::PrefillProgress(progress) if self.options.include_progress => {
+                vec![self.choiceless(json!({
+                    "tessera": {"prefill_progress": {
+                        "processed_tokens": progress.processed_tokens,
+                        "total_tokens": progress.total_tokens,
+                    }},
+                }))]
             }
             _ => Vec::new(),
         }
@@ -663,7 +683,15 @@ mod tests {
         assert_eq!(done["choices"][0]["finish_reason"], "tool_calls");
         assert_eq!(done["usage"]["total_tokens"], 8);
 
-        let mut writer = ChunkWriter::new("chatcmpl-1".into(), "m".into(), 7, true);
+        let mut writer = ChunkWriter::new(
+            "chatcmpl-1".into(),
+            "m".into(),
+            7,
+            StreamOptions {
+                include_usage: true,
+                include_progress: false,
+            },
+        );
         assert_eq!(writer.start()["choices"][0]["delta"]["role"], "assistant");
         let streamed: Vec<Value> = chunks.iter().flat_map(|c| writer.write(c)).collect();
         // The empty token writes nothing; the finish writes two chunks.
@@ -680,5 +708,30 @@ mod tests {
         assert_eq!(streamed[3]["choices"][0]["finish_reason"], "tool_calls");
         assert_eq!(streamed[4]["choices"], json!([]));
         assert_eq!(streamed[4]["usage"]["completion_tokens"], 3);
+    }
+
+    /// Prompt progress is written only for a client that asked for it.
+    #[test]
+    fn prefill_progress_is_opt_in() {
+        let progress = generation_chunk::Kind::PrefillProgress(v1::PrefillProgressChunk {
+            processed_tokens: 128,
+            total_tokens: 900,
+        });
+        let writer = |include_progress| {
+            let options = StreamOptions {
+                include_usage: false,
+                include_progress,
+            };
+            ChunkWriter::new("chatcmpl-1".into(), "m".into(), 7, options)
+        };
+        assert!(writer(false).write(&progress).is_empty());
+        let written = writer(true).write(&progress);
+        assert_eq!(written.len(), 1);
+        assert_eq!(written[0]["choices"], json!([]));
+        assert_eq!(written[0]["object"], "chat.completion.chunk");
+        let shown = &written[0]["tessera"]["prefill_progress"];
+        assert_eq!(shown["processed_tokens"], 128);
+        assert_eq!(shown["total_tokens"], 900);
+        assert!(written[0].get("usage").is_none());
     }
 }

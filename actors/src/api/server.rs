@@ -15,8 +15,9 @@ use ractor::ActorRef;
 use tower_http::cors::{AllowOrigin, Any, CorsLayer};
 
 use super::error::ApiError;
-use super::{anthropic, cluster, ollama, openai, responses, Api, ApiOptions};
+use super::{anthropic, cluster, dashboard, live, ollama, openai, responses, Api, ApiOptions};
 use crate::bus::Bus;
+use crate::election_actor::Leadership;
 use crate::replica::ReplicaMsg;
 use ractor::call_t;
 
@@ -26,6 +27,7 @@ pub async fn serve(
     node_id: String,
     bus: Bus,
     replica: ActorRef<ReplicaMsg>,
+    leadership: Leadership,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let cors = if options.cors_origins.is_empty() {
         CorsLayer::new()
@@ -53,6 +55,7 @@ pub async fn serve(
         bus,
         replica,
         state,
+        leadership,
         queues: Queues::new(options.queue_limit),
         options: Arc::new(options),
     };
@@ -68,8 +71,14 @@ pub async fn serve(
         .route("/api/tags", get(ollama::handlers::tags))
         .route("/api/chat", post(ollama::handlers::chat))
         .route("/api/generate", post(ollama::handlers::generate))
+        .route("/", get(dashboard::index))
+        .route("/assets/{*path}", get(dashboard::asset))
         .route("/node_id", get(cluster::node_id))
-        .route("/state", get(cluster::state))
+        .route("/cluster", get(live::cluster))
+        .route("/state", get(live::state))
+        .route("/state/stream", get(live::state_stream))
+        .route("/state/at", get(live::state_at))
+        .route("/models", get(cluster::models))
         .route("/instance/previews", get(cluster::previews))
         .route("/place_instance", post(cluster::place_instance))
         .route("/instance/{id}", get(cluster::get_instance))

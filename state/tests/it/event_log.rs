@@ -172,6 +172,42 @@ fn snapshots_give_the_same_state_as_a_full_fold() -> TestResult {
     Ok(())
 }
 
+/// A view folds as the log does at the moment it was taken: events the
+/// owner appends afterwards are not in it, and past its end is an error.
+#[test]
+fn a_view_folds_the_log_as_it_stood() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let events = SyntheticEvents::new(3, 2).take_events(700);
+    let mut journal = Journal::open(dir.path(), 250)?;
+    for event in &events[..600] {
+        journal.commit(event)?;
+    }
+    let view = journal.log().view();
+    for event in &events[600..] {
+        journal.commit(event)?;
+    }
+    assert_eq!(view.last_index(), 600);
+    let at = |until| ReplayOptions {
+        until: Some(until),
+        use_snapshots: true,
+    };
+    let mut prefix = State::new();
+    for event in &events[..321] {
+        prefix.apply(event)?;
+    }
+    let folded = view.replay(at(321))?;
+    assert_eq!(folded.from_snapshot, Some(250));
+    assert_eq!(folded.state.digest(), prefix.digest());
+    assert!(matches!(
+        view.replay(at(601)),
+        Err(ReplayError::PastEnd {
+            until: 601,
+            last: 600
+        })
+    ));
+    Ok(())
+}
+
 #[test]
 fn a_corrupted_snapshot_falls_back_to_an_older_one() -> TestResult {
     let dir = tempfile::tempdir()?;

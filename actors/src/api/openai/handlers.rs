@@ -26,7 +26,7 @@ pub(in crate::api) async fn chat_completions(
     let request: ChatRequest = parse(body)?;
     let target = api.target(&request.model).await?;
     let params = request.to_params(target.context)?;
-    let (stream, include_usage) = request.streaming();
+    let (stream, stream_options) = request.streaming();
     let created = now_unix();
     let model = request.model.clone();
     if !stream {
@@ -80,7 +80,7 @@ pub(in crate::api) async fn chat_completions(
         };
         let id = format!("chatcmpl-{}", begun.generation.command_id);
         tracing::info!(request = %id, model = %model, stream, "chat completion");
-        let mut writer = ChunkWriter::new(id, model, created, include_usage);
+        let mut writer = ChunkWriter::new(id, model, created, stream_options);
         if tx.send(data(&writer.start())).await.is_err() {
             return;
         }
