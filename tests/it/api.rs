@@ -117,26 +117,13 @@ fn greedy(prompt: &str, max_tokens: u32) -> String {
     json["text"].as_str().expect("text").to_string()
 }
 
-fn python_lib() -> String {
-    let out = Command::new("bash")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/python-env"))
-        .output()
-        .expect("scripts/python-env runs");
-    assert!(
-        out.status.success(),
-        "the OpenAI client library installs: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
 /// Runs one of the official-client scripts in `tests/api/` against `node`
 /// and returns the JSON it prints.
 fn client_script(script: &str, node: &Node, args: &[&str]) -> Value {
     let out = Command::new("python3")
         .arg(format!("{}/tests/api/{script}", env!("CARGO_MANIFEST_DIR")))
         .args(args)
-        .env("PYTHONPATH", python_lib())
+        .env("PYTHONPATH", crate::support::python_lib())
         .output()
         .expect("python runs");
     assert!(

@@ -1,9 +1,11 @@
 //! The node's end-to-end tests, in one binary (one link of the whole stack
 //! instead of five): the HTTP API with official clients, the cluster of real
-//! nodes on loopback, and the CLI's generate, replay and distributed modes.
+//! nodes on loopback, the dashboard in a real browser, and the CLI's
+//! generate, replay and distributed modes.
 
 mod api;
 mod cluster;
+mod dashboard;
 mod distributed_cli;
 mod faults;
 mod generate_cli;

@@ -42,3 +42,23 @@ pub async fn admin_client(ns: &str, port: u16) -> AdminClient {
         .await
         .expect("a client session")
 }
+
+/// A folder of the Python libraries the scripts in `tests/` use (the
+/// official API clients, Playwright), installed by `scripts/python-env`.
+pub fn python_lib() -> String {
+    project_script("python-env")
+}
+
+/// Runs `scripts/NAME` (an installer) and returns what it printed.
+pub fn project_script(name: &str) -> String {
+    let out = Command::new("bash")
+        .arg(format!("{}/scripts/{name}", env!("CARGO_MANIFEST_DIR")))
+        .output()
+        .unwrap_or_else(|e| panic!("scripts/{name} runs: {e}"));
+    assert!(
+        out.status.success(),
+        "scripts/{name} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
