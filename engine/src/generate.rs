@@ -306,7 +306,7 @@ impl LoadedModel {
                     .template
                     .render(messages, tools.as_ref(), true, None)
                     .map_err(|e| EngineError::Template(e.to_string()))?;
-                self.encode(&text, true)?
+                self.encode_rendered(&text)?
             }
         };
         if tokens.is_empty() {
@@ -318,10 +318,20 @@ impl LoadedModel {
     fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, EngineError> {
         self.tokenizer
             .encode(text, parse_special)
-            .map_err(|source| EngineError::Tokenizer {
-                path: self.path.display().to_string(),
-                source,
-            })
+            .map_err(|source| self.tokenizer_error(source))
+    }
+
+    fn encode_rendered(&self, text: &str) -> Result<Vec<u32>, EngineError> {
+        self.tokenizer
+            .encode_chat(text)
+            .map_err(|source| self.tokenizer_error(source))
+    }
+
+    fn tokenizer_error(&self, source: crate::tokenizer::TokenizerError) -> EngineError {
+        EngineError::Tokenizer {
+            path: self.path.display().to_string(),
+            source,
+        }
     }
 }
 

@@ -67,6 +67,18 @@ pub struct HfConfig {
     /// Kept as raw JSON: its shape differs per scaling type (llama3, yarn, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_scaling: Option<serde_json::Value>,
+    /// transformers 5 writes RoPE here instead of `rope_theta` and
+    /// `rope_scaling`: `{"rope_type", "rope_theta", factors...}` (raw JSON,
+    /// read by [`HfConfig::rope`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_parameters: Option<serde_json::Value>,
+    /// Attention over the last this-many positions only (Mistral v0.1,
+    /// Qwen2 when `use_sliding_window`); null or absent: full attention.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window: Option<u64>,
+    /// Qwen2 and Qwen3 write `sliding_window` with this set to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub use_sliding_window: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_position_embeddings: Option<usize>,
     pub vocab_size: usize,
@@ -86,7 +98,41 @@ pub struct HfConfig {
     pub eos_token_id: Option<serde_json::Value>,
 }
 
+/// The RoPE settings of a config in either layout: the base frequency and
+/// the scaling object (`None`: no scaling).
+#[derive(Debug, PartialEq)]
+pub struct RopeSettings<'a> {
+    pub theta: Option<f64>,
+    pub scaling: Option<&'a serde_json::Value>,
+}
+
 impl HfConfig {
+    /// RoPE from `rope_parameters` (transformers 5) when present, else from
+    /// the older top-level `rope_theta` and `rope_scaling`.
+    pub fn rope(&self) -> RopeSettings<'_> {
+        match self.rope_parameters.as_ref().filter(|p| p.is_object()) {
+            Some(parameters) => RopeSettings {
+                theta: parameters
+                    .get("rope_theta")
+                    .and_then(serde_json::Value::as_f64)
+                    .or(self.rope_theta),
+                scaling: Some(parameters),
+            },
+            None => RopeSettings {
+                theta: self.rope_theta,
+                scaling: self.rope_scaling.as_ref().filter(|v| !v.is_null()),
+            },
+        }
+    }
+
+    /// The sliding window a config asks for, if it limits attention at all
+    /// (a window at least the context long, or switched off, does not).
+    pub fn effective_sliding_window(&self) -> Option<u64> {
+        let window = self.sliding_window?;
+        let context = self.max_position_embeddings.map_or(u64::MAX, |c| c as u64);
+        (self.use_sliding_window != Some(false) && window < context).then_some(window)
+    }
+
     /// Number of KV heads, defaulting to the query-head count as
     /// `transformers` does when the key is absent.
     pub fn kv_heads(&self) -> usize {

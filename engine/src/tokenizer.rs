@@ -955,6 +955,21 @@ impl Tokenizer {
         self.tokenize(text, true, parse_special)
     }
 
+    /// A rendered chat template's tokens (control tokens parsed). A
+    /// template that writes `bos_token` (Llama 3, Mistral, Gemma) has put
+    /// BOS there already, so BOS is added only where the model wants one
+    /// and the text lacks it: one BOS, as llama.cpp and transformers'
+    /// `apply_chat_template` give, never two.
+    pub fn encode_chat(&self, rendered: &str) -> Result<Vec<u32>, TokenizerError> {
+        let mut ids = self.tokenize(rendered, false, true)?;
+        if let Some(bos) = self.bos.filter(|_| self.add_bos) {
+            if ids.first() != Some(&bos) {
+                ids.insert(0, bos);
+            }
+        }
+        Ok(ids)
+    }
+
     /// llama.cpp's `llama_tokenize(text, add_special, parse_special)`:
     /// `add_special` adds BOS when the model's `add_bos` says so (pass
     /// `false` for text that already starts with it, e.g. a rendered chat

@@ -21,7 +21,15 @@ pub(crate) fn base_config(
     if heads == 0 {
         return Err(ConfigError("num_attention_heads is 0".into()));
     }
+    if let Some(window) = hf.effective_sliding_window() {
+        // Full attention over a longer context would give other answers.
+        return Err(ConfigError(format!(
+            "sliding_window {window} is not supported yet (attention over the last \
+             {window} positions only); this engine runs full attention"
+        )));
+    }
     let head_dim = hf.head_dim.unwrap_or(hf.hidden_size / heads);
+    let rope = hf.rope();
     let config = ModelConfig {
         architecture,
         layers: hf.num_hidden_layers,
@@ -33,10 +41,10 @@ pub(crate) fn base_config(
         vocab: hf.vocab_size,
         context_length: hf.max_position_embeddings.unwrap_or(2048),
         norm_eps: hf.rms_norm_eps as f32,
-        rope_theta: hf.rope_theta.unwrap_or(10_000.0) as f32,
+        rope_theta: rope.theta.unwrap_or(10_000.0) as f32,
         // Hugging Face checkpoints rotate halves (`rotate_half`).
         rope_style: RopeStyle::Halves,
-        rope_scaling: rope_scaling(hf.rope_scaling.as_ref())?,
+        rope_scaling: rope_scaling(rope.scaling)?,
         rotary_dims: head_dim,
         qkv_bias: hf.attention_bias.unwrap_or(false),
         qk_norm: false,
@@ -50,6 +58,11 @@ fn rope_scaling(value: Option<&serde_json::Value>) -> Result<RopeScaling, Config
     let Some(value) = value.filter(|v| !v.is_null()) else {
         return Ok(RopeScaling::None);
     };
+    if !value.is_object() {
+        return Err(ConfigError(format!(
+            "rope_scaling / rope_parameters must be an object, not {value}"
+        )));
+    }
     let kind = value
         .get("rope_type")
         .or_else(|| value.get("type"))
@@ -71,5 +84,75 @@ fn rope_scaling(value: Option<&serde_json::Value>) -> Result<RopeScaling, Config
         other => Err(ConfigError(format!(
             "rope_scaling type `{other}` is not supported (default, linear, llama3)"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(extra: serde_json::Value) -> Result<ModelConfig, ConfigError> {
+        let mut json = serde_json::json!({
+            "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "rms_norm_eps": 1e-5, "vocab_size": 512, "max_position_embeddings": 4096,
+        });
+        if let (Some(json), Some(extra)) = (json.as_object_mut(), extra.as_object()) {
+            json.extend(extra.clone());
+        }
+        let hf: HfConfig = serde_json::from_value(json).map_err(|e| ConfigError(e.to_string()))?;
+        config_from_hf(&hf)
+    }
+
+    /// transformers 5's layout: theta and scaling inside `rope_parameters`.
+    #[test]
+    fn rope_parameters_give_theta_and_scaling() -> Result<(), ConfigError> {
+        let c = config(serde_json::json!({"rope_parameters": {
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        }}))?;
+        assert_eq!(c.rope_theta, 500_000.0);
+        assert_eq!(
+            c.rope_scaling,
+            RopeScaling::Llama3 {
+                factor: 32.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_context: 8192,
+            }
+        );
+        let plain = config(serde_json::json!({"rope_parameters": {
+            "rope_type": "default", "rope_theta": 1000000.0,
+        }}))?;
+        assert_eq!(plain.rope_theta, 1_000_000.0);
+        assert_eq!(plain.rope_scaling, RopeScaling::None);
+        // The older layout still reads as before.
+        let old = config(serde_json::json!({"rope_theta": 100000.0}))?;
+        assert_eq!(old.rope_theta, 100_000.0);
+        Ok(())
+    }
+
+    /// A type this engine lacks is a load error naming it, never ignored.
+    #[test]
+    fn an_unknown_rope_type_is_an_error() {
+        let error = config(serde_json::json!({"rope_parameters": {
+            "rope_type": "longrope", "rope_theta": 10000.0,
+        }}));
+        let message = error.err().map(|e| e.0).unwrap_or_default();
+        assert!(message.contains("longrope"), "{message}");
+    }
+
+    /// A window shorter than the context changes the answers: refused by
+    /// name. Switched off, or as long as the context, it is full attention.
+    #[test]
+    fn a_sliding_window_is_refused_unless_it_is_full_attention() {
+        let error = config(serde_json::json!({"sliding_window": 1024}));
+        let message = error.err().map(|e| e.0).unwrap_or_default();
+        assert!(message.contains("sliding_window 1024"), "{message}");
+        let off = config(serde_json::json!({"sliding_window": 1024, "use_sliding_window": false}));
+        assert!(off.is_ok());
+        assert!(config(serde_json::json!({"sliding_window": 4096})).is_ok());
+        assert!(config(serde_json::json!({"sliding_window": null})).is_ok());
     }
 }

@@ -133,3 +133,51 @@ fn safetensors_folder_generates_what_the_gguf_generates() {
     }
     assert!(compared >= 20, "only {compared} steps had a clear margin");
 }
+
+/// A chat template that writes `{{ bos_token }}` for a model that adds BOS
+/// gives one BOS, as transformers' `apply_chat_template` and llama.cpp do
+/// (the rendered text's own BOS was once doubled by the tokenizer's).
+#[test]
+fn a_template_that_writes_bos_gets_one_bos() {
+    use tessera_engine::chat_template::ChatTemplate;
+    use tessera_engine::tokenizer::Tokenizer;
+    let gguf = tessera_engine::testing::default_model_path();
+    let model = LoadedModel::load(&gguf, |_, _| {}).expect("gguf loads");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let json = model.tokenizer.to_tokenizer_json().expect("tokenizer.json");
+    std::fs::write(dir.path().join("tokenizer.json"), json).expect("write");
+    let template = "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m.role }}\n\
+                    {{ m.content }}<|im_end|>\n{% endfor %}\
+                    {% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+    let config = json!({
+        "bos_token": "<|endoftext|>",
+        "eos_token": "<|im_end|>",
+        "add_bos_token": true,
+        "chat_template": template,
+    });
+    std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).expect("write");
+    let tokenizer = Tokenizer::from_hf_dir(dir.path()).expect("tokenizer");
+    let bos = tokenizer.token_id("<|endoftext|>").expect("bos");
+    assert!(tokenizer.add_bos());
+    let rendered = ChatTemplate::new(template, "<|endoftext|>", "<|im_end|>")
+        .expect("template")
+        .render(&[ChatMessage::new("user", "Hi")], None, true, None)
+        .expect("render");
+    // The text encoding chat prompts once went through adds a second one.
+    let doubled = tokenizer.encode(&rendered, true).expect("encode");
+    assert_eq!(doubled.iter().take_while(|&&id| id == bos).count(), 2);
+    let ids = tokenizer.encode_chat(&rendered).expect("encode");
+    assert_eq!(
+        ids.iter().take_while(|&&id| id == bos).count(),
+        1,
+        "{ids:?}"
+    );
+    // Raw text still gets the model's BOS.
+    let raw = tokenizer.encode("Hi", false).expect("encode");
+    assert_eq!(raw.first(), Some(&bos));
+    // A template without BOS gets it once from the model's add_bos.
+    let plain = tokenizer
+        .encode_chat("<|im_start|>user\nHi")
+        .expect("encode");
+    assert_eq!(plain.iter().take_while(|&&id| id == bos).count(), 1);
+}
