@@ -50,7 +50,15 @@ impl ModelArgs {
                 eprint!("\rloading {}: {done}/{total} parts", path.display());
             }
         })
-        .with_context(|| format!("loading model {}", path.display()))?;
+        .map_err(|error| {
+            // The engine's errors name the file already: say it once.
+            let shown = path.display().to_string();
+            if error.to_string().contains(&shown) {
+                anyhow::Error::new(error)
+            } else {
+                anyhow::Error::new(error).context(format!("loading model {shown}"))
+            }
+        })?;
         if !quiet {
             eprintln!(
                 "{}loaded {} ({:.0} MB of weights) in {:.2} s",

@@ -240,3 +240,31 @@ fn logprobs_come_with_their_alternatives() {
     ])
     .contains("top_logprobs"));
 }
+
+/// A folder of an architecture the engine lacks fails at once, naming the
+/// architecture and the folder once (not "loading model DIR: DIR: ...").
+#[test]
+fn an_unsupported_architecture_is_named_with_its_folder_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = serde_json::json!({
+        "model_type": "gemma3", "architectures": ["Gemma3ForCausalLM"],
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "rms_norm_eps": 1e-6, "vocab_size": 100,
+    });
+    std::fs::write(dir.path().join("config.json"), config.to_string()).expect("config");
+    // One tiny tensor, so the folder is a readable safetensors checkpoint.
+    let header = br#"{"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(header);
+    file.extend_from_slice(&[0; 4]);
+    std::fs::write(dir.path().join("model.safetensors"), file).expect("weights");
+    let folder = dir.path().display().to_string();
+    let out = tessera(&["generate", "--model", &folder, "--prompt", "hi"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("unsupported architecture `gemma3`"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.matches(&folder).count(), 1, "{stderr}");
+}
