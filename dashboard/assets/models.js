@@ -16,7 +16,7 @@ const rowErrors = new Map(); // model id -> message, kept across live re-renders
 export function mount(root) {
   const input = h('input', {
     id: 'add-model', testid: 'add-model-input', type: 'text', placeholder: 'OWNER/NAME',
-    autocomplete: 'off', spellcheck: 'false', required: true, pattern: '[^/\\s]+/[^/\\s]+',
+    autocomplete: 'off', spellcheck: 'false', required: true,
   });
   const button = h('button', { class: 'btn btn-primary', type: 'submit', testid: 'add-model-button', text: 'Add model' });
   const addStatus = h('div', { class: 'form-status', 'aria-live': 'polite' });
