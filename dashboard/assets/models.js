@@ -74,12 +74,22 @@ function render(snapshot) {
   els.loaded = true;
   renderInstances(state);
   const self = cluster?.node_id;
-  renderList(els.list, catalogue, (m) => m.card.modelId,
+  renderList(els.list, sortedCatalogue(state), (m) => m.card.modelId,
     (m) => JSON.stringify([m, downloadsOf(state, m.card.modelId), self, rowErrors.get(m.card.modelId),
       Object.keys(state.nodes || {})]),
     (m) => modelRow(state, m, self));
   if (!catalogue.length && !els.listStatus.firstChild) setChildren(els.listStatus, h('p', { class: 'muted', text: 'Loading the catalogue…' }));
   else if (catalogue.length && !els.listStatus.querySelector('.error')) setChildren(els.listStatus);
+}
+
+/** Models being downloaded first, then those with files somewhere, then the rest. */
+function sortedCatalogue(state) {
+  const rank = (m) => {
+    const kinds = downloadsOf(state, m.card.modelId).map((d) => oneofKind(d.progress, ['modelId', 'shards']));
+    if (kinds.includes('ongoing') || kinds.includes('pending')) return 0;
+    return (m.downloadedOn || []).length || (m.partlyOn || []).length ? 1 : 2;
+  };
+  return catalogue.map((m, i) => [rank(m), i, m]).sort((a, b) => a[0] - b[0] || a[1] - b[1]).map((x) => x[2]);
 }
 
 function renderInstances(state) {
@@ -160,7 +170,10 @@ function modelRow(state, entry, self) {
   const download = act('Download here', 'download-button',
     () => postJson('/download/start', { model: id, node_id: self }));
   download.title = 'Download the files on the node serving this page';
-  if (['completed', 'ongoing', 'pending'].includes(hereKind)) download.disabled = true;
+  if (['completed', 'ongoing', 'pending'].includes(hereKind)) {
+    download.disabled = true;
+    download.textContent = hereKind === 'completed' ? 'On this node' : 'Downloading…';
+  }
   return h('article', { class: 'card model-row', testid: 'model-row', 'data-model-id': id },
     h('div', { class: 'row-head' },
       h('div', { class: 'model-title' },
