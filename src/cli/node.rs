@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use tessera_actors::api::ApiOptions;
+use tessera_actors::api::{ApiKeys, ApiOptions};
 use tessera_actors::node::{self, NodeOptions};
 
 #[derive(Debug, Args)]
@@ -62,6 +62,17 @@ pub struct NodeArgs {
     /// Origin allowed by CORS (repeatable; default: any).
     #[arg(long)]
     pub cors_origin: Vec<String>,
+    /// A key API requests must carry, as `Authorization: Bearer KEY` or
+    /// `x-api-key: KEY` (repeatable; TESSERA_API_KEYS takes a comma-separated
+    /// list). Keys in DATA_DIR/api_keys (one a line) count too. None: the
+    /// API is open to whoever reaches it.
+    #[arg(
+        long = "api-key",
+        env = "TESSERA_API_KEYS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub api_keys: Vec<String>,
     /// Place MODEL when the node starts, unless an instance of it exists
     /// (repeatable), e.g. smollm2-135m-instruct-q4_1.
     #[arg(long = "model")]
@@ -97,8 +108,48 @@ pub struct NodeArgs {
     pub max_concurrent: u32,
 }
 
+/// The API keys file in the data dir: one key a line, `#` comments.
+const API_KEYS_FILE: &str = "api_keys";
+
+/// The keys of `--api-key` / TESSERA_API_KEYS and of DATA_DIR/api_keys.
+fn api_keys(given: Vec<String>, data_dir: &std::path::Path) -> anyhow::Result<ApiKeys> {
+    let path = data_dir.join(API_KEYS_FILE);
+    let mut keys = given;
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            keys.extend(
+                text.lines()
+                    .map(str::trim)
+                    .filter(|line| !line.is_empty() && !line.starts_with('#'))
+                    .map(String::from),
+            );
+            warn_if_others_can_read(&path);
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => {
+            return Err(error)
+                .with_context(|| format!("reading the API keys in {}", path.display()))
+        }
+    }
+    Ok(ApiKeys::new(keys))
+}
+
+fn warn_if_others_can_read(path: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(meta) = std::fs::metadata(path) {
+        if meta.permissions().mode() & 0o077 != 0 {
+            tracing::warn!(
+                path = %path.display(),
+                "the API keys file can be read by other users; chmod 600 it"
+            );
+        }
+    }
+}
+
 pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     let data_dir = args.data_dir.unwrap_or_else(super::default_data_dir);
+    let keys = api_keys(args.api_keys, &data_dir)?;
+    let open_to_the_network = !args.no_api && keys.is_empty() && !args.api_host.is_loopback();
     let options = NodeOptions {
         namespace: args.namespace,
         listen: args.listen,
@@ -121,6 +172,7 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
             api.preload = args.models.clone();
             api.idle_timeout = std::time::Duration::from_secs(args.api_idle_timeout);
             api.max_connections = usize::try_from(args.api_max_connections).unwrap_or(usize::MAX);
+            api.api_keys = keys;
             api
         }),
         max_concurrent: args.max_concurrent,
@@ -155,6 +207,14 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         );
         if let Some(address) = running.api_address {
             eprintln!("HTTP API on http://{address} (OpenAI-compatible: /v1/chat/completions)");
+            eprintln!("dashboard on http://{address}/");
+        }
+        if open_to_the_network {
+            tracing::warn!(
+                "the HTTP API has no key and listens beyond this machine: anyone who \
+                 reaches it can use the models and change the cluster; set --api-key \
+                 (or bind --api-host 127.0.0.1)"
+            );
         }
         wait_for_signal().await?;
         eprintln!("stopping: flushing the event log");

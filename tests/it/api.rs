@@ -77,12 +77,25 @@ impl Drop for Node {
 
 /// One HTTP/1.1 request; the status and the body (connection closed).
 fn http(address: &str, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    let (status, _, body) = http_with(address, method, path, "", body);
+    (status, body)
+}
+
+/// [`http`] with `headers` (each line ending in CRLF) added; the status,
+/// the answer's head and its body.
+fn http_with(
+    address: &str,
+    method: &str,
+    path: &str,
+    headers: &str,
+    body: &[u8],
+) -> (u16, String, String) {
     let mut stream = TcpStream::connect(address).expect("connect");
     stream
         .set_read_timeout(Some(Duration::from_secs(120)))
         .expect("timeout");
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{headers}Connection: close\r\n\r\n",
         body.len()
     );
     // The server may answer (413) and close before the body is all sent.
@@ -97,11 +110,8 @@ fn http(address: &str, method: &str, path: &str, body: &[u8]) -> (u16, String) {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    (status, head.to_string(), body.to_string())
 }
 
 fn greedy(prompt: &str, max_tokens: u32) -> String {
@@ -907,4 +917,64 @@ fn a_malformed_admin_request_is_refused_not_ignored() {
         );
     }
     assert!(!node.log().contains("panicked"), "{}", node.log());
+}
+
+/// With API keys (a flag and the data dir's file), every endpoint but the
+/// dashboard's page asks for one: the official clients raise their own
+/// authentication errors for a wrong or missing key and answer with a
+/// right one; plain HTTP sees 401s in each dialect's shape.
+#[test]
+fn api_keys_guard_every_dialect() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let dir = root.path().join("n");
+    std::fs::create_dir_all(&dir).expect("data dir");
+    std::fs::write(dir.join("api_keys"), "# keys of the house\nsk-from-file\n").expect("keys");
+    let node = Node::start(&dir, &["--api-key", "sk-from-flag", "--model", MODEL]);
+    let got = client_script(
+        "auth_clients.py",
+        &node,
+        &[&format!("http://{}", node.api), MODEL, "sk-from-flag"],
+    );
+    for dialect in ["openai", "anthropic"] {
+        for case in ["wrong", "missing"] {
+            let refusal = &got[format!("{dialect}_{case}")];
+            assert_eq!(refusal["status"], 401, "{dialect} {case}: {got}");
+        }
+        let answer = got[format!("{dialect}_right")].as_str().unwrap_or_default();
+        assert!(!answer.is_empty(), "{dialect}: {got}");
+    }
+    let (status, answer) = http(&node.api, "GET", "/state", b"");
+    assert_eq!(status, 401);
+    assert!(answer.contains("API key"), "{answer}");
+    let (status, _, answer) = http_with(&node.api, "GET", "/api/tags", "x-api-key: nope\r\n", b"");
+    assert_eq!(status, 401);
+    assert!(
+        answer.contains("{\"error\":\"the API key is not valid\"}"),
+        "{answer}"
+    );
+    let (status, head, _) = http_with(
+        &node.api,
+        "GET",
+        "/v1/models",
+        "Authorization: Bearer nope\r\n",
+        b"",
+    );
+    assert_eq!(status, 401);
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("www-authenticate: bearer"),
+        "{head}"
+    );
+    let (status, _, _) = http_with(
+        &node.api,
+        "GET",
+        "/state",
+        "x-api-key: sk-from-file\r\n",
+        b"",
+    );
+    assert_eq!(status, 200, "the key file's key");
+    // The dashboard's page loads without a key (it then asks for one).
+    let (status, page) = http(&node.api, "GET", "/", b"");
+    assert_eq!(status, 200);
+    assert!(page.contains("<html"), "{page}");
 }

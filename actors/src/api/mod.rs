@@ -18,11 +18,14 @@
 //! - [`live`]: `/cluster`, `/state`, `/state/stream` (pushed on each
 //!   change) and `/state/at` (time travel): what the dashboard watches.
 //! - [`dashboard`]: the dashboard's page and assets (`dashboard/`), at `/`.
+//! - [`auth`]: API keys (`Authorization: Bearer`, `x-api-key`), a 401 in
+//!   each dialect's shape.
 //! - [`error`]: [`ApiError`] and the one mapping of an error kind to its
 //!   HTTP status.
 
 mod answer;
 pub mod anthropic;
+mod auth;
 mod cluster;
 mod dashboard;
 pub mod error;
@@ -46,6 +49,7 @@ use tessera_protos::v1;
 use crate::bus::Bus;
 use crate::election_actor::Leadership;
 use crate::replica::{ReplicaMsg, StateView};
+pub use auth::ApiKeys;
 use error::ApiError;
 pub use server::serve;
 
@@ -71,6 +75,8 @@ pub struct ApiOptions {
     pub idle_timeout: Duration,
     /// Connections served at once; one more is closed at once.
     pub max_connections: usize,
+    /// The keys requests must carry; none: the API is open.
+    pub api_keys: ApiKeys,
 }
 
 impl ApiOptions {
@@ -86,6 +92,7 @@ impl ApiOptions {
             preload: Vec::new(),
             idle_timeout: Duration::from_secs(30),
             max_connections: 1024,
+            api_keys: ApiKeys::default(),
         }
     }
 }

@@ -15,7 +15,9 @@ use ractor::ActorRef;
 use tower_http::cors::{AllowOrigin, Any, CorsLayer};
 
 use super::error::ApiError;
-use super::{anthropic, cluster, dashboard, live, ollama, openai, responses, Api, ApiOptions};
+use super::{
+    anthropic, auth, cluster, dashboard, live, ollama, openai, responses, Api, ApiOptions,
+};
 use crate::bus::Bus;
 use crate::election_actor::Leadership;
 use crate::replica::ReplicaMsg;
@@ -93,6 +95,11 @@ pub async fn serve(
         )
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body))
+        // Inside CORS: a browser's preflight carries no key.
+        .layer(axum::middleware::from_fn_with_state(
+            api.options.api_keys.clone(),
+            auth::require_key,
+        ))
         .layer(cors)
         .with_state(api.clone());
     tracing::info!(%address, "HTTP API listening");
