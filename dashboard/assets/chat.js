@@ -150,7 +150,7 @@ function renderMessages() {
   if (!conv || !conv.messages.length) {
     setChildren(els.messages, h('div', { class: 'empty-chat' },
       h('p', { class: 'strong', text: 'Start a conversation' }),
-      h('p', { class: 'muted small', text: 'Pick a ready model on the right, then ask away. Answers stream as they are generated.' })));
+      h('p', { class: 'muted small', text: 'Pick a ready model in Settings, then ask away. Answers stream as they are generated.' })));
     return;
   }
   setChildren(els.messages, conv.messages.map((m) => (m.role === 'user' ? userView(m) : answerView(m).el)));

@@ -11,6 +11,7 @@ export const live = {
   snapshot: null, // {last_index, digest, state, cluster}
   connected: false,
   everConnected: false,
+  triedOnce: false, // set a few seconds after start: "cannot reach" shows only then
   seen: new Map(), // node id -> hostname, every node seen since the page opened
   dismissed: new Set(),
 };
