@@ -56,8 +56,8 @@ export function mount(root) {
   els = {
     model: h('select', { testid: 'chat-model' }),
     system: h('textarea', { testid: 'chat-system', rows: 3, placeholder: 'Optional, e.g. “Answer briefly.”' }),
-    temperature: h('input', { testid: 'chat-temperature', type: 'number', min: 0, max: 2, step: 0.1, placeholder: 'model default' }),
-    topP: h('input', { testid: 'chat-top-p', type: 'number', min: 0, max: 1, step: 0.05, placeholder: 'model default' }),
+    temperature: h('input', { testid: 'chat-temperature', type: 'number', min: 0, max: 2, step: 0.1, placeholder: 'default' }),
+    topP: h('input', { testid: 'chat-top-p', type: 'number', min: 0, max: 1, step: 0.05, placeholder: 'default' }),
     maxTokens: h('input', { testid: 'chat-max-tokens', type: 'number', min: 1, step: 1, placeholder: 'no limit' }),
     input: h('textarea', { id: 'chat-input', testid: 'chat-input', rows: 3, placeholder: 'Ask something… (Enter sends, Shift+Enter is a new line)' }),
     send: h('button', { class: 'btn btn-primary', type: 'submit', testid: 'chat-send', text: 'Send' }),

@@ -137,6 +137,8 @@ def cluster_page(page, node_id):
     value, maximum = bar.evaluate("m => [m.value, m.max]")
     assert 0 < value <= maximum, f"memory bar {value}/{maximum}"
     expect(page.locator('[data-testid="banner"]')).to_be_hidden()
+    paint = page.evaluate("(performance.getEntriesByName('first-contentful-paint')[0] || {}).startTime")
+    log(f"first contentful paint {paint:.0f} ms" if paint else "first contentful paint not reported")
     shot(page, "01-cluster")
 
 
@@ -256,10 +258,16 @@ def download(page):
     row.locator('[data-testid="download-button"]').click()
     bar = row.locator('[data-testid="download-progress"]')
     expect(bar).to_be_visible(timeout=ms(30))
+    row.scroll_into_view_if_needed()
     first, maximum = bar.evaluate("b => [b.value, b.max]")
-    time.sleep(1.2)
-    expect(bar).to_be_visible()
-    second, maximum = bar.evaluate("b => [b.value, b.max]")
+    time.sleep(1.0)
+
+    def moved():
+        value, top = bar.evaluate("b => [b.value, b.max]")
+        return (value, top) if value > first else None
+
+    # The node reports progress about once a second: allow one more report.
+    second, maximum = wait_until("the download bar to move", moved, 5)
     log(f"{model_id}: {first:.0f} then {second:.0f} of {maximum:.0f} bytes")
     assert second > first, f"the download bar did not move: {first} then {second}"
     assert second < maximum, f"the download is already complete ({second} of {maximum})"
