@@ -6,6 +6,7 @@ mod architectures;
 mod batching;
 mod distributed;
 mod golden;
+mod hf_reference;
 mod kquants;
 mod safetensors;
 mod tensor_parallel;

@@ -1,0 +1,364 @@
+#!/usr/bin/env python3
+"""Tiny random checkpoints of the families the engine runs, and what Hugging
+Face transformers answers with them: the engine's reference fixtures.
+
+Run through scripts/make-reference-models (which makes the virtualenv with the
+pinned torch/transformers/tokenizers/safetensors); by hand:
+
+    python scripts/make_reference_models.py OUT_DIR [--llama-cpp DIR]
+
+For every case it writes OUT_DIR/<case>/ with config.json, model.safetensors,
+tokenizer.json, tokenizer_config.json, chat_template.jinja,
+generation_config.json, reference.json and, where the engine should read it,
+model.gguf (llama.cpp's own convert_hf_to_gguf.py, f16).
+
+Everything is seeded: a rerun with the same versions writes the same files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import transformers
+import tokenizers
+import safetensors
+from tokenizers import Regex, decoders, models, pre_tokenizers, processors, trainers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    LlamaConfig,
+    MistralConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+VOCAB = 512
+GREEDY_STEPS = 24
+TOP_LOGPROBS = 5
+
+# The pre-tokenizer regexes of Llama 3 and Qwen 2 as their tokenizer.json
+# files spell them (llama.cpp's "llama-bpe" and "qwen2").
+RX_LLAMA3 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+RX_QWEN2 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>"]
+
+# A ChatML template; the Llama/Mistral flavour writes bos_token first, as
+# Llama 3's and Mistral's own templates do.
+CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CHATML_BOS = "{{ bos_token }}" + CHATML
+
+TRAINING_TEXT = """\
+The quick brown fox jumps over the lazy dog. A cluster of small machines can
+run a model that does not fit on one of them: each machine holds some layers,
+or a slice of every layer, and they pass activations over the network.
+Attention looks back over the tokens so far; the feed-forward block mixes each
+position on its own. Rotary position embeddings turn queries and keys by an
+angle that grows with the position. Grouped-query attention shares each key
+and value head among several query heads, which keeps the cache small.
+What is the capital of France? Paris is the capital of France, and Berlin is
+the capital of Germany. Numbers: 0 1 2 3 4 5 6 7 8 9 10 42 100 2024 3.14159.
+Please write a short poem about the sea. The sea is wide, the sea is deep,
+the waves come in, the gulls will sleep. Hello! How are you today? I'm fine,
+thanks; we've been busy, they'll come later, you'd like some tea? It's late.
+def add(a, b):
+    return a + b
+
+for i in range(10):
+    print(i, add(i, i))
+Café, naïve, résumé, jalapeño: accents in words. Emoji: 🚀 ✅ 🦙.
+"""
+
+PROMPTS_RAW = [
+    "The quick brown fox",
+    "Attention looks back over the tokens so far, and the cluster",
+    "def add(a, b):\n    return",
+]
+PROMPTS_CHAT = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Please write a short poem about the sea."},
+        {"role": "assistant", "content": "The sea is wide, the sea is deep."},
+        {"role": "user", "content": "Café? 🚀 42 more, please!"},
+    ],
+]
+
+
+def train_tokenizer(flavour: str, out: Path) -> PreTrainedTokenizerFast:
+    """A byte-level BPE of VOCAB tokens with the family's pre-tokenizer."""
+    regex = RX_LLAMA3 if flavour == "llama" else RX_QWEN2
+    tok = tokenizers.Tokenizer(models.BPE(ignore_merges=flavour == "llama"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True, use_regex=True)
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        min_frequency=1,
+        special_tokens=SPECIAL,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([TRAINING_TEXT] * 4, trainer)
+    bos = "<|begin_of_text|>"
+    if flavour == "llama":
+        # Llama 3's post-processor: BOS before every sequence.
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A",
+            pair=f"{bos} $A {bos} $B",
+            special_tokens=[(bos, tok.token_to_id(bos))],
+        )
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    kwargs = dict(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=CHATML_BOS if flavour == "llama" else CHATML,
+    )
+    if flavour == "llama":
+        kwargs.update(bos_token=bos, add_bos_token=True)
+    fast = PreTrainedTokenizerFast(**kwargs)
+    fast.save_pretrained(out)
+    return AutoTokenizer.from_pretrained(out)
+
+
+def randomize(model: torch.nn.Module, seed: int) -> None:
+    """Weights with a larger scale than transformers' init, so that logits
+    are far apart: norms near 1, projections and biases clearly non-zero."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+            elif name.endswith(".bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+            elif "embed_tokens" in name:
+                p.copy_(torch.randn(p.shape, generator=gen))
+            elif "lm_head" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * (8.0 / math.sqrt(p.shape[-1])))
+            else:
+                fan_in = p.shape[-1]
+                p.copy_(torch.randn(p.shape, generator=gen) * (2.0 / math.sqrt(fan_in)))
+
+
+def top(logprobs: torch.Tensor, k: int) -> list[tuple[int, float]]:
+    values, ids = torch.topk(logprobs, k)
+    return [(int(i), float(v)) for i, v in zip(ids, values)]
+
+
+def run_prompt(model, ids: list[int]) -> dict:
+    """Greedy continuation (whole sequence each step, no cache), per-step
+    top-1/top-2 margins, first step's top-5 log-softmax; in float64."""
+    seq = list(ids)
+    out, margins, first = [], [], None
+    with torch.no_grad():
+        for step in range(GREEDY_STEPS):
+            logits = model(torch.tensor([seq])).logits[0, -1].to(torch.float64)
+            logprobs = torch.log_softmax(logits, dim=-1)
+            best = top(logprobs, TOP_LOGPROBS)
+            if step == 0:
+                first = best
+            margins.append(best[0][1] - best[1][1])
+            out.append(best[0][0])
+            seq.append(best[0][0])
+    return {
+        "prompt_ids": list(ids),
+        "greedy_ids": out,
+        "margins": margins,
+        "first_top_logprobs": [[i, v] for i, v in first],
+    }
+
+
+def chat_ids(tokenizer, messages) -> list[int]:
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if hasattr(encoded, "keys") and "input_ids" in encoded:
+        encoded = encoded["input_ids"]
+    return [int(i) for i in encoded]
+
+
+def reference(model, tokenizer) -> dict:
+    cases = []
+    for text in PROMPTS_RAW:
+        ids = tokenizer(text)["input_ids"]
+        cases.append({"kind": "raw", "text": text, **run_prompt(model, ids)})
+    for messages in PROMPTS_CHAT:
+        ids = chat_ids(tokenizer, messages)
+        cases.append({"kind": "chat", "messages": messages, **run_prompt(model, ids)})
+    return {
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__,
+            "safetensors": safetensors.__version__,
+        },
+        "greedy_steps": GREEDY_STEPS,
+        "prompts": cases,
+    }
+
+
+# name: (config class, family flavour, config kwargs, tied, gguf, engine note)
+def cases() -> dict:
+    llama = dict(
+        hidden_size=96, intermediate_size=192, num_hidden_layers=3,
+        num_attention_heads=6, num_key_value_heads=3, max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+    )
+    small = dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+    )
+    return {
+        "llama": (LlamaConfig, "llama", dict(
+            **llama, rope_parameters={"rope_type": "default", "rope_theta": 500000.0}), False, True),
+        "llama-rope-llama3": (LlamaConfig, "llama", dict(
+            **small, rope_parameters={
+                "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64}), True, True),
+        "llama-rope-linear": (LlamaConfig, "llama", dict(
+            **small, rope_parameters={"rope_type": "linear", "rope_theta": 10000.0,
+                                      "factor": 4.0}), False, True),
+        "llama-rope-dynamic": (LlamaConfig, "llama", dict(
+            **small | {"max_position_embeddings": 16}, rope_parameters={
+                "rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0}), False, False),
+        "llama-rope-yarn": (LlamaConfig, "llama", dict(
+            **small, rope_parameters={
+                "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                "original_max_position_embeddings": 128, "beta_fast": 32.0,
+                "beta_slow": 1.0}), False, False),
+        "mistral": (MistralConfig, "llama", dict(
+            **small, head_dim=32, sliding_window=None,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}), True, True),
+        "mistral-sliding-window": (MistralConfig, "llama", dict(
+            **small, head_dim=32, sliding_window=8,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}), True, False),
+        "qwen2": (Qwen2Config, "qwen", dict(
+            **llama | {"rms_norm_eps": 1e-6},
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            use_sliding_window=False), True, True),
+        "qwen3": (Qwen3Config, "qwen", dict(
+            **small, head_dim=32, attention_bias=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            use_sliding_window=False), True, True),
+    }
+
+
+def old_layout(config: dict) -> dict:
+    """The config as transformers 4 wrote it: rope_theta and rope_scaling at
+    the top level (no rope_parameters)."""
+    config = dict(config)
+    params = dict(config.pop("rope_parameters"))
+    config["rope_theta"] = params.pop("rope_theta")
+    config["rope_scaling"] = None if params.get("rope_type") == "default" else params
+    return config
+
+
+def convert_gguf(case_dir: Path, llama_cpp: Path, pre: str) -> None:
+    """llama.cpp's convert_hf_to_gguf.py, f16. It names the pre-tokenizer by
+    hashing the tokens of a fixed text, which only a published vocabulary
+    matches; ours is trained here, so the name it would recognise for this
+    pre-tokenizer (llama-bpe, qwen2) is given instead, nothing else changed."""
+    wrapper = (
+        "import runpy, sys\n"
+        f"sys.path.insert(0, {str(llama_cpp)!r})\n"
+        f"sys.path.insert(0, {str(llama_cpp / 'gguf-py')!r})\n"
+        "import conversion.base as base\n"
+        f"base.TextModel.get_vocab_base_pre = lambda self, tokenizer: {pre!r}\n"
+        f"sys.argv = ['convert_hf_to_gguf.py', {str(case_dir)!r}, '--outtype', 'f16',"
+        f" '--outfile', {str(case_dir / 'model.gguf')!r}]\n"
+        f"runpy.run_path({str(llama_cpp / 'convert_hf_to_gguf.py')!r}, run_name='__main__')\n"
+    )
+    subprocess.run([sys.executable, "-c", wrapper], check=True)
+
+
+def make_case(out: Path, name: str, spec, llama_cpp: Path | None, seed: int) -> None:
+    config_class, flavour, kwargs, tied, gguf = spec
+    case_dir = out / name
+    if case_dir.exists():
+        shutil.rmtree(case_dir)
+    case_dir.mkdir(parents=True)
+    tokenizer = train_tokenizer(flavour, case_dir)
+    bos = tokenizer.convert_tokens_to_ids("<|begin_of_text|>") if flavour == "llama" else None
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    config = config_class(
+        vocab_size=VOCAB, tie_word_embeddings=tied, bos_token_id=bos, eos_token_id=eos,
+        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"), **kwargs,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    randomize(model, seed)
+    # Stored as bf16: the reference runs on exactly the stored weights.
+    model = model.to(torch.bfloat16)
+    model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=eos, do_sample=False)
+    model.save_pretrained(case_dir, safe_serialization=True)
+    # The reference is what transformers answers with the saved files (the
+    # model in memory has had its RoPE frequencies rounded to bf16 by .to()).
+    model = AutoModelForCausalLM.from_pretrained(case_dir, dtype=torch.float64).eval()
+    ref = reference(model, tokenizer)
+    ref["case"] = name
+    (case_dir / "reference.json").write_text(json.dumps(ref, indent=1) + "\n")
+    if gguf and llama_cpp is not None:
+        convert_gguf(case_dir, llama_cpp, "llama-bpe" if flavour == "llama" else "qwen2")
+    print(f"{name}: {sum(p.numel() for p in model.parameters())} parameters", file=sys.stderr)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--llama-cpp", type=Path, default=None,
+                        help="llama.cpp source tree (convert_hf_to_gguf.py, gguf-py)")
+    parser.add_argument("--only", nargs="*", default=None)
+    args = parser.parse_args()
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    for seed, (name, spec) in enumerate(cases().items()):
+        if args.only and name not in args.only:
+            continue
+        make_case(args.out, name, spec, args.llama_cpp, 1000 + seed)
+    # The same weights and tokenizer with the older config layout.
+    src, dst = args.out / "llama-rope-llama3", args.out / "llama-rope-llama3-old-config"
+    if src.exists() and (not args.only or "llama-rope-llama3" in args.only):
+        if dst.exists():
+            shutil.rmtree(dst)
+        shutil.copytree(src, dst)
+        (dst / "model.gguf").unlink(missing_ok=True)
+        config = json.loads((src / "config.json").read_text())
+        (dst / "config.json").write_text(json.dumps(old_layout(config), indent=2) + "\n")
+        # transformers 5 still reads the old layout: check it answers the same.
+        model = AutoModelForCausalLM.from_pretrained(dst, dtype=torch.float64).eval()
+        tokenizer = AutoTokenizer.from_pretrained(dst)
+        ref = reference(model, tokenizer)
+        ref["case"] = dst.name
+        old = json.loads((src / "reference.json").read_text())
+        assert [p["greedy_ids"] for p in ref["prompts"]] == [p["greedy_ids"] for p in old["prompts"]]
+        (dst / "reference.json").write_text(json.dumps(ref, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
