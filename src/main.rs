@@ -28,8 +28,14 @@ fn no_transparent_huge_pages() {
 
 fn main() -> ExitCode {
     no_transparent_huge_pages();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"))
+            // Zenoh warns on every TLS link that names go unchecked: by design
+            // here (peers are checked against the cluster's authority).
+            .add_directive("zenoh_link_tls::utils=error".parse().unwrap_or_else(|_| {
+                tracing_subscriber::filter::Directive::from(tracing::Level::WARN)
+            }));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

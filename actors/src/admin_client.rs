@@ -42,6 +42,9 @@ pub struct ConnectOptions {
     pub node: Option<String>,
     /// How long one query waits for answers.
     pub timeout: Duration,
+    /// A secured cluster's credentials (its authority, this machine's
+    /// certificate and key); none: an open cluster.
+    pub credentials: Option<tessera_trust::Credentials>,
 }
 
 impl ConnectOptions {
@@ -52,6 +55,7 @@ impl ConnectOptions {
             connect: Vec::new(),
             node: None,
             timeout: Duration::from_secs(3),
+            credentials: None,
         }
     }
 
@@ -181,9 +185,14 @@ impl AdminClient {
     /// one of them).
     pub async fn connect(options: ConnectOptions) -> Result<Self, AdminClientError> {
         let keys = Keys::new(&options.namespace)?;
-        let config =
-            crate::node::zenoh_config("client", &[], &options.connect, options.multicast())
-                .map_err(|e| AdminClientError::Config(e.to_string()))?;
+        let config = crate::node::zenoh_config(
+            "client",
+            &[],
+            &options.connect,
+            options.multicast(),
+            options.credentials.as_ref(),
+        )
+        .map_err(|e| AdminClientError::Config(e.to_string()))?;
         let session = zenoh::open(config)
             .await
             .map_err(|e| AdminClientError::Open {

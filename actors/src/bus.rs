@@ -33,14 +33,45 @@ impl BusError {
     }
 }
 
+/// In a secured cluster, every link is TLS: `tcp/HOST:PORT` becomes
+/// `tls/HOST:PORT`; another protocol (udp, quic) is refused, since it
+/// would carry the cluster's traffic unauthenticated.
+pub fn secured_endpoints(endpoints: &[String]) -> Result<Vec<String>, BusError> {
+    endpoints
+        .iter()
+        .map(|endpoint| {
+            if endpoint.starts_with("tls/") {
+                Ok(endpoint.clone())
+            } else if let Some(address) = endpoint.strip_prefix("tcp/") {
+                Ok(format!("tls/{address}"))
+            } else {
+                Err(BusError::Config {
+                    key: "endpoints".into(),
+                    reason: format!(
+                        "{endpoint}: a secured cluster links over tls/ (or tcp/, made tls/) only"
+                    ),
+                })
+            }
+        })
+        .collect()
+}
+
 /// The zenoh configuration of a session: its mode (`peer`, `client`),
-/// endpoints and multicast scouting.
+/// endpoints and multicast scouting; with `tls`, mutual TLS against the
+/// cluster's authority on every link (a peer without a certificate from it
+/// cannot open a session at all).
 pub fn zenoh_config(
     mode: &str,
     listen: &[String],
     connect: &[String],
     multicast: bool,
+    tls: Option<&tessera_trust::Credentials>,
 ) -> Result<zenoh::Config, BusError> {
+    let (listen, connect) = match tls {
+        Some(_) => (secured_endpoints(listen)?, secured_endpoints(connect)?),
+        None => (listen.to_vec(), connect.to_vec()),
+    };
+    let (listen, connect) = (listen.as_slice(), connect.as_slice());
     let mut config = zenoh::Config::default();
     let mut set = |key: &str, value: String| {
         config
@@ -65,6 +96,25 @@ pub fn zenoh_config(
         "connect/retry",
         "{ period_init_ms: 250, period_max_ms: 1000, period_increase_factor: 2 }".into(),
     )?;
+    if let Some(credentials) = tls {
+        let path = |p: &std::path::Path| format!("{:?}", p.display().to_string());
+        let tls = "transport/link/tls";
+        set(
+            &format!("{tls}/root_ca_certificate"),
+            path(&credentials.authority),
+        )?;
+        for side in ["listen", "connect"] {
+            set(&format!("{tls}/{side}_private_key"), path(&credentials.key))?;
+            set(
+                &format!("{tls}/{side}_certificate"),
+                path(&credentials.cert),
+            )?;
+        }
+        set(&format!("{tls}/enable_mtls"), "true".into())?;
+        // Peers are checked against the authority, not by host name: home
+        // machines change addresses, and a certificate names a holder.
+        set(&format!("{tls}/verify_name_on_connect"), "false".into())?;
+    }
     Ok(config)
 }
 

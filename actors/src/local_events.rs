@@ -165,7 +165,7 @@ mod tests {
     /// A session of its own that reaches no one (no listening, no
     /// scouting), whose subscriber hears its own puts.
     async fn lonely_bus() -> Bus {
-        let mut config = crate::bus::zenoh_config("peer", &[], &[], false).expect("config");
+        let mut config = crate::bus::zenoh_config("peer", &[], &[], false, None).expect("config");
         config
             .insert_json5("listen/endpoints", "[]")
             .expect("no listening");

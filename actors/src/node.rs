@@ -254,7 +254,23 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
     let ring_slot = claim_ring_slot(options.ring_port_base, &node_id)?;
     tracing::info!(base = ring_slot.base, "ring ports");
     let (listen, runner_endpoint) = runner_endpoint(&options.listen)?;
-    let config = zenoh_config("peer", &listen, &options.connect, options.multicast)?;
+    // After `tessera cluster init` or `--join`: every link is mutual TLS.
+    let credentials = tessera_trust::ClusterDir::of(&options.data_dir).credentials();
+    if credentials.is_some() {
+        tracing::info!("secured cluster: mutual TLS against the cluster's authority");
+    } else {
+        tracing::warn!(
+            "open cluster: any machine that reaches this node's zenoh port can join it; \
+             secure it with `tessera cluster init`"
+        );
+    }
+    let config = zenoh_config(
+        "peer",
+        &listen,
+        &options.connect,
+        options.multicast,
+        credentials.as_ref(),
+    )?;
     let session = zenoh::open(config).await.map_err(BusError::zenoh)?;
     let bus = Bus::new(session, keys);
     let applied = Arc::new(AtomicU64::new(0));
@@ -354,7 +370,12 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
         worker = Some(actor);
     }
     let mut api_address = None;
-    if let Some(api) = options.api.clone() {
+    if let Some(mut api) = options.api.clone() {
+        api.cluster_dir = Some(
+            tessera_trust::ClusterDir::of(&options.data_dir)
+                .path()
+                .to_path_buf(),
+        );
         let listen = api.listen;
         let (address, task) = crate::api::serve(
             api,

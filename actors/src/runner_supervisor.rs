@@ -433,7 +433,7 @@ mod tests {
 
     /// A session that reaches no one and hears its own puts.
     async fn lonely_bus(namespace: &str) -> Bus {
-        let mut config = crate::bus::zenoh_config("peer", &[], &[], false).expect("config");
+        let mut config = crate::bus::zenoh_config("peer", &[], &[], false, None).expect("config");
         config
             .insert_json5("listen/endpoints", "[]")
             .expect("no listening");

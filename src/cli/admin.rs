@@ -35,6 +35,10 @@ pub struct ClusterArgs {
     /// Machine-readable output.
     #[arg(long, global = true)]
     pub json: bool,
+    /// A secured cluster's credentials for this machine (default:
+    /// $TESSERA_HOME/cluster, when it holds them).
+    #[arg(long, env = "TESSERA_CLUSTER_DIR", global = true)]
+    pub cluster_dir: Option<std::path::PathBuf>,
 }
 
 impl ClusterArgs {
@@ -44,11 +48,23 @@ impl ClusterArgs {
             .ok()
             .filter(|t| !t.is_zero())
             .context("--timeout must be a positive number of seconds")?;
+        let folder = match &self.cluster_dir {
+            Some(dir) => tessera_trust::ClusterDir::at(dir),
+            None => tessera_trust::ClusterDir::of(&super::default_data_dir()),
+        };
+        let credentials = folder.credentials();
+        if self.cluster_dir.is_some() && credentials.is_none() {
+            anyhow::bail!(
+                "{} holds no cluster credentials (authority.pem, cert.pem, key.pem)",
+                folder.path().display()
+            );
+        }
         Ok(ConnectOptions {
             namespace: self.namespace.clone(),
             connect: self.connect.clone(),
             node,
             timeout,
+            credentials,
         })
     }
 }

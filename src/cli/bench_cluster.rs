@@ -50,6 +50,7 @@ pub fn run(args: ClusterBenchArgs) -> anyhow::Result<()> {
         let client = AdminClient::connect(ConnectOptions {
             connect: args.connect.clone(),
             timeout: Duration::from_secs(5),
+            credentials: tessera_trust::ClusterDir::of(&super::default_data_dir()).credentials(),
             ..ConnectOptions::new(&args.namespace)
         })
         .await?;

@@ -8,6 +8,7 @@ mod bench_collectives;
 mod bench_download;
 mod bench_log;
 mod bench_model;
+mod cluster;
 mod generate;
 mod model_args;
 mod models;
@@ -40,6 +41,9 @@ enum Command {
     Node(node::NodeArgs),
     /// Ask the cluster: state, nodes (typed requests over zenoh).
     Admin(admin::AdminArgs),
+    /// Secure the cluster: an authority, single-use join tokens, mutual
+    /// TLS on every link (init, invite, join).
+    Cluster(cluster::ClusterArgs),
     /// The model catalogue and downloads: list, add, download, cancel,
     /// delete.
     Models(models::ModelsArgs),
@@ -95,6 +99,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Node(args) => node::run(args),
         Command::Admin(args) => admin::run(args),
+        Command::Cluster(args) => cluster::run(args),
         Command::Models(args) => models::run(args),
         Command::Hub(args) => models::run_hub(args),
         Command::Replay(args) => replay::run(args),

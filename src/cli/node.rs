@@ -59,6 +59,10 @@ pub struct NodeArgs {
     /// Answer 404 for a model with no instance instead of placing one.
     #[arg(long)]
     pub no_auto_place: bool,
+    /// Join a secured cluster with a token from `tessera cluster invite`
+    /// (once: the certificate is kept in DATA_DIR/cluster).
+    #[arg(long, env = "TESSERA_JOIN_TOKEN", hide_env_values = true)]
+    pub join: Option<String>,
     /// Origin allowed by CORS (repeatable; default: any).
     #[arg(long)]
     pub cors_origin: Vec<String>,
@@ -146,8 +150,14 @@ fn warn_if_others_can_read(path: &std::path::Path) {
     }
 }
 
-pub fn run(args: NodeArgs) -> anyhow::Result<()> {
-    let data_dir = args.data_dir.unwrap_or_else(super::default_data_dir);
+pub fn run(mut args: NodeArgs) -> anyhow::Result<()> {
+    let data_dir = args
+        .data_dir
+        .clone()
+        .unwrap_or_else(super::default_data_dir);
+    if let Some(token) = args.join.take() {
+        join_with(&token, &data_dir, &mut args)?;
+    }
     let keys = api_keys(args.api_keys, &data_dir)?;
     let open_to_the_network = !args.no_api && keys.is_empty() && !args.api_host.is_loopback();
     let options = NodeOptions {
@@ -221,6 +231,41 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         running.shutdown().await;
         Ok(())
     })
+}
+
+/// `--join TOKEN`: obtains this node's certificate (unless it has one),
+/// and reaches the inviting node at the token's endpoints.
+fn join_with(text: &str, data_dir: &std::path::Path, args: &mut NodeArgs) -> anyhow::Result<()> {
+    let token = tessera_trust::JoinToken::decode(text)?;
+    if token.cluster != args.namespace {
+        anyhow::bail!(
+            "the token is for cluster {:?}, this node runs in namespace {:?}: add --namespace {}",
+            token.cluster,
+            args.namespace,
+            token.cluster
+        );
+    }
+    if token.role != tessera_trust::Role::Node {
+        anyhow::bail!("this is an admin's token: use it with `tessera cluster join TOKEN`");
+    }
+    if tessera_trust::ClusterDir::of(data_dir)
+        .credentials()
+        .is_none()
+    {
+        let node_id = tessera_actors::node::node_identity(data_dir)?;
+        super::client_runtime()?.block_on(super::cluster::join(&token, data_dir, &node_id))?;
+        eprintln!(
+            "joined cluster {:?}: certificate kept in {}",
+            token.cluster,
+            data_dir.join("cluster").display()
+        );
+    }
+    for endpoint in token.connect {
+        if !args.connect.contains(&endpoint) {
+            args.connect.push(endpoint);
+        }
+    }
+    Ok(())
 }
 
 async fn wait_for_signal() -> anyhow::Result<()> {

@@ -63,7 +63,16 @@ pub fn run(args: RunnerArgs) -> anyhow::Result<()> {
 /// Runs the Runner actor over a session to the node until it ends. A
 /// runner that cannot even start says why as its failure.
 async fn serve(args: &RunnerArgs) -> anyhow::Result<RunnerExit> {
-    let link = ZenohLink::open(&args.namespace, &args.runner_id, &args.connect).await?;
+    // The node gave this runner its data dir (TESSERA_HOME): in a secured
+    // cluster, the runner links to its node with the node's credentials.
+    let credentials = tessera_trust::ClusterDir::of(&super::default_data_dir()).credentials();
+    let link = ZenohLink::open(
+        &args.namespace,
+        &args.runner_id,
+        &args.connect,
+        credentials.as_ref(),
+    )
+    .await?;
     let (setup, world) = match engine_setup(args) {
         Ok(setup) => setup,
         Err(error) => {

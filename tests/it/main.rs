@@ -11,4 +11,5 @@ mod faults;
 mod generate_cli;
 mod gguf_repo;
 mod replay_cli;
+mod secure;
 mod support;

@@ -68,6 +68,11 @@ impl ClusterDir {
         }
     }
 
+    /// A cluster folder at `root` itself.
+    pub fn at(root: impl Into<PathBuf>) -> ClusterDir {
+        ClusterDir { root: root.into() }
+    }
+
     pub fn path(&self) -> &Path {
         &self.root
     }

@@ -72,9 +72,10 @@ fn presented(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// The dashboard's page and scripts hold no data: they load without a key
-/// and then ask the person for one.
+/// and then ask the person for one. A joining machine has no key either:
+/// its join token's HMAC is what `/cluster/join` checks.
 fn is_public(path: &str) -> bool {
-    path == "/" || path.starts_with("/assets/")
+    path == "/" || path.starts_with("/assets/") || path == "/cluster/join"
 }
 
 /// The middleware: passes a request with a good key (or any, when no key

@@ -18,6 +18,8 @@
 //! - [`live`]: `/cluster`, `/state`, `/state/stream` (pushed on each
 //!   change) and `/state/at` (time travel): what the dashboard watches.
 //! - [`dashboard`]: the dashboard's page and assets (`dashboard/`), at `/`.
+//! - [`join`]: `/cluster/join`, where a machine with a join token gets its
+//!   certificate from the authority's node.
 //! - [`auth`]: API keys (`Authorization: Bearer`, `x-api-key`), a 401 in
 //!   each dialect's shape.
 //! - [`error`]: [`ApiError`] and the one mapping of an error kind to its
@@ -30,6 +32,7 @@ mod cluster;
 mod dashboard;
 pub mod error;
 pub(crate) mod generation;
+mod join;
 mod live;
 pub mod ollama;
 pub mod openai;
@@ -77,6 +80,9 @@ pub struct ApiOptions {
     pub max_connections: usize,
     /// The keys requests must carry; none: the API is open.
     pub api_keys: ApiKeys,
+    /// The node's cluster folder, where `/cluster/join` finds the
+    /// authority and its open invites (set by the node from its data dir).
+    pub cluster_dir: Option<std::path::PathBuf>,
 }
 
 impl ApiOptions {
@@ -93,6 +99,7 @@ impl ApiOptions {
             idle_timeout: Duration::from_secs(30),
             max_connections: 1024,
             api_keys: ApiKeys::default(),
+            cluster_dir: None,
         }
     }
 }

@@ -16,7 +16,7 @@ use tower_http::cors::{AllowOrigin, Any, CorsLayer};
 
 use super::error::ApiError;
 use super::{
-    anthropic, auth, cluster, dashboard, live, ollama, openai, responses, Api, ApiOptions,
+    anthropic, auth, cluster, dashboard, join, live, ollama, openai, responses, Api, ApiOptions,
 };
 use crate::bus::Bus;
 use crate::election_actor::Leadership;
@@ -81,6 +81,7 @@ pub async fn serve(
         .route("/state/stream", get(live::state_stream))
         .route("/state/at", get(live::state_at))
         .route("/models", get(cluster::models))
+        .route("/cluster/join", post(join::join))
         .route("/instance/previews", get(cluster::previews))
         .route("/place_instance", post(cluster::place_instance))
         .route("/instance/{id}", get(cluster::get_instance))

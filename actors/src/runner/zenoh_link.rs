@@ -30,14 +30,16 @@ pub struct ZenohLink {
 }
 
 impl ZenohLink {
-    /// Opens a client session to the node's endpoints.
+    /// Opens a client session to the node's endpoints (with the node's
+    /// credentials in a secured cluster).
     pub async fn open(
         namespace: &str,
         runner_id: &str,
         connect: &[String],
+        tls: Option<&tessera_trust::Credentials>,
     ) -> Result<Self, LinkError> {
         let keys = Keys::new(namespace)?;
-        let config = crate::bus::zenoh_config("client", &[], connect, false)
+        let config = crate::bus::zenoh_config("client", &[], connect, false, tls)
             .map_err(|e| LinkError::Config(e.to_string()))?;
         let session = zenoh::open(config)
             .await
