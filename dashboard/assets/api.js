@@ -16,8 +16,41 @@ export class ApiError extends Error {
   }
 }
 
+// A node started with --api-key wants one on every call but the page's own
+// files: the person gives it once (see app.js) and it is kept in this browser.
+const KEY_STORE = 'tessera.apiKey';
+
+export function apiKey() {
+  try { return localStorage.getItem(KEY_STORE) || ''; } catch { return ''; }
+}
+
+export function setApiKey(key) {
+  try {
+    if (key) localStorage.setItem(KEY_STORE, key);
+    else localStorage.removeItem(KEY_STORE);
+  } catch { /* storage disabled: the key lasts until reload */ }
+}
+
+/** Headers for a call: `extra` plus the API key when one is set. */
+export function headers(extra = {}) {
+  const key = apiKey();
+  return key ? { ...extra, authorization: `Bearer ${key}` } : extra;
+}
+
+const authListeners = new Set();
+
+/** fn(true) when the node refused for want of a key, fn(false) once one works. */
+export function onAuthNeeded(fn) {
+  authListeners.add(fn);
+}
+
+function authState(needed) {
+  for (const fn of authListeners) fn(needed);
+}
+
 /** The readable message of a failed response: its JSON error.message. */
 export async function errorOf(response) {
+  if (response.status === 401) authState(true);
   let text = '';
   try { text = await response.text(); } catch { /* body lost */ }
   try {
@@ -33,7 +66,7 @@ export async function request(method, path, body) {
   try {
     response = await fetch(apiUrl(path), {
       method,
-      headers: body === undefined ? {} : { 'content-type': 'application/json' },
+      headers: headers(body === undefined ? {} : { 'content-type': 'application/json' }),
       body: body === undefined ? undefined : JSON.stringify(body),
     });
   } catch (e) {
@@ -49,33 +82,39 @@ export const postJson = (path, body) => request('POST', path, body ?? {});
 export const deleteJson = (path) => request('DELETE', path);
 
 /**
- * A server-sent event stream that keeps coming back: EventSource retries a
- * dropped connection by itself, but gives up for good on an HTTP error (a
- * node restarting may answer one), so then we open a new one after a pause.
- * Handlers: onMessage(data), onOpen(), onError(willRetry).
+ * A server-sent event stream that keeps coming back. Read with fetch rather
+ * than EventSource, which cannot send the API key header; a dropped or
+ * refused connection is opened again after a pause (the node may be
+ * restarting). `path` may be a function, asked again on each reconnect (the
+ * event log goes on from where it stopped). Handlers: onMessage(data),
+ * onOpen(), onError(error).
  */
 export function openStream(path, { onMessage, onOpen, onError }) {
-  let source = null;
+  let controller = null;
   let timer = null;
   let closed = false;
-  const connect = () => {
-    source = new EventSource(apiUrl(path));
-    source.onopen = () => onOpen && onOpen();
-    source.onmessage = (e) => onMessage(e.data);
-    source.onerror = () => {
-      if (onError) onError();
-      if (source.readyState === EventSource.CLOSED && !closed) {
-        clearTimeout(timer);
-        timer = setTimeout(connect, 2000);
-      }
-    };
+  const connect = async () => {
+    controller = new AbortController();
+    try {
+      const url = apiUrl(typeof path === 'function' ? path() : path);
+      const response = await fetch(url, { headers: headers({ accept: 'text/event-stream' }), signal: controller.signal, cache: 'no-store' });
+      if (!response.ok) throw await errorOf(response);
+      authState(false);
+      if (onOpen) onOpen();
+      for await (const data of sseData(response)) onMessage(data);
+      throw new Error('the node closed the stream');
+    } catch (e) {
+      if (closed) return;
+      if (onError) onError(e);
+      timer = setTimeout(connect, 2000);
+    }
   };
   connect();
   return {
     close() {
       closed = true;
       clearTimeout(timer);
-      if (source) source.close();
+      if (controller) controller.abort();
     },
   };
 }

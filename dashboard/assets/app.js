@@ -4,6 +4,7 @@
 // keeps streaming while another page is shown.
 
 import { h, setChildren } from './dom.js';
+import { apiKey, onAuthNeeded, setApiKey } from './api.js';
 import { live, lostNodes, onStatus, start } from './live.js';
 import * as cluster from './cluster.js';
 import * as models from './models.js';
@@ -65,6 +66,27 @@ function renderConn() {
     : 'offline';
 }
 
+/** The API key form: shown while the node refuses for want of a key. */
+function setupAuth() {
+  const form = document.getElementById('auth');
+  const input = document.getElementById('api-key');
+  onAuthNeeded((needed) => {
+    if (needed && form.hidden) {
+      document.getElementById('auth-label').textContent = apiKey()
+        ? 'The node refused this browser\'s API key: give another'
+        : 'This node needs an API key';
+    }
+    form.hidden = !needed;
+  });
+  form.addEventListener('submit', (e) => {
+    e.preventDefault();
+    setApiKey(input.value.trim());
+    input.value = '';
+    form.hidden = true; // the streams retry with it; a refusal shows the form again
+  });
+}
+
+setupAuth();
 onStatus(() => { renderBanner(); renderConn(); });
 // The first failure before any answer shows the "cannot reach" notice.
 setTimeout(() => { live.triedOnce = true; renderBanner(); }, 3000);

@@ -4,7 +4,7 @@
 // multi-turn, conversations kept in localStorage.
 
 import { h, setChildren, errorBox } from './dom.js';
-import { apiUrl, errorOf, sseData } from './api.js';
+import { apiUrl, errorOf, headers, sseData } from './api.js';
 import { onSnapshot } from './live.js';
 import { readyModels } from './cluster-state.js';
 
@@ -293,7 +293,7 @@ async function stream(body, answer, view, signal) {
   let response;
   try {
     response = await fetch(apiUrl('/v1/chat/completions'), {
-      method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal,
+      method: 'POST', headers: headers({ 'content-type': 'application/json' }), body: JSON.stringify(body), signal,
     });
   } catch (e) {
     if (e.name === 'AbortError') throw e;

@@ -63,7 +63,8 @@ export function mount(root) {
 function startStream(snapshot) {
   if (stream) return;
   const from = Math.max(1, Number(snapshot.last_index || 0) - MAX_EVENTS + 1);
-  stream = openStream(`/events?from=${from}`, {
+  // On a reconnect, go on after the last event seen.
+  stream = openStream(() => `/events?from=${lastIndex ? lastIndex + 1 : from}`, {
     onMessage: (data) => {
       try { queue(JSON.parse(data)); } catch (e) { console.warn('bad event', e); }
     },
@@ -81,7 +82,7 @@ function learnInstance(inst) {
 
 function queue(indexed) {
   const index = Number(indexed.index);
-  if (index <= lastIndex) return; // a reconnect sends from the start again
+  if (index <= lastIndex) return; // seen already (a reconnect may repeat one)
   lastIndex = index;
   pending.push(indexed);
   if (pending.length === 1) requestAnimationFrame(flush);

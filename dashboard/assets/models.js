@@ -46,12 +46,15 @@ export function mount(root) {
 }
 
 async function loadCatalogue() {
+  clearTimeout(els.retry);
   try {
     const reply = await getJson('/models');
     catalogue = reply.models || [];
     showError(els.listStatus, null);
   } catch (e) {
     showError(els.listStatus, new Error(`The catalogue could not be read: ${e.message}`));
+    // Try again in a while: the node may be restarting, or want a key.
+    els.retry = setTimeout(loadCatalogue, 3000);
   }
   if (live.snapshot) render(live.snapshot);
 }
