@@ -221,7 +221,7 @@ def reference(model, tokenizer) -> dict:
     }
 
 
-# name: (config class, family flavour, config kwargs, tied, gguf, engine note)
+# name: (config class, tokenizer flavour, config kwargs, tied embeddings, make a GGUF)
 def cases() -> dict:
     llama = dict(
         hidden_size=96, intermediate_size=192, num_hidden_layers=3,
@@ -266,6 +266,10 @@ def cases() -> dict:
             **small, head_dim=32, attention_bias=False,
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
             use_sliding_window=False), True, True),
+        # Last, so that adding it left the other cases' seeds alone.
+        "llama-bias": (LlamaConfig, "llama", dict(
+            **small, attention_bias=True, mlp_bias=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}), False, True),
     }
 
 

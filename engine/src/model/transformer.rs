@@ -26,12 +26,20 @@ pub struct Layer {
     q_bias: Option<Vec<f32>>,
     k_bias: Option<Vec<f32>>,
     v_bias: Option<Vec<f32>>,
+    /// Llama's `attention_bias` and Qwen3's put a bias on o_proj too; the
+    /// whole vector, added once the ranks' partial sums are reduced.
+    o_bias: Option<Vec<f32>>,
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
     w_gate: Matrix,
     w_up: Matrix,
     w_down: Matrix,
+    /// Llama's `mlp_bias`: this rank's rows of the gate and up biases, and
+    /// the whole down bias (added after the reduction).
+    gate_bias: Option<Vec<f32>>,
+    up_bias: Option<Vec<f32>>,
+    down_bias: Option<Vec<f32>>,
 }
 
 /// One shard of a model: layers `layers` of `config.layers`, with the
@@ -378,6 +386,15 @@ impl Transformer {
                 Ok(None)
             }
         };
+        // Biases llama.cpp also loads when the file has them (o_proj and
+        // the MLP's): present means used, never silently dropped.
+        let if_present = |name: &str, len: usize, rows: Range<usize>| {
+            if source.contains(name) {
+                vector(name, len).map(|v| Some(v[rows].to_vec()))
+            } else {
+                Ok(None)
+            }
+        };
         let shifted = |r: &Range<usize>, by: usize| r.start + by..r.end + by;
         let needs_embeddings = first || (last && config.tied_embeddings);
         let embeddings = if needs_embeddings {
@@ -410,17 +427,22 @@ impl Transformer {
             };
             let fused_gate_up = !source.contains(&n("ffn_gate.weight"))
                 && source.shape(&n("ffn_up.weight")) == Some(vec![2 * f, h]);
-            let (w_gate, w_up) = if fused_gate_up {
+            let (w_gate, w_up, gate_bias, up_bias) = if fused_gate_up {
                 let fused = n("ffn_up.weight");
                 let shape = [2 * f, h];
+                let bias = n("ffn_up.bias");
                 (
                     part(&fused, shape, Some(ffn_rows.clone()), None)?,
                     part(&fused, shape, Some(shifted(&ffn_rows, f)), None)?,
+                    if_present(&bias, 2 * f, ffn_rows.clone())?,
+                    if_present(&bias, 2 * f, shifted(&ffn_rows, f))?,
                 )
             } else {
                 (
                     part(&n("ffn_gate.weight"), [f, h], Some(ffn_rows.clone()), None)?,
                     part(&n("ffn_up.weight"), [f, h], Some(ffn_rows.clone()), None)?,
+                    if_present(&n("ffn_gate.bias"), f, ffn_rows.clone())?,
+                    if_present(&n("ffn_up.bias"), f, ffn_rows.clone())?,
                 )
             };
             let cols = |r: &Range<usize>| sliced.then(|| r.clone());
@@ -433,12 +455,16 @@ impl Transformer {
                 q_bias: sliced_vector(&n("attn_q.bias"), q, &q_rows, config.qkv_bias)?,
                 k_bias: sliced_vector(&n("attn_k.bias"), kv, &kv_rows, config.qkv_bias)?,
                 v_bias: sliced_vector(&n("attn_v.bias"), kv, &kv_rows, config.qkv_bias)?,
+                o_bias: if_present(&n("attn_output.bias"), h, 0..h)?,
                 q_norm: optional(&n("attn_q_norm.weight"), config.head_dim, config.qk_norm)?,
                 k_norm: optional(&n("attn_k_norm.weight"), config.head_dim, config.qk_norm)?,
                 ffn_norm: vector(&n("ffn_norm.weight"), h)?,
                 w_gate,
                 w_up,
                 w_down: part(&n("ffn_down.weight"), [h, f], None, cols(&ffn_rows))?,
+                gate_bias,
+                up_bias,
+                down_bias: if_present(&n("ffn_down.bias"), h, 0..h)?,
             });
             progress(2 + i - layers.start, total);
         }
@@ -524,6 +550,11 @@ impl Transformer {
                     .map(|m| m.size_bytes())
                     .sum::<usize>()
                     + (l.attn_norm.len() + l.ffn_norm.len()) * 4
+                    + [&l.q_bias, &l.k_bias, &l.v_bias, &l.o_bias]
+                        .into_iter()
+                        .chain([&l.gate_bias, &l.up_bias, &l.down_bias])
+                        .map(|b| b.as_ref().map_or(0, Vec::len) * 4)
+                        .sum::<usize>()
             })
             .sum();
         layers
@@ -868,6 +899,7 @@ impl Transformer {
         if self.tensor.is_some() {
             group.all_reduce_sum(&mut ws.proj[..n * h])?;
         }
+        add_bias(&mut ws.proj[..n * h], layer.o_bias.as_deref());
         ops::add_in_place(&mut ws.x[..n * h], &ws.proj[..n * h]);
 
         // MLP block.
@@ -887,6 +919,8 @@ impl Transformer {
             [&mut ws.gate[..n * f], &mut ws.up[..n * f]],
             pool,
         )?;
+        add_bias(&mut ws.gate[..n * f], layer.gate_bias.as_deref());
+        add_bias(&mut ws.up[..n * f], layer.up_bias.as_deref());
         if n == 1 {
             ops::silu_mul(&mut ws.gate[..f], &ws.up[..f]);
         } else {
@@ -905,6 +939,7 @@ impl Transformer {
         if self.tensor.is_some() {
             group.all_reduce_sum(&mut ws.proj[..n * h])?;
         }
+        add_bias(&mut ws.proj[..n * h], layer.down_bias.as_deref());
         ops::add_in_place(&mut ws.x[..n * h], &ws.proj[..n * h]);
         Ok(())
     }

@@ -313,6 +313,7 @@ reference_cases! {
     mistral, mistral_gguf => "mistral";
     qwen2_qkv_bias, qwen2_qkv_bias_gguf => "qwen2";
     qwen3_qk_norm, qwen3_qk_norm_gguf => "qwen3";
+    llama_attention_and_mlp_biases, llama_attention_and_mlp_biases_gguf => "llama-bias";
 }
 
 /// transformers 4's layout (top-level `rope_theta` and `rope_scaling`) for
