@@ -88,6 +88,10 @@ pub struct HfConfig {
     /// Qwen2 has q/k/v biases without saying so here; Llama may set this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention_bias: Option<bool>,
+    /// The MLP's activation; absent means `silu` (SwiGLU), the only one
+    /// these families use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hidden_act: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub torch_dtype: Option<String>,
     /// A number, or a list of numbers in some models.

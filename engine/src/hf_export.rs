@@ -304,6 +304,7 @@ pub fn export_llama_gguf(
         rope_parameters: None,
         sliding_window: None,
         use_sliding_window: None,
+        hidden_act: Some("silu".into()),
         max_position_embeddings: meta.opt_usize("llama.context_length")?,
         vocab_size,
         tie_word_embeddings: Some(tied),

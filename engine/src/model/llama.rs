@@ -28,6 +28,16 @@ pub(crate) fn base_config(
              {window} positions only); this engine runs full attention"
         )));
     }
+    if let Some(act) = hf
+        .hidden_act
+        .as_deref()
+        .filter(|act| !matches!(*act, "silu" | "swish"))
+    {
+        // The MLP is SwiGLU: another activation would give other answers.
+        return Err(ConfigError(format!(
+            "hidden_act `{act}` is not supported (this engine's MLP applies silu)"
+        )));
+    }
     let head_dim = hf.head_dim.unwrap_or(hf.hidden_size / heads);
     let rope = hf.rope();
     let config = ModelConfig {
@@ -141,6 +151,20 @@ mod tests {
         }}));
         let message = error.err().map(|e| e.0).unwrap_or_default();
         assert!(message.contains("longrope"), "{message}");
+    }
+
+    /// The MLP applies silu (transformers' `silu`, alias `swish`); another
+    /// activation is refused by name, never run as silu.
+    #[test]
+    fn an_activation_other_than_silu_is_refused() {
+        assert!(config(serde_json::json!({"hidden_act": "silu"})).is_ok());
+        assert!(config(serde_json::json!({"hidden_act": "swish"})).is_ok());
+        let error = config(serde_json::json!({"hidden_act": "gelu_pytorch_tanh"}));
+        let message = error.err().map(|e| e.0).unwrap_or_default();
+        assert!(
+            message.contains("hidden_act `gelu_pytorch_tanh`"),
+            "{message}"
+        );
     }
 
     /// A window shorter than the context changes the answers: refused by
