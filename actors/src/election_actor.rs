@@ -66,6 +66,8 @@ pub struct ElectionArgs {
     pub leadership: Leadership,
     /// The default the master writes into the instances it places.
     pub max_concurrent: u32,
+    /// This node is in a secured cluster: its master seals instance rings.
+    pub secured: bool,
 }
 
 pub struct ElectionState {
@@ -80,6 +82,7 @@ pub struct ElectionState {
     /// Won round `clock`; the Master starts at `at_ms` if still leading.
     settling: Option<(u64, u64)>,
     max_concurrent: u32,
+    secured: bool,
 }
 
 /// How long a winner waits before its Master writes anything. Two nodes can
@@ -125,6 +128,7 @@ impl Actor for ElectionActor {
             alive: BTreeSet::new(),
             settling: None,
             max_concurrent: args.max_concurrent,
+            secured: args.secured,
         })
     }
 
@@ -256,6 +260,7 @@ async fn start_master(state: &mut ElectionState, clock: u64, myself: &ActorRef<E
         replica: state.replica.clone(),
         alive: state.alive.clone(),
         max_concurrent: state.max_concurrent,
+        secured: state.secured,
     };
     let _ = state.replica.cast(ReplicaMsg::SetMaster {
         node_id: state.node_id.clone(),

@@ -74,6 +74,8 @@ pub struct MasterArgs {
     pub alive: BTreeSet<String>,
     /// Generations an instance runs at once unless its placement says.
     pub max_concurrent: u32,
+    /// A secured cluster: instance rings are sealed.
+    pub secured: bool,
 }
 
 pub struct MasterState {
@@ -87,6 +89,7 @@ pub struct MasterState {
     runner_failures: BTreeMap<String, u32>,
     alive: BTreeSet<String>,
     max_concurrent: u32,
+    secured: bool,
 }
 
 impl MasterState {
@@ -166,7 +169,7 @@ impl MasterState {
                 }) {
                     Ok(placed) => vec![Event {
                         kind: Some(event::Kind::InstanceCreated(v1::InstanceCreated {
-                            instance: Some(placed.instance),
+                            instance: Some(self.with_ring_secret(placed.instance)?),
                         })),
                     }],
                     Err(error) => {
@@ -391,6 +394,19 @@ impl MasterState {
     }
 
     /// What a placement asked for, else this master's default.
+    /// `instance` with a fresh secret for its ring, sealed in a secured
+    /// cluster.
+    fn with_ring_secret(
+        &self,
+        mut instance: v1::Instance,
+    ) -> Result<v1::Instance, ActorProcessingErr> {
+        instance.ring_secret = tessera_engine::ring_security::new_secret()
+            .map_err(ActorProcessingErr::from)?
+            .to_vec();
+        instance.ring_sealed = self.secured;
+        Ok(instance)
+    }
+
     fn max_concurrent_for(&self, asked: u32) -> u32 {
         if asked > 0 {
             asked
@@ -432,7 +448,7 @@ impl MasterState {
                 Ok(placed) => placed,
                 Err(error) => return Ok(Err(error.to_string())),
             };
-        let instance = placed.instance;
+        let instance = self.with_ring_secret(placed.instance)?;
         let stored = self
             .index(Event {
                 kind: Some(event::Kind::InstanceCreated(v1::InstanceCreated {
@@ -703,6 +719,7 @@ impl Actor for Master {
             runner_failures: BTreeMap::new(),
             alive: args.alive,
             max_concurrent: args.max_concurrent,
+            secured: args.secured,
         };
         // Nodes the log knows that are gone now (the old master among them).
         let known: Vec<String> = state.nodes.keys().cloned().collect();

@@ -299,6 +299,7 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
             was_member,
             leadership: leadership.clone(),
             max_concurrent: options.max_concurrent,
+            secured: credentials.is_some(),
         },
     )
     .await

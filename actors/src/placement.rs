@@ -567,6 +567,8 @@ fn build(
             sharding: request.sharding as i32,
             ranks,
             max_concurrent: request.max_concurrent,
+            ring_secret: Vec::new(),
+            ring_sealed: false,
         },
         memory_bytes_by_node: memory,
     }

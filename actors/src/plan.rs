@@ -459,6 +459,8 @@ mod tests {
     fn instance(id: &str, nodes: &[&str]) -> Instance {
         Instance {
             max_concurrent: 0,
+            ring_secret: Vec::new(),
+            ring_sealed: false,
             instance_id: id.into(),
             ranks: nodes
                 .iter()

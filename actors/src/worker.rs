@@ -71,6 +71,13 @@ impl TryFrom<WorkerMsg> for DownloadEnded {
     }
 }
 
+/// The variable a runner finds its ring's secret in (hex).
+pub const RING_SECRET_ENV: &str = "TESSERA_RING_SECRET";
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 pub struct Worker;
 
 pub struct WorkerArgs {
@@ -329,7 +336,14 @@ impl WorkerState {
         if let Some(path) = model_path {
             args.extend(["--model-path".into(), path.into()]);
         }
-        let instance_json = serde_json::to_string(instance).unwrap_or_default();
+        // The ring's secret goes by the environment, which only the runner's
+        // user can read, not by the command line, which every user can.
+        let secret = hex(&instance.ring_secret);
+        let public = v1::Instance {
+            ring_secret: Vec::new(),
+            ..instance.clone()
+        };
+        let instance_json = serde_json::to_string(&public).unwrap_or_default();
         for (flag, value) in [
             ("--runner-id", runner_id),
             ("--node-id", &self.args.node_id),
@@ -343,7 +357,10 @@ impl WorkerState {
         RunnerCommand {
             program: self.args.exe.clone(),
             args,
-            envs: vec![("TESSERA_HOME".into(), self.args.data_dir.clone().into())],
+            envs: vec![
+                ("TESSERA_HOME".into(), self.args.data_dir.clone().into()),
+                (RING_SECRET_ENV.into(), secret.into()),
+            ],
         }
     }
 

@@ -10,6 +10,8 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+use crate::ring_security::{RingSecurity, Seal, SEAL_OVERHEAD};
+
 /// Why a collective operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CollectiveError {
@@ -211,9 +213,10 @@ fn accept_predecessor(
     rank: usize,
     prev_rank: usize,
     ring_id: &str,
+    security: &RingSecurity,
     own: SocketAddr,
     deadline: Instant,
-) -> Result<TcpStream, CollectiveError> {
+) -> Result<(TcpStream, Option<Seal>), CollectiveError> {
     let io = |source| CollectiveError::Io {
         rank,
         peer: prev_rank,
@@ -242,7 +245,14 @@ fn accept_predecessor(
         stream.set_nonblocking(false).map_err(io)?;
         stream.set_read_timeout(Some(HELLO_WAIT)).map_err(io)?;
         match read_hello(&mut stream) {
-            Ok((claimed, id)) if claimed == prev_rank && id == ring_id => return Ok(stream),
+            Ok((claimed, id)) if claimed == prev_rank && id == ring_id => {
+                match welcome(&mut stream, rank, prev_rank, ring_id, security) {
+                    Ok(seal) => return Ok((stream, seal)),
+                    Err(reason) => {
+                        tracing::warn!(rank, %from, reason, "ring: turned away a connection")
+                    }
+                }
+            }
             Ok((claimed, id)) => {
                 tracing::warn!(
                     rank,
@@ -259,6 +269,53 @@ fn accept_predecessor(
     }
 }
 
+/// The listener's side of the proofs: checks the connector's, answers with
+/// its own, and returns the sealing of the frames it will receive.
+fn welcome(
+    stream: &mut TcpStream,
+    rank: usize,
+    prev_rank: usize,
+    ring_id: &str,
+    security: &RingSecurity,
+) -> Result<Option<Seal>, String> {
+    if !security.is_authenticated() {
+        return Ok(None);
+    }
+    let mut proof = vec![0u8; security.connector_proof_len()];
+    stream.read_exact(&mut proof).map_err(|e| e.to_string())?;
+    if !security.check_connector(ring_id, prev_rank, &proof) {
+        return Err("a rank that does not know the instance's ring secret".into());
+    }
+    let connector_nonce = &proof[..crate::ring_security::NONCE_BYTES];
+    let (answer, listener_nonce) = security.listener_proof(ring_id, rank, connector_nonce)?;
+    stream.write_all(&answer).map_err(|e| e.to_string())?;
+    Ok(security.seal_for(connector_nonce, &listener_nonce))
+}
+
+/// The connector's side, once its own predecessor is in: checks the
+/// listener's answer and returns the sealing of the frames it will send.
+fn check_welcome(
+    stream: &mut TcpStream,
+    next_rank: usize,
+    ring_id: &str,
+    security: &RingSecurity,
+    connector_nonce: &[u8],
+) -> Result<Option<Seal>, String> {
+    if !security.is_authenticated() {
+        return Ok(None);
+    }
+    stream
+        .set_read_timeout(Some(HELLO_WAIT))
+        .map_err(|e| e.to_string())?;
+    let mut answer = vec![0u8; security.connector_proof_len()];
+    stream.read_exact(&mut answer).map_err(|e| e.to_string())?;
+    if !security.check_listener(ring_id, next_rank, connector_nonce, &answer) {
+        return Err("the next rank does not know the instance's ring secret".into());
+    }
+    let listener_nonce = &answer[..crate::ring_security::NONCE_BYTES];
+    Ok(security.seal_for(connector_nonce, listener_nonce))
+}
+
 /// A ring of TCP connections: each rank talks to `rank + 1` and `rank - 1`.
 pub struct TcpRing {
     rank: usize,
@@ -270,6 +327,10 @@ pub struct TcpRing {
     recv_buffer: Vec<u8>,
     scratch: Vec<f32>,
     gathered: Vec<f32>,
+    /// Sealing of the frames sent to the next rank and read from the
+    /// previous one (a secured cluster's rings).
+    seal_next: Option<Seal>,
+    open_prev: Option<Seal>,
 }
 
 impl TcpRing {
@@ -282,6 +343,26 @@ impl TcpRing {
         connect_within: Duration,
         op_timeout: Duration,
     ) -> Result<Self, CollectiveError> {
+        Self::connect_secured(
+            rank,
+            addrs,
+            ring_id,
+            &RingSecurity::open(),
+            connect_within,
+            op_timeout,
+        )
+    }
+
+    /// [`TcpRing::connect`] with the ranks' proofs (and sealed frames) of
+    /// `security`.
+    pub fn connect_secured(
+        rank: usize,
+        addrs: &[SocketAddr],
+        ring_id: &str,
+        security: &RingSecurity,
+        connect_within: Duration,
+        op_timeout: Duration,
+    ) -> Result<Self, CollectiveError> {
         let listener = TcpListener::bind(addrs.get(rank).copied().ok_or_else(|| {
             CollectiveError::Invalid(format!("rank {rank} of a ring of {}", addrs.len()))
         })?)
@@ -290,7 +371,15 @@ impl TcpRing {
             peer: rank,
             source,
         })?;
-        Self::from_listener(rank, listener, addrs, ring_id, connect_within, op_timeout)
+        Self::join(
+            rank,
+            listener,
+            addrs,
+            ring_id,
+            security,
+            connect_within,
+            op_timeout,
+        )
     }
 
     /// Joins the ring with an already bound listener (tests bind port 0).
@@ -299,6 +388,29 @@ impl TcpRing {
         listener: TcpListener,
         addrs: &[SocketAddr],
         ring_id: &str,
+        connect_within: Duration,
+        op_timeout: Duration,
+    ) -> Result<Self, CollectiveError> {
+        let open = RingSecurity::open();
+        Self::join(
+            rank,
+            listener,
+            addrs,
+            ring_id,
+            &open,
+            connect_within,
+            op_timeout,
+        )
+    }
+
+    /// Joins ring `ring_id` on `listener`, proving (and asking) knowledge
+    /// of `security`'s secret, sealing frames where it says so.
+    pub fn join(
+        rank: usize,
+        listener: TcpListener,
+        addrs: &[SocketAddr],
+        ring_id: &str,
+        security: &RingSecurity,
         connect_within: Duration,
         op_timeout: Duration,
     ) -> Result<Self, CollectiveError> {
@@ -338,9 +450,28 @@ impl TcpRing {
         };
         next.set_nodelay(true).map_err(io(next_rank))?;
         let mut next = next;
-        next.write_all(&hello(rank, ring_id))
-            .map_err(io(next_rank))?;
-        let prev = accept_predecessor(&listener, rank, prev_rank, ring_id, addrs[rank], deadline)?;
+        let (proof, connector_nonce) = security
+            .connector_proof(ring_id, rank)
+            .map_err(CollectiveError::Invalid)?;
+        let mut greeting = hello(rank, ring_id);
+        greeting.extend_from_slice(&proof);
+        next.write_all(&greeting).map_err(io(next_rank))?;
+        let (prev, open_prev) = accept_predecessor(
+            &listener,
+            rank,
+            prev_rank,
+            ring_id,
+            security,
+            addrs[rank],
+            deadline,
+        )?;
+        let seal_next = check_welcome(&mut next, next_rank, ring_id, security, &connector_nonce)
+            .map_err(|reason| CollectiveError::Connect {
+                rank,
+                peer: next_rank,
+                addr: addrs[next_rank],
+                reason,
+            })?;
         // Reads poll briefly before they block (see `read_full`).
         prev.set_nonblocking(true).map_err(io(prev_rank))?;
         prev.set_nodelay(true).map_err(io(prev_rank))?;
@@ -352,6 +483,13 @@ impl TcpRing {
                 .set_write_timeout(Some(op_timeout))
                 .map_err(io(next_rank))?;
         }
+        tracing::info!(
+            rank,
+            ring = ring_id,
+            authenticated = security.is_authenticated(),
+            sealed = seal_next.is_some(),
+            "ring: joined"
+        );
         Ok(Self {
             rank,
             size,
@@ -362,7 +500,47 @@ impl TcpRing {
             recv_buffer: Vec::new(),
             scratch: Vec::new(),
             gathered: Vec::new(),
+            seal_next,
+            open_prev,
         })
+    }
+
+    /// Bytes a frame of `plain` bytes takes on the wire.
+    fn wire_len(&self, plain: usize) -> usize {
+        plain
+            + if self.open_prev.is_some() {
+                SEAL_OVERHEAD
+            } else {
+                0
+            }
+    }
+
+    /// Seals `send_buffer[from..]` when frames are sealed.
+    fn seal_outgoing(&mut self, from: usize) -> Result<(), CollectiveError> {
+        let Some(seal) = self.seal_next.as_mut() else {
+            return Ok(());
+        };
+        let peer = (self.rank + 1) % self.size;
+        seal.seal(&mut self.send_buffer, from)
+            .map_err(|reason| CollectiveError::Protocol {
+                rank: self.rank,
+                peer,
+                reason,
+            })
+    }
+
+    /// Opens a received frame in place when frames are sealed.
+    fn open_incoming(&mut self, frame: &mut [u8]) -> Result<(), CollectiveError> {
+        let Some(seal) = self.open_prev.as_mut() else {
+            return Ok(());
+        };
+        let peer = (self.rank + self.size - 1) % self.size;
+        seal.open(frame)
+            .map_err(|reason| CollectiveError::Protocol {
+                rank: self.rank,
+                peer,
+                reason,
+            })
     }
 
     fn prev_rank(&self) -> usize {
@@ -412,8 +590,10 @@ impl TcpRing {
         for value in send {
             self.send_buffer.extend_from_slice(&value.to_le_bytes());
         }
+        self.seal_outgoing(0)?;
         let (next_rank, prev_rank) = (self.next_rank(), self.prev_rank());
-        self.recv_buffer.resize(HEADER + recv_len * 4, 0);
+        let wire = self.wire_len(HEADER + recv_len * 4);
+        self.recv_buffer.resize(wire, 0);
         let rank = self.rank;
         let (next, prev) = (&mut self.next, &mut self.prev);
         let (send_buffer, recv_buffer) = (&self.send_buffer, &mut self.recv_buffer);
@@ -437,6 +617,10 @@ impl TcpRing {
         };
         write_result.map_err(|e| self.map_io(next_rank, e))?;
         read_result.map_err(|e| self.map_io(prev_rank, e))?;
+        let mut received = std::mem::take(&mut self.recv_buffer);
+        let opened = self.open_incoming(&mut received);
+        self.recv_buffer = received;
+        opened?;
         let header = |i: usize| {
             u32::from_le_bytes([
                 self.recv_buffer[i],
@@ -503,7 +687,12 @@ impl TcpRing {
             .extend_from_slice(&self.sequence.to_le_bytes());
         self.send_buffer
             .extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        // Header and payload sealed apart: the reader learns the length
+        // from an opened header.
+        self.seal_outgoing(0)?;
+        let body = self.send_buffer.len();
         self.send_buffer.extend_from_slice(payload);
+        self.seal_outgoing(body)?;
         let peer = self.next_rank();
         let result = self.next.write_all(&self.send_buffer);
         result.map_err(|e| self.map_io(peer, e))
@@ -512,8 +701,9 @@ impl TcpRing {
     /// Reads one frame of raw bytes, of whatever length it announces (up to
     /// [`MAX_MESSAGE`]), from the previous rank.
     fn recv_bytes_prev(&mut self, out: &mut Vec<u8>) -> Result<(), CollectiveError> {
-        let mut header = [0u8; HEADER];
+        let mut header = vec![0u8; self.wire_len(HEADER)];
         self.read_exact_from_prev(&mut header)?;
+        self.open_incoming(&mut header)?;
         let word =
             |i: usize| u32::from_le_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
         let (magic, bytes) = (word(0), word(8) as usize);
@@ -524,8 +714,11 @@ impl TcpRing {
                 reason: format!("expected a message, got magic {magic:#x} and {bytes} bytes"),
             });
         }
-        out.resize(bytes, 0);
-        self.read_exact_from_prev(out)
+        out.resize(self.wire_len(bytes), 0);
+        self.read_exact_from_prev(out)?;
+        self.open_incoming(out)?;
+        out.truncate(bytes);
+        Ok(())
     }
 
     fn received(&self, index: usize) -> f32 {
@@ -667,6 +860,7 @@ impl Group for TcpRing {
         for value in data {
             self.send_buffer.extend_from_slice(&value.to_le_bytes());
         }
+        self.seal_outgoing(0)?;
         let peer = self.next_rank();
         let result = self.next.write_all(&self.send_buffer);
         result.map_err(|e| self.map_io(peer, e))
@@ -674,8 +868,10 @@ impl Group for TcpRing {
 
     fn recv_prev(&mut self, out: &mut [f32]) -> Result<(), CollectiveError> {
         let mut recv = std::mem::take(&mut self.recv_buffer);
-        recv.resize(HEADER + out.len() * 4, 0);
-        let result = self.read_exact_from_prev(&mut recv);
+        recv.resize(self.wire_len(HEADER + out.len() * 4), 0);
+        let result = self
+            .read_exact_from_prev(&mut recv)
+            .and_then(|()| self.open_incoming(&mut recv));
         self.recv_buffer = recv;
         result?;
         let header = |i: usize| {
@@ -773,16 +969,25 @@ mod tests {
         n: usize,
         body: impl Fn(&mut TcpRing) -> T + Send + Sync + Clone + 'static,
     ) -> Vec<T> {
+        on_secured_ring(n, RingSecurity::open(), body)
+    }
+
+    /// [`on_ring`] with every rank's `security`.
+    fn on_secured_ring<T: Send + 'static>(
+        n: usize,
+        security: RingSecurity,
+        body: impl Fn(&mut TcpRing) -> T + Send + Sync + Clone + 'static,
+    ) -> Vec<T> {
         let (listeners, addrs) = crate::testing::loopback_listeners(n);
         let handles: Vec<_> = listeners
             .into_iter()
             .enumerate()
             .map(|(rank, listener)| {
                 let addrs = addrs.clone();
-                let body = body.clone();
+                let (body, security) = (body.clone(), security.clone());
                 std::thread::spawn(move || {
                     let mut ring =
-                        TcpRing::from_listener(rank, listener, &addrs, "test", TIMEOUT, TIMEOUT)
+                        TcpRing::join(rank, listener, &addrs, "test", &security, TIMEOUT, TIMEOUT)
                             .expect("ring");
                     body(&mut ring)
                 })
@@ -948,5 +1153,98 @@ mod tests {
             let mut buf = [0u8; 8];
             assert_eq!(stream.read(&mut buf).unwrap_or(0), 0, "closed");
         }
+    }
+
+    /// Every operation over proved and sealed connections gives what the
+    /// open ring gives.
+    #[test]
+    fn a_sealed_ring_computes_what_the_open_ring_computes() {
+        let secret = crate::ring_security::new_secret().expect("secret");
+        for sealed in [false, true] {
+            let security = RingSecurity::with_secret(&secret, sealed).expect("security");
+            for n in [2, 3] {
+                let results = on_secured_ring(n, security.clone(), move |ring| {
+                    let mut data = values(ring.rank(), 40_000);
+                    ring.all_reduce_sum(&mut data).expect("all-reduce");
+                    let mut small = values(ring.rank(), 576);
+                    ring.all_reduce_sum(&mut small).expect("all-reduce");
+                    let mut message = if ring.rank() == 0 {
+                        b"a command".to_vec()
+                    } else {
+                        Vec::new()
+                    };
+                    ring.broadcast_bytes(0, &mut message).expect("broadcast");
+                    let mut hidden = vec![0.0f32; 3];
+                    if ring.rank() == 0 {
+                        ring.send_next(&[1.0, 2.0, 3.0]).expect("send");
+                    } else if ring.rank() == 1 {
+                        ring.recv_prev(&mut hidden).expect("recv");
+                    }
+                    ring.barrier().expect("barrier");
+                    (data, small, message, hidden)
+                });
+                let open = on_ring(n, |ring| {
+                    let mut data = values(ring.rank(), 40_000);
+                    ring.all_reduce_sum(&mut data).expect("all-reduce");
+                    data
+                });
+                for (rank, (data, small, message, _)) in results.iter().enumerate() {
+                    assert_eq!(data, &open[rank], "sealed {sealed}, {n} ranks");
+                    assert_eq!(small.len(), 576);
+                    assert_eq!(message, b"a command");
+                }
+                assert_eq!(results[1].3, vec![1.0, 2.0, 3.0]);
+            }
+        }
+    }
+
+    /// A rank that does not know the secret is turned away by the
+    /// listener; the ranks that do still form their ring.
+    #[test]
+    fn a_rank_without_the_secret_is_turned_away() {
+        let secret = crate::ring_security::new_secret().expect("secret");
+        let security = RingSecurity::with_secret(&secret, true).expect("security");
+        let wrong =
+            RingSecurity::with_secret(&crate::ring_security::new_secret().expect("secret"), true)
+                .expect("security");
+        let own = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let peer = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addrs = vec![
+            own.local_addr().expect("addr"),
+            peer.local_addr().expect("addr"),
+        ];
+        // An impostor claims rank 1 with the right ring id, a wrong secret.
+        let mut impostor = TcpStream::connect(addrs[0]).expect("connect");
+        let mut greeting = hello(1, "inst");
+        greeting.extend_from_slice(&wrong.connector_proof("inst", 1).expect("proof").0);
+        impostor.write_all(&greeting).expect("hello");
+        let addrs_copy = addrs.clone();
+        let rank1_security = security.clone();
+        let rank1 = std::thread::spawn(move || {
+            let mut ring = TcpRing::join(
+                1,
+                peer,
+                &addrs_copy,
+                "inst",
+                &rank1_security,
+                TIMEOUT,
+                TIMEOUT,
+            )
+            .expect("rank 1 joins");
+            let mut data = vec![2.0f32; 4];
+            ring.all_reduce_sum(&mut data).expect("all-reduce");
+            data
+        });
+        let mut ring = TcpRing::join(0, own, &addrs, "inst", &security, TIMEOUT, TIMEOUT)
+            .expect("rank 0 joins its own ring");
+        let mut data = vec![1.0f32; 4];
+        ring.all_reduce_sum(&mut data).expect("all-reduce");
+        assert_eq!(data, vec![3.0; 4]);
+        assert_eq!(rank1.join().expect("rank 1"), vec![3.0; 4]);
+        impostor
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .expect("timeout");
+        let mut buf = [0u8; 8];
+        assert_eq!(impostor.read(&mut buf).unwrap_or(0), 0, "closed unanswered");
     }
 }

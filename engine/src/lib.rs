@@ -43,6 +43,7 @@ pub mod ops;
 pub mod output_parser;
 pub mod paged;
 pub mod quant;
+pub mod ring_security;
 pub mod sampler;
 pub mod shard;
 pub mod stop;

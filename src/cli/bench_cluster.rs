@@ -82,6 +82,8 @@ pub fn run(args: ClusterBenchArgs) -> anyhow::Result<()> {
                 let kind = command::Kind::CreateInstance(v1::CreateInstance {
                     instance: Some(v1::Instance {
                         max_concurrent: 0,
+                        ring_secret: Vec::new(),
+                        ring_sealed: false,
                         instance_id: instance_id.clone(),
                         model: Some(card.clone()),
                         sharding: v1::Sharding::Pipeline as i32,

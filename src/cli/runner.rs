@@ -14,6 +14,7 @@ use tessera_actors::placement::shard_from_proto;
 use tessera_actors::runner::engine::{EngineBackend, EngineSetup};
 use tessera_actors::runner::zenoh_link::ZenohLink;
 use tessera_actors::runner::{RunnerArgs as ActorArgs, RunnerExit, RunnerOutput};
+use tessera_engine::ring_security::RingSecurity;
 use tessera_protos::v1;
 
 use super::model_args::resolve_model;
@@ -109,6 +110,24 @@ async fn serve(args: &RunnerArgs) -> anyhow::Result<RunnerExit> {
     Ok(exit)
 }
 
+/// The ring's security: the secret the node put in the environment (none:
+/// an open ring, as an instance of an older master has).
+fn ring_security(sealed: bool) -> anyhow::Result<RingSecurity> {
+    let hex = std::env::var(tessera_actors::worker::RING_SECRET_ENV).unwrap_or_default();
+    if hex.is_empty() {
+        return Ok(RingSecurity::open());
+    }
+    let secret: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| {
+            hex.get(i..i + 2)
+                .and_then(|b| u8::from_str_radix(b, 16).ok())
+        })
+        .collect::<Option<_>>()
+        .context("the ring secret is not hex")?;
+    RingSecurity::with_secret(&secret, sealed).map_err(anyhow::Error::msg)
+}
+
 /// This rank's engine, from the instance the worker passed; and the
 /// instance's number of ranks.
 fn engine_setup(args: &RunnerArgs) -> anyhow::Result<(EngineSetup, usize)> {
@@ -151,6 +170,7 @@ fn engine_setup(args: &RunnerArgs) -> anyhow::Result<(EngineSetup, usize)> {
         rank: me.rank as usize,
         ring,
         ring_id: instance.instance_id.clone(),
+        ring_security: ring_security(instance.ring_sealed)?,
         threads: args.threads,
         max_concurrent: tessera_actors::plan::max_concurrent(&instance),
     };

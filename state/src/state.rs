@@ -547,6 +547,8 @@ mod tests {
         K::InstanceCreated(v1::InstanceCreated {
             instance: Some(v1::Instance {
                 max_concurrent: 0,
+                ring_secret: Vec::new(),
+                ring_sealed: false,
                 instance_id: id.into(),
                 ranks: nodes
                     .iter()

@@ -152,6 +152,8 @@ impl SyntheticEvents {
             .push_back(Kind::InstanceCreated(v1::InstanceCreated {
                 instance: Some(v1::Instance {
                     max_concurrent: 0,
+                    ring_secret: Vec::new(),
+                    ring_sealed: false,
                     instance_id: instance_id.clone(),
                     model: Some(v1::ModelCard {
                         model_id: model_id.clone(),

@@ -99,6 +99,18 @@ fn a_joined_node_serves_a_tensor_instance_and_strangers_see_nothing() {
         all_ready(ns, ports[0], &instance).then_some(())
     })
     .unwrap_or_else(|| panic!("ready\n{}\n{}", a.log(), b.log()));
+    // The ring is sealed; its secret is in the log for members, never on
+    // the HTTP API.
+    let logged = admin(ns, ports[0], None, "state").expect("state");
+    let placed = &logged["state"]["instances"][&instance];
+    assert_eq!(placed["ringSealed"], true, "{placed}");
+    assert!(placed["ringSecret"].as_str().is_some_and(|s| !s.is_empty()));
+    let (status, shown) = crate::cluster::http(&a.api, "GET", "/state", "");
+    assert_eq!(status, 200);
+    assert!(
+        shown.contains("\"ringSealed\":true") && !shown.contains("ringSecret"),
+        "{shown}"
+    );
     let prompt = "The quick brown fox";
     let single = Command::new(BIN)
         .args(["generate", "--model"])
@@ -110,6 +122,16 @@ fn a_joined_node_serves_a_tensor_instance_and_strangers_see_nothing() {
     let answer = admin_generate(ns, ports[1], "smollm2-135m-instruct-q4_1", prompt)
         .unwrap_or_else(|e| panic!("{e}\n{}\n{}", a.log(), b.log()));
     assert_eq!(answer, single["text"].as_str().unwrap_or_default());
+    let joined = |log: String| {
+        let plain = without_colours(&log);
+        plain.contains("ring: joined") && plain.contains("sealed=true")
+    };
+    assert!(
+        joined(a.log()) && joined(b.log()),
+        "{}\n{}",
+        a.log(),
+        b.log()
+    );
 
     // The token was used: a third machine cannot join with it.
     let c_dir = root.path().join("c");
@@ -154,4 +176,19 @@ fn a_joined_node_serves_a_tensor_instance_and_strangers_see_nothing() {
         String::from_utf8_lossy(&member.stderr)
     );
     assert!(admin(ns, ports[0], None, "state").is_some());
+}
+
+/// A log without its terminal colour codes (`ESC [ ... m`).
+fn without_colours(log: &str) -> String {
+    let mut plain = String::with_capacity(log.len());
+    let mut in_code = false;
+    for c in log.chars() {
+        match (in_code, c) {
+            (false, '\u{1b}') => in_code = true,
+            (false, c) => plain.push(c),
+            (true, 'm') => in_code = false,
+            (true, _) => {}
+        }
+    }
+    plain
 }

@@ -279,6 +279,8 @@ pub(super) async fn get_instance(
         .instances
         .get(&id)
         .ok_or_else(|| ApiError::not_found("not_found", format!("no instance {id:?}")))?;
+    let mut shown = instance.clone();
+    super::live::redact(&mut shown);
     let runners: serde_json::Map<String, Value> = instance
         .ranks
         .iter()
@@ -288,7 +290,7 @@ pub(super) async fn get_instance(
         })
         .collect();
     Ok(Json(json!({
-        "instance": serde_json::to_value(instance).map_err(|e| ApiError::internal(e.to_string()))?,
+        "instance": serde_json::to_value(&shown).map_err(|e| ApiError::internal(e.to_string()))?,
         "runners": runners,
         "ready": rank0_ready(&state, instance),
     })))
@@ -327,8 +329,9 @@ pub(super) async fn events(State(api): State<Api>, Query(query): Query<EventsQue
                 crate::ACTOR_CALL_MS
             )
             .unwrap_or_default();
-            for event in events {
+            for mut event in events {
                 next = event.index + 1;
+                super::live::redact_event(&mut event);
                 let Ok(text) = serde_json::to_string(&event) else {
                     continue;
                 };

@@ -13,6 +13,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tessera_state::{ReplayError, ReplayOptions};
 
+use tessera_protos::v1;
+
 use super::answer::{data, sse_channel};
 use super::error::ApiError;
 use super::Api;
@@ -43,14 +45,36 @@ pub(super) async fn cluster(State(api): State<Api>) -> Json<Value> {
     Json(api.cluster_json())
 }
 
-/// A state as JSON, with its index and digest (the shape of `/state`).
+/// A state as JSON, with its index and digest (the shape of `/state`),
+/// its rings' secrets left out.
 fn state_json(state: &tessera_state::State) -> Result<Value, ApiError> {
-    let proto = state.as_proto();
+    let mut proto = state.as_proto().clone();
+    for instance in proto.instances.values_mut() {
+        redact(instance);
+    }
     Ok(json!({
         "last_index": proto.last_index,
         "digest": state.digest().to_string(),
-        "state": serde_json::to_value(proto).map_err(|e| ApiError::internal(e.to_string()))?,
+        "state": serde_json::to_value(&proto).map_err(|e| ApiError::internal(e.to_string()))?,
     }))
+}
+
+/// An instance as the HTTP API shows it: without its ring's secret, which
+/// only the cluster's members may know (a key to use the models is not a
+/// key to join an instance's ring).
+pub(super) fn redact(instance: &mut v1::Instance) {
+    instance.ring_secret.clear();
+}
+
+/// An event as the HTTP API shows it (see [`redact`]).
+pub(super) fn redact_event(event: &mut v1::IndexedEvent) {
+    if let Some(v1::event::Kind::InstanceCreated(created)) =
+        event.event.as_mut().and_then(|e| e.kind.as_mut())
+    {
+        if let Some(instance) = created.instance.as_mut() {
+            redact(instance);
+        }
+    }
 }
 
 /// `GET /state`: the state as this node has folded it.

@@ -43,6 +43,8 @@ pub struct EngineSetup {
     pub ring: Vec<SocketAddr>,
     /// Names the ring: a rank of another instance is turned away.
     pub ring_id: String,
+    /// What the ranks prove to each other, and whether frames are sealed.
+    pub ring_security: tessera_engine::ring_security::RingSecurity,
     pub threads: usize,
     /// Generations in one batch at once (the instance's `max_concurrent`).
     pub max_concurrent: usize,
@@ -128,10 +130,11 @@ impl EngineBackend {
 
 impl Backend for EngineBackend {
     fn connect(&mut self) -> Result<(), BackendError> {
-        let ring = TcpRing::connect(
+        let ring = TcpRing::connect_secured(
             self.setup.rank,
             &self.setup.ring,
             &self.setup.ring_id,
+            &self.setup.ring_security,
             CONNECT_WAIT,
             STEP_TIMEOUT,
         )
