@@ -171,6 +171,17 @@ def top(logprobs: torch.Tensor, k: int) -> list[tuple[int, float]]:
     return [(int(i), float(v)) for i, v in zip(ids, values)]
 
 
+def reset_rope(model) -> None:
+    """transformers' dynamic RoPE is stateful: it keeps the frequencies of the
+    longest sequence seen until one shorter than the original context comes.
+    Reset before every forward, each step is a function of its sequence alone:
+    the whole sequence with the scaling for its length."""
+    for module in model.modules():
+        if hasattr(module, "original_inv_freq") and hasattr(module, "original_max_seq_len"):
+            module.register_buffer("inv_freq", module.original_inv_freq.clone(), persistent=False)
+            module.max_seq_len_cached = module.original_max_seq_len
+
+
 def run_prompt(model, ids: list[int]) -> dict:
     """Greedy continuation (whole sequence each step, no cache), per-step
     top-1/top-2 margins, first step's top-5 log-softmax; in float64."""
@@ -178,6 +189,7 @@ def run_prompt(model, ids: list[int]) -> dict:
     out, margins, first = [], [], None
     with torch.no_grad():
         for step in range(GREEDY_STEPS):
+            reset_rope(model)
             logits = model(torch.tensor([seq])).logits[0, -1].to(torch.float64)
             logprobs = torch.log_softmax(logits, dim=-1)
             best = top(logprobs, TOP_LOGPROBS)
@@ -332,13 +344,65 @@ def make_case(out: Path, name: str, spec, llama_cpp: Path | None, seed: int) -> 
     print(f"{name}: {sum(p.numel() for p in model.parameters())} parameters", file=sys.stderr)
 
 
+def f16_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """Eager causal attention with the engine's (and llama.cpp's) roundings:
+    queries, keys and values in f16, attention weights rounded to f16."""
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    def f16(x):
+        return x.to(torch.float16).to(x.dtype)
+
+    q, k, v = f16(query), f16(key), f16(value)
+    groups = q.shape[1] // k.shape[1]
+    k, v = repeat_kv(k, groups), repeat_kv(v, groups)
+    scores = torch.matmul(q, k.transpose(2, 3)) * scaling
+    rows, cols = scores.shape[-2:]
+    causal = torch.ones(rows, cols, dtype=torch.bool).tril(cols - rows)
+    if kwargs.get("sliding_window"):
+        # transformers' window: key j is seen from query i when i - j < window.
+        causal &= ~torch.ones(rows, cols, dtype=torch.bool).tril(cols - rows - kwargs["sliding_window"])
+    weights = f16(torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1))
+    return torch.matmul(weights, v).transpose(1, 2).contiguous(), weights
+
+
+def explain_f16(out: Path) -> None:
+    """How far the f16 attention alone moves the first-step top-5 logprobs
+    from the float64 reference, per case (the engine's tolerance is 0.1)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register("tessera_f16", f16_attention)
+    for case_dir in sorted(p for p in out.iterdir() if (p / "reference.json").is_file()):
+        ref = json.loads((case_dir / "reference.json").read_text())
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                case_dir, dtype=torch.float64, attn_implementation="tessera_f16").eval()
+        except Exception as error:  # a case whose config needs another attention
+            print(f"{case_dir.name}: skipped ({error})")
+            continue
+        worst = 0.0
+        for prompt in ref["prompts"]:
+            reset_rope(model)
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt["prompt_ids"]])).logits[0, -1]
+            logprobs = torch.log_softmax(logits.to(torch.float64), dim=-1)
+            for token, value in prompt["first_top_logprobs"]:
+                worst = max(worst, abs(float(logprobs[token]) - value))
+        print(f"{case_dir.name}: f16 attention moves first-step top-5 logprobs by up to {worst:.4f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--llama-cpp", type=Path, default=None,
                         help="llama.cpp source tree (convert_hf_to_gguf.py, gguf-py)")
     parser.add_argument("--only", nargs="*", default=None)
+    parser.add_argument("--explain-f16", action="store_true",
+                        help="write nothing; print how much f16 attention alone moves each "
+                             "case's first-step logprobs")
     args = parser.parse_args()
+    if args.explain_f16:
+        explain_f16(args.out)
+        return
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     for seed, (name, spec) in enumerate(cases().items()):
