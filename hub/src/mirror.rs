@@ -461,9 +461,10 @@ async fn resolve(
             want = want.min((cut - s.sent) as usize).max(1);
         }
         if let Some((started, rate)) = s.pace {
-            // Small pieces, each sent when the rate allows it.
+            // Small pieces, each sent once the rate allows all of it.
             want = want.min((rate / 10).max(1) as usize);
-            let due = started + std::time::Duration::from_secs_f64(s.sent as f64 / rate as f64);
+            let until = (s.sent + want as u64) as f64 / rate as f64;
+            let due = started + std::time::Duration::from_secs_f64(until);
             tokio::time::sleep_until(due.into()).await;
         }
         // Filled straight from the file, without zeroing it first.

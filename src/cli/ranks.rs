@@ -14,6 +14,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
+use tessera_engine::ring_security::{new_secret, RingSecurity};
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
@@ -56,6 +57,10 @@ pub struct DistributedArgs {
     /// Seconds one step may wait on a peer before the run fails.
     #[arg(long, default_value_t = 30.0)]
     pub ring_timeout: f64,
+    /// Prove and seal the ring as a secured cluster's instances do (a
+    /// fresh secret, AES-256-GCM frames): to measure what security costs.
+    #[arg(long)]
+    pub sealed_ring: bool,
 }
 
 impl DistributedArgs {
@@ -184,13 +189,23 @@ pub struct LocalRanks {
 
 impl LocalRanks {
     /// Starts ranks 1..world and joins them as rank 0. `rank_args` are the
-    /// arguments every child gets after `rank --rank R --world N`.
+    /// arguments every child gets after `rank --rank R --world N`. With
+    /// `sealed`, the ring is proved and sealed under a fresh secret, handed
+    /// to the children by environment.
     pub fn start(
         world: usize,
         rank_args: &[String],
         ring_timeout: Duration,
         quiet: bool,
+        sealed: bool,
     ) -> anyhow::Result<(Self, TcpRing)> {
+        let (security, secret) = if sealed {
+            let secret = new_secret().map_err(anyhow::Error::msg)?;
+            let security = RingSecurity::with_secret(&secret, true).map_err(anyhow::Error::msg)?;
+            (security, tessera_actors::worker::hex(&secret))
+        } else {
+            (RingSecurity::open(), String::new())
+        };
         let exe = std::env::current_exe().context("finding the tessera binary")?;
         let own = TcpListener::bind("127.0.0.1:0").context("binding a loopback port")?;
         let mut ranks = LocalRanks {
@@ -206,7 +221,9 @@ impl LocalRanks {
                 .args(["--rank", &rank.to_string(), "--world", &world.to_string()])
                 .args(["--ring-id", &ring_id])
                 .arg("--ring-from-stdin")
+                .args(sealed.then_some("--ring-sealed"))
                 .args(rank_args)
+                .env(tessera_actors::worker::RING_SECRET_ENV, &secret)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
@@ -235,8 +252,16 @@ impl LocalRanks {
             let mut stdin = child.stdin.take().context("child stdin")?;
             writeln!(stdin, "{list}").with_context(|| format!("rank {rank} exited early"))?;
         }
-        let ring = TcpRing::from_listener(0, own, &addrs, &ring_id, CONNECT_WAIT, ring_timeout)
-            .context("joining the ring")?;
+        let ring = TcpRing::join(
+            0,
+            own,
+            &addrs,
+            &ring_id,
+            &security,
+            CONNECT_WAIT,
+            ring_timeout,
+        )
+        .context("joining the ring")?;
         Ok((ranks, ring))
     }
 
@@ -323,7 +348,13 @@ impl RankZero {
                     .join(","),
             );
         }
-        let (ranks, ring) = LocalRanks::start(dist.world, &rank_args, ring_timeout, quiet)?;
+        let (ranks, ring) = LocalRanks::start(
+            dist.world,
+            &rank_args,
+            ring_timeout,
+            quiet,
+            dist.sealed_ring,
+        )?;
         Ok(Self {
             ranks,
             ring,
@@ -378,6 +409,9 @@ pub struct RankArgs {
     pub all_reduce_iterations: Option<usize>,
     #[arg(long, default_value_t = 576)]
     pub len: usize,
+    /// Prove the ring with the secret in TESSERA_RING_SECRET and seal it.
+    #[arg(long)]
+    pub ring_sealed: bool,
 }
 
 /// `tessera rank`: one rank of a distributed model, driven by rank 0.
@@ -422,11 +456,16 @@ pub fn run_rank(args: RankArgs) -> anyhow::Result<()> {
             args.world
         );
     }
-    let ring = TcpRing::from_listener(
+    let security = super::runner::ring_security(args.ring_sealed)?;
+    if args.ring_sealed && !security.is_sealed() {
+        bail!("--ring-sealed needs the ring's secret in TESSERA_RING_SECRET");
+    }
+    let ring = TcpRing::join(
         args.rank,
         listener,
         &addrs,
         &args.ring_id,
+        &security,
         CONNECT_WAIT,
         ring_timeout,
     )

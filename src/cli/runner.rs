@@ -112,7 +112,7 @@ async fn serve(args: &RunnerArgs) -> anyhow::Result<RunnerExit> {
 
 /// The ring's security: the secret the node put in the environment (none:
 /// an open ring, as an instance of an older master has).
-fn ring_security(sealed: bool) -> anyhow::Result<RingSecurity> {
+pub(super) fn ring_security(sealed: bool) -> anyhow::Result<RingSecurity> {
     let hex = std::env::var(tessera_actors::worker::RING_SECRET_ENV).unwrap_or_default();
     if hex.is_empty() {
         return Ok(RingSecurity::open());
