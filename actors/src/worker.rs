@@ -74,7 +74,8 @@ impl TryFrom<WorkerMsg> for DownloadEnded {
 /// The variable a runner finds its ring's secret in (hex).
 pub const RING_SECRET_ENV: &str = "TESSERA_RING_SECRET";
 
-fn hex(bytes: &[u8]) -> String {
+/// Bytes as lower-case hex (how a ring secret travels in the environment).
+pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
