@@ -48,17 +48,7 @@ impl ClusterArgs {
             .ok()
             .filter(|t| !t.is_zero())
             .context("--timeout must be a positive number of seconds")?;
-        let folder = match &self.cluster_dir {
-            Some(dir) => tessera_trust::ClusterDir::at(dir),
-            None => tessera_trust::ClusterDir::of(&super::default_data_dir()),
-        };
-        let credentials = folder.credentials();
-        if self.cluster_dir.is_some() && credentials.is_none() {
-            anyhow::bail!(
-                "{} holds no cluster credentials (authority.pem, cert.pem, key.pem)",
-                folder.path().display()
-            );
-        }
+        let credentials = credentials(self.cluster_dir.as_deref())?;
         Ok(ConnectOptions {
             namespace: self.namespace.clone(),
             connect: self.connect.clone(),
@@ -67,6 +57,25 @@ impl ClusterArgs {
             credentials,
         })
     }
+}
+
+/// This machine's credentials for a secured cluster: from `cluster_dir`
+/// (which must hold them), else from `$TESSERA_HOME/cluster` if it does.
+pub fn credentials(
+    cluster_dir: Option<&std::path::Path>,
+) -> anyhow::Result<Option<tessera_trust::Credentials>> {
+    let folder = match cluster_dir {
+        Some(dir) => tessera_trust::ClusterDir::at(dir),
+        None => tessera_trust::ClusterDir::of(&super::default_data_dir()),
+    };
+    let credentials = folder.credentials();
+    if cluster_dir.is_some() && credentials.is_none() {
+        anyhow::bail!(
+            "{} holds no cluster credentials (authority.pem, cert.pem, key.pem)",
+            folder.path().display()
+        );
+    }
+    Ok(credentials)
 }
 
 #[derive(Debug, Args)]

@@ -29,6 +29,10 @@ pub struct ClusterBenchArgs {
     /// The model the instances name.
     #[arg(long, default_value = "smollm2-135m-instruct-q4_1")]
     pub model: String,
+    /// A secured cluster's credentials for this machine (default:
+    /// $TESSERA_HOME/cluster, when it holds them).
+    #[arg(long, env = "TESSERA_CLUSTER_DIR")]
+    pub cluster_dir: Option<std::path::PathBuf>,
 }
 
 #[derive(Serialize)]
@@ -50,7 +54,7 @@ pub fn run(args: ClusterBenchArgs) -> anyhow::Result<()> {
         let client = AdminClient::connect(ConnectOptions {
             connect: args.connect.clone(),
             timeout: Duration::from_secs(5),
-            credentials: tessera_trust::ClusterDir::of(&super::default_data_dir()).credentials(),
+            credentials: super::admin::credentials(args.cluster_dir.as_deref())?,
             ..ConnectOptions::new(&args.namespace)
         })
         .await?;
