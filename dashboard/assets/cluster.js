@@ -28,7 +28,8 @@ function render(snapshot) {
   const instances = Object.keys(state.instances || {}).length;
   els.summary.textContent = `${nodeIds.length} ${nodeIds.length === 1 ? 'node' : 'nodes'} · `
     + `${instances} ${instances === 1 ? 'instance' : 'instances'} · master ${master ? nodeName(state, master) : 'none (electing)'}`
-    + ` · election clock ${cluster?.election_clock ?? state.session?.electionClock ?? 0}`;
+    + ` · election clock ${cluster?.election_clock ?? state.session?.electionClock ?? 0}`
+    + (cluster ? ` · ${cluster.secured ? 'secured (mutual TLS)' : 'open (not secured)'}` : '');
   renderList(els.nodes, nodeIds, (id) => id,
     (id) => JSON.stringify([state.nodes[id], master, cluster?.node_id, nodeInstancesSig(state, id)]),
     (id) => nodeCard(state, id, { master, self: cluster?.node_id }));

@@ -105,6 +105,8 @@ fn a_joined_node_serves_a_tensor_instance_and_strangers_see_nothing() {
     let placed = &logged["state"]["instances"][&instance];
     assert_eq!(placed["ringSealed"], true, "{placed}");
     assert!(placed["ringSecret"].as_str().is_some_and(|s| !s.is_empty()));
+    let (_, cluster) = crate::cluster::http(&b.api, "GET", "/cluster", "");
+    assert!(cluster.contains("\"secured\":true"), "{cluster}");
     let (status, shown) = crate::cluster::http(&a.api, "GET", "/state", "");
     assert_eq!(status, 200);
     assert!(

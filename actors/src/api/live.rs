@@ -28,7 +28,8 @@ const STREAM_INTERVAL: Duration = Duration::from_millis(250);
 const LEADERSHIP_POLL: Duration = Duration::from_millis(500);
 
 impl Api {
-    /// This node, and the master it follows (none while electing).
+    /// This node, the master it follows (none while electing), and
+    /// whether its links are mutual TLS (`tessera cluster init` / `--join`).
     fn cluster_json(&self) -> Value {
         let master = self.leadership.master();
         json!({
@@ -36,6 +37,7 @@ impl Api {
             "master": master.as_ref().map(|(id, _)| id),
             "election_clock": master.as_ref().map_or(0, |(_, clock)| *clock),
             "electing": master.is_none(),
+            "secured": self.secured,
         })
     }
 }

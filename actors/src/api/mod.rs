@@ -113,6 +113,9 @@ struct Api {
     state: StateView,
     /// The master this node follows (none while electing).
     leadership: Leadership,
+    /// This node's links are mutual TLS (it holds cluster credentials,
+    /// which only appear at a start).
+    secured: bool,
     options: Arc<ApiOptions>,
     /// Requests in hand per model.
     queues: server::Queues,

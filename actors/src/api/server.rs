@@ -58,6 +58,11 @@ pub async fn serve(
         replica,
         state,
         leadership,
+        secured: options.cluster_dir.as_ref().is_some_and(|dir| {
+            tessera_trust::ClusterDir::at(dir.clone())
+                .credentials()
+                .is_some()
+        }),
         queues: Queues::new(options.queue_limit),
         options: Arc::new(options),
     };
