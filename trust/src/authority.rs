@@ -150,7 +150,7 @@ pub fn fingerprint(cert_pem: &str) -> Result<String, TrustError> {
     Ok(digest.as_ref().iter().map(|b| format!("{b:02x}")).collect())
 }
 
-fn pem_der(cert_pem: &str) -> Result<Vec<u8>, TrustError> {
+pub(crate) fn pem_der(cert_pem: &str) -> Result<Vec<u8>, TrustError> {
     let block = pem::parse(cert_pem)
         .map_err(|e| TrustError::Invalid(format!("a certificate's PEM: {e}")))?;
     Ok(block.into_contents())
@@ -158,8 +158,13 @@ fn pem_der(cert_pem: &str) -> Result<Vec<u8>, TrustError> {
 
 /// The holder and role a certificate of this cluster names.
 pub fn holder_of(cert_pem: &str) -> Result<(String, Role), TrustError> {
-    let der = pem_der(cert_pem)?;
-    let (_, cert) = x509_parser::parse_x509_certificate(&der)
+    let (holder, role, _) = holder_of_der(&pem_der(cert_pem)?)?;
+    Ok((holder, role))
+}
+
+/// The holder, role and expiry (Unix seconds) of a certificate's DER.
+pub(crate) fn holder_of_der(der: &[u8]) -> Result<(String, Role, u64), TrustError> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der)
         .map_err(|e| TrustError::Invalid(format!("a certificate: {e}")))?;
     let subject = cert.subject();
     let holder = subject
@@ -172,7 +177,8 @@ pub fn holder_of(cert_pem: &str) -> Result<(String, Role), TrustError> {
         .find_map(|name| name.as_str().ok())
         .and_then(Role::of)
         .ok_or_else(|| TrustError::Invalid(format!("{holder}'s certificate names no role")))?;
-    Ok((holder, role))
+    let not_after = u64::try_from(cert.validity().not_after.timestamp()).unwrap_or(0);
+    Ok((holder, role, not_after))
 }
 
 #[cfg(test)]

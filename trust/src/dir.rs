@@ -56,7 +56,7 @@ fn write(path: &Path, text: &str, secret: bool) -> Result<(), TrustError> {
     std::fs::rename(&temporary, path).map_err(io(path))
 }
 
-fn read(path: &Path) -> Result<String, TrustError> {
+pub(crate) fn read(path: &Path) -> Result<String, TrustError> {
     std::fs::read_to_string(path).map_err(io(path))
 }
 

@@ -8,14 +8,17 @@
 //! - [`authority`]: the CA, certificates named by holder and role.
 //! - [`invite`]: join tokens and the HMAC-authenticated join exchange.
 //! - [`dir`]: a data dir's `cluster/` folder: init, invite, admit, store.
+//! - [`signature`]: who sent a message: members sign what they put.
 
 pub mod authority;
 pub mod dir;
 pub mod invite;
+pub mod signature;
 
 pub use authority::Role;
 pub use dir::{ClusterDir, Credentials};
 pub use invite::{Invite, JoinReply, JoinRequest, JoinToken};
+pub use signature::{Sender, SignatureError, Signer, Verifier};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrustError {
