@@ -198,7 +198,8 @@ mod tests {
             ListDownloadsReply,
             EventsRangeReply,
             AddModelReply,
-            DownloadReply
+            DownloadReply,
+            RevokeReply
         );
         Ok(())
     }

@@ -164,6 +164,7 @@ admin_replies!(
     v1::AddModelReply,
     v1::DownloadReply,
     v1::EventsRangeReply,
+    v1::RevokeReply,
 );
 
 /// The reply, or its `AdminError` as an error.
@@ -200,8 +201,15 @@ impl AdminClient {
                 reason: e.to_string(),
                 multicast: options.multicast(),
             })?;
+        let signatures = match &options.credentials {
+            Some(credentials) => Some(std::sync::Arc::new(
+                crate::bus::Signatures::load(credentials)
+                    .map_err(|e| AdminClientError::Config(e.to_string()))?,
+            )),
+            None => None,
+        };
         Ok(Self {
-            bus: Bus::new(session, keys),
+            bus: Bus::new(session, keys).with_signatures(signatures),
             options,
         })
     }
@@ -307,6 +315,15 @@ impl AdminClient {
             .await
     }
 
+    /// Revokes a secured cluster's member by its certificate's name.
+    pub async fn revoke(&self, holder: &str) -> Result<v1::RevokeReply, AdminClientError> {
+        let request = v1::RevokeRequest {
+            holder: holder.to_string(),
+        };
+        self.change(AdminMethod::Revoke, &request, self.options.timeout)
+            .await
+    }
+
     /// Builds a card from a hub repository and adds it to the catalogue
     /// (`request.file` or `request.quant` pick a GGUF file).
     pub async fn add_model(
@@ -359,10 +376,12 @@ impl AdminClient {
             }
         };
         let (state, view) = watch_state(self.bus.clone());
+        // A command names its sender: with a node's certificate, that node.
+        let origin = self.bus.holder().unwrap_or("admin").to_string();
         let started = Generation::start(
             &self.bus,
             &view,
-            "admin",
+            &origin,
             &instance_id,
             params,
             chunk_timeout,

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use prost::Message;
 
-use zenoh::bytes::Encoding;
+use tessera_trust::{Role, Sender, SignatureError, Signer, Verifier};
+use zenoh::bytes::{Encoding, ZBytes};
 use zenoh::handlers::FifoChannelHandler;
 use zenoh::liveliness::LivelinessToken;
 use zenoh::pubsub::Subscriber;
@@ -25,6 +26,8 @@ pub enum BusError {
     NoReply { key: String, timeout: Duration },
     #[error("zenoh configuration {key}: {reason}")]
     Config { key: String, reason: String },
+    #[error("signing: {0}")]
+    Sign(String),
 }
 
 impl BusError {
@@ -118,13 +121,110 @@ pub fn zenoh_config(
     Ok(config)
 }
 
+/// A secured cluster's signatures: this member's signer, and the verifier
+/// of every other member's messages (with the log's revocations).
+pub struct Signatures {
+    pub signer: Signer,
+    pub verifier: Verifier,
+}
+
+impl Signatures {
+    pub fn load(credentials: &tessera_trust::Credentials) -> Result<Self, BusError> {
+        let error = |e: tessera_trust::TrustError| BusError::Sign(e.to_string());
+        Ok(Self {
+            signer: Signer::load(credentials).map_err(error)?,
+            verifier: Verifier::load(credentials).map_err(error)?,
+        })
+    }
+}
+
+/// Who may have written a message: in a secured cluster its signature must
+/// name such a member (an open cluster takes every message).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Author<'a> {
+    /// This node only (a node speaks for itself).
+    Node(&'a str),
+    /// Any node (an admin machine runs nothing, so it answers nothing).
+    AnyNode,
+    /// This node, or an admin machine (which speaks for no node).
+    NodeOrAdmin(&'a str),
+    /// Any member of the cluster.
+    Member,
+    /// No one (a message that names no author where it must).
+    Nobody,
+}
+
+impl Author<'_> {
+    /// Whether a message signed by `sender` may be this author's.
+    pub fn permits(self, sender: &Sender) -> bool {
+        match (self, sender.role) {
+            (Author::Member, _) => true,
+            (Author::Nobody, _) => false,
+            (Author::AnyNode, role) => role == Role::Node,
+            (Author::Node(node), role) => role == Role::Node && sender.holder == node,
+            (Author::NodeOrAdmin(_), Role::Admin) => true,
+            (Author::NodeOrAdmin(node), Role::Node) => sender.holder == node,
+        }
+    }
+}
+
+/// What a message says of who wrote it.
+pub trait Authored {
+    fn author(&self) -> Author<'_>;
+}
+
+/// Zenoh's access control, set when a session opens: every message to or
+/// from a link whose certificate names a revoked member is denied. (A
+/// running session keeps the rules it opened with: zenoh 1.10 neither
+/// checks revocation lists nor changes access rules while it runs, so
+/// there the members' signatures refuse the revoked, see [`Bus::admits`].)
+pub fn deny_revoked(config: &mut zenoh::Config, revoked: &[String]) -> Result<(), BusError> {
+    if revoked.is_empty() {
+        return Ok(());
+    }
+    let every_message = [
+        "put",
+        "delete",
+        "declare_subscriber",
+        "query",
+        "declare_queryable",
+        "reply",
+        "liveliness_token",
+        "declare_liveliness_subscriber",
+        "liveliness_query",
+    ];
+    let rules = serde_json::json!({
+        "enabled": true,
+        "default_permission": "allow",
+        "rules": [{
+            "id": "revoked",
+            "key_exprs": ["**"],
+            "messages": every_message,
+            "flows": ["ingress", "egress"],
+            "permission": "deny",
+        }],
+        "subjects": [{ "id": "revoked", "cert_common_names": revoked }],
+        "policies": [{ "rules": ["revoked"], "subjects": ["revoked"] }],
+    });
+    config
+        .insert_json5("access_control", &rules.to_string())
+        .map_err(|e| BusError::Config {
+            key: "access_control".into(),
+            reason: e.to_string(),
+        })
+}
+
 /// A zenoh session with the namespace's keys and a counter of dropped
-/// messages. Cheap to clone.
+/// messages; in a secured cluster, what it sends is signed and what it
+/// takes must be. Cheap to clone.
 #[derive(Clone)]
 pub struct Bus {
     pub session: zenoh::Session,
     pub keys: Keys,
     dropped: Arc<AtomicU64>,
+    signatures: Option<Arc<Signatures>>,
+    /// The revoked members whose messages were dropped already.
+    revoked_seen: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
 }
 
 impl Bus {
@@ -133,17 +233,113 @@ impl Bus {
             session,
             keys,
             dropped: Arc::new(AtomicU64::new(0)),
+            signatures: None,
+            revoked_seen: Arc::default(),
         }
+    }
+
+    /// This bus, signing what it sends and checking what it takes.
+    pub fn with_signatures(mut self, signatures: Option<Arc<Signatures>>) -> Self {
+        self.signatures = signatures;
+        self
+    }
+
+    /// The signatures of a secured cluster's bus.
+    pub fn signatures(&self) -> Option<&Arc<Signatures>> {
+        self.signatures.as_ref()
+    }
+
+    /// The member this bus signs as, in a secured cluster.
+    pub fn holder(&self) -> Option<&str> {
+        self.signatures.as_ref().map(|s| s.signer.holder())
+    }
+
+    /// The attachment that signs `payload` on `key` (none when open).
+    fn sign(&self, key: &str, payload: &[u8]) -> Result<Option<Vec<u8>>, BusError> {
+        match &self.signatures {
+            Some(signatures) => signatures
+                .signer
+                .sign(key, payload)
+                .map(Some)
+                .map_err(|e| BusError::Sign(e.to_string())),
+            None => Ok(None),
+        }
+    }
+
+    /// Whether a message may be taken: open, or signed by a member whom
+    /// `author` permits. A refused one is dropped and counted.
+    pub fn admits(
+        &self,
+        key: &str,
+        payload: &[u8],
+        attachment: Option<&ZBytes>,
+        author: Author<'_>,
+    ) -> bool {
+        let Some(signatures) = &self.signatures else {
+            return true;
+        };
+        let attachment = attachment.map(ZBytes::to_bytes);
+        match signatures
+            .verifier
+            .verify(key, payload, attachment.as_deref())
+        {
+            Ok(sender) if author.permits(&sender) => true,
+            Ok(sender) => {
+                let why = format!("{} may not send this ({author:?})", sender.holder);
+                self.count_dropped(key, &why);
+                false
+            }
+            // A revoked member goes on sending until it is stopped: said
+            // once per member, then counted quietly.
+            Err(SignatureError::Revoked(holder)) => {
+                let total = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+                let first = self
+                    .revoked_seen
+                    .lock()
+                    .is_ok_and(|mut seen| seen.insert(holder.clone()));
+                if first {
+                    tracing::warn!(
+                        key,
+                        holder,
+                        total,
+                        "dropped a message: {holder}'s certificate was revoked"
+                    );
+                } else {
+                    tracing::debug!(key, holder, total, "dropped a revoked member's message");
+                }
+                false
+            }
+            Err(error) => {
+                self.count_dropped(key, &error.to_string());
+                false
+            }
+        }
+    }
+
+    /// A sample's message, if it decodes and `author` may have sent it.
+    pub fn take<M: Message + Default>(
+        &self,
+        sample: &Sample,
+        author: impl FnOnce(&M) -> Author<'_>,
+    ) -> Option<M> {
+        let key = sample.key_expr().as_str();
+        let payload = sample.payload().to_bytes();
+        let message = self.decode::<M>(key, &payload)?;
+        self.admits(key, &payload, sample.attachment(), author(&message))
+            .then_some(message)
     }
 
     /// Publishes `message` on `key`.
     pub async fn put<M: Message>(&self, key: &str, message: &M) -> Result<(), BusError> {
+        let payload = message.encode_to_vec();
+        let attachment = self.sign(key, &payload)?;
         // Block rather than drop under congestion: a dropped event costs a
         // catch-up, a dropped chunk a hole in someone's answer.
         self.session
-            .put(key, message.encode_to_vec())
+            .put(key, payload)
             .encoding(Encoding::APPLICATION_PROTOBUF)
             .congestion_control(zenoh::qos::CongestionControl::Block)
+            .attachment(attachment)
             .await
             .map_err(BusError::zenoh)
     }
@@ -219,19 +415,24 @@ impl Bus {
         request: &Req,
         timeout: Duration,
     ) -> Result<Vec<Rep>, BusError> {
+        let payload = request.encode_to_vec();
+        let key = selector.split('?').next().unwrap_or(selector);
+        let attachment = self.sign(key, &payload)?;
         let replies = self
             .session
             .get(selector)
-            .payload(request.encode_to_vec())
+            .payload(payload)
             .encoding(Encoding::APPLICATION_PROTOBUF)
+            .attachment(attachment)
             .timeout(timeout)
             .await
             .map_err(BusError::zenoh)?;
         let mut out = Vec::new();
         while let Ok(reply) = replies.recv_async().await {
             match reply.result() {
+                // Only nodes answer queries.
                 Ok(sample) => {
-                    if let Some(message) = self.decode(selector, &sample.payload().to_bytes()) {
+                    if let Some(message) = self.take(sample, |_: &Rep| Author::AnyNode) {
                         out.push(message);
                     }
                 }
@@ -250,22 +451,77 @@ impl Bus {
     pub async fn route<M, F>(
         &self,
         key: impl Into<String>,
-        mut deliver: F,
+        deliver: F,
     ) -> Result<tokio::task::JoinHandle<()>, BusError>
     where
-        M: Message + Default,
+        M: Message + Default + Authored,
+        F: FnMut(&str, M) + Send + 'static,
+    {
+        self.route_when(key, || true, deliver).await
+    }
+
+    /// [`route`](Self::route) of what other sessions put only (the log's
+    /// events: the master's own are committed before they are put).
+    pub async fn route_from_others<M, F>(
+        &self,
+        key: impl Into<String>,
+        deliver: F,
+    ) -> Result<tokio::task::JoinHandle<()>, BusError>
+    where
+        M: Message + Default + Authored,
+        F: FnMut(&str, M) + Send + 'static,
+    {
+        let subscriber = self
+            .session
+            .declare_subscriber(key.into())
+            .allowed_origin(zenoh::sample::Locality::Remote)
+            .await
+            .map_err(BusError::zenoh)?;
+        Ok(self.deliver(subscriber, || true, deliver))
+    }
+
+    /// [`route`](Self::route), taking only the samples that arrive while
+    /// `wanted` holds: the others are not decoded, nor their signatures
+    /// checked (a follower skips the master's traffic).
+    pub async fn route_when<M, W, F>(
+        &self,
+        key: impl Into<String>,
+        wanted: W,
+        deliver: F,
+    ) -> Result<tokio::task::JoinHandle<()>, BusError>
+    where
+        M: Message + Default + Authored,
+        W: Fn() -> bool + Send + 'static,
         F: FnMut(&str, M) + Send + 'static,
     {
         let subscriber = self.subscribe(key.into()).await?;
+        Ok(self.deliver(subscriber, wanted, deliver))
+    }
+
+    /// The one subscription loop: each wanted sample that decodes, from an
+    /// author its message permits, goes to `deliver`.
+    fn deliver<M, W, F>(
+        &self,
+        subscriber: Subscriber<FifoChannelHandler<Sample>>,
+        wanted: W,
+        mut deliver: F,
+    ) -> tokio::task::JoinHandle<()>
+    where
+        M: Message + Default + Authored,
+        W: Fn() -> bool + Send + 'static,
+        F: FnMut(&str, M) + Send + 'static,
+    {
         let bus = self.clone();
-        Ok(tokio::spawn(async move {
+        tokio::spawn(async move {
             while let Ok(sample) = subscriber.recv_async().await {
-                let key = sample.key_expr().as_str();
-                if let Some(message) = bus.decode::<M>(key, &sample.payload().to_bytes()) {
-                    deliver(key, message);
+                if !wanted() {
+                    continue;
+                }
+                if let Some(message) = bus.take::<M>(&sample, M::author) {
+                    deliver(sample.key_expr().as_str(), message);
                 }
             }
-        }))
+        })
     }
 
     /// A subscriber whose samples are read in turn (a stream's chunks).
@@ -312,6 +568,7 @@ impl Bus {
             .declare_queryable(key)
             .await
             .map_err(BusError::zenoh)?;
+        let bus = self.clone();
         Ok(tokio::spawn(async move {
             while let Ok(query) = queryable.recv_async().await {
                 let asked = Asked {
@@ -322,10 +579,28 @@ impl Bus {
                         .map(|p| p.to_bytes().to_vec())
                         .unwrap_or_default(),
                 };
+                // A query not signed by a member is left unanswered.
+                if !bus.admits(
+                    &asked.key,
+                    &asked.payload,
+                    query.attachment(),
+                    Author::Member,
+                ) {
+                    continue;
+                }
+                let key = asked.key.clone();
                 if let Some(bytes) = answer(asked).await {
+                    let attachment = match bus.sign(&key, &bytes) {
+                        Ok(attachment) => attachment,
+                        Err(error) => {
+                            tracing::warn!(%error, key, "signing a reply");
+                            continue;
+                        }
+                    };
                     let replied = query
                         .reply(query.key_expr().clone(), bytes)
                         .encoding(Encoding::APPLICATION_PROTOBUF)
+                        .attachment(attachment)
                         .await;
                     if let Err(error) = replied {
                         tracing::debug!(%error, "replying to a query");
@@ -369,4 +644,170 @@ pub struct Asked {
     /// The one node asked, when the selector names one (`?node=ID`).
     pub node: Option<String>,
     pub payload: Vec<u8>,
+}
+
+/// Who may write each message routed on the bus. The rules of a secured
+/// cluster: the log is the master's (its session names it), a node
+/// reports, campaigns and sends generation commands only for itself, an
+/// admin machine may send commands but never speaks for a node, and only
+/// nodes (their runners) report runner status.
+mod authorship {
+    use super::{Author, Authored};
+    use tessera_protos::v1;
+
+    impl Authored for v1::IndexedEvent {
+        fn author(&self) -> Author<'_> {
+            match &self.session {
+                Some(session) => Author::Node(&session.master_node_id),
+                None => Author::Nobody,
+            }
+        }
+    }
+
+    impl Authored for v1::LocalEvent {
+        fn author(&self) -> Author<'_> {
+            Author::Node(&self.origin_node_id)
+        }
+    }
+
+    impl Authored for v1::ElectionMessage {
+        fn author(&self) -> Author<'_> {
+            Author::Node(&self.node_id)
+        }
+    }
+
+    impl Authored for v1::Command {
+        fn author(&self) -> Author<'_> {
+            Author::NodeOrAdmin(&self.origin_node_id)
+        }
+    }
+
+    impl Authored for v1::RunnerStatus {
+        fn author(&self) -> Author<'_> {
+            Author::AnyNode
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sender(holder: &str, role: Role) -> Sender {
+        Sender {
+            holder: holder.into(),
+            role,
+        }
+    }
+
+    /// An authority in `root/a` (holder "a") and certificates for `others`.
+    fn members(root: &std::path::Path, others: &[&str]) -> Vec<tessera_trust::Credentials> {
+        use tessera_trust::ClusterDir;
+        let authority = ClusterDir::of(&root.join("a"));
+        let mut all = vec![authority.init("acl", "a").expect("init")];
+        for name in others {
+            let invite = authority.invite(Role::Node, u64::MAX).expect("invite");
+            let pem = authority.authority_pem().expect("pem");
+            let token = invite
+                .token("acl", &pem, "http://x", vec![])
+                .expect("token");
+            let folder = ClusterDir::of(&root.join(name));
+            let (key, request) = folder.request(&token, name).expect("request");
+            let reply = authority.admit(&request, 0).expect("admitted");
+            all.push(folder.store(&token, &key, &reply).expect("stored"));
+        }
+        all
+    }
+
+    /// How many replies `credentials` get to a query of the node at `port`.
+    async fn replies_to(credentials: &tessera_trust::Credentials, port: u16) -> usize {
+        let connect = [format!("tcp/127.0.0.1:{port}")];
+        let config =
+            zenoh_config("client", &[], &connect, false, Some(credentials)).expect("config");
+        let session = zenoh::open(config).await.expect("a TLS session opens");
+        let replies = session
+            .get("tessera/acl/probe")
+            .timeout(Duration::from_secs(2))
+            .await
+            .expect("query");
+        let mut answered = 0;
+        while let Ok(reply) = replies.recv_async().await {
+            answered += usize::from(reply.result().is_ok());
+        }
+        let _ = session.close().await;
+        answered
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_session_opened_after_a_revocation_denies_the_revoked_all_traffic() {
+        let root = tempfile::tempdir().expect("temp dir");
+        let credentials = members(root.path(), &["b", "c"]);
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let listen = [format!("tcp/127.0.0.1:{port}")];
+        let mut config =
+            zenoh_config("peer", &listen, &[], false, Some(&credentials[0])).expect("config");
+        deny_revoked(&mut config, &["b".to_string()]).expect("access control");
+        let node = zenoh::open(config).await.expect("node");
+        let _queryable = node
+            .declare_queryable("tessera/acl/probe")
+            .callback(|query| {
+                use zenoh::Wait;
+                let _ = query.reply(query.key_expr().clone(), "here").wait();
+            })
+            .await
+            .expect("queryable");
+        assert_eq!(replies_to(&credentials[2], port).await, 1, "c is answered");
+        assert_eq!(replies_to(&credentials[1], port).await, 0, "b is revoked");
+        let _ = node.close().await;
+    }
+
+    #[test]
+    fn no_revocation_leaves_access_control_off() {
+        let mut config = zenoh::Config::default();
+        deny_revoked(&mut config, &[]).expect("nothing to deny");
+        assert!(config
+            .get_json("access_control/enabled")
+            .is_ok_and(|v| v == "false"));
+    }
+
+    #[test]
+    fn each_author_admits_only_its_senders() {
+        let node_a = sender("a", Role::Node);
+        let node_b = sender("b", Role::Node);
+        let admin = sender("laptop", Role::Admin);
+        let admin_named_a = sender("a", Role::Admin);
+        assert!(Author::Node("a").permits(&node_a));
+        assert!(!Author::Node("a").permits(&node_b));
+        assert!(!Author::Node("a").permits(&admin_named_a));
+        assert!(Author::AnyNode.permits(&node_b));
+        assert!(!Author::AnyNode.permits(&admin));
+        assert!(Author::NodeOrAdmin("a").permits(&node_a));
+        assert!(Author::NodeOrAdmin("a").permits(&admin));
+        assert!(!Author::NodeOrAdmin("a").permits(&node_b));
+        assert!(Author::Member.permits(&admin));
+    }
+
+    #[test]
+    fn the_log_is_the_masters_and_reports_are_their_nodes() {
+        let event = tessera_protos::v1::IndexedEvent {
+            session: Some(tessera_protos::v1::SessionId {
+                master_node_id: "m".into(),
+                election_clock: 3,
+            }),
+            ..Default::default()
+        };
+        assert_eq!(event.author(), Author::Node("m"));
+        // No session names no master: no node may have written it.
+        let orphan = tessera_protos::v1::IndexedEvent::default();
+        assert_eq!(orphan.author(), Author::Nobody);
+        assert!(!Author::Nobody.permits(&sender("", Role::Node)));
+        let local = tessera_protos::v1::LocalEvent {
+            origin_node_id: "w".into(),
+            ..Default::default()
+        };
+        assert_eq!(local.author(), Author::Node("w"));
+    }
 }

@@ -33,10 +33,11 @@ pub enum AdminMethod {
     Events,
     AddModel,
     Download,
+    Revoke,
 }
 
 impl AdminMethod {
-    pub const ALL: [AdminMethod; 11] = [
+    pub const ALL: [AdminMethod; 12] = [
         Self::State,
         Self::Nodes,
         Self::Instances,
@@ -48,6 +49,7 @@ impl AdminMethod {
         Self::Events,
         Self::AddModel,
         Self::Download,
+        Self::Revoke,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -63,6 +65,7 @@ impl AdminMethod {
             Self::Events => "events",
             Self::AddModel => "add_model",
             Self::Download => "download",
+            Self::Revoke => "revoke",
         }
     }
 }

@@ -35,6 +35,9 @@ pub enum MasterMsg {
     Download(v1::DownloadRequest, RpcReplyPort<v1::DownloadReply>),
     /// A custom card built from a hub repository by the asking node.
     AddCard(v1::ModelCard, RpcReplyPort<v1::AddModelReply>),
+    /// The admin service's revoke: a member of a secured cluster refused
+    /// from now on (its instances go, as if it had timed out).
+    Revoke(v1::RevokeRequest, RpcReplyPort<v1::RevokeReply>),
     Local(LocalEvent),
     NodeAlive(String),
     /// A liveliness token went away; the node is checked again before it
@@ -515,6 +518,70 @@ impl MasterState {
     }
 }
 
+/// Why `holder` cannot be revoked now, if it cannot.
+fn revocation_refusal(
+    state: &ClusterState,
+    master: &str,
+    secured: bool,
+    holder: &str,
+) -> Option<AdminFailure> {
+    if !secured {
+        return Some(AdminFailure::Conflict(
+            "an open cluster has no members to revoke: secure it with `tessera cluster init`"
+                .into(),
+        ));
+    }
+    if holder.is_empty() {
+        return Some(AdminFailure::InvalidArgument(
+            "name the member to revoke".into(),
+        ));
+    }
+    if holder == master {
+        return Some(AdminFailure::Conflict(format!(
+            "{holder} is the master: stop it (another node takes over), then revoke it"
+        )));
+    }
+    if state.revoked.iter().any(|h| h == holder) {
+        return Some(AdminFailure::Conflict(format!(
+            "{holder} is already revoked"
+        )));
+    }
+    None
+}
+
+impl MasterState {
+    /// Revokes `holder`: its instances and its node go first (placed again
+    /// elsewhere, as for a node that timed out), then the revocation.
+    async fn revoke(&mut self, holder: &str) -> Result<v1::RevokeReply, ActorProcessingErr> {
+        let state = self.state().await?;
+        let refusal =
+            revocation_refusal(&state, &self.session.master_node_id, self.secured, holder);
+        if let Some(failure) = refusal {
+            return Ok(v1::RevokeReply {
+                index: 0,
+                error: Some(failure.to_proto()),
+            });
+        }
+        self.alive.remove(holder);
+        self.node_gone(holder).await?;
+        let index = self.next_index;
+        let stored = self
+            .index(Event {
+                kind: Some(event::Kind::MemberRevoked(v1::MemberRevoked {
+                    holder: holder.to_string(),
+                })),
+            })
+            .await?;
+        tracing::warn!(holder, index, "revoked a member of the cluster");
+        Ok(v1::RevokeReply {
+            index: if stored { index } else { 0 },
+            error: (!stored).then(|| {
+                AdminFailure::Internal("the log refused the revocation".into()).to_proto()
+            }),
+        })
+    }
+}
+
 /// The id of the instance that `command_id` places: the model's folder
 /// name (ids become zenoh key chunks: hub-style model ids lose their '/')
 /// and 8 hex digits of a hash of the command id, whatever characters a
@@ -889,6 +956,10 @@ impl Actor for Master {
                     state.on_runner_report(&runner_id, failed).await?;
                 }
             }
+            MasterMsg::Revoke(request, reply) => {
+                let answer = state.revoke(&request.holder).await?;
+                let _ = reply.send(answer);
+            }
             MasterMsg::NodeAlive(node) => {
                 state.alive.insert(node);
             }
@@ -903,5 +974,25 @@ impl Actor for Master {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_secured_clusters_other_members_are_revoked_once() {
+        let mut state = ClusterState::default();
+        let refused = |state: &ClusterState, secured, holder| {
+            revocation_refusal(state, "m", secured, holder).map(|f| f.to_string())
+        };
+        assert!(refused(&state, false, "b").is_some_and(|why| why.contains("open cluster")));
+        assert!(refused(&state, true, "").is_some());
+        assert!(refused(&state, true, "m").is_some_and(|why| why.contains("is the master")));
+        assert_eq!(refused(&state, true, "b"), None);
+        state.revoked.push("b".into());
+        assert!(refused(&state, true, "b").is_some_and(|why| why.contains("already")));
+        assert_eq!(refused(&state, true, "laptop"), None);
     }
 }

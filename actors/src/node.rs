@@ -19,7 +19,7 @@ use zenoh::sample::SampleKind;
 
 use crate::admin::{self, decode_request, AdminFailure};
 pub use crate::bus::zenoh_config;
-use crate::bus::{Asked, Bus, BusError};
+use crate::bus::{Asked, Bus, BusError, Signatures};
 use crate::election_actor::{ElectionActor, ElectionArgs, ElectionMsg, Leadership};
 use crate::keys::{AdminMethod, KeyError, Keys};
 use crate::local_events::LocalEvents;
@@ -264,15 +264,25 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
              secure it with `tessera cluster init`"
         );
     }
-    let config = zenoh_config(
+    let mut config = zenoh_config(
         "peer",
         &listen,
         &options.connect,
         options.multicast,
         credentials.as_ref(),
     )?;
+    crate::bus::deny_revoked(&mut config, &logged.revoked)?;
+    let signatures = match &credentials {
+        Some(credentials) => Some(Arc::new(Signatures::load(credentials)?)),
+        None => None,
+    };
+    if let Some(signatures) = &signatures {
+        signatures
+            .verifier
+            .set_revoked(logged.revoked.iter().cloned());
+    }
     let session = zenoh::open(config).await.map_err(BusError::zenoh)?;
-    let bus = Bus::new(session, keys);
+    let bus = Bus::new(session, keys).with_signatures(signatures.clone());
     let applied = Arc::new(AtomicU64::new(0));
     let actor_error = |e: ractor::SpawnErr| NodeError::Actor(e.to_string());
     let (replica, _) = Actor::spawn(
@@ -331,6 +341,9 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
         leadership: leadership.clone(),
     };
     let mut tasks = router.spawn_all().await?;
+    if let Some(signatures) = signatures {
+        tasks.push(refuse_the_revoked(signatures, &replica).await?);
+    }
     let mut worker = None;
     // Every node reports itself (a node without a worker too: it is a
     // member, shown by `admin nodes`, but placement skips it).
@@ -406,6 +419,29 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
     })
 }
 
+/// Keeps the verifier's revoked members those of the log, as it grows.
+async fn refuse_the_revoked(
+    signatures: Arc<Signatures>,
+    replica: &ActorRef<ReplicaMsg>,
+) -> Result<tokio::task::JoinHandle<()>, NodeError> {
+    let mut changes = call_t!(replica, ReplicaMsg::Watch, crate::ACTOR_CALL_MS)
+        .map_err(|e| NodeError::Actor(e.to_string()))?;
+    Ok(tokio::spawn(async move {
+        let mut known: Vec<String> = Vec::new();
+        loop {
+            let revoked = changes.borrow_and_update().revoked.clone();
+            if revoked != known {
+                tracing::warn!(?revoked, "refusing revoked members");
+                signatures.verifier.set_revoked(revoked.iter().cloned());
+                known = revoked;
+            }
+            if changes.changed().await.is_err() {
+                break;
+            }
+        }
+    }))
+}
+
 /// Turns zenoh traffic into actor messages, and answers queries.
 #[derive(Clone)]
 struct Router {
@@ -456,6 +492,10 @@ impl Router {
             AdminMethod::Download => {
                 let request = decode_request(key, payload)?;
                 encoded(call_t!(master, MasterMsg::Download, MS, request))
+            }
+            AdminMethod::Revoke => {
+                let request = decode_request(key, payload)?;
+                encoded(call_t!(master, MasterMsg::Revoke, MS, request))
             }
             AdminMethod::AddModel => {
                 let built = self.card_from_hub(&decode_request(key, payload)?).await?;
@@ -594,16 +634,22 @@ impl Router {
                 .await?,
             self.route_liveliness().await?,
             self.bus
-                .route(keys.global_events(), move |_, event: IndexedEvent| {
+                // The master commits its own events before it puts them.
+                .route_from_others(keys.global_events(), move |_, event: IndexedEvent| {
                     let _ = replica.cast(ReplicaMsg::Global(event));
                 })
                 .await?,
         ];
-        // Commands and local events, for the master (if it is this node).
+        // Commands and local events, for the master (if it is this node):
+        // a follower does not even check their signatures.
+        let leads = || {
+            let leadership = self.leadership.clone();
+            move || leadership.local_master().is_some()
+        };
         let this = self.clone();
         tasks.push(
             self.bus
-                .route(keys.commands(), move |_, command: Command| {
+                .route_when(keys.commands(), leads(), move |_, command: Command| {
                     if let Some(master) = this.leadership.local_master() {
                         let _ = master.cast(MasterMsg::Command(command));
                     }
@@ -613,7 +659,7 @@ impl Router {
         let this = self.clone();
         tasks.push(
             self.bus
-                .route(keys.local_events(), move |_, event: LocalEvent| {
+                .route_when(keys.local_events(), leads(), move |_, event: LocalEvent| {
                     if let Some(master) = this.leadership.local_master() {
                         let _ = master.cast(MasterMsg::Local(event));
                     }
@@ -637,6 +683,7 @@ impl Router {
             AdminMethod::Delete,
             AdminMethod::Download,
             AdminMethod::AddModel,
+            AdminMethod::Revoke,
         ] {
             let this = self.clone();
             let answer = move |asked: Asked| {

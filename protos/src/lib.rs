@@ -44,6 +44,7 @@ pub fn event_type_name(event: &v1::Event) -> &'static str {
             EventKind::TaskDeleted(_) => "TaskDeleted",
             EventKind::NodeDownloadProgress(_) => "NodeDownloadProgress",
             EventKind::ModelCardAdded(_) => "ModelCardAdded",
+            EventKind::MemberRevoked(_) => "MemberRevoked",
         },
     }
 }

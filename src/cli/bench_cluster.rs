@@ -114,7 +114,7 @@ pub fn run(args: ClusterBenchArgs) -> anyhow::Result<()> {
             };
             let command = Command {
                 command_id: command_id.clone(),
-                origin_node_id: "bench".into(),
+                origin_node_id: bus.holder().unwrap_or("bench").to_string(),
                 kind: Some(kind),
             };
             let started = Instant::now();

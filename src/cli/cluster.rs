@@ -1,8 +1,9 @@
-//! `tessera cluster init | invite | join`: a secured cluster, whose links
-//! are all mutual TLS against an authority kept by the node that ran
-//! `init`. A new machine joins with a single-use token (`invite`), with
-//! which it obtains its own certificate (`tessera node --join TOKEN`, or
-//! `tessera cluster join TOKEN` for a machine that only administers).
+//! `tessera cluster init | invite | join | revoke`: a secured cluster,
+//! whose links are all mutual TLS against an authority kept by the node
+//! that ran `init`. A new machine joins with a single-use token (`invite`),
+//! with which it obtains its own certificate (`tessera node --join TOKEN`,
+//! or `tessera cluster join TOKEN` for a machine that only administers).
+//! `revoke` refuses a member from then on (an event in the log).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -63,6 +64,15 @@ enum ClusterCommand {
         #[arg(long)]
         name: Option<String>,
     },
+    /// Refuse a member from now on: every node drops what it signs, its
+    /// instances are placed again without it, and no machine joins by its
+    /// name again. NAME is a node id (`tessera admin nodes`) or an admin
+    /// machine's name.
+    Revoke {
+        name: String,
+        #[command(flatten)]
+        cluster: super::admin::ClusterArgs,
+    },
 }
 
 pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
@@ -101,6 +111,27 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
             }
             super::client_runtime()?.block_on(join(&token, &data_dir, &name))?;
             eprintln!("joined cluster {:?} as admin {name:?}", token.cluster);
+            Ok(())
+        }
+        ClusterCommand::Revoke { name, cluster } => {
+            let options = cluster.options(None)?;
+            if options.credentials.is_none() {
+                bail!("revoking needs this machine's credentials of a secured cluster (--cluster-dir)");
+            }
+            let reply = super::client_runtime()?.block_on(async {
+                let client = tessera_actors::admin_client::AdminClient::connect(options).await?;
+                let reply = client.revoke(&name).await;
+                let _ = client.close().await;
+                anyhow::Ok(reply?)
+            })?;
+            if cluster.json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "revoked": name, "index": reply.index })
+                );
+            } else {
+                println!("revoked {name} (event {})", reply.index);
+            }
             Ok(())
         }
     }

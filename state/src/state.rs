@@ -440,6 +440,12 @@ impl State {
                 require(card.n_layers > 0, EV, "card.n_layers")?;
                 s.custom_cards.insert(card.model_id.clone(), card.clone());
             }
+            Kind::MemberRevoked(e) => {
+                require(!e.holder.is_empty(), "MemberRevoked", "holder")?;
+                if let Err(at) = s.revoked.binary_search(&e.holder) {
+                    s.revoked.insert(at, e.holder.clone());
+                }
+            }
         }
         Ok(())
     }
@@ -600,6 +606,25 @@ mod tests {
             .collect();
         assert_eq!(outcomes, expected);
         state
+    }
+
+    #[test]
+    fn revoked_members_are_kept_sorted_once() {
+        let revoke = |holder: &str| {
+            K::MemberRevoked(v1::MemberRevoked {
+                holder: holder.into(),
+            })
+        };
+        let state = check(
+            vec![revoke("c"), revoke("a"), revoke("c"), revoke("")],
+            &[
+                "changed",
+                "changed",
+                "changed",
+                "MemberRevoked lacks its holder",
+            ],
+        );
+        assert_eq!(state.revoked, ["a", "c"]);
     }
 
     #[test]

@@ -2,7 +2,10 @@
 //! `tessera node --join TOKEN` on a second; every link is mutual TLS
 //! against the cluster's authority. A tensor-parallel instance across both
 //! answers as one machine does; a token works once; a zenoh client with no
-//! certificate, or with one from another authority, gets nothing.
+//! certificate, or with one from another authority, gets nothing. Members
+//! write only what is theirs: an admin machine and a node that is not the
+//! master cannot write the log, nor one node report for another; a revoked
+//! node is refused by every node, and no machine joins by its name again.
 
 use std::path::Path;
 use std::process::Command;
@@ -22,23 +25,46 @@ fn cluster_cli(args: &[&str]) -> std::process::Output {
 }
 
 fn invite(ns: &str, dir: &Path, api: &str, zenoh: u16) -> String {
-    let out = cluster_cli(&[
-        "invite",
-        "--namespace",
-        ns,
-        "--data-dir",
-        &dir.display().to_string(),
-        "--join-url",
-        &format!("http://{api}"),
-        "--connect",
-        &format!("tcp/127.0.0.1:{zenoh}"),
-    ]);
+    invite_with(ns, dir, api, zenoh, &[])
+}
+
+fn invite_with(ns: &str, dir: &Path, api: &str, zenoh: u16, extra: &[&str]) -> String {
+    let mut args = vec!["invite"];
+    args.extend_from_slice(extra);
+    let out = cluster_cli(
+        &[
+            &args[..],
+            &[
+                "--namespace",
+                ns,
+                "--data-dir",
+                &dir.display().to_string(),
+                "--join-url",
+                &format!("http://{api}"),
+                "--connect",
+                &format!("tcp/127.0.0.1:{zenoh}"),
+            ],
+        ]
+        .concat(),
+    );
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// `tessera cluster join` of an admin machine named `name` into `dir`.
+fn join_admin(token: &str, dir: &Path, name: &str) -> std::process::Output {
+    cluster_cli(&[
+        "join",
+        token,
+        "--data-dir",
+        &dir.display().to_string(),
+        "--name",
+        name,
+    ])
 }
 
 /// `tessera admin state` with `credentials` (a cluster folder) or none.
@@ -178,6 +204,172 @@ fn a_joined_node_serves_a_tensor_instance_and_strangers_see_nothing() {
         String::from_utf8_lossy(&member.stderr)
     );
     assert!(admin(ns, ports[0], None, "state").is_some());
+
+    // An admin machine joins; it reads and administers.
+    let laptop = root.path().join("laptop");
+    let token = invite_with(ns, &a_dir, &a.api, ports[0], &["--admin"]);
+    let out = join_admin(&token, &laptop, "laptop");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let laptop = laptop.join("cluster");
+    assert!(state_with(ns, ports[0], Some(&laptop)).status.success());
+    // From here the test's admin commands are the laptop's (a node's own
+    // credentials would be refused once it is revoked).
+    std::env::set_var("TESSERA_CLUSTER_DIR", &laptop);
+
+    // Least privilege: neither the admin machine nor the node that is not
+    // the master may write the log, and no node reports for another. Every
+    // node refuses a forged event of the log (the master also the reports),
+    // whichever node leads when it arrives.
+    let (master, _) = master_seen(ns, ports[0], None).expect("a master");
+    let other = |id: &str| {
+        if id == a.id {
+            (&b, &b_dir)
+        } else {
+            (&a, &a_dir)
+        }
+    };
+    let (follower, follower_dir) = other(&master);
+    forge(ns, ports[0], &laptop, &master, "laptop");
+    forge(
+        ns,
+        ports[0],
+        &follower_dir.join("cluster"),
+        &master,
+        &follower.id,
+    );
+    let logs = || without_colours(&(a.log() + &b.log()));
+    let refused = |who: &str| logs().contains(&format!("{who} may not send this"));
+    wait_until(Duration::from_secs(20), || {
+        (refused("laptop") && refused(&follower.id)).then_some(())
+    })
+    .unwrap_or_else(|| panic!("forgeries refused\n{}\n{}", a.log(), b.log()));
+    let state = admin(ns, ports[0], None, "state").expect("state");
+    let cards = state["state"]["customCards"].to_string();
+    assert!(!cards.contains("forged"), "{cards}");
+
+    // The admin machine revokes the node that does not lead (the master
+    // refuses to revoke itself): its instance goes, every node refuses it,
+    // and no machine joins by its name again.
+    let revoke = |holder: &str| {
+        Command::new(BIN)
+            .args(["cluster", "revoke", holder, "--namespace", ns])
+            .args(["--timeout", "10", "--connect"])
+            .arg(format!("tcp/127.0.0.1:{}", ports[0]))
+            .arg("--cluster-dir")
+            .arg(&laptop)
+            .output()
+            .expect("revoke runs")
+    };
+    let (master, _) = master_seen(ns, ports[0], None).expect("a master");
+    let out = revoke(&master);
+    let why = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && why.contains("is the master"),
+        "{why}"
+    );
+    let ((revoked, revoked_dir), survivor) = wait_until(Duration::from_secs(20), || {
+        let (master, _) = master_seen(ns, ports[0], None)?;
+        let (target, dir) = other(&master);
+        let out = revoke(&target.id);
+        out.status.success().then(|| ((target, dir), master))
+    })
+    .unwrap_or_else(|| panic!("revoked\n{}\n{}", a.log(), b.log()))
+    .0;
+    let state = wait_until(Duration::from_secs(20), || {
+        let state = admin(ns, ports[0], Some(&survivor), "state")?;
+        let gone = state["state"]["nodes"][&revoked.id].is_null();
+        let listed = state["state"]["revoked"].to_string().contains(&revoked.id);
+        (gone && listed).then_some(state)
+    })
+    .unwrap_or_else(|| panic!("revoked in the log\n{}\n{}", a.log(), b.log()))
+    .0;
+    assert!(state["state"]["instances"][&instance].is_null(), "{state}");
+    let asked = Command::new(BIN)
+        .args([
+            "admin",
+            "--namespace",
+            ns,
+            "--timeout",
+            "2",
+            "--node",
+            &survivor,
+        ])
+        .args(["--connect", &format!("tcp/127.0.0.1:{}", ports[0])])
+        .arg("--cluster-dir")
+        .arg(revoked_dir.join("cluster"))
+        .args(["--json", "state"])
+        .output()
+        .expect("admin runs");
+    assert!(!asked.status.success(), "the revoked node was answered");
+    wait_until(Duration::from_secs(10), || {
+        logs()
+            .contains(&format!("{}'s certificate was revoked", revoked.id))
+            .then_some(())
+    })
+    .unwrap_or_else(|| panic!("the revoked refused\n{}\n{}", a.log(), b.log()));
+    // a keeps the authority, and it refuses the name.
+    let token = invite_with(ns, &a_dir, &a.api, ports[0], &["--admin"]);
+    let again = join_admin(&token, &root.path().join("again"), &revoked.id);
+    assert!(!again.status.success());
+    let why = String::from_utf8_lossy(&again.stderr);
+    assert!(why.contains("was revoked"), "{why}");
+}
+
+/// Puts, with the credentials in `folder`, an event of the log in the name
+/// of `master` and a report in its name: both must be refused.
+fn forge(ns: &str, via: u16, folder: &Path, master: &str, who: &str) {
+    use tessera_actors::admin_client::{AdminClient, ConnectOptions};
+    use tessera_protos::v1;
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let client = AdminClient::connect(ConnectOptions {
+            connect: vec![format!("tcp/127.0.0.1:{via}")],
+            timeout: Duration::from_secs(5),
+            credentials: tessera_trust::ClusterDir::at(folder).credentials(),
+            ..ConnectOptions::new(ns)
+        })
+        .await
+        .expect("a member's session");
+        let state = client
+            .state()
+            .await
+            .expect("state")
+            .state
+            .unwrap_or_default();
+        let card = |what: &str| v1::Event {
+            kind: Some(v1::event::Kind::ModelCardAdded(v1::ModelCardAdded {
+                card: Some(v1::ModelCard {
+                    model_id: format!("forged-{what}-by-{who}"),
+                    n_layers: 1,
+                    ..Default::default()
+                }),
+            })),
+        };
+        let bus = client.bus();
+        let forged = v1::IndexedEvent {
+            index: state.last_index + 1,
+            session: state.session.clone(),
+            event: Some(card("event")),
+            ..Default::default()
+        };
+        bus.put(&bus.keys.global_events(), &forged)
+            .await
+            .expect("put");
+        let report = v1::LocalEvent {
+            origin_node_id: master.to_string(),
+            origin_seq: u64::MAX / 2,
+            previous_seq: 0,
+            event: Some(card("report")),
+        };
+        bus.put(&bus.keys.local_events(), &report)
+            .await
+            .expect("put");
+        let _ = client.close().await;
+    });
 }
 
 /// A log without its terminal colour codes (`ESC [ ... m`).

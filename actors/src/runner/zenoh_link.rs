@@ -2,11 +2,14 @@
 //! `runner/{id}/events`, chunks on `chunks/{command_id}`, orders from
 //! `runner/{id}/tasks` into the Runner's mailbox.
 
+use std::sync::Arc;
+
 use prost::Message;
 use ractor::ActorRef;
 use tessera_protos::v1;
 
 use super::{RunnerMsg, RunnerOutput};
+use crate::bus::{Author, Bus, Signatures};
 use crate::keys::{KeyError, Keys};
 use crate::runner_protocol::order_from_task;
 
@@ -24,7 +27,7 @@ pub enum LinkError {
 
 #[derive(Clone)]
 pub struct ZenohLink {
-    session: zenoh::Session,
+    bus: Bus,
     keys: Keys,
     events: String,
 }
@@ -41,6 +44,13 @@ impl ZenohLink {
         let keys = Keys::new(namespace)?;
         let config = crate::bus::zenoh_config("client", &[], connect, false, tls)
             .map_err(|e| LinkError::Config(e.to_string()))?;
+        // A runner signs with its node's key and takes orders from nodes only.
+        let signatures = match tls {
+            Some(credentials) => Some(Arc::new(
+                Signatures::load(credentials).map_err(|e| LinkError::Config(e.to_string()))?,
+            )),
+            None => None,
+        };
         let session = zenoh::open(config)
             .await
             .map_err(|e| LinkError::Unreachable {
@@ -49,8 +59,8 @@ impl ZenohLink {
             })?;
         Ok(Self {
             events: keys.runner(runner_id, "events")?,
+            bus: Bus::new(session, keys.clone()).with_signatures(signatures),
             keys,
-            session,
         })
     }
 
@@ -61,13 +71,15 @@ impl ZenohLink {
         runner_id: &str,
         runner: ActorRef<RunnerMsg>,
     ) -> Result<zenoh::pubsub::Subscriber<()>, LinkError> {
-        self.session
+        let bus = self.bus.clone();
+        self.bus
+            .session
             .declare_subscriber(self.keys.runner(runner_id, "tasks")?)
             .callback(move |sample| {
-                let order = v1::Task::decode(sample.payload().to_bytes().as_ref())
-                    .map_err(|e| e.to_string())
-                    .and_then(|task| order_from_task(&task).map_err(|e| e.to_string()));
-                match order {
+                let Some(task) = bus.take::<v1::Task>(&sample, |_| Author::AnyNode) else {
+                    return;
+                };
+                match order_from_task(&task).map_err(|e| e.to_string()) {
                     Ok(order) => {
                         let _ = runner.cast(RunnerMsg::Order(order));
                     }
@@ -79,17 +91,11 @@ impl ZenohLink {
     }
 
     pub async fn close(&self) {
-        let _ = self.session.close().await;
+        self.bus.close().await;
     }
 
     async fn put<M: Message>(&self, key: &str, message: &M) {
-        let sent = self
-            .session
-            .put(key, message.encode_to_vec())
-            .encoding(zenoh::bytes::Encoding::APPLICATION_PROTOBUF)
-            .congestion_control(zenoh::qos::CongestionControl::Block)
-            .await;
-        if let Err(error) = sent {
+        if let Err(error) = self.bus.put(key, message).await {
             tracing::warn!(%error, key, "publishing");
         }
     }

@@ -108,6 +108,7 @@ fn event_kind() -> impl Strategy<Value = Kind> {
             }
         )),
         id("t", 5).prop_map(|task_id| Kind::TaskDeleted(v1::TaskDeleted { task_id })),
+        id("n", 6).prop_map(|holder| Kind::MemberRevoked(v1::MemberRevoked { holder })),
         (id("n", 5), id("m", 2), any::<u64>()).prop_map(|(node_id, model_id, total_bytes)| {
             Kind::NodeDownloadProgress(v1::NodeDownloadProgress {
                 node_id,
@@ -266,6 +267,8 @@ fn decode_everything(bytes: &[u8]) -> usize {
         v1::AddModelReply,
         v1::DownloadRequest,
         v1::DownloadReply,
+        v1::RevokeRequest,
+        v1::RevokeReply,
         v1::EventsRangeRequest,
         v1::EventsRangeReply,
         v1::GenerationChunk,
@@ -317,6 +320,7 @@ fn decode_everything(bytes: &[u8]) -> usize {
         v1::TaskStatusUpdated,
         v1::TaskDeleted,
         v1::ModelCardAdded,
+        v1::MemberRevoked,
         v1::NodeDownloadProgress,
         v1::EventLogRequest,
         v1::EventLogReply,
