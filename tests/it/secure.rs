@@ -275,7 +275,7 @@ fn a_joined_node_serves_a_tensor_instance_and_strangers_see_nothing() {
         let (master, _) = master_seen(ns, ports[0], None)?;
         let (target, dir) = other(&master);
         let out = revoke(&target.id);
-        out.status.success().then(|| ((target, dir), master))
+        out.status.success().then_some(((target, dir), master))
     })
     .unwrap_or_else(|| panic!("revoked\n{}\n{}", a.log(), b.log()))
     .0;
