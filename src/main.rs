@@ -41,7 +41,11 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
 
-    tessera_hub::install_tls_provider();
+    // Ring's rustls, refusing revoked members at a secured cluster's
+    // handshakes (the same provider otherwise); the hub's if it cannot be.
+    if tessera_trust::handshake::install().is_err() {
+        tessera_hub::install_tls_provider();
+    }
     let args = cli::Cli::parse();
     match cli::run(args) {
         Ok(()) => ExitCode::SUCCESS,

@@ -764,6 +764,64 @@ mod tests {
         let _ = node.close().await;
     }
 
+    // Installs the process's TLS provider: nextest runs each test in a
+    // process of its own.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_revoked_member_is_refused_at_the_handshake_by_a_running_node() {
+        tessera_trust::handshake::install().expect("this process's first TLS provider");
+        let root = tempfile::tempdir().expect("temp dir");
+        let credentials = members(root.path(), &["b", "c"]);
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let listen = [format!("tcp/127.0.0.1:{port}")];
+        let config =
+            zenoh_config("peer", &listen, &[], false, Some(&credentials[0])).expect("config");
+        let node = zenoh::open(config).await.expect("node");
+        let _queryable = node
+            .declare_queryable("tessera/acl/probe")
+            .callback(|query| {
+                use zenoh::Wait;
+                let _ = query.reply(query.key_expr().clone(), "here").wait();
+            })
+            .await
+            .expect("queryable");
+        assert_eq!(replies_to(&credentials[1], port).await, 1, "b before");
+        // Revoked while the node runs: its next handshake fails.
+        tessera_trust::handshake::set_revoked(["b".to_string()]);
+        let connect = [format!("tcp/127.0.0.1:{port}")];
+        let config =
+            zenoh_config("client", &[], &connect, false, Some(&credentials[1])).expect("config");
+        assert!(
+            zenoh::open(config).await.is_err(),
+            "b's handshake is refused"
+        );
+        assert_eq!(replies_to(&credentials[2], port).await, 1, "c still joins");
+        let _ = node.close().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_bus_takes_what_members_sign_until_the_signer_is_revoked() {
+        let root = tempfile::tempdir().expect("temp dir");
+        let credentials = members(root.path(), &["b"]);
+        let config = zenoh_config("peer", &[], &[], false, None).expect("config");
+        let session = zenoh::open(config).await.expect("session");
+        let keys = Keys::new("signed").expect("keys");
+        let signatures = Arc::new(Signatures::load(&credentials[0]).expect("a's"));
+        let bus = Bus::new(session, keys).with_signatures(Some(signatures.clone()));
+        let b = Signer::load(&credentials[1]).expect("b's");
+        let key = "tessera/signed/events/local";
+        let signed = ZBytes::from(b.sign(key, b"report").expect("signed"));
+        assert!(bus.admits(key, b"report", Some(&signed), Author::Node("b")));
+        assert!(!bus.admits(key, b"report", Some(&signed), Author::Node("a")));
+        assert!(!bus.admits(key, b"report", None, Author::Member));
+        signatures.verifier.set_revoked(["b".to_string()]);
+        assert!(!bus.admits(key, b"report", Some(&signed), Author::Node("b")));
+        assert_eq!(bus.dropped(), 3);
+        bus.close().await;
+    }
+
     #[test]
     fn no_revocation_leaves_access_control_off() {
         let mut config = zenoh::Config::default();

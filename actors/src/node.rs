@@ -280,6 +280,10 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
         signatures
             .verifier
             .set_revoked(logged.revoked.iter().cloned());
+        if let Err(error) = tessera_trust::handshake::install() {
+            tracing::warn!(%error, "revoked members are refused by their signatures only");
+        }
+        tessera_trust::handshake::set_revoked(logged.revoked.iter().cloned());
     }
     let session = zenoh::open(config).await.map_err(BusError::zenoh)?;
     let bus = Bus::new(session, keys).with_signatures(signatures.clone());
@@ -433,6 +437,7 @@ async fn refuse_the_revoked(
             if revoked != known {
                 tracing::warn!(?revoked, "refusing revoked members");
                 signatures.verifier.set_revoked(revoked.iter().cloned());
+                tessera_trust::handshake::set_revoked(revoked.iter().cloned());
                 known = revoked;
             }
             if changes.changed().await.is_err() {

@@ -9,9 +9,11 @@
 //! - [`invite`]: join tokens and the HMAC-authenticated join exchange.
 //! - [`dir`]: a data dir's `cluster/` folder: init, invite, admit, store.
 //! - [`signature`]: who sent a message: members sign what they put.
+//! - [`handshake`]: revoked members refused at every TLS handshake.
 
 pub mod authority;
 pub mod dir;
+pub mod handshake;
 pub mod invite;
 pub mod signature;
 
