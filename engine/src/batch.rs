@@ -24,9 +24,13 @@ use crate::generate::{
 use crate::model::SeqSpan;
 use crate::paged::{blocks_for, BlockId, BlockManager, PoolError, BLOCK_TOKENS};
 use crate::sampler::Sampler;
+use crate::speculative::{verify, DraftCounts, Speculation};
 
 mod decoder;
 mod plan;
+mod speculate;
+
+use speculate::{DraftWant, SeqDraft, SpecState};
 
 pub use decoder::Decoder;
 pub use plan::{plan_step, Planned, SeqState};
@@ -103,6 +107,9 @@ struct Running {
     in_flight: bool,
     /// The launch it was last in (0: none yet).
     launched_at: u64,
+    /// Speculative decoding: its drafts and their acceptance.
+    draft: SeqDraft,
+    counts: DraftCounts,
 }
 
 /// One sequence's share of a launched step.
@@ -110,13 +117,18 @@ struct Running {
 struct Part {
     id: SeqId,
     len: usize,
-    logits: bool,
+    /// Rows of logits it gets back.
+    logits: usize,
+    /// Its next token and `len - 1` drafts (else a prompt chunk).
+    decode: bool,
 }
 
 /// A step launched on the executor, waiting to be collected.
 struct Launch {
     parts: Vec<Part>,
     wants_logits: bool,
+    tokens: usize,
+    started: Instant,
 }
 
 /// The most tokens a step may have to be launched while another that
@@ -132,7 +144,19 @@ impl Running {
             tokens: self.tokens.len(),
             prompt: self.prompt_len,
             chunk: self.request.prefill_chunk.max(1),
+            draft: self.draft.tokens.len(),
         }
+    }
+
+    fn is_decoding(&self) -> bool {
+        self.computed >= self.prompt_len && self.computed < self.tokens.len()
+    }
+
+    /// The most drafts it may check now: each accepted one is a token of
+    /// its request, and its blocks hold every position up to the last.
+    fn draft_room(&self) -> usize {
+        let generated = self.tokens.len() - self.prompt_len;
+        self.request.max_tokens.saturating_sub(generated + 1)
     }
 }
 
@@ -153,6 +177,7 @@ pub struct Batch<'m> {
     logits: Vec<f32>,
     launches: VecDeque<Launch>,
     launch_clock: u64,
+    speculation: Option<SpecState>,
 }
 
 impl<'m> Batch<'m> {
@@ -176,7 +201,31 @@ impl<'m> Batch<'m> {
             logits: Vec::new(),
             launches: VecDeque::new(),
             launch_clock: 0,
+            speculation: None,
         }
+    }
+
+    /// Turns speculative decoding on (with its drafts' source) or off, for
+    /// the next steps; a step in flight finishes as it was planned.
+    /// `max_draft_tokens` 0 is off.
+    pub fn set_speculation(&mut self, speculation: Option<Speculation>) {
+        if let Some(old) = self.speculation.as_mut().and_then(|s| s.draft.as_mut()) {
+            for seq in &mut self.running {
+                old.release(&mut seq.draft);
+            }
+        }
+        for seq in &mut self.running {
+            seq.draft.length = Default::default();
+            seq.draft.shadow = None;
+        }
+        self.speculation = speculation
+            .filter(|s| s.max_draft_tokens > 0)
+            .map(|s| SpecState::new(s, self.config.kv_blocks));
+    }
+
+    /// The speculative decoding in force.
+    pub fn speculation(&self) -> Option<&Speculation> {
+        self.speculation.as_ref().map(|s| &s.config)
     }
 
     pub fn config(&self) -> BatchConfig {
@@ -211,6 +260,9 @@ impl<'m> Batch<'m> {
     pub fn clear_cache(&mut self) {
         if self.running.is_empty() {
             self.blocks = BlockManager::new(self.config.kv_blocks);
+            if let Some(spec) = self.speculation.as_mut() {
+                *spec = SpecState::new(spec.config.clone(), self.config.kv_blocks);
+            }
         }
     }
 
@@ -308,13 +360,23 @@ impl<'m> Batch<'m> {
             idle.len()
         };
         let candidates = &idle[..cap.min(idle.len())];
-        let states: Vec<SeqState> = candidates
+        for &i in candidates {
+            self.running[i].draft.tokens.clear();
+        }
+        let mut states: Vec<SeqState> = candidates
             .iter()
             .map(|&i| self.running[i].state())
             .collect();
         plan_step(&states, self.config.step_tokens, &mut self.planned);
+        if self.speculation.is_some() {
+            self.propose_drafts(candidates)?;
+            for (state, &i) in states.iter_mut().zip(candidates) {
+                state.draft = self.running[i].draft.tokens.len();
+            }
+            plan_step(&states, self.config.step_tokens, &mut self.planned);
+        }
         let tokens: usize = self.planned.iter().map(|p| p.len).sum();
-        let wants_logits = self.planned.iter().any(|p| p.logits);
+        let wants_logits = self.planned.iter().any(|p| p.logits > 0);
         if tokens == 0 || !self.may_overlap(tokens) {
             return Ok(false);
         }
@@ -322,12 +384,20 @@ impl<'m> Batch<'m> {
         let mut parts = Vec::with_capacity(self.planned.len());
         for planned in &self.planned {
             let seq = &self.running[candidates[planned.index]];
-            self.step_tokens
-                .extend_from_slice(&seq.tokens[seq.computed..seq.computed + planned.len]);
+            let decode = seq.is_decoding();
+            if decode {
+                self.step_tokens.push(seq.tokens[seq.computed]);
+                self.step_tokens
+                    .extend_from_slice(&seq.draft.tokens[..planned.len - 1]);
+            } else {
+                self.step_tokens
+                    .extend_from_slice(&seq.tokens[seq.computed..seq.computed + planned.len]);
+            }
             parts.push(Part {
                 id: seq.id,
                 len: planned.len,
                 logits: planned.logits,
+                decode,
             });
         }
         let spans: Vec<SeqSpan<'_>> = self
@@ -343,6 +413,7 @@ impl<'m> Batch<'m> {
                 }
             })
             .collect();
+        let started = Instant::now();
         self.executor.launch(&spans, &self.step_tokens)?;
         self.launch_clock += 1;
         for planned in &self.planned {
@@ -353,8 +424,36 @@ impl<'m> Batch<'m> {
         self.launches.push_back(Launch {
             parts,
             wants_logits,
+            tokens,
+            started,
         });
         Ok(true)
+    }
+
+    /// Drafts for the decoding sequences among `candidates` that speculate,
+    /// in a step that has `self.planned`'s tokens without them.
+    fn propose_drafts(&mut self, candidates: &[usize]) -> Result<(), crate::executor::ExecError> {
+        let Some(spec) = self.speculation.as_mut() else {
+            return Ok(());
+        };
+        let base: usize = self.planned.iter().map(|p| p.len).sum();
+        let mut wants: Vec<DraftWant<'_>> = self
+            .running
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, seq)| {
+                candidates.contains(i) && seq.request.speculative && seq.is_decoding()
+            })
+            .map(|(_, seq)| DraftWant {
+                room: seq.draft_room(),
+                reserve_positions: positions(seq.prompt_len, seq.request.max_tokens),
+                reuse_prefix: seq.request.reuse_prefix,
+                prompt_len: seq.prompt_len,
+                tokens: &seq.tokens,
+                draft: &mut seq.draft,
+            })
+            .collect();
+        spec.propose(&self.executor, base, &mut wants)
     }
 
     /// A second step may go out before the first is collected only when
@@ -382,6 +481,13 @@ impl<'m> Batch<'m> {
             Err(error) => {
                 self.logits = logits;
                 return Err(self.fail(error, sink));
+            }
+        }
+        if let Some(spec) = self.speculation.as_mut() {
+            // Overlapped steps wait on each other: their times say little.
+            if !self.executor.overlaps_steps() && launch.wants_logits {
+                spec.cost
+                    .observe(launch.tokens, launch.started.elapsed().as_secs_f64());
             }
         }
         self.after_step(&launch.parts, &mut logits, sink);
@@ -455,6 +561,8 @@ impl<'m> Batch<'m> {
                 in_flight: false,
                 launched_at: 0,
                 request: waiting.request,
+                draft: SeqDraft::default(),
+                counts: DraftCounts::default(),
             });
         }
     }
@@ -470,53 +578,134 @@ impl<'m> Batch<'m> {
         let mut row = 0;
         let mut ended = Vec::new();
         for part in parts {
+            let rows = &mut logits[row * vocab..(row + part.logits) * vocab];
+            row += part.logits;
             let Some(index) = self.running.iter().position(|r| r.id == part.id) else {
                 continue;
             };
             let seq = &mut self.running[index];
             seq.in_flight = false;
-            seq.computed += part.len;
-            self.blocks
-                .register(&seq.table, &seq.tokens[..seq.computed], &mut seq.chain);
-            let mut flow = ControlFlow::Continue(());
-            if seq.computed <= seq.prompt_len {
-                let event = GenerationEvent::PrefillProgress {
-                    done: seq.computed - seq.cached,
-                    total: seq.prompt_len - seq.cached,
-                };
-                flow = sink(seq.id, SeqEvent::Generation(event));
-                if seq.computed == seq.prompt_len {
-                    seq.prefill_done = Some(Instant::now());
-                }
-            }
-            if part.logits {
-                let row_logits = &mut logits[row * vocab..(row + 1) * vocab];
-                row += 1;
-                if flow.is_continue() {
-                    let id = seq.id;
-                    let next =
-                        seq.decoder
-                            .next(self.model, row_logits, &seq.tokens, &mut |event| {
-                                sink(id, SeqEvent::Generation(event))
-                            });
-                    match next {
-                        Some(token) => seq.tokens.push(token),
-                        None => ended.push(index),
-                    }
-                }
-            }
-            if flow.is_break() || seq.cancelled {
+            let mut done = if part.decode {
+                self.advance_decode(index, part, rows, sink)
+            } else {
+                self.advance_prefill(index, part, rows, sink)
+            };
+            let seq = &mut self.running[index];
+            if done || seq.cancelled {
                 seq.decoder.cancel();
-                if !ended.contains(&index) {
-                    ended.push(index);
-                }
+                done = true;
+            }
+            if done {
+                ended.push(index);
             }
         }
         ended.sort_unstable();
+        ended.dedup();
         for index in ended.into_iter().rev() {
-            let seq = self.running.remove(index);
-            self.blocks.release(&seq.table);
+            let mut seq = self.running.remove(index);
+            self.release(&mut seq);
             finish(seq, sink);
+        }
+    }
+
+    /// A prompt chunk: its progress, and the first token once the prompt
+    /// is in. True when the sequence has ended.
+    fn advance_prefill(
+        &mut self,
+        index: usize,
+        part: &Part,
+        rows: &mut [f32],
+        sink: &mut dyn FnMut(SeqId, SeqEvent<'_>) -> ControlFlow<()>,
+    ) -> bool {
+        let model = self.model;
+        let seq = &mut self.running[index];
+        seq.computed += part.len;
+        self.blocks
+            .register(&seq.table, &seq.tokens[..seq.computed], &mut seq.chain);
+        let event = GenerationEvent::PrefillProgress {
+            done: seq.computed - seq.cached,
+            total: seq.prompt_len - seq.cached,
+        };
+        let id = seq.id;
+        if sink(id, SeqEvent::Generation(event)).is_break() {
+            return true;
+        }
+        if seq.computed == seq.prompt_len {
+            seq.prefill_done = Some(Instant::now());
+        }
+        if part.logits == 0 {
+            return false;
+        }
+        let next = seq
+            .decoder
+            .next(model, rows, &seq.tokens, &mut |event| {
+                sink(id, SeqEvent::Generation(event))
+            });
+        match next {
+            Some(token) => {
+                seq.tokens.push(token);
+                false
+            }
+            None => true,
+        }
+    }
+
+    /// A decode step: its next token's logits, and those after each of its
+    /// drafts, checked in order ([`verify`]); the cache keeps the positions
+    /// of the tokens accepted. True when the sequence has ended.
+    fn advance_decode(
+        &mut self,
+        index: usize,
+        part: &Part,
+        rows: &mut [f32],
+        sink: &mut dyn FnMut(SeqId, SeqEvent<'_>) -> ControlFlow<()>,
+    ) -> bool {
+        let model = self.model;
+        let vocab = model.transformer.config.vocab;
+        let seq = &mut self.running[index];
+        let id = seq.id;
+        let drafts = part.len - 1;
+        let before = seq.tokens.len();
+        let mut ended = false;
+        let draft = seq.draft.tokens.get(..drafts).unwrap_or_default();
+        let accepted = verify(draft, |i| {
+            let row = &mut rows[i * vocab..(i + 1) * vocab];
+            let next = seq.decoder.next(model, row, &seq.tokens, &mut |event| {
+                sink(id, SeqEvent::Generation(event))
+            });
+            match next {
+                Some(token) => seq.tokens.push(token),
+                None => ended = true,
+            }
+            next
+        });
+        seq.counts.steps += 1;
+        if drafts > 0 {
+            seq.counts.drafted += drafts;
+            seq.counts.accepted += accepted;
+            seq.draft.length.observe(drafts, accepted);
+        } else if let (Some(shadow), Some(&token)) =
+            (seq.draft.shadow.take(), seq.tokens.get(before))
+        {
+            seq.draft.length.observe(1, usize::from(shadow == token));
+        }
+        if ended {
+            return true;
+        }
+        seq.computed += 1 + accepted;
+        self.blocks
+            .register(&seq.table, &seq.tokens[..seq.computed], &mut seq.chain);
+        if let Some(draft) = self.speculation.as_mut().and_then(|s| s.draft.as_mut()) {
+            draft.settle(&mut seq.draft, &seq.tokens, seq.computed);
+        }
+        false
+    }
+
+    /// Gives a sequence's blocks back, the draft model's too.
+    fn release(&mut self, seq: &mut Running) {
+        self.blocks.release(&seq.table);
+        if let Some(draft) = self.speculation.as_mut().and_then(|s| s.draft.as_mut()) {
+            draft.release(&mut seq.draft);
         }
     }
 
@@ -536,7 +725,7 @@ impl<'m> Batch<'m> {
             if self.running[index].cancelled && !self.running[index].in_flight {
                 let mut seq = self.running.remove(index);
                 seq.decoder.cancel();
-                self.blocks.release(&seq.table);
+                self.release(&mut seq);
                 finish(seq, sink);
             } else {
                 index += 1;
@@ -549,8 +738,8 @@ impl<'m> Batch<'m> {
         message: &str,
         sink: &mut dyn FnMut(SeqId, SeqEvent<'_>) -> ControlFlow<()>,
     ) {
-        for seq in self.running.drain(..) {
-            self.blocks.release(&seq.table);
+        for mut seq in std::mem::take(&mut self.running) {
+            self.release(&mut seq);
             let _ = sink(seq.id, SeqEvent::Failed(message));
         }
         // What waits would meet the same broken engine.
@@ -575,7 +764,7 @@ impl<'m> Batch<'m> {
             start: 0,
             len: tokens.len(),
             table: &admitted.table,
-            logits: true,
+            logits: 1,
         };
         let result = self.executor.step(&[span], tokens);
         self.blocks.release(&admitted.table);
@@ -619,6 +808,9 @@ fn finish(seq: Running, sink: &mut dyn FnMut(SeqId, SeqEvent<'_>) -> ControlFlow
         decode_tokens_per_second: per_second(generated.saturating_sub(1), (total - ttft).max(0.0)),
         time_to_first_token_seconds: ttft,
         peak_rss_bytes: crate::memory::peak_rss_bytes(),
+        draft_tokens: seq.counts.drafted,
+        accepted_draft_tokens: seq.counts.accepted,
+        decode_steps: seq.counts.steps,
     };
     let mut prompt_tokens = seq.tokens;
     prompt_tokens.truncate(prompt_len);

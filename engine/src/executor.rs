@@ -31,8 +31,8 @@ pub struct WireSpan {
     pub start: usize,
     /// Tokens of the step's input that belong to this sequence.
     pub len: usize,
-    /// Whether rank 0 wants the logits after the span's last token.
-    pub logits: bool,
+    /// Rows of logits rank 0 wants, for the span's last tokens.
+    pub logits: usize,
     /// The sequence's blocks, for every position up to `start + len`.
     pub table: Vec<BlockId>,
 }
@@ -58,7 +58,7 @@ fn encode_batch(spans: &[SeqSpan<'_>], tokens: &[u32], out: &mut Vec<u8>) {
     for span in spans {
         word(span.start as u32);
         word(span.len as u32);
-        word(u32::from(span.logits));
+        word(span.logits as u32);
         word(span.table.len() as u32);
         for &block in span.table {
             word(block);
@@ -124,13 +124,13 @@ impl Step {
                 return Err(truncated());
             };
             let table = rest.get(..blocks as usize).ok_or_else(truncated)?;
-            if len == 0 || logits > 1 {
-                return Err(format!("a span of {len} tokens, logits flag {logits}"));
+            if len == 0 || logits > len {
+                return Err(format!("a span of {len} tokens wants {logits} logits rows"));
             }
             spans.push(WireSpan {
                 start: start as usize,
                 len: len as usize,
-                logits: logits == 1,
+                logits: logits as usize,
                 table: table.to_vec(),
             });
             total += len as usize;
@@ -263,8 +263,8 @@ impl<'m> Executor<'m> {
         self.kv.ensure_blocks(blocks);
     }
 
-    /// Rank 0: every rank runs `tokens`, span by span. Returns one row of
-    /// logits per span that asks for them, in span order.
+    /// Rank 0: every rank runs `tokens`, span by span. Returns the logits
+    /// rows the spans ask for, in span order.
     pub fn step(
         &mut self,
         spans: &[SeqSpan<'_>],
@@ -289,7 +289,7 @@ impl<'m> Executor<'m> {
             self.message = message;
             sent?;
         }
-        let wanted = spans.iter().filter(|s| s.logits).count();
+        let wanted: usize = spans.iter().map(|s| s.logits).sum();
         let local = if self.execute(spans, tokens)? {
             // The rows move to the launch; `logits` gets a spare buffer.
             let mut buffer = self.spare.pop().unwrap_or_default();
@@ -366,6 +366,32 @@ impl<'m> Executor<'m> {
                     self.execute(&spans, &tokens)?;
                 }
             }
+        }
+    }
+
+    /// Rank 0: runs `tokens` through a whole model of its own (a
+    /// speculative draft) on this rank's compute threads, between the
+    /// instance's steps, with its own pool and scratch space. Returns the
+    /// logits rows the spans ask for.
+    pub fn run_beside<'w>(
+        &self,
+        model: &Transformer,
+        kv: &mut KvPool,
+        workspace: &'w mut Workspace,
+        spans: &[SeqSpan<'_>],
+        tokens: &[u32],
+    ) -> Result<&'w [f32], ExecError> {
+        let most = spans
+            .iter()
+            .flat_map(|s| s.table.iter())
+            .max()
+            .map_or(0, |&b| b as usize + 1);
+        kv.ensure_blocks(most);
+        let input = StageInput::Tokens(tokens);
+        let out = model.forward_batch(input, spans, kv, workspace, &self.pool, &mut SingleRank)?;
+        match out {
+            ForwardOutput::Logits(logits) => Ok(logits),
+            ForwardOutput::Hidden(_) => Err(ForwardError::NotLastStage.into()),
         }
     }
 
@@ -464,13 +490,13 @@ mod tests {
                     WireSpan {
                         start: 7,
                         len: 2,
-                        logits: true,
+                        logits: 2,
                         table: vec![4, 9],
                     },
                     WireSpan {
                         start: 0,
                         len: 1,
-                        logits: false,
+                        logits: 0,
                         table: vec![0],
                     },
                 ],
@@ -484,6 +510,8 @@ mod tests {
         assert!(Step::decode(&[1, 2, 3]).is_err());
         assert!(Step::decode(&[9, 0, 0, 0]).is_err());
         let words = |ws: &[u32]| ws.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
+        // More logits rows than tokens.
+        assert!(Step::decode(&words(&[BATCH, 1, 0, 1, 2, 1, 0, 5])).is_err());
         // Spans of 3 tokens followed by 1 token; a table longer than what follows.
         assert!(Step::decode(&words(&[BATCH, 1, 0, 3, 1, 1, 0, 5])).is_err());
         assert!(Step::decode(&words(&[BATCH, 1, 0, 1, 1, 9, 0])).is_err());

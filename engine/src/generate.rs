@@ -59,6 +59,8 @@ pub enum EngineError {
     Forward(#[from] ForwardError),
     #[error(transparent)]
     Distributed(ExecError),
+    #[error("the draft model {draft} does not share the target's vocabulary: {detail}")]
+    DraftVocabulary { draft: String, detail: String },
 }
 
 impl EngineError {
@@ -109,6 +111,9 @@ pub struct GenerateRequest {
     /// Record each generated token's logprob (and `sampling.top_logprobs`
     /// alternatives) in [`GenerationOutput::logprobs`].
     pub logprobs: bool,
+    /// Draft and verify several tokens per step when the instance
+    /// speculates ([`crate::speculative`]); false decodes one at a time.
+    pub speculative: bool,
 }
 
 impl GenerateRequest {
@@ -123,6 +128,7 @@ impl GenerateRequest {
             prefill_chunk: 512,
             reuse_prefix: true,
             logprobs: false,
+            speculative: true,
         }
     }
 }
@@ -155,6 +161,13 @@ pub struct GenerationStats {
     pub decode_tokens_per_second: f64,
     pub time_to_first_token_seconds: f64,
     pub peak_rss_bytes: Option<u64>,
+    /// Speculative decoding: tokens drafted and checked by the target.
+    pub draft_tokens: usize,
+    /// Of those, tokens the target accepted.
+    pub accepted_draft_tokens: usize,
+    /// Target forward steps that produced the generated tokens (one per
+    /// token without speculation).
+    pub decode_steps: usize,
 }
 
 /// Streamed while generating.
@@ -381,6 +394,11 @@ impl<'m> Session<'m> {
     /// The executor (for shutting a distributed instance down).
     pub fn executor(&mut self) -> &mut Executor<'m> {
         self.batch.executor()
+    }
+
+    /// Speculative decoding for the next requests ([`Batch::set_speculation`]).
+    pub fn set_speculation(&mut self, speculation: Option<crate::speculative::Speculation>) {
+        self.batch.set_speculation(speculation);
     }
 
     /// Forgets the conversation (the next request starts cold).

@@ -46,6 +46,7 @@ pub mod quant;
 pub mod ring_security;
 pub mod sampler;
 pub mod shard;
+pub mod speculative;
 pub mod stop;
 #[doc(hidden)]
 pub mod testing;

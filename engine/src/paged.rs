@@ -106,7 +106,7 @@ impl KvPool {
 }
 
 /// A prefix block's identity: the hash of its parent's and its tokens.
-type BlockHash = [u8; 32];
+pub type BlockHash = [u8; 32];
 
 /// The hash of a full block that follows a block hashed `parent`.
 fn block_hash(parent: Option<&BlockHash>, tokens: &[u32]) -> BlockHash {

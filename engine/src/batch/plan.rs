@@ -12,6 +12,9 @@ pub struct SeqState {
     pub prompt: usize,
     /// The most prompt tokens it takes in one step.
     pub chunk: usize,
+    /// Draft tokens it would check after its next token (speculative
+    /// decoding); they count against the step's budget like any token.
+    pub draft: usize,
 }
 
 /// One sequence's share of a step.
@@ -19,16 +22,19 @@ pub struct SeqState {
 pub struct Planned {
     /// The sequence's index in the running list.
     pub index: usize,
-    /// Tokens it runs, from its first uncomputed one.
+    /// Tokens it runs, from its first uncomputed one (a decoding
+    /// sequence's next token, then as many of its drafts as fit).
     pub len: usize,
-    /// Whether the step ends its prompt or is a decode step: logits wanted.
-    pub logits: bool,
+    /// Rows of logits wanted: one when the step ends its prompt, one per
+    /// token of a decode step (each checks the draft before it), else 0.
+    pub logits: usize,
 }
 
 /// Plans a step of at most `budget` tokens: every decoding sequence's next
-/// token first (decoding never waits on a prompt), then prompt chunks in
-/// arrival order (the running list's order), each at most its `chunk`, so
-/// a long prompt is spread over steps and the others keep decoding.
+/// token first (decoding never waits on a prompt), then the drafts of
+/// speculating sequences, then prompt chunks in arrival order (the running
+/// list's order), each at most its `chunk`, so a long prompt is spread
+/// over steps and the others keep decoding.
 pub fn plan_step(sequences: &[SeqState], budget: usize, out: &mut Vec<Planned>) {
     out.clear();
     let mut left = budget.max(1);
@@ -37,10 +43,16 @@ pub fn plan_step(sequences: &[SeqState], budget: usize, out: &mut Vec<Planned>) 
             out.push(Planned {
                 index,
                 len: 1,
-                logits: true,
+                logits: 1,
             });
             left -= 1;
         }
+    }
+    for planned in out.iter_mut() {
+        let extra = sequences[planned.index].draft.min(left);
+        planned.len += extra;
+        planned.logits += extra;
+        left -= extra;
     }
     for (index, seq) in sequences.iter().enumerate() {
         if left == 0 {
@@ -51,7 +63,7 @@ pub fn plan_step(sequences: &[SeqState], budget: usize, out: &mut Vec<Planned>) 
             out.push(Planned {
                 index,
                 len,
-                logits: seq.computed + len == seq.prompt,
+                logits: usize::from(seq.computed + len == seq.prompt),
             });
             left -= len;
         }
@@ -71,6 +83,7 @@ mod tests {
             tokens,
             prompt: 10,
             chunk: 512,
+            draft: 0,
         }
     }
 
@@ -80,6 +93,7 @@ mod tests {
             tokens: prompt,
             prompt,
             chunk: 512,
+            draft: 0,
         }
     }
 
@@ -99,17 +113,17 @@ mod tests {
                 Planned {
                     index: 0,
                     len: 126,
-                    logits: false
+                    logits: 0
                 },
                 Planned {
                     index: 1,
                     len: 1,
-                    logits: true
+                    logits: 1
                 },
                 Planned {
                     index: 2,
                     len: 1,
-                    logits: true
+                    logits: 1
                 },
             ]
         );
@@ -122,17 +136,17 @@ mod tests {
                 Planned {
                     index: 0,
                     len: 10,
-                    logits: true
+                    logits: 1
                 },
                 Planned {
                     index: 1,
                     len: 1,
-                    logits: true
+                    logits: 1
                 },
                 Planned {
                     index: 2,
                     len: 50,
-                    logits: true
+                    logits: 1
                 },
             ]
         );
@@ -150,6 +164,20 @@ mod tests {
     }
 
     #[test]
+    fn drafts_come_after_every_next_token_and_before_prompts() {
+        let mut speculating = decoding(20);
+        speculating.draft = 4;
+        let seqs = [prefilling(100, 0), speculating, decoding(9)];
+        let mut out = Vec::new();
+        plan_step(&seqs, 16, &mut out);
+        let planned = |index, len, logits| Planned { index, len, logits };
+        assert_eq!(out, vec![planned(0, 10, 0), planned(1, 5, 5), planned(2, 1, 1)]);
+        // A tight budget cuts the draft, never another sequence's token.
+        plan_step(&seqs, 4, &mut out);
+        assert_eq!(out, vec![planned(1, 3, 3), planned(2, 1, 1)]);
+    }
+
+    #[test]
     fn a_finished_prompt_with_no_new_token_is_not_planned() {
         // Computed everything it has: it waits for its sampled token.
         let seq = SeqState {
@@ -157,6 +185,7 @@ mod tests {
             tokens: 10,
             prompt: 10,
             chunk: 512,
+            draft: 0,
         };
         let mut out = Vec::new();
         plan_step(&[seq], 128, &mut out);

@@ -134,8 +134,9 @@ pub struct SeqSpan<'a> {
     pub start: usize,
     pub len: usize,
     pub table: &'a [BlockId],
-    /// Whether the step returns logits for the span's last token.
-    pub logits: bool,
+    /// Rows of logits the step returns for the span's last tokens: 0, 1
+    /// (the next token), or more (a speculative step checks each draft).
+    pub logits: usize,
 }
 
 /// Scratch buffers of the forward pass, sized once for the largest batch so
@@ -604,7 +605,7 @@ impl Transformer {
             start,
             len: tokens,
             table: &cache.table,
-            logits: want_logits,
+            logits: usize::from(want_logits),
         };
         let out = self.forward_batch(input, &[span], &mut cache.pool, ws, pool, group)?;
         cache.len = start + tokens;
@@ -656,7 +657,7 @@ impl Transformer {
         for (index, layer) in self.layers.iter().enumerate() {
             self.layer_forward(layer, index, tokens, spans, kv, ws, pool, group)?;
         }
-        let wanted = spans.iter().filter(|s| s.logits).count();
+        let wanted: usize = spans.iter().map(|s| s.logits).sum();
         if !self.is_last_stage() || wanted == 0 {
             return Ok(ForwardOutput::Hidden(&ws.x[..tokens * hidden]));
         }
@@ -672,7 +673,7 @@ impl Transformer {
         kv: &KvPool,
     ) -> Result<usize, ForwardError> {
         let covered: usize = spans.iter().map(|s| s.len).sum();
-        if covered != tokens || spans.iter().any(|s| s.len == 0) {
+        if covered != tokens || spans.iter().any(|s| s.len == 0 || s.logits > s.len) {
             return Err(ForwardError::SpanMismatch {
                 tokens,
                 spans: covered,
@@ -744,8 +745,8 @@ impl Transformer {
         Ok(())
     }
 
-    /// The final norm and the LM head over the last token of each span that
-    /// wants logits: `wanted` rows of `vocab`.
+    /// The final norm and the LM head over the last `logits` tokens of each
+    /// span: `wanted` rows of `vocab`.
     fn head<'w>(
         &self,
         spans: &[SeqSpan<'_>],
@@ -761,10 +762,10 @@ impl Transformer {
         let mut end = 0;
         for span in spans {
             end += span.len;
-            if span.logits {
-                let last = &ws.x[(end - 1) * hidden..end * hidden];
+            for at in end - span.logits..end {
+                let x = &ws.x[at * hidden..(at + 1) * hidden];
                 let out = &mut ws.normed[row * hidden..(row + 1) * hidden];
-                ops::rms_norm(last, norm, cfg.norm_eps, out);
+                ops::rms_norm(x, norm, cfg.norm_eps, out);
                 row += 1;
             }
         }
