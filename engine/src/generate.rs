@@ -396,6 +396,11 @@ impl<'m> Session<'m> {
         self.batch.executor()
     }
 
+    /// The executor back, once the session is done with.
+    pub fn into_executor(self) -> Executor<'m> {
+        self.batch.into_executor()
+    }
+
     /// Speculative decoding for the next requests ([`Batch::set_speculation`]).
     pub fn set_speculation(&mut self, speculation: Option<crate::speculative::Speculation>) {
         self.batch.set_speculation(speculation);

@@ -498,3 +498,81 @@ impl TensorSource for GgufFile {
         }
     }
 }
+
+/// Writes a GGUF of `source`'s first `layers` layers with its embeddings,
+/// final norm and head, every tensor as stored (no requantizing): a draft
+/// model for speculative decoding with the target's own vocabulary, where
+/// no smaller sibling of the model is at hand.
+pub fn write_first_layers(source: &Path, dest: &Path, layers: usize) -> Result<(), LoadError> {
+    use candle_core::quantized::gguf_file;
+
+    let display = source.display().to_string();
+    let io = |path: &Path| {
+        let path = path.display().to_string();
+        move |source| LoadError::Io {
+            path: path.clone(),
+            source,
+        }
+    };
+    let format = |reason: String| LoadError::Format {
+        path: display.clone(),
+        reason,
+    };
+    let mut file = File::open(source).map_err(io(source))?;
+    let content = Content::read(&mut file).map_err(|e| format(e.to_string()))?;
+    let arch = match content.metadata.get("general.architecture") {
+        Some(Value::String(arch)) => arch.clone(),
+        _ => return Err(format("no general.architecture".into())),
+    };
+    let count_key = format!("{arch}.block_count");
+    let total = content
+        .metadata
+        .get(&count_key)
+        .and_then(|v| v.to_u32().ok())
+        .ok_or_else(|| format(format!("no {count_key}")))? as usize;
+    if layers == 0 || layers > total {
+        return Err(format(format!(
+            "asked for its first {layers} layers; it has {total}"
+        )));
+    }
+    let kept = |name: &str| match name.strip_prefix("blk.") {
+        Some(rest) => rest
+            .split('.')
+            .next()
+            .and_then(|n| n.parse::<usize>().ok())
+            .is_some_and(|n| n < layers),
+        None => true,
+    };
+    let mut names: Vec<&String> = content
+        .tensor_infos
+        .keys()
+        .filter(|name| kept(name))
+        .collect();
+    names.sort();
+    let mut tensors = Vec::with_capacity(names.len());
+    for name in names {
+        let info = &content.tensor_infos[name];
+        let tensor = info
+            .read(&mut file, content.tensor_data_offset, &Device::Cpu)
+            .map_err(|e| format(format!("tensor {name}: {e}")))?;
+        tensors.push((name.as_str(), tensor));
+    }
+    let block_count = Value::U32(layers as u32);
+    let mut metadata: Vec<(&str, &Value)> = content
+        .metadata
+        .iter()
+        .map(|(key, value)| {
+            let value = if *key == count_key { &block_count } else { value };
+            (key.as_str(), value)
+        })
+        .collect();
+    metadata.sort_by_key(|(key, _)| *key);
+    let refs: Vec<(&str, &candle_core::quantized::QTensor)> =
+        tensors.iter().map(|(name, t)| (*name, t)).collect();
+    let mut out = std::io::BufWriter::new(File::create(dest).map_err(io(dest))?);
+    gguf_file::write(&mut out, &metadata, &refs).map_err(|e| LoadError::Format {
+        path: dest.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    std::io::Write::flush(&mut out).map_err(io(dest))
+}

@@ -9,4 +9,5 @@ mod golden;
 mod hf_reference;
 mod kquants;
 mod safetensors;
+mod speculative;
 mod tensor_parallel;

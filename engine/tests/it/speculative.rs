@@ -1,0 +1,239 @@
+//! Speculative decoding on the default model: with prompt lookup or a
+//! draft model, every request's tokens equal plain decoding's (greedy, and
+//! seeded sampling too), alone and eight at once, on one machine and
+//! through tensor and pipeline world 2; drafts are really checked (an echo
+//! prompt takes fewer target steps than tokens); a draft model with
+//! another vocabulary is refused.
+
+use std::collections::BTreeMap;
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde_json::Value;
+use tessera_engine::batch::{Batch, BatchConfig, SeqEvent, SeqId};
+use tessera_engine::chat_template::ChatMessage;
+use tessera_engine::executor::Executor;
+use tessera_engine::generate::{EngineError, GenerateRequest, GenerationOutput, LoadedModel, Prompt};
+use tessera_engine::speculative::{check_draft_vocabulary, DraftSource, Speculation};
+
+use super::distributed::{on_ranks, Sharding};
+
+const PASSAGE: &str = "The cluster keeps one ordered log of events. Every node folds the log into the same state, and the master alone decides what comes next. When the master goes away, the others elect a new one and carry on from the last event they all agree on.";
+
+fn chat(text: &str) -> Prompt {
+    Prompt::Chat {
+        messages: vec![ChatMessage::new("user", text)],
+        tools: None,
+    }
+}
+
+fn request(prompt: Prompt, tokens: usize) -> GenerateRequest {
+    let mut request = GenerateRequest::new(prompt);
+    request.max_tokens = tokens;
+    request.ignore_eos = true;
+    request
+}
+
+/// The golden set's prompts (llama.cpp's references), two echo prompts
+/// (where prompt lookup pays), and a seeded sampled one.
+fn requests(tokens: usize) -> Vec<GenerateRequest> {
+    let path = format!(
+        "{}/tests/data/llamacpp-smollm2-135m-q4_1.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let golden: Value = serde_json::from_str(&text).expect("golden file is JSON");
+    let mut out = Vec::new();
+    for case in golden["chats"].as_array().expect("chats").iter().take(4) {
+        let messages: Vec<ChatMessage> =
+            serde_json::from_value(case["messages"].clone()).expect("messages");
+        out.push(request(
+            Prompt::Chat {
+                messages,
+                tools: None,
+            },
+            tokens,
+        ));
+    }
+    let raw = golden["raw_prompt"]["prompt"].as_str().expect("raw prompt");
+    out.push(request(Prompt::Raw(raw.into()), tokens));
+    out.push(request(
+        chat(&format!("Repeat this text exactly:\n\n{PASSAGE}")),
+        tokens,
+    ));
+    out.push(request(Prompt::Raw(format!("{PASSAGE}\n\n{PASSAGE}\n\n")), tokens));
+    let mut sampled = request(chat(&format!("Summarise: {PASSAGE}")), tokens);
+    sampled.sampling.temperature = 0.7;
+    sampled.sampling.top_p = 0.9;
+    sampled.sampling.seed = Some(42);
+    out.push(sampled);
+    out
+}
+
+/// The index of the "repeat this passage" chat in [`requests`].
+const ECHO: usize = 5;
+
+fn config() -> BatchConfig {
+    BatchConfig {
+        max_sequences: 8,
+        step_tokens: 48,
+        kv_blocks: 256,
+    }
+}
+
+fn run_all(
+    batch: &mut Batch<'_>,
+    requests: &[GenerateRequest],
+    arrivals: &[usize],
+) -> BTreeMap<SeqId, GenerationOutput> {
+    let mut outputs = BTreeMap::new();
+    let mut step = 0;
+    while outputs.len() < requests.len() {
+        for (i, request) in requests.iter().enumerate() {
+            if arrivals[i] == step {
+                batch.submit(i as SeqId, request.clone()).expect("submits");
+            }
+        }
+        batch
+            .step(&mut |id, event| match event {
+                SeqEvent::Finished(output) => {
+                    outputs.insert(id, output);
+                    ControlFlow::Continue(())
+                }
+                SeqEvent::Failed(message) => panic!("sequence {id} failed: {message}"),
+                SeqEvent::Generation(_) => ControlFlow::Continue(()),
+            })
+            .expect("step");
+        step += 1;
+        assert!(step < 10_000, "the batch does not finish");
+    }
+    outputs
+}
+
+fn alone(batch: &mut Batch<'_>, requests: &[GenerateRequest]) -> Vec<GenerationOutput> {
+    requests
+        .iter()
+        .map(|request| {
+            batch.clear_cache();
+            run_all(batch, std::slice::from_ref(request), &[0])
+                .remove(&0)
+                .expect("an output")
+        })
+        .collect()
+}
+
+fn ngram(tokens: usize) -> Option<Speculation> {
+    Some(Speculation {
+        source: DraftSource::Ngram,
+        max_draft_tokens: tokens,
+    })
+}
+
+/// Plain decoding alone, then with `speculation` alone and eight at once
+/// (staggered, so drafts share steps with prompt chunks): the same tokens.
+/// Returns the speculative outputs alone.
+fn check_identical(
+    model: &LoadedModel,
+    executor: Executor<'_>,
+    speculation: Option<Speculation>,
+) -> Vec<GenerationOutput> {
+    let requests = requests(40);
+    let mut batch = Batch::new(model, executor, config());
+    let plain = alone(&mut batch, &requests);
+    for out in &plain {
+        assert_eq!(out.stats.draft_tokens, 0);
+        assert_eq!(out.stats.decode_steps, out.tokens.len() - 1);
+    }
+    batch.set_speculation(speculation);
+    let speculative = alone(&mut batch, &requests);
+    for (i, (spec, plain)) in speculative.iter().zip(&plain).enumerate() {
+        assert_eq!(spec.tokens, plain.tokens, "request {i} alone, speculating");
+    }
+    batch.clear_cache();
+    let together = run_all(&mut batch, &requests, &[0, 0, 1, 2, 2, 3, 5, 8]);
+    for (i, plain) in plain.iter().enumerate() {
+        assert_eq!(
+            together[&(i as SeqId)].tokens,
+            plain.tokens,
+            "request {i} among 8, speculating"
+        );
+    }
+    let drafted: usize = speculative.iter().map(|o| o.stats.draft_tokens).sum();
+    let accepted: usize = speculative.iter().map(|o| o.stats.accepted_draft_tokens).sum();
+    eprintln!("drafted {drafted}, accepted {accepted}");
+
+    speculative
+}
+
+fn model() -> LoadedModel {
+    LoadedModel::load(&tessera_engine::testing::default_model_path(), |_, _| {})
+        .expect("default model loads")
+}
+
+#[test]
+fn prompt_lookup_gives_plain_decodings_tokens_alone_and_eight_at_once() {
+    let model = model();
+    let outputs = check_identical(&model, Executor::single(&model.transformer, 2), ngram(4));
+    let echo = &outputs[ECHO].stats;
+    assert!(
+        echo.accepted_draft_tokens > 10 && echo.decode_steps < echo.generated_tokens - 10,
+        "the repeated passage is drafted and accepted: {echo:?}"
+    );
+    assert!(echo.accepted_draft_tokens <= echo.draft_tokens);
+}
+
+#[test]
+fn prompt_lookup_is_identical_through_tensor_and_pipeline_parallelism() {
+    let path = tessera_engine::testing::default_model_path();
+    for sharding in [Sharding::Tensor, Sharding::Pipeline] {
+        on_ranks(&path, sharding, 2, |model, executor| {
+            let outputs = check_identical(model, executor, ngram(4));
+            assert!(outputs[ECHO].stats.accepted_draft_tokens > 10);
+        });
+    }
+}
+
+#[test]
+fn the_target_as_its_own_draft_model_is_always_accepted_and_identical() {
+    let model = model();
+    let draft = Arc::new(self::model());
+    check_draft_vocabulary(&model, &draft).expect("the same vocabulary");
+    let speculation = Some(Speculation {
+        source: DraftSource::Model(draft),
+        max_draft_tokens: 3,
+    });
+    let outputs = check_identical(&model, Executor::single(&model.transformer, 2), speculation);
+    // Greedy drafts of the same model are the target's own greedy tokens.
+    for (i, out) in outputs.iter().enumerate().take(ECHO + 1) {
+        let stats = &out.stats;
+        assert!(stats.draft_tokens > 0, "request {i} drafted");
+        assert_eq!(
+            stats.accepted_draft_tokens, stats.draft_tokens,
+            "request {i}: every draft of the target itself stands"
+        );
+    }
+}
+
+#[test]
+fn a_request_that_opts_out_never_drafts() {
+    let model = model();
+    let mut batch = Batch::new(&model, Executor::single(&model.transformer, 2), config());
+    batch.set_speculation(ngram(4));
+    let mut echo = requests(24).swap_remove(ECHO);
+    echo.speculative = false;
+    let out = alone(&mut batch, &[echo]).remove(0);
+    assert_eq!(out.stats.draft_tokens, 0);
+    assert_eq!(out.stats.decode_steps, out.tokens.len() - 1);
+}
+
+#[test]
+fn a_draft_with_another_vocabulary_is_refused() {
+    let model = model();
+    let tiny = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/hf-reference/llama");
+    let tiny = LoadedModel::load(&tiny, |_, _| {}).expect("the tiny reference model loads");
+    let error = check_draft_vocabulary(&model, &tiny).expect_err("another vocabulary");
+    assert!(matches!(error, EngineError::DraftVocabulary { .. }));
+    let message = error.to_string();
+    assert!(message.contains("tokens against the target's"), "{message}");
+}
