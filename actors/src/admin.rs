@@ -199,7 +199,8 @@ mod tests {
             EventsRangeReply,
             AddModelReply,
             DownloadReply,
-            RevokeReply
+            RevokeReply,
+            SetDraftReply
         );
         Ok(())
     }

@@ -165,6 +165,7 @@ admin_replies!(
     v1::DownloadReply,
     v1::EventsRangeReply,
     v1::RevokeReply,
+    v1::SetDraftReply,
 );
 
 /// The reply, or its `AdminError` as an error.
@@ -321,6 +322,21 @@ impl AdminClient {
             holder: holder.to_string(),
         };
         self.change(AdminMethod::Revoke, &request, self.options.timeout)
+            .await
+    }
+
+    /// Sets (or, with `None`, clears) an instance's speculative decoding;
+    /// the reply holds the instance as the log now has it.
+    pub async fn set_draft(
+        &self,
+        instance_id: &str,
+        draft: Option<v1::InstanceDraft>,
+    ) -> Result<v1::SetDraftReply, AdminClientError> {
+        let request = v1::SetDraftRequest {
+            instance_id: instance_id.to_string(),
+            draft,
+        };
+        self.change(AdminMethod::Draft, &request, self.options.timeout)
             .await
     }
 

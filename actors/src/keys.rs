@@ -34,10 +34,11 @@ pub enum AdminMethod {
     AddModel,
     Download,
     Revoke,
+    Draft,
 }
 
 impl AdminMethod {
-    pub const ALL: [AdminMethod; 12] = [
+    pub const ALL: [AdminMethod; 13] = [
         Self::State,
         Self::Nodes,
         Self::Instances,
@@ -50,6 +51,7 @@ impl AdminMethod {
         Self::AddModel,
         Self::Download,
         Self::Revoke,
+        Self::Draft,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -66,6 +68,7 @@ impl AdminMethod {
             Self::AddModel => "add_model",
             Self::Download => "download",
             Self::Revoke => "revoke",
+            Self::Draft => "draft",
         }
     }
 }

@@ -35,6 +35,9 @@ pub enum MasterMsg {
     Download(v1::DownloadRequest, RpcReplyPort<v1::DownloadReply>),
     /// A custom card built from a hub repository by the asking node.
     AddCard(v1::ModelCard, RpcReplyPort<v1::AddModelReply>),
+    /// The admin service's draft: an instance's speculative decoding set
+    /// or cleared.
+    SetDraft(v1::SetDraftRequest, RpcReplyPort<v1::SetDraftReply>),
     /// The admin service's revoke: a member of a secured cluster refused
     /// from now on (its instances go, as if it had timed out).
     Revoke(v1::RevokeRequest, RpcReplyPort<v1::RevokeReply>),
@@ -160,6 +163,7 @@ impl MasterState {
                     min_nodes: place.min_nodes as usize,
                     node_ids: &place.node_ids,
                     max_concurrent: self.max_concurrent_for(place.max_concurrent),
+                    draft: None,
                 };
                 let instance_id = if command.command_id.is_empty() {
                     uuid::Uuid::now_v7().to_string()
@@ -307,6 +311,15 @@ impl MasterState {
                     .into_iter()
                     .collect()
             }
+            Some(command::Kind::SetInstanceDraftModel(set)) => {
+                match draft_update(&state, &set.instance_id, set.draft.as_ref()) {
+                    Ok((event, _)) => vec![event],
+                    Err(failure) => {
+                        tracing::warn!(reason = %failure, "draft refused");
+                        Vec::new()
+                    }
+                }
+            }
             Some(command::Kind::AddModelCard(add)) => match &add.card {
                 Some(card) if crate::catalogue::card(&card.model_id).is_none() => vec![Event {
                     kind: Some(event::Kind::ModelCardAdded(v1::ModelCardAdded {
@@ -376,15 +389,16 @@ impl MasterState {
                 });
             }
         }
+        let placement_request = PlacementRequest {
+            model: &card,
+            sharding,
+            min_nodes: request.min_nodes as usize,
+            node_ids: &request.node_ids,
+            max_concurrent: self.max_concurrent,
+            draft: None,
+        };
         match self
-            .place_card(
-                &state,
-                &card,
-                sharding,
-                request.min_nodes as usize,
-                &request.node_ids,
-                &request.request_id,
-            )
+            .place_card(&state, &placement_request, &request.request_id)
             .await?
         {
             Ok((command_id, instance)) => Ok(v1::PlaceInstanceReply {
@@ -423,20 +437,11 @@ impl MasterState {
     async fn place_card(
         &mut self,
         state: &ClusterState,
-        card: &v1::ModelCard,
-        sharding: v1::Sharding,
-        min_nodes: usize,
-        node_ids: &[String],
+        placement_request: &PlacementRequest<'_>,
         request_id: &str,
     ) -> Result<Result<(String, v1::Instance), String>, ActorProcessingErr> {
         let nodes = NodeCapacity::from_state(state);
-        let placement_request = PlacementRequest {
-            model: card,
-            sharding,
-            min_nodes,
-            node_ids,
-            max_concurrent: self.max_concurrent,
-        };
+        let card = placement_request.model;
         let command_id = if request_id.is_empty() {
             uuid::Uuid::now_v7().to_string()
         } else {
@@ -445,7 +450,7 @@ impl MasterState {
         let instance_id = instance_id_for(&card.model_id, &command_id);
         let used = placement::used_ring_addresses(state);
         let placed =
-            match placement::place(&placement_request, &nodes, &instance_id, &used, |rank| {
+            match placement::place(placement_request, &nodes, &instance_id, &used, |rank| {
                 format!("{instance_id}-rank{rank}")
             }) {
                 Ok(placed) => placed,
@@ -500,7 +505,16 @@ impl MasterState {
             };
             let sharding = v1::Sharding::try_from(lost.sharding).unwrap_or(v1::Sharding::Pipeline);
             let state = self.state().await?;
-            match self.place_card(&state, card, sharding, 1, &[], "").await? {
+            // Its draft goes with it (counted on the new rank 0's node).
+            let request = PlacementRequest {
+                model: card,
+                sharding,
+                min_nodes: 1,
+                node_ids: &[],
+                max_concurrent: self.max_concurrent,
+                draft: lost.draft.as_ref(),
+            };
+            match self.place_card(&state, &request, "").await? {
                 Ok((_, instance)) => tracing::info!(
                     lost = lost.instance_id,
                     instance = instance.instance_id,
@@ -550,6 +564,38 @@ fn revocation_refusal(
 }
 
 impl MasterState {
+    /// Sets or clears an instance's draft: the event is in the log when
+    /// this returns (rank 0's runner follows; its status tells whether the
+    /// draft runs).
+    async fn set_draft(
+        &mut self,
+        request: &v1::SetDraftRequest,
+    ) -> Result<v1::SetDraftReply, ActorProcessingErr> {
+        let state = self.state().await?;
+        let refuse = |failure: AdminFailure| v1::SetDraftReply {
+            error: Some(failure.to_proto()),
+            ..Default::default()
+        };
+        let (event, instance) =
+            match draft_update(&state, &request.instance_id, request.draft.as_ref()) {
+                Ok(update) => update,
+                Err(failure) => return Ok(refuse(failure)),
+            };
+        let index = self.next_index;
+        if !self.index(event).await? {
+            return Ok(refuse(AdminFailure::Internal(
+                "the log refused the draft".into(),
+            )));
+        }
+        let mut shown = instance;
+        shown.ring_secret = Vec::new();
+        Ok(v1::SetDraftReply {
+            instance: Some(shown),
+            index,
+            error: None,
+        })
+    }
+
     /// Revokes `holder`: its instances and its node go first (placed again
     /// elsewhere, as for a node that timed out), then the revocation.
     async fn revoke(&mut self, holder: &str) -> Result<v1::RevokeReply, ActorProcessingErr> {
@@ -747,6 +793,79 @@ fn download_event(
             },
         )),
     })
+}
+
+/// The InstanceDraftModelUpdated event that sets `draft` on an instance
+/// (none, or method unspecified: off), with the instance as it will be;
+/// or why not, with nothing changed: an unknown instance or draft model, a
+/// token count out of 1..=16 (0 is the default, 4), a prompt lookup that
+/// names a model, a draft model that does not fit beside the instance on
+/// rank 0's node.
+fn draft_update(
+    state: &ClusterState,
+    instance_id: &str,
+    draft: Option<&v1::InstanceDraft>,
+) -> Result<(Event, v1::Instance), AdminFailure> {
+    use tessera_engine::speculative::{DEFAULT_DRAFT_TOKENS, MAX_DRAFT_TOKENS};
+    let instance = state
+        .instances
+        .get(instance_id)
+        .ok_or_else(|| AdminFailure::NotFound(format!("no instance {instance_id:?}")))?;
+    let asked = draft.filter(|d| d.method() != v1::DraftMethod::Unspecified);
+    let draft = match asked {
+        None => None,
+        Some(asked) => {
+            let tokens = match asked.num_draft_tokens {
+                0 => DEFAULT_DRAFT_TOKENS as u32,
+                n if n as usize > MAX_DRAFT_TOKENS => {
+                    return Err(AdminFailure::InvalidArgument(format!(
+                        "num_draft_tokens must be between 1 and {MAX_DRAFT_TOKENS}, got {n}"
+                    )))
+                }
+                n => n,
+            };
+            let mut draft = v1::InstanceDraft {
+                method: asked.method,
+                draft_model: String::new(),
+                num_draft_tokens: tokens,
+                draft_card: None,
+            };
+            if asked.method() == v1::DraftMethod::DraftModel {
+                if asked.draft_model.is_empty() {
+                    return Err(AdminFailure::InvalidArgument(
+                        "a draft_model draft names its model (draft_model)".into(),
+                    ));
+                }
+                let card = find_card(state, &asked.draft_model).ok_or_else(|| {
+                    AdminFailure::NotFound(format!("unknown draft model {:?}", asked.draft_model))
+                })?;
+                draft.draft_model = card.model_id.clone();
+                draft.draft_card = Some(card);
+                let nodes = NodeCapacity::from_state(state);
+                placement::draft_fits(&nodes, instance, &draft)
+                    .map_err(|e| AdminFailure::DoesNotFit(e.to_string()))?;
+            } else if !asked.draft_model.is_empty() {
+                return Err(AdminFailure::InvalidArgument(format!(
+                    "prompt lookup (ngram) needs no model, but draft_model is {:?}",
+                    asked.draft_model
+                )));
+            }
+            Some(draft)
+        }
+    };
+    let updated = v1::Instance {
+        draft: draft.clone(),
+        ..instance.clone()
+    };
+    let event = Event {
+        kind: Some(event::Kind::InstanceDraftModelUpdated(
+            v1::InstanceDraftModelUpdated {
+                instance_id: instance_id.to_string(),
+                draft,
+            },
+        )),
+    };
+    Ok((event, updated))
 }
 
 /// A model card from the state's instances or the built-in catalogue.
@@ -956,6 +1075,10 @@ impl Actor for Master {
                     state.on_runner_report(&runner_id, failed).await?;
                 }
             }
+            MasterMsg::SetDraft(request, reply) => {
+                let answer = state.set_draft(&request).await?;
+                let _ = reply.send(answer);
+            }
             MasterMsg::Revoke(request, reply) => {
                 let answer = state.revoke(&request.holder).await?;
                 let _ = reply.send(answer);
@@ -980,6 +1103,127 @@ impl Actor for Master {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A state with node "a" (`available` bytes free) running instance "i"
+    /// of the default model.
+    fn running(available: u64) -> ClusterState {
+        let mut state = ClusterState::default();
+        state.nodes.insert(
+            "a".into(),
+            v1::NodeState {
+                info: Some(v1::NodeInfo {
+                    memory_available_bytes: available,
+                    ..Default::default()
+                }),
+                updated_at_index: 1,
+            },
+        );
+        let model = crate::catalogue::cards().into_iter().next();
+        state.instances.insert(
+            "i".into(),
+            v1::Instance {
+                instance_id: "i".into(),
+                model,
+                ranks: vec![v1::InstanceRank {
+                    node_id: "a".into(),
+                    runner_id: "i-r0".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+        );
+        state
+    }
+
+    fn asked(method: v1::DraftMethod, model: &str, tokens: u32) -> v1::InstanceDraft {
+        v1::InstanceDraft {
+            method: method as i32,
+            draft_model: model.into(),
+            num_draft_tokens: tokens,
+            draft_card: None,
+        }
+    }
+
+    fn refusal(state: &ClusterState, id: &str, draft: Option<v1::InstanceDraft>) -> String {
+        match draft_update(state, id, draft.as_ref()) {
+            Ok(_) => "accepted".into(),
+            Err(failure) => format!("{:?}: {failure}", failure.kind()),
+        }
+    }
+
+    #[test]
+    fn a_draft_is_checked_before_it_becomes_an_event() {
+        use v1::DraftMethod as M;
+        const GB: u64 = 1_000_000_000;
+        let state = running(8 * GB);
+        let target = state.instances["i"]
+            .model
+            .as_ref()
+            .map(|m| m.model_id.clone())
+            .unwrap_or_default();
+        let cases = [
+            (
+                "ghost",
+                Some(asked(M::Ngram, "", 4)),
+                "NotFound: no instance \"ghost\"",
+            ),
+            (
+                "i",
+                Some(asked(M::Ngram, "", 17)),
+                "InvalidArgument: num_draft_tokens must be between 1 and 16, got 17",
+            ),
+            (
+                "i",
+                Some(asked(M::Ngram, "m", 4)),
+                "InvalidArgument: prompt lookup (ngram) needs no model, but draft_model is \"m\"",
+            ),
+            (
+                "i",
+                Some(asked(M::DraftModel, "", 4)),
+                "InvalidArgument: a draft_model draft names its model (draft_model)",
+            ),
+            (
+                "i",
+                Some(asked(M::DraftModel, "no-such-model", 4)),
+                "NotFound: unknown draft model \"no-such-model\"",
+            ),
+            ("i", Some(asked(M::Ngram, "", 16)), "accepted"),
+            ("i", Some(asked(M::DraftModel, &target, 1)), "accepted"),
+            ("i", None, "accepted"),
+            ("i", Some(asked(M::Unspecified, "", 99)), "accepted"),
+        ];
+        for (id, draft, expected) in cases {
+            assert_eq!(
+                refusal(&state, id, draft.clone()),
+                expected,
+                "{id} {draft:?}"
+            );
+        }
+        // Defaults filled in, the card attached.
+        let (event, instance) =
+            draft_update(&state, "i", Some(&asked(M::DraftModel, &target, 0))).expect("valid");
+        let draft = instance.draft.expect("a draft");
+        assert_eq!(draft.num_draft_tokens, 4);
+        assert_eq!(draft.draft_card.map(|c| c.model_id), Some(target.clone()));
+        assert!(matches!(
+            event.kind,
+            Some(event::Kind::InstanceDraftModelUpdated(ref u)) if u.instance_id == "i"
+        ));
+        // Off, either way, is an update without a draft.
+        let (_, off) = draft_update(&state, "i", Some(&asked(M::Unspecified, "", 0))).expect("off");
+        assert_eq!(off.draft, None);
+        // A draft model that does not fit beside the instance.
+        let full = running(300_000_000);
+        let why = refusal(&full, "i", Some(asked(M::DraftModel, &target, 4)));
+        assert!(
+            why.starts_with("DoesNotFit: ") && why.contains("rank 0's node a"),
+            "{why}"
+        );
+        assert_eq!(
+            refusal(&full, "i", Some(asked(M::Ngram, "", 4))),
+            "accepted"
+        );
+    }
 
     #[test]
     fn only_a_secured_clusters_other_members_are_revoked_once() {

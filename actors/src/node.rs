@@ -502,6 +502,10 @@ impl Router {
                 let request = decode_request(key, payload)?;
                 encoded(call_t!(master, MasterMsg::Revoke, MS, request))
             }
+            AdminMethod::Draft => {
+                let request = decode_request(key, payload)?;
+                encoded(call_t!(master, MasterMsg::SetDraft, MS, request))
+            }
             AdminMethod::AddModel => {
                 let built = self.card_from_hub(&decode_request(key, payload)?).await?;
                 let reply = call_t!(master, MasterMsg::AddCard, MS, built.card);
@@ -689,6 +693,7 @@ impl Router {
             AdminMethod::Download,
             AdminMethod::AddModel,
             AdminMethod::Revoke,
+            AdminMethod::Draft,
         ] {
             let this = self.clone();
             let answer = move |asked: Asked| {

@@ -165,6 +165,18 @@ pub enum PlacementError {
     },
     #[error("unknown node {0}")]
     UnknownNode(String),
+    #[error("instance {instance} has no rank 0")]
+    NoRanks { instance: String },
+    #[error("the draft {draft} does not fit beside instance {instance}: rank 0's node {node} needs {needed} more but has {available} available ({missing} missing, counting {headroom} headroom)")]
+    DraftDoesNotFit {
+        draft: String,
+        instance: String,
+        node: String,
+        needed: ByteCount,
+        available: ByteCount,
+        missing: ByteCount,
+        headroom: ByteCount,
+    },
 }
 
 /// Bytes, printed readably in messages.
@@ -192,6 +204,69 @@ pub fn headroom(available_bytes: u64) -> u64 {
 /// KV cache for a few thousand tokens.
 const RANK_OVERHEAD: u64 = 64_000_000;
 
+/// Memory besides its weights a draft model needs on rank 0: its own KV
+/// cache and buffers (it shares the target's process).
+const DRAFT_OVERHEAD: u64 = 32_000_000;
+
+/// Memory a draft takes on rank 0's node: a draft model's weights and
+/// buffers; nothing for prompt lookup.
+pub fn draft_bytes(draft: &v1::InstanceDraft) -> u64 {
+    match draft.method() {
+        v1::DraftMethod::DraftModel => {
+            draft
+                .draft_card
+                .as_ref()
+                .map_or(0, |card| card.storage_size_bytes)
+                + DRAFT_OVERHEAD
+        }
+        v1::DraftMethod::Ngram | v1::DraftMethod::Unspecified => 0,
+    }
+}
+
+/// Whether `draft` fits beside the running `instance`, on rank 0's node:
+/// the node's available memory already counts what runs there, so only
+/// what the draft adds is checked (nothing when the instance keeps the same
+/// draft model and changes its token count). Returns the bytes it adds.
+pub fn draft_fits(
+    nodes: &[NodeCapacity],
+    instance: &Instance,
+    draft: &v1::InstanceDraft,
+) -> Result<u64, PlacementError> {
+    let same_model = instance.draft.as_ref().is_some_and(|old| {
+        old.method() == v1::DraftMethod::DraftModel
+            && draft.method() == v1::DraftMethod::DraftModel
+            && old.draft_model == draft.draft_model
+    });
+    let needed = if same_model { 0 } else { draft_bytes(draft) };
+    if needed == 0 {
+        return Ok(0);
+    }
+    let rank0 = instance
+        .ranks
+        .first()
+        .ok_or_else(|| PlacementError::NoRanks {
+            instance: instance.instance_id.clone(),
+        })?;
+    let node = nodes
+        .iter()
+        .find(|n| n.node_id == rank0.node_id)
+        .ok_or_else(|| PlacementError::UnknownNode(rank0.node_id.clone()))?;
+    let room = headroom(node.available_bytes);
+    let usable = node.available_bytes.saturating_sub(room);
+    if needed > usable {
+        return Err(PlacementError::DraftDoesNotFit {
+            draft: draft.draft_model.clone(),
+            instance: instance.instance_id.clone(),
+            node: node.node_id.clone(),
+            needed: ByteCount(needed),
+            available: ByteCount(node.available_bytes),
+            missing: ByteCount(needed - usable),
+            headroom: ByteCount(room),
+        });
+    }
+    Ok(needed)
+}
+
 /// What a placement asks for.
 #[derive(Clone, Debug)]
 pub struct PlacementRequest<'a> {
@@ -203,6 +278,9 @@ pub struct PlacementRequest<'a> {
     pub node_ids: &'a [String],
     /// Generations the instance runs at once (0: the default).
     pub max_concurrent: u32,
+    /// Speculative decoding the instance keeps (one placed again after a
+    /// node was lost): a draft model's bytes count on rank 0's node.
+    pub draft: Option<&'a v1::InstanceDraft>,
 }
 
 /// A chosen placement: the instance (ranks in order) and each node's share.
@@ -299,6 +377,7 @@ pub fn previews(
             min_nodes: 1,
             node_ids,
             max_concurrent: 0,
+            draft: None,
         };
         let candidates = match candidates(&request, nodes) {
             Ok(c) => c,
@@ -501,6 +580,10 @@ fn place_on(
         }
         Sharding::Unspecified => return Err(PlacementError::NoSharding),
     };
+    let mut shares = shares;
+    if let (Some(draft), Some((_, rank0))) = (request.draft, shares.first_mut()) {
+        *rank0 += draft_bytes(draft);
+    }
     for (node, (_, needed)) in nodes.iter().zip(&shares) {
         let room = headroom(node.available_bytes);
         let usable = node.available_bytes.saturating_sub(room);
@@ -569,6 +652,7 @@ fn build(
             max_concurrent: request.max_concurrent,
             ring_secret: Vec::new(),
             ring_sealed: false,
+            draft: request.draft.cloned(),
         },
         memory_bytes_by_node: memory,
     }
@@ -661,6 +745,7 @@ mod tests {
             min_nodes,
             node_ids: &[],
             max_concurrent: 0,
+            draft: None,
         };
         place(&request, nodes, "i1", &BTreeSet::new(), |r| format!("r{r}"))
     }
@@ -750,6 +835,7 @@ mod tests {
             min_nodes: 2,
             node_ids: &[],
             max_concurrent: 0,
+            draft: None,
         };
         let used = BTreeSet::from(["127.0.0.1:6000".to_string()]);
         let p = place(&request, &nodes, "i", &used, |r| format!("r{r}")).expect("fits");
@@ -908,6 +994,7 @@ mod tests {
             min_nodes: 1,
             node_ids: &["ghost".to_string()],
             max_concurrent: 0,
+            draft: None,
         };
         assert_eq!(
             place(&request, &nodes, "i", &BTreeSet::new(), |r| r.to_string()),
@@ -949,6 +1036,7 @@ mod tests {
             min_nodes: 2,
             node_ids: &[],
             max_concurrent: 0,
+            draft: None,
         };
         let p = place(&request, &nodes, "i2", &used, |r| format!("r{r}")).expect("fits");
         let addresses: Vec<&str> = p
@@ -960,6 +1048,109 @@ mod tests {
         assert_eq!(addresses, ["127.0.0.1:20002", "127.0.0.1:20003"]);
     }
 
+    fn model_draft(storage: u64) -> v1::InstanceDraft {
+        v1::InstanceDraft {
+            method: v1::DraftMethod::DraftModel as i32,
+            draft_model: "small".into(),
+            num_draft_tokens: 4,
+            draft_card: Some(ModelCard {
+                model_id: "small".into(),
+                storage_size_bytes: storage,
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn a_draft_model_counts_on_rank_0s_node_only_and_prompt_lookup_costs_nothing() {
+        let ngram = v1::InstanceDraft {
+            method: v1::DraftMethod::Ngram as i32,
+            num_draft_tokens: 4,
+            ..Default::default()
+        };
+        assert_eq!(draft_bytes(&ngram), 0);
+        assert_eq!(draft_bytes(&model_draft(GB)), GB + DRAFT_OVERHEAD);
+        let model = card(4 * GB, 30, 3);
+        let draft = model_draft(GB);
+        let request = PlacementRequest {
+            model: &model,
+            sharding: Sharding::Pipeline,
+            min_nodes: 2,
+            node_ids: &[],
+            max_concurrent: 0,
+            draft: Some(&draft),
+        };
+        let nodes = [node("a", 8 * GB), node("b", 8 * GB)];
+        let with =
+            place(&request, &nodes, "i", &BTreeSet::new(), |r| format!("r{r}")).expect("fits");
+        let without = run(&model, Sharding::Pipeline, 2, &nodes).expect("fits");
+        let rank0 = &with.instance.ranks[0].node_id;
+        let rank1 = &with.instance.ranks[1].node_id;
+        assert_eq!(
+            with.memory_bytes_by_node[rank0],
+            without.memory_bytes_by_node[rank0] + GB + DRAFT_OVERHEAD
+        );
+        assert_eq!(
+            with.memory_bytes_by_node[rank1],
+            without.memory_bytes_by_node[rank1]
+        );
+        assert_eq!(with.instance.draft.as_ref(), Some(&draft), "kept");
+        // A draft too large for the only node makes the model not fit.
+        let huge = model_draft(8 * GB);
+        let request = PlacementRequest {
+            min_nodes: 1,
+            draft: Some(&huge),
+            ..request
+        };
+        let refused = place(&request, &[node("a", 8 * GB)], "i", &BTreeSet::new(), |r| {
+            format!("r{r}")
+        });
+        assert!(matches!(
+            refused,
+            Err(PlacementError::NotEnoughMemory { .. })
+        ));
+    }
+
+    #[test]
+    fn a_draft_on_a_running_instance_must_fit_beside_it() {
+        let model = card(GB, 30, 3);
+        let placed = run(&model, Sharding::Pipeline, 1, &[node("a", 8 * GB)]).expect("fits");
+        let instance = placed.instance;
+        // What the node has left now that the target runs there.
+        let after = [node("a", 2 * GB)];
+        assert_eq!(
+            draft_fits(&after, &instance, &model_draft(GB)),
+            Ok(GB + DRAFT_OVERHEAD)
+        );
+        let refused =
+            draft_fits(&after, &instance, &model_draft(2 * GB)).map_err(|e| e.to_string());
+        let why = refused.expect_err("too big");
+        assert!(why.contains("rank 0's node a"), "{why}");
+        assert!(why.contains("small"), "{why}");
+        // Prompt lookup needs no memory, even on a full node.
+        let ngram = v1::InstanceDraft {
+            method: v1::DraftMethod::Ngram as i32,
+            num_draft_tokens: 8,
+            ..Default::default()
+        };
+        assert_eq!(draft_fits(&[node("a", 0)], &instance, &ngram), Ok(0));
+        // The same draft model with another token count is loaded already.
+        let running = Instance {
+            draft: Some(model_draft(2 * GB)),
+            ..instance.clone()
+        };
+        let fewer = v1::InstanceDraft {
+            num_draft_tokens: 2,
+            ..model_draft(2 * GB)
+        };
+        assert_eq!(draft_fits(&after, &running, &fewer), Ok(0));
+        // Rank 0's node must be known.
+        assert!(matches!(
+            draft_fits(&[node("b", 8 * GB)], &instance, &model_draft(GB)),
+            Err(PlacementError::UnknownNode(n)) if n == "a"
+        ));
+    }
+
     #[test]
     fn ranks_on_one_machine_meet_on_loopback_and_others_on_their_address() {
         let model = card(GB, 30, 3);
@@ -969,6 +1160,7 @@ mod tests {
             min_nodes: 2,
             node_ids: &[],
             max_concurrent: 0,
+            draft: None,
         };
         let on = |id: &str, ip: &str, base: u16| NodeCapacity {
             ip: ip.into(),

@@ -5,7 +5,8 @@
 //! 1. shut down a local runner whose instance is gone (or that failed: the
 //!    supervisor restarts it with backoff once it is gone);
 //! 2. downloads: act on each delete, cancel and start request in the log
-//!    once; download the files each rank placed here needs; cancel a
+//!    once; download the files each rank placed here needs (and rank 0's
+//!    draft model, whole); cancel a
 //!    download no instance here needs any more (unless it was asked for);
 //! 3. create a runner for each rank of an instance placed on this node once
 //!    its files are here (so a runner exists only where the files are, and
@@ -14,6 +15,8 @@
 //!    its instance has a runner (ranks connect together), load once
 //!    connected (or at once with a single rank), warm up once every rank
 //!    has loaded (warm-up runs all ranks together);
+//!    then tell a ready rank-0 runner the instance's draft when its status
+//!    names another (a draft model once its files are here);
 //! 5. hand a pending generation to the rank-0 runner once it is ready
 //!    (other ranks follow rank 0 through the ring, they need no task);
 //! 6. cancel a generation whose task was cancelled while it runs.
@@ -56,6 +59,11 @@ pub enum Step {
     Shutdown {
         runner_id: String,
     },
+    /// Rank 0: use this draft from now on (`None`: none).
+    SetDraft {
+        runner_id: String,
+        draft: Option<Draft>,
+    },
     /// Bring in the files of `parts` of a model.
     Download {
         model_id: String,
@@ -75,6 +83,56 @@ pub enum Step {
         model_id: String,
         request_id: String,
     },
+}
+
+/// An instance's speculative decoding as the plan compares it: what the
+/// instance asks for against what rank 0's status says it was told.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Draft {
+    pub method: v1::DraftMethod,
+    /// The draft model's id (empty for prompt lookup).
+    pub model_id: String,
+    pub tokens: u32,
+}
+
+impl Draft {
+    /// The draft an instance asks for (method unspecified: none).
+    pub fn of_instance(instance: &v1::Instance) -> Option<Self> {
+        let d = instance.draft.as_ref()?;
+        (d.method() != v1::DraftMethod::Unspecified).then(|| Self {
+            method: d.method(),
+            model_id: d.draft_model.clone(),
+            tokens: d.num_draft_tokens,
+        })
+    }
+
+    /// The draft rank 0's status names, whether it runs or was refused.
+    pub fn of_status(status: Option<&Rs>) -> Option<Self> {
+        let d = match status {
+            Some(Rs::Ready(r)) => r.draft.as_ref(),
+            Some(Rs::Running(r)) => r.draft.as_ref(),
+            _ => None,
+        }?;
+        Some(Self {
+            method: d.method(),
+            model_id: d.draft_model.clone(),
+            tokens: d.num_draft_tokens,
+        })
+    }
+
+    /// The draft model to download, if it is one.
+    pub fn model(&self) -> Option<&str> {
+        (self.method == v1::DraftMethod::DraftModel).then_some(self.model_id.as_str())
+    }
+
+    pub fn to_proto(&self) -> v1::InstanceDraft {
+        v1::InstanceDraft {
+            method: self.method as i32,
+            draft_model: self.model_id.clone(),
+            num_draft_tokens: self.tokens,
+            draft_card: None,
+        }
+    }
 }
 
 /// The part of a model whose files a node needs.
@@ -310,6 +368,32 @@ pub fn plan(
             }
         }
     }
+    // 4, for rank 0: the instance's draft, once it takes generations.
+    for (runner_id, runner) in runners.iter().filter(|(_, r)| r.rank == 0) {
+        let Some(instance) = state.instances.get(&runner.instance_id) else {
+            continue;
+        };
+        if !takes_generations(state, runner_id) {
+            continue;
+        }
+        let wanted = Draft::of_instance(instance);
+        if wanted == Draft::of_status(status(state, runner_id)) {
+            continue;
+        }
+        let files_here = wanted.as_ref().and_then(Draft::model).is_none_or(|model| {
+            downloads
+                .models
+                .get(model)
+                .is_some_and(|d| d.phase == Phase::Done && d.has(&Part::Whole))
+        });
+        let step = Step::SetDraft {
+            runner_id: runner_id.clone(),
+            draft: wanted,
+        };
+        if files_here && runner.pending.as_ref() != Some(&step) {
+            return Some(step);
+        }
+    }
     // 5 and 6. Generations, on rank 0 only: cancellations of what it
     // runs, then the oldest pending tasks while its batch has room.
     for (runner_id, runner) in runners.iter().filter(|(_, r)| r.rank == 0) {
@@ -391,36 +475,69 @@ fn plan_downloads(state: &ClusterState, node_id: &str, downloads: &Downloads) ->
         let Some(model) = &instance.model else {
             continue;
         };
+        let draft = instance
+            .draft
+            .as_ref()
+            .filter(|d| d.method() == v1::DraftMethod::DraftModel && !d.draft_model.is_empty());
         for rank in instance.ranks.iter().filter(|r| r.node_id == node_id) {
             needed.insert(&model.model_id);
-            let part = Part::of(rank.shard.as_ref());
-            let local = downloads.models.get(&model.model_id);
-            let retry = |d: &LocalDownload| {
-                matches!(d.phase, Phase::Failed | Phase::Cancelled)
-                    && !d.tried_for.contains(&instance.instance_id)
-            };
-            let wanted = match local {
-                None => Some(BTreeSet::from([part])),
-                Some(d) if d.phase == Phase::Running => None,
-                Some(d) if !d.has(&part) || retry(d) => {
-                    let mut parts = d.parts.clone();
-                    parts.insert(part);
-                    Some(parts)
+            // Rank 0's draft model, whole, besides its shard.
+            let mut wants = vec![(model.model_id.as_str(), Part::of(rank.shard.as_ref()))];
+            if let Some(draft) = draft.filter(|_| rank.rank == 0) {
+                needed.insert(&draft.draft_model);
+                wants.push((draft.draft_model.as_str(), Part::Whole));
+            }
+            for (model_id, part) in wants {
+                if let Some(step) = wanted_download(downloads, instance, model_id, part) {
+                    return Some(step);
                 }
-                Some(_) => None,
-            };
-            if let Some(parts) = wanted {
-                return Some(Step::Download {
-                    model_id: model.model_id.clone(),
-                    parts,
-                    instance_id: Some(instance.instance_id.clone()),
-                    request_id: None,
-                });
             }
         }
     }
-    // Downloads nothing needs any more, and stale ones from before a
-    // restart that this node is not running.
+    stale_downloads(state, node_id, downloads, &needed)
+}
+
+/// The download that brings `part` of `model_id` here for `instance`, if
+/// one must start (none runs, the files lack it, or one failed for
+/// another instance).
+fn wanted_download(
+    downloads: &Downloads,
+    instance: &v1::Instance,
+    model_id: &str,
+    part: Part,
+) -> Option<Step> {
+    let local = downloads.models.get(model_id);
+    let retry = |d: &LocalDownload| {
+        matches!(d.phase, Phase::Failed | Phase::Cancelled)
+            && !d.tried_for.contains(&instance.instance_id)
+    };
+    let parts = match local {
+        None => BTreeSet::from([part]),
+        Some(d) if d.phase == Phase::Running => return None,
+        Some(d) if !d.has(&part) || retry(d) => {
+            let mut parts = d.parts.clone();
+            parts.insert(part);
+            parts
+        }
+        Some(_) => return None,
+    };
+    Some(Step::Download {
+        model_id: model_id.to_string(),
+        parts,
+        instance_id: Some(instance.instance_id.clone()),
+        request_id: None,
+    })
+}
+
+/// Downloads nothing needs any more, and stale ones from before a restart
+/// that this node is not running.
+fn stale_downloads(
+    state: &ClusterState,
+    node_id: &str,
+    downloads: &Downloads,
+    needed: &BTreeSet<&str>,
+) -> Option<Step> {
+    let entries = state.downloads.get(node_id).map(|d| &d.models);
     for (model_id, local) in &downloads.models {
         if local.phase == Phase::Running && !local.explicit && !needed.contains(model_id.as_str()) {
             return Some(Step::CancelDownload {
@@ -784,6 +901,141 @@ mod tests {
         assert!(matches!(
             plan(&s, "n2", &BTreeMap::new(), &other),
             Some(Step::Download { parts, .. }) if parts.len() == 2
+        ));
+    }
+
+    #[test]
+    fn rank_0_downloads_its_draft_model_then_is_told_the_draft_until_its_status_names_it() {
+        let mut placed = with_model(instance("i", &["n1", "n2"]), "m");
+        placed.draft = Some(v1::InstanceDraft {
+            method: v1::DraftMethod::DraftModel as i32,
+            draft_model: "small".into(),
+            num_draft_tokens: 4,
+            draft_card: None,
+        });
+        let mut s = state(&[placed]);
+        with_status(&mut s, "i-r0", Rs::Ready(RunnerReady::default()));
+        with_status(&mut s, "i-r1", Rs::Ready(RunnerReady::default()));
+        let first_half = Part::Layers {
+            start: 0,
+            end: 2,
+            n_layers: 4,
+        };
+        let rank0 = runners(&[("i-r0", local("i", 0))]);
+        let rank1 = runners(&[("i-r1", local("i", 1))]);
+        let mut held = downloads("m", local_download(&[first_half], Phase::Done, false));
+        // Rank 0's node fetches the draft, whole; rank 1's does not.
+        assert_eq!(
+            plan(&s, "n1", &rank0, &held),
+            Some(Step::Download {
+                model_id: "small".into(),
+                parts: BTreeSet::from([Part::Whole]),
+                instance_id: Some("i".into()),
+                request_id: None,
+            })
+        );
+        let second_half = downloads(
+            "m",
+            local_download(
+                &[Part::Layers {
+                    start: 2,
+                    end: 4,
+                    n_layers: 4,
+                }],
+                Phase::Done,
+                false,
+            ),
+        );
+        assert_eq!(plan(&s, "n2", &rank1, &second_half), None);
+        // While it comes, nothing is told (and it is not cancelled).
+        held.models.insert(
+            "small".into(),
+            local_download(&[Part::Whole], Phase::Running, false),
+        );
+        assert_eq!(plan(&s, "n1", &rank0, &held), None);
+        held.models.insert(
+            "small".into(),
+            local_download(&[Part::Whole], Phase::Done, false),
+        );
+        let wanted = Draft {
+            method: v1::DraftMethod::DraftModel,
+            model_id: "small".into(),
+            tokens: 4,
+        };
+        let step = Step::SetDraft {
+            runner_id: "i-r0".into(),
+            draft: Some(wanted.clone()),
+        };
+        assert_eq!(plan(&s, "n1", &rank0, &held), Some(step.clone()));
+        // Told once.
+        let mut told = rank0.clone();
+        if let Some(r) = told.get_mut("i-r0") {
+            r.pending = Some(step);
+        }
+        assert_eq!(plan(&s, "n1", &told, &held), None);
+        // Its status names it (even as refused): nothing more to tell.
+        let reported = v1::RunnerDraft {
+            method: v1::DraftMethod::DraftModel as i32,
+            draft_model: "small".into(),
+            num_draft_tokens: 4,
+            active: false,
+            error: "another vocabulary".into(),
+            resident_bytes: 0,
+        };
+        with_status(
+            &mut s,
+            "i-r0",
+            Rs::Ready(RunnerReady {
+                draft: Some(reported),
+                ..Default::default()
+            }),
+        );
+        assert_eq!(
+            Draft::of_status(s.runners["i-r0"].state.as_ref()),
+            Some(wanted)
+        );
+        assert_eq!(plan(&s, "n1", &rank0, &held), None);
+        // Cleared on the instance: rank 0 is told none.
+        if let Some(i) = s.instances.get_mut("i") {
+            i.draft = None;
+        }
+        assert_eq!(
+            plan(&s, "n1", &rank0, &held),
+            Some(Step::SetDraft {
+                runner_id: "i-r0".into(),
+                draft: None,
+            })
+        );
+        // Prompt lookup needs no files.
+        if let Some(i) = s.instances.get_mut("i") {
+            i.draft = Some(v1::InstanceDraft {
+                method: v1::DraftMethod::Ngram as i32,
+                num_draft_tokens: 6,
+                ..Default::default()
+            });
+        }
+        let only_target = downloads(
+            "m",
+            local_download(
+                &[Part::Layers {
+                    start: 0,
+                    end: 2,
+                    n_layers: 4,
+                }],
+                Phase::Done,
+                false,
+            ),
+        );
+        assert!(matches!(
+            plan(&s, "n1", &rank0, &only_target),
+            Some(Step::SetDraft {
+                draft: Some(Draft {
+                    method: v1::DraftMethod::Ngram,
+                    tokens: 6,
+                    ..
+                }),
+                ..
+            })
         ));
     }
 

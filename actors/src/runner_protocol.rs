@@ -5,9 +5,23 @@
 //! `chunks/{command_id}`. The worker learns of a child's death from the
 //! process itself, not from a missing message, so it needs no timeout.
 
+use std::path::PathBuf;
+
 use tessera_protos::v1::{self, task::Kind};
 
 use crate::plan::Step;
+
+/// Rank 0's speculative decoding, as the runner is told it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DraftOrder {
+    pub method: v1::DraftMethod,
+    /// The draft model's id (empty for prompt lookup).
+    pub model_id: String,
+    /// The most tokens drafted per step for one sequence.
+    pub tokens: u32,
+    /// A draft model's files on the node.
+    pub path: Option<PathBuf>,
+}
 
 /// An order, as the runner reads it.
 #[derive(Clone, Debug, PartialEq)]
@@ -26,6 +40,8 @@ pub enum Order {
     },
     /// Rank 0: stop the generation of `task_id`.
     Cancel { task_id: String },
+    /// Rank 0: draft this way from now on (`None`: no speculation).
+    SetDraft(Option<DraftOrder>),
     /// Stop and exit.
     Shutdown,
 }
@@ -65,6 +81,12 @@ pub fn task_for_step(step: &Step, generation: Option<&v1::Task>) -> Option<v1::T
         Step::Shutdown { runner_id } => bare(Kind::Shutdown(v1::ShutdownTask {
             runner_id: runner_id.clone(),
         })),
+        // The worker adds the draft model's path, which it knows.
+        Step::SetDraft { runner_id, draft } => bare(Kind::SetDraft(v1::SetDraftTask {
+            runner_id: runner_id.clone(),
+            draft: draft.as_ref().map(crate::plan::Draft::to_proto),
+            draft_path: String::new(),
+        })),
     })
 }
 
@@ -77,6 +99,10 @@ pub enum OrderError {
     NotForARunner(&'static str),
     #[error("the generation task has no parameters")]
     NoParams,
+    #[error("a draft_model draft names no model")]
+    NoDraftModel,
+    #[error("a draft of {0} tokens (1 to 16)")]
+    DraftTokens(u32),
 }
 
 /// The order a task stands for.
@@ -95,9 +121,39 @@ pub fn order_from_task(task: &v1::Task) -> Result<Order, OrderError> {
             task_id: cancel.target_task_id.clone(),
         }),
         Some(Kind::Shutdown(_)) => Ok(Order::Shutdown),
+        Some(Kind::SetDraft(set)) => draft_order(set).map(Order::SetDraft),
         Some(Kind::CreateRunner(_)) => Err(OrderError::NotForARunner("create-runner")),
         Some(Kind::DownloadModel(_)) => Err(OrderError::NotForARunner("download")),
     }
+}
+
+/// The draft a SetDraft task names (none, or method unspecified: none).
+fn draft_order(task: &v1::SetDraftTask) -> Result<Option<DraftOrder>, OrderError> {
+    let Some(draft) = task
+        .draft
+        .as_ref()
+        .filter(|d| d.method() != v1::DraftMethod::Unspecified)
+    else {
+        return Ok(None);
+    };
+    let most = tessera_engine::speculative::MAX_DRAFT_TOKENS as u32;
+    if !(1..=most).contains(&draft.num_draft_tokens) {
+        return Err(OrderError::DraftTokens(draft.num_draft_tokens));
+    }
+    let model = draft.method() == v1::DraftMethod::DraftModel;
+    if model && draft.draft_model.is_empty() {
+        return Err(OrderError::NoDraftModel);
+    }
+    Ok(Some(DraftOrder {
+        method: draft.method(),
+        model_id: if model {
+            draft.draft_model.clone()
+        } else {
+            String::new()
+        },
+        tokens: draft.num_draft_tokens,
+        path: (model && !task.draft_path.is_empty()).then(|| PathBuf::from(&task.draft_path)),
+    }))
 }
 
 #[cfg(test)]
@@ -166,6 +222,58 @@ mod tests {
             rank: 0,
         };
         assert_eq!(task_for_step(&create, None), None);
+    }
+
+    #[test]
+    fn a_draft_step_becomes_a_set_draft_order_with_the_path_the_worker_adds() {
+        let step = Step::SetDraft {
+            runner_id: "r".into(),
+            draft: Some(crate::plan::Draft {
+                method: v1::DraftMethod::DraftModel,
+                model_id: "small".into(),
+                tokens: 5,
+            }),
+        };
+        let mut task = task_for_step(&step, None).expect("a task");
+        if let Some(Kind::SetDraft(set)) = task.kind.as_mut() {
+            set.draft_path = "/models/small.gguf".into();
+        }
+        assert_eq!(
+            order_from_task(&task),
+            Ok(Order::SetDraft(Some(DraftOrder {
+                method: v1::DraftMethod::DraftModel,
+                model_id: "small".into(),
+                tokens: 5,
+                path: Some(PathBuf::from("/models/small.gguf")),
+            })))
+        );
+        let off = Step::SetDraft {
+            runner_id: "r".into(),
+            draft: None,
+        };
+        let task = task_for_step(&off, None).expect("a task");
+        assert_eq!(order_from_task(&task), Ok(Order::SetDraft(None)));
+        let bad = |draft: v1::InstanceDraft| {
+            order_from_task(&v1::Task {
+                kind: Some(Kind::SetDraft(v1::SetDraftTask {
+                    draft: Some(draft),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            })
+        };
+        let ngram = v1::InstanceDraft {
+            method: v1::DraftMethod::Ngram as i32,
+            num_draft_tokens: 17,
+            ..Default::default()
+        };
+        assert_eq!(bad(ngram), Err(OrderError::DraftTokens(17)));
+        let nameless = v1::InstanceDraft {
+            method: v1::DraftMethod::DraftModel as i32,
+            num_draft_tokens: 4,
+            ..Default::default()
+        };
+        assert_eq!(bad(nameless), Err(OrderError::NoDraftModel));
     }
 
     #[test]

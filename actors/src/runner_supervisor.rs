@@ -642,6 +642,7 @@ mod tests {
         let ready = || v1::RunnerStatus {
             state: Some(Rs::Ready(v1::RunnerReady {
                 ended_task_ids: vec!["t0".into(), "t1".into()],
+                draft: None,
             })),
         };
         let running = v1::RunnerStatus {
@@ -649,6 +650,7 @@ mod tests {
                 task_id: "t1".into(),
                 task_ids: vec!["t1".into()],
                 ended_task_ids: vec!["t0".into()],
+                draft: None,
             })),
         };
         for status in [running.clone(), running, ready(), ready()] {

@@ -178,10 +178,15 @@ impl WorkerState {
                 return;
             }
         }
+        // An instance's model or draft model carries its card; else the
+        // catalogue has it.
         let card = cluster
             .instances
             .values()
-            .filter_map(|i| i.model.as_ref())
+            .flat_map(|i| {
+                let draft = i.draft.as_ref().and_then(|d| d.draft_card.as_ref());
+                i.model.iter().chain(draft)
+            })
             .find(|m| m.model_id == model_id)
             .cloned()
             .or_else(|| crate::catalogue::find(cluster, &model_id));
@@ -506,9 +511,15 @@ impl WorkerState {
     /// has already followed): the plan sees them as not yet given.
     fn forget_unanswered_orders(&mut self) {
         for runner in self.runners.values_mut() {
+            // (A runner ignores a draft it has, or is loading, already.)
             let resendable = matches!(
                 runner.local.pending,
-                Some(Step::Connect { .. } | Step::Load { .. } | Step::WarmUp { .. })
+                Some(
+                    Step::Connect { .. }
+                        | Step::Load { .. }
+                        | Step::WarmUp { .. }
+                        | Step::SetDraft { .. }
+                )
             );
             if resendable
                 && runner
@@ -528,6 +539,7 @@ impl WorkerState {
         | Step::WarmUp { runner_id }
         | Step::Forward { runner_id, .. }
         | Step::Cancel { runner_id, .. }
+        | Step::SetDraft { runner_id, .. }
         | Step::Shutdown { runner_id }) = &step
         else {
             return;
@@ -537,9 +549,10 @@ impl WorkerState {
             Step::Forward { task_id, .. } => cluster.tasks.get(task_id),
             _ => None,
         };
-        let Some(task) = task_for_step(&step, generation) else {
+        let Some(mut task) = task_for_step(&step, generation) else {
             return;
         };
+        self.add_draft_path(&mut task);
         let sent = match &step {
             // The supervisor orders it, and kills a runner that does not
             // stop in time.
@@ -564,6 +577,18 @@ impl WorkerState {
         if let Some(r) = self.runners.get_mut(&runner_id) {
             r.local.pending = Some(step);
             r.ordered_at = Some(Instant::now());
+        }
+    }
+
+    /// A draft model's files, as this node's download found them, go with
+    /// the order to use it.
+    fn add_draft_path(&self, task: &mut v1::Task) {
+        let Some(v1::task::Kind::SetDraft(set)) = task.kind.as_mut() else {
+            return;
+        };
+        let model = set.draft.as_ref().map(|d| d.draft_model.as_str());
+        if let Some(path) = model.and_then(|m| self.model_paths.get(m)) {
+            set.draft_path = path.to_string_lossy().into_owned();
         }
     }
 

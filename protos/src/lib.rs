@@ -45,6 +45,7 @@ pub fn event_type_name(event: &v1::Event) -> &'static str {
             EventKind::NodeDownloadProgress(_) => "NodeDownloadProgress",
             EventKind::ModelCardAdded(_) => "ModelCardAdded",
             EventKind::MemberRevoked(_) => "MemberRevoked",
+            EventKind::InstanceDraftModelUpdated(_) => "InstanceDraftModelUpdated",
         },
     }
 }

@@ -88,6 +88,7 @@ pub fn run(args: ClusterBenchArgs) -> anyhow::Result<()> {
                         max_concurrent: 0,
                         ring_secret: Vec::new(),
                         ring_sealed: false,
+                        draft: None,
                         instance_id: instance_id.clone(),
                         model: Some(card.clone()),
                         sharding: v1::Sharding::Pipeline as i32,

@@ -332,6 +332,25 @@ impl State {
                 }
                 s.tasks.retain(|_, task| task.instance_id != e.instance_id);
             }
+            Kind::InstanceDraftModelUpdated(e) => {
+                const EV: &str = "InstanceDraftModelUpdated";
+                let draft = match &e.draft {
+                    // Method unspecified is off, as no draft is.
+                    Some(d) if d.method() == v1::DraftMethod::Unspecified => None,
+                    draft => draft.as_ref(),
+                };
+                if let Some(draft) = draft {
+                    if draft.method() == v1::DraftMethod::DraftModel {
+                        require(!draft.draft_model.is_empty(), EV, "draft.draft_model")?;
+                    }
+                    require(draft.num_draft_tokens > 0, EV, "draft.num_draft_tokens")?;
+                }
+                let instance = s.instances.get_mut(&e.instance_id);
+                known(instance.is_some(), EV, "instance", &e.instance_id)?;
+                if let Some(instance) = instance {
+                    instance.draft = draft.cloned();
+                }
+            }
             Kind::RunnerStatusUpdated(e) => {
                 const EV: &str = "RunnerStatusUpdated";
                 let status = e.status.as_ref().ok_or(Ignored::MissingField {
@@ -738,6 +757,76 @@ mod tests {
             "the runners of a deleted instance leave the state with it"
         );
         assert!(state.tasks.is_empty());
+    }
+
+    #[test]
+    fn a_draft_is_set_changed_and_cleared_on_a_known_instance_only() {
+        let draft = |instance: &str, method: v1::DraftMethod, model: &str, tokens: u32| {
+            K::InstanceDraftModelUpdated(v1::InstanceDraftModelUpdated {
+                instance_id: instance.into(),
+                draft: Some(v1::InstanceDraft {
+                    method: method as i32,
+                    draft_model: model.into(),
+                    num_draft_tokens: tokens,
+                    draft_card: None,
+                }),
+            })
+        };
+        let off = |instance: &str| {
+            K::InstanceDraftModelUpdated(v1::InstanceDraftModelUpdated {
+                instance_id: instance.into(),
+                draft: None,
+            })
+        };
+        use v1::DraftMethod as M;
+        let mut state = check(
+            vec![
+                node("a"),
+                instance("i", &["a"]),
+                draft("i", M::Ngram, "", 4),
+                draft("ghost", M::Ngram, "", 4),
+                draft("i", M::DraftModel, "", 4),
+                draft("i", M::Ngram, "", 0),
+            ],
+            &[
+                "changed",
+                "changed",
+                "changed",
+                "InstanceDraftModelUpdated names unknown instance \"ghost\"",
+                "InstanceDraftModelUpdated lacks its draft.draft_model",
+                "InstanceDraftModelUpdated lacks its draft.num_draft_tokens",
+            ],
+        );
+        let draft_of = |state: &State| state.instances["i"].draft.clone();
+        assert_eq!(
+            draft_of(&state).map(|d| (d.method(), d.num_draft_tokens)),
+            Some((M::Ngram, 4)),
+            "refused updates change nothing"
+        );
+        let next = |state: &mut State, kind| {
+            let index = state.last_index() + 1;
+            state.apply(&indexed(index, kind))
+        };
+        assert_eq!(
+            next(&mut state, draft("i", M::DraftModel, "small", 8)),
+            Ok(Applied::Changed)
+        );
+        assert_eq!(
+            draft_of(&state).map(|d| (d.draft_model, d.num_draft_tokens)),
+            Some(("small".to_string(), 8))
+        );
+        assert_eq!(next(&mut state, off("i")), Ok(Applied::Changed));
+        assert_eq!(draft_of(&state), None);
+        // A method left unspecified is off too.
+        assert_eq!(
+            next(&mut state, draft("i", M::Ngram, "", 2)),
+            Ok(Applied::Changed)
+        );
+        assert_eq!(
+            next(&mut state, draft("i", M::Unspecified, "", 0)),
+            Ok(Applied::Changed)
+        );
+        assert_eq!(draft_of(&state), None);
     }
 
     #[test]

@@ -154,6 +154,7 @@ impl SyntheticEvents {
                     max_concurrent: 0,
                     ring_secret: Vec::new(),
                     ring_sealed: false,
+                    draft: None,
                     instance_id: instance_id.clone(),
                     model: Some(v1::ModelCard {
                         model_id: model_id.clone(),

@@ -13,6 +13,10 @@ use super::error::ApiError;
 #[derive(Debug, Deserialize)]
 pub struct MessagesRequest {
     pub model: String,
+    /// tessera's own options (`speculative: false`), see
+    /// [`extension`](super::extension).
+    #[serde(default)]
+    pub tessera: Option<super::extension::RequestExtension>,
     pub max_tokens: u32,
     pub messages: Vec<InMessage>,
     #[serde(default)]
@@ -259,6 +263,7 @@ impl MessagesRequest {
                 ..Default::default()
             }),
             enable_thinking: None,
+            speculative: super::extension::speculative(self.tessera.as_ref()),
         })
     }
 }
@@ -341,6 +346,7 @@ fn usage_json(usage: &v1::Usage) -> serde_json::Value {
         "cache_read_input_tokens": usage.cached_tokens,
         "cache_creation_input_tokens": 0,
         "output_tokens": usage.completion_tokens,
+        "tessera": super::extension::usage_extension(usage),
     })
 }
 

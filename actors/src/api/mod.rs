@@ -24,6 +24,9 @@
 //!   each dialect's shape.
 //! - [`error`]: [`ApiError`] and the one mapping of an error kind to its
 //!   HTTP status.
+//! - [`extension`]: the `tessera` object of request bodies (per-request
+//!   `speculative: false`) and of answers' usage (drafted and accepted
+//!   tokens, decode steps).
 
 mod answer;
 pub mod anthropic;
@@ -31,6 +34,7 @@ mod auth;
 mod cluster;
 mod dashboard;
 pub mod error;
+pub mod extension;
 pub(crate) mod generation;
 mod join;
 mod live;

@@ -38,6 +38,10 @@ pub struct Options {
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {
     pub model: String,
+    /// tessera's own options (`speculative: false`), see
+    /// [`extension`](super::extension).
+    #[serde(default)]
+    pub tessera: Option<super::extension::RequestExtension>,
     pub messages: Vec<Message>,
     #[serde(default)]
     pub stream: Option<bool>,
@@ -59,6 +63,10 @@ pub struct Message {
 #[derive(Debug, Deserialize)]
 pub struct GenerateRequest {
     pub model: String,
+    /// tessera's own options (`speculative: false`), see
+    /// [`extension`](super::extension).
+    #[serde(default)]
+    pub tessera: Option<super::extension::RequestExtension>,
     #[serde(default)]
     pub prompt: String,
     #[serde(default)]
@@ -161,6 +169,7 @@ impl ChatRequest {
             tools_json: self.tools.iter().flatten().map(Value::to_string).collect(),
             sampling: Some(sampling(self.options.as_ref(), context)?),
             enable_thinking: None,
+            speculative: super::extension::speculative(self.tessera.as_ref()),
         })
     }
 }
@@ -197,6 +206,7 @@ impl GenerateRequest {
             tools_json: Vec::new(),
             sampling: Some(sampling(self.options.as_ref(), context)?),
             enable_thinking: None,
+            speculative: super::extension::speculative(self.tessera.as_ref()),
         })
     }
 }
@@ -310,6 +320,8 @@ impl LineWriter {
         object["total_duration"] = json!(self.started.elapsed().as_nanos() as u64);
         object["prompt_eval_count"] = json!(usage.prompt_tokens);
         object["eval_count"] = json!(usage.completion_tokens);
+        // Ollama has no usage object: tessera's figures at the top.
+        object["tessera"] = json!({"usage": super::extension::usage_extension(&usage)});
         if stats.prefill_tokens_per_second > 0.0 {
             object["prompt_eval_duration"] = json!(nanos(
                 f64::from(usage.prompt_tokens - usage.cached_tokens)

@@ -13,6 +13,10 @@ use super::error::ApiError;
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {
     pub model: String,
+    /// tessera's own options (`speculative: false`), see
+    /// [`extension`](super::extension).
+    #[serde(default)]
+    pub tessera: Option<super::extension::RequestExtension>,
     pub messages: Vec<InMessage>,
     #[serde(default)]
     pub stream: Option<bool>,
@@ -304,6 +308,7 @@ impl ChatRequest {
                 },
             }),
             enable_thinking: None,
+            speculative: super::extension::speculative(self.tessera.as_ref()),
         })
     }
 }
@@ -324,6 +329,7 @@ pub fn usage_json(usage: Option<&v1::Usage>) -> Value {
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
         "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+        "tessera": super::extension::usage_extension(&usage),
     })
 }
 

@@ -15,6 +15,10 @@ use super::error::ApiError;
 #[derive(Debug, Deserialize)]
 pub struct ResponsesRequest {
     pub model: String,
+    /// tessera's own options (`speculative: false`), see
+    /// [`extension`](super::extension).
+    #[serde(default)]
+    pub tessera: Option<super::extension::RequestExtension>,
     pub input: Input,
     #[serde(default)]
     pub instructions: Option<String>,
@@ -228,6 +232,7 @@ impl ResponsesRequest {
                 ..Default::default()
             }),
             enable_thinking: None,
+            speculative: super::extension::speculative(self.tessera.as_ref()),
         })
     }
 }
@@ -240,6 +245,7 @@ fn usage_json(usage: Option<&v1::Usage>) -> Value {
         "output_tokens": u.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
         "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "tessera": super::extension::usage_extension(&u),
     })
 }
 

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use tessera_engine::generate::GenerateRequest;
 use tessera_protos::v1::generation_chunk;
 
+use crate::runner_protocol::DraftOrder;
+
 /// Loading progress is reported at most this often (it goes into the log).
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 
@@ -55,6 +57,12 @@ pub trait Backend {
     ) -> Result<(), BackendError>;
     /// Rank 0: ends a generation at the next step, finishing as cancelled.
     fn cancel(&mut self, task_id: &str);
+    /// Rank 0: speculative decoding from the next step on (`None`: off);
+    /// generations in the batch keep going. A draft model is loaded (once:
+    /// the same files again are not) and refused when its vocabulary is
+    /// not the target's, which leaves speculation off. Returns the bytes
+    /// of the draft's weights resident.
+    fn set_draft(&mut self, draft: Option<&DraftOrder>) -> Result<u64, BackendError>;
     /// Rank 0: generations are waiting or running.
     fn busy(&self) -> bool;
     /// Rank 0: one forward pass over the batch. Each generation's chunks
@@ -80,6 +88,7 @@ pub enum EngineCommand {
     Cancel {
         task_id: String,
     },
+    SetDraft(Option<DraftOrder>),
     Follow,
     Shutdown,
 }
@@ -103,6 +112,11 @@ pub enum EngineEvent {
     Generated {
         task_id: String,
         result: Result<(), BackendError>,
+    },
+    /// A draft was set (as asked), or why not: the draft's resident bytes.
+    DraftSet {
+        asked: Option<DraftOrder>,
+        result: Result<u64, BackendError>,
     },
     /// Following rank 0 has ended.
     Followed(Result<(), BackendError>),
@@ -199,6 +213,10 @@ fn run_command<B: Backend>(backend: &mut B, command: EngineCommand, events: &dyn
         EngineCommand::Cancel { task_id } => {
             backend.cancel(&task_id);
             return;
+        }
+        EngineCommand::SetDraft(asked) => {
+            let result = backend.set_draft(asked.as_ref());
+            EngineEvent::DraftSet { asked, result }
         }
         EngineCommand::Follow => EngineEvent::Followed(backend.follow()),
         EngineCommand::Shutdown => EngineEvent::ShutDown(backend.shutdown()),

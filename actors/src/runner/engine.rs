@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::ops::ControlFlow;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_engine::batch::{Batch, BatchConfig, SeqEvent, SeqId};
@@ -22,10 +23,12 @@ use tessera_engine::model::Transformer;
 use tessera_engine::output_parser::ParsedChunk;
 use tessera_engine::paged::blocks_for;
 use tessera_engine::shard::ShardSpec;
+use tessera_engine::speculative::{check_draft_vocabulary, DraftSource, Speculation};
 use tessera_engine::tokenizer::Tokenizer;
 use tessera_protos::v1::{self, generation_chunk};
 
 use super::backend::{Backend, BackendError, EngineEvent};
+use crate::runner_protocol::DraftOrder;
 
 /// How long the ranks of an instance may take to all reach the ring.
 const CONNECT_WAIT: Duration = Duration::from_secs(60);
@@ -72,6 +75,11 @@ struct Generation {
 /// Rank 0 once warmed up: the batch and its generations.
 struct Head {
     batch: Batch<'static>,
+    /// The target (for a draft's vocabulary check).
+    model: &'static LoadedModel,
+    /// The draft model loaded, and its files: kept while the batch drafts
+    /// with it (and for a new token count), dropped when the draft goes.
+    draft_model: Option<(PathBuf, Arc<LoadedModel>)>,
     tokenizer: &'static Tokenizer,
     generations: HashMap<SeqId, Generation>,
     next_id: SeqId,
@@ -176,6 +184,8 @@ impl Backend for EngineBackend {
                 warm(&mut batch).map_err(|e| BackendError::Engine(format!("warming up: {e}")))?;
                 self.head = Some(Head {
                     batch,
+                    model,
+                    draft_model: None,
                     tokenizer: &model.tokenizer,
                     generations: HashMap::new(),
                     next_id: 1,
@@ -222,6 +232,39 @@ impl Backend for EngineBackend {
         }
     }
 
+    fn set_draft(&mut self, draft: Option<&DraftOrder>) -> Result<u64, BackendError> {
+        let head = self
+            .head
+            .as_mut()
+            .ok_or_else(|| BackendError::Engine("drafting before warming up".into()))?;
+        let Some(order) = draft else {
+            head.batch.set_speculation(None);
+            head.draft_model = None;
+            return Ok(0);
+        };
+        let (source, bytes) = match order.method {
+            v1::DraftMethod::DraftModel => {
+                let model = head.draft_model(order)?;
+                let bytes = model.transformer.weight_bytes() as u64;
+                (DraftSource::Model(model), bytes)
+            }
+            v1::DraftMethod::Ngram => {
+                head.draft_model = None;
+                (DraftSource::Ngram, 0)
+            }
+            v1::DraftMethod::Unspecified => {
+                head.batch.set_speculation(None);
+                head.draft_model = None;
+                return Ok(0);
+            }
+        };
+        head.batch.set_speculation(Some(Speculation {
+            source,
+            max_draft_tokens: order.tokens as usize,
+        }));
+        Ok(bytes)
+    }
+
     fn busy(&self) -> bool {
         self.head.as_ref().is_some_and(|h| !h.batch.is_idle())
     }
@@ -253,6 +296,37 @@ impl Backend for EngineBackend {
         }
         self.head = None;
         Ok(())
+    }
+}
+
+impl Head {
+    /// The draft model `order` names: the one loaded if its files are the
+    /// same, else loaded now (speculation off meanwhile, the old one
+    /// dropped first) and checked against the target's vocabulary. A
+    /// refusal leaves speculation off and no draft loaded.
+    fn draft_model(&mut self, order: &DraftOrder) -> Result<Arc<LoadedModel>, BackendError> {
+        let path = order.path.clone().ok_or_else(|| {
+            BackendError::InvalidRequest(format!(
+                "the files of draft model {} are not on this node",
+                order.model_id
+            ))
+        })?;
+        if let Some((loaded, model)) = &self.draft_model {
+            if *loaded == path {
+                return Ok(model.clone());
+            }
+        }
+        self.batch.set_speculation(None);
+        self.draft_model = None;
+        let draft = LoadedModel::load(&path, |_, _| {}).map_err(|e| {
+            BackendError::Engine(format!("loading draft model {}: {e}", order.model_id))
+        })?;
+        check_draft_vocabulary(self.model, &draft).map_err(|e| {
+            BackendError::InvalidRequest(format!("draft model {} refused: {e}", order.model_id))
+        })?;
+        let draft = Arc::new(draft);
+        self.draft_model = Some((path, draft.clone()));
+        Ok(draft)
     }
 }
 
@@ -441,6 +515,9 @@ impl<'a> ChunkWriter<'a> {
                 completion_tokens: s.generated_tokens as u32,
                 reasoning_tokens: 0,
                 cached_tokens: (s.prompt_tokens - s.prefilled_tokens) as u32,
+                draft_tokens: s.draft_tokens as u32,
+                accepted_draft_tokens: s.accepted_draft_tokens as u32,
+                decode_steps: s.decode_steps as u32,
             }),
             stats: Some(v1::GenerationStats {
                 prefill_tokens_per_second: s.prefill_tokens_per_second,

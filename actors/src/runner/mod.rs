@@ -23,7 +23,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tessera_protos::v1::{self, generation_chunk, runner_status::State as Rs};
 use tokio::sync::oneshot;
 
-use crate::runner_protocol::Order;
+use crate::runner_protocol::{DraftOrder, Order};
 use backend::{spawn_engine, Backend, BackendError, EngineCommand, EngineEvent, EngineHandle};
 
 /// The last status is put again this often until the node is heard from:
@@ -113,6 +113,12 @@ pub struct RunnerState<O> {
     ended: VecDeque<String>,
     /// A shutdown came while generations ran: stop once they have ended.
     then_shut_down: bool,
+    /// Rank 0: the draft it was last told, as set (or refused); its status
+    /// names it.
+    draft: Option<v1::RunnerDraft>,
+    /// Drafts sent to the engine thread and not yet set, oldest first (an
+    /// order repeated meanwhile is not sent again).
+    drafts_asked: VecDeque<Option<DraftOrder>>,
 }
 
 /// The actor; its types are the output, the backend and what builds it.
@@ -158,6 +164,8 @@ where
             runs: Vec::new(),
             ended: VecDeque::new(),
             then_shut_down: false,
+            draft: None,
+            drafts_asked: VecDeque::new(),
         })
     }
 
@@ -259,6 +267,9 @@ impl<O: RunnerOutput> RunnerState<O> {
                     params,
                 },
             ) if !self.then_shut_down => self.start_run(task_id, command_id, &params).await,
+            (Phase::Ready, Order::SetDraft(draft)) if !self.then_shut_down => {
+                self.set_draft(draft).await;
+            }
             (Phase::Ready, Order::Cancel { task_id }) => {
                 if self.has_run(&task_id) {
                     self.engine(EngineCommand::Cancel { task_id }).await;
@@ -272,6 +283,45 @@ impl<O: RunnerOutput> RunnerState<O> {
         self.phase = Phase::Loading;
         self.status(Rs::Loading(v1::RunnerLoading::default())).await;
         self.engine(EngineCommand::Load).await;
+    }
+
+    /// Asks the engine thread for `asked`, unless it is what runs (or is
+    /// refused) already, or what is on its way.
+    async fn set_draft(&mut self, asked: Option<DraftOrder>) {
+        let latest = match self.drafts_asked.back() {
+            Some(pending) => pending.as_ref().map(draft_status),
+            None => self.draft.clone(),
+        };
+        if same_draft(latest.as_ref(), asked.as_ref()) {
+            return;
+        }
+        tracing::info!(?asked, "speculative decoding");
+        self.drafts_asked.push_back(asked.clone());
+        self.engine(EngineCommand::SetDraft(asked)).await;
+    }
+
+    /// A draft set, or refused: the status names it, with why if refused.
+    async fn on_draft_set(&mut self, asked: Option<DraftOrder>, result: Result<u64, BackendError>) {
+        if self.drafts_asked.front() == Some(&asked) {
+            self.drafts_asked.pop_front();
+        }
+        self.draft = asked.as_ref().map(|order| {
+            let mut status = draft_status(order);
+            match &result {
+                Ok(bytes) => {
+                    status.active = true;
+                    status.resident_bytes = *bytes;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "the draft was refused");
+                    status.error = error.to_string();
+                }
+            }
+            status
+        });
+        if matches!(self.phase, Phase::Ready) && !self.then_shut_down {
+            self.status(self.batch_status()).await;
+        }
     }
 
     fn has_run(&self, task_id: &str) -> bool {
@@ -308,12 +358,17 @@ impl<O: RunnerOutput> RunnerState<O> {
     /// name the generations that ended lately.
     fn batch_status(&self) -> Rs {
         let ended_task_ids: Vec<String> = self.ended.iter().cloned().collect();
+        let draft = self.draft.clone();
         match self.runs.first() {
-            None => Rs::Ready(v1::RunnerReady { ended_task_ids }),
+            None => Rs::Ready(v1::RunnerReady {
+                ended_task_ids,
+                draft,
+            }),
             Some(oldest) => Rs::Running(v1::RunnerRunning {
                 task_id: oldest.task_id.clone(),
                 task_ids: self.runs.iter().map(|r| r.task_id.clone()).collect(),
                 ended_task_ids,
+                draft,
             }),
         }
     }
@@ -394,6 +449,7 @@ impl<O: RunnerOutput> RunnerState<O> {
                     .await;
             }
             EngineEvent::WarmedUp => self.on_warmed_up().await,
+            EngineEvent::DraftSet { asked, result } => self.on_draft_set(asked, result).await,
             EngineEvent::Chunk { task_id, kind } => self.on_chunk(&task_id, kind).await,
             EngineEvent::Generated { task_id, result } => self.on_generated(&task_id, result).await,
             EngineEvent::Followed(Ok(())) | EngineEvent::ShutDown(Ok(())) => self.shut_down().await,
@@ -443,6 +499,29 @@ impl<O: RunnerOutput> RunnerState<O> {
         } else {
             self.status(self.batch_status()).await;
         }
+    }
+}
+
+/// A draft order as the status names it (not yet active, no error).
+fn draft_status(order: &DraftOrder) -> v1::RunnerDraft {
+    v1::RunnerDraft {
+        method: order.method as i32,
+        draft_model: order.model_id.clone(),
+        num_draft_tokens: order.tokens,
+        active: false,
+        error: String::new(),
+        resident_bytes: 0,
+    }
+}
+
+/// Whether a status's draft is the one `order` asks for.
+fn same_draft(status: Option<&v1::RunnerDraft>, order: Option<&DraftOrder>) -> bool {
+    match (status, order) {
+        (None, None) => true,
+        (Some(s), Some(o)) => {
+            s.method() == o.method && s.draft_model == o.model_id && s.num_draft_tokens == o.tokens
+        }
+        _ => false,
     }
 }
 

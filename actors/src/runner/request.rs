@@ -28,7 +28,10 @@ pub enum RequestError {
 
 pub fn request_from(params: &v1::TextGenerationParams) -> Result<GenerateRequest, RequestError> {
     let sampling = params.sampling.clone().unwrap_or_default();
-    request_for(prompt_from(params)?, &sampling)
+    let mut request = request_for(prompt_from(params)?, &sampling)?;
+    // A request drafts unless it opted out (`tessera.speculative: false`).
+    request.speculative = params.speculative.unwrap_or(true);
+    Ok(request)
 }
 
 /// A request for `prompt` under the wire's sampling parameters.
@@ -160,6 +163,17 @@ mod tests {
         assert_eq!(request.sampling.temperature, 0.0);
         assert_eq!(request.sampling.top_k, 5);
         assert_eq!(request.sampling.seed, Some(7));
+    }
+
+    #[test]
+    fn a_request_drafts_unless_it_opted_out() {
+        let request = request_from(&chat("hi")).expect("a request");
+        assert!(request.speculative);
+        let mut params = chat("hi");
+        params.speculative = Some(false);
+        assert!(!request_from(&params).expect("a request").speculative);
+        params.speculative = Some(true);
+        assert!(request_from(&params).expect("a request").speculative);
     }
 
     #[test]

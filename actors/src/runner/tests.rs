@@ -94,6 +94,20 @@ impl Backend for FakeBackend {
         }
     }
 
+    fn set_draft(
+        &mut self,
+        draft: Option<&crate::runner_protocol::DraftOrder>,
+    ) -> Result<u64, BackendError> {
+        self.calls.lock().expect("calls").push("set_draft");
+        match draft {
+            Some(d) if d.model_id == "other-vocabulary" => Err(BackendError::InvalidRequest(
+                "draft model other-vocabulary refused: another vocabulary".into(),
+            )),
+            Some(d) if d.method == v1::DraftMethod::DraftModel => Ok(4321),
+            _ => Ok(0),
+        }
+    }
+
     fn busy(&self) -> bool {
         !self.batch.is_empty() && self.batch.len() >= self.first_step_waits_for
     }
@@ -480,4 +494,72 @@ async fn the_status_is_repeated_until_the_node_is_heard_from_and_a_lost_node_end
     assert!(matches!(h.status().await, Rs::Loading(_)));
     h.runner.cast(RunnerMsg::NodeGone).expect("runner alive");
     assert_eq!(h.exit().await, RunnerExit::NodeGone);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rank_0_sets_a_draft_once_reports_it_and_a_refused_one_with_why() {
+    use crate::runner_protocol::DraftOrder;
+    let mut h = start(0, 1, fake(3)).await;
+    h.walk_to_ready().await;
+    let order = |method: v1::DraftMethod, model: &str, tokens: u32| DraftOrder {
+        method,
+        model_id: model.into(),
+        tokens,
+        path: Some("/models/draft.gguf".into()),
+    };
+    let draft_of = |state: Rs| match state {
+        Rs::Ready(r) => r.draft,
+        other => panic!("not ready: {other:?}"),
+    };
+    h.order(Order::SetDraft(Some(order(v1::DraftMethod::Ngram, "", 4))));
+    // Repeated by the node before it is set: not sent again.
+    h.order(Order::SetDraft(Some(order(v1::DraftMethod::Ngram, "", 4))));
+    let draft = draft_of(h.status().await).expect("a draft");
+    assert_eq!(
+        (draft.method(), draft.num_draft_tokens),
+        (v1::DraftMethod::Ngram, 4)
+    );
+    assert!(draft.active && draft.error.is_empty());
+    h.order(Order::SetDraft(Some(order(
+        v1::DraftMethod::DraftModel,
+        "small",
+        2,
+    ))));
+    let draft = draft_of(h.status().await).expect("a draft");
+    assert_eq!(
+        (draft.draft_model.as_str(), draft.resident_bytes),
+        ("small", 4321)
+    );
+    // Refused: named, inactive, with the reason.
+    h.order(Order::SetDraft(Some(order(
+        v1::DraftMethod::DraftModel,
+        "other-vocabulary",
+        4,
+    ))));
+    let draft = draft_of(h.status().await).expect("a draft");
+    assert!(!draft.active);
+    assert!(
+        draft.error.contains("another vocabulary"),
+        "{}",
+        draft.error
+    );
+    // The same refused draft again is not tried again.
+    h.order(Order::SetDraft(Some(order(
+        v1::DraftMethod::DraftModel,
+        "other-vocabulary",
+        4,
+    ))));
+    h.order(Order::SetDraft(None));
+    assert_eq!(draft_of(h.status().await), None);
+    let sets = h
+        .calls
+        .lock()
+        .expect("calls")
+        .iter()
+        .filter(|c| **c == "set_draft")
+        .count();
+    assert_eq!(sets, 4, "each draft set once");
+    // Generations run with it as before.
+    h.order(generate("t1", 16));
+    assert!(matches!(h.status().await, Rs::Running(_)));
 }

@@ -109,6 +109,19 @@ fn event_kind() -> impl Strategy<Value = Kind> {
         )),
         id("t", 5).prop_map(|task_id| Kind::TaskDeleted(v1::TaskDeleted { task_id })),
         id("n", 6).prop_map(|holder| Kind::MemberRevoked(v1::MemberRevoked { holder })),
+        (id("i", 4), 0i32..4, id("m", 2), 0u32..20).prop_map(
+            |(instance_id, method, draft_model, num_draft_tokens)| {
+                Kind::InstanceDraftModelUpdated(v1::InstanceDraftModelUpdated {
+                    instance_id,
+                    draft: (method < 3).then(|| v1::InstanceDraft {
+                        method,
+                        draft_model,
+                        num_draft_tokens,
+                        draft_card: None,
+                    }),
+                })
+            }
+        ),
         (id("n", 5), id("m", 2), any::<u64>()).prop_map(|(node_id, model_id, total_bytes)| {
             Kind::NodeDownloadProgress(v1::NodeDownloadProgress {
                 node_id,
