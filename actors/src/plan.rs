@@ -135,6 +135,28 @@ impl Draft {
     }
 }
 
+/// What rank 0's status says of `instance`'s draft, once it names the one
+/// the instance asks for: `Some(None)` for none, `Some(Some(d))` for a
+/// draft set or refused; `None` while it does not yet.
+pub fn rank0_draft(
+    state: &v1::ClusterState,
+    instance: &v1::Instance,
+) -> Option<Option<v1::RunnerDraft>> {
+    let status = instance
+        .ranks
+        .first()
+        .and_then(|r| state.runners.get(&r.runner_id))
+        .and_then(|s| s.state.as_ref());
+    if Draft::of_status(status) != Draft::of_instance(instance) {
+        return None;
+    }
+    Some(match status {
+        Some(v1::runner_status::State::Ready(r)) => r.draft.clone(),
+        Some(v1::runner_status::State::Running(r)) => r.draft.clone(),
+        _ => None,
+    })
+}
+
 /// The part of a model whose files a node needs.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Part {
@@ -1037,6 +1059,50 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn rank_0s_report_counts_once_it_names_the_instances_draft() {
+        let draft = v1::InstanceDraft {
+            method: v1::DraftMethod::Ngram as i32,
+            num_draft_tokens: 4,
+            ..Default::default()
+        };
+        let instance = v1::Instance {
+            instance_id: "i".into(),
+            ranks: vec![v1::InstanceRank {
+                runner_id: "r0".into(),
+                ..Default::default()
+            }],
+            draft: Some(draft),
+            ..Default::default()
+        };
+        let mut state = ClusterState::default();
+        let ready = |draft: Option<v1::RunnerDraft>| v1::RunnerStatus {
+            state: Some(v1::runner_status::State::Ready(v1::RunnerReady {
+                ended_task_ids: Vec::new(),
+                draft,
+            })),
+        };
+        state.runners.insert("r0".into(), ready(None));
+        assert_eq!(rank0_draft(&state, &instance), None, "not yet");
+        let report = v1::RunnerDraft {
+            method: v1::DraftMethod::Ngram as i32,
+            num_draft_tokens: 4,
+            active: true,
+            ..Default::default()
+        };
+        state
+            .runners
+            .insert("r0".into(), ready(Some(report.clone())));
+        assert_eq!(rank0_draft(&state, &instance), Some(Some(report)));
+        let off = v1::Instance {
+            draft: None,
+            ..instance
+        };
+        assert_eq!(rank0_draft(&state, &off), None, "still drafting");
+        state.runners.insert("r0".into(), ready(None));
+        assert_eq!(rank0_draft(&state, &off), Some(None));
     }
 
     #[test]

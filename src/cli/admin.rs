@@ -111,6 +111,10 @@ pub enum AdminCommand {
     },
     /// Delete an instance.
     Delete { instance: String },
+    /// Set or clear an instance's speculative decoding: a draft model
+    /// (`--model M`), prompt lookup (`--ngram`) or none (`--off`); then
+    /// wait for its rank 0 to report it.
+    Draft(DraftArgs),
     /// Generate text on an instance (or any ready instance of a model),
     /// streaming the tokens.
     Generate(GenerateArgs),
@@ -139,6 +143,53 @@ pub enum AdminCommand {
         #[arg(long)]
         follow: bool,
     },
+}
+
+/// `admin draft INSTANCE --model M [--tokens K] | --ngram [--tokens K] | --off`.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["model", "ngram", "off"])))]
+pub struct DraftArgs {
+    pub instance: String,
+    /// A draft model (its id in the catalogue) with the target's
+    /// vocabulary, loaded whole on rank 0.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Prompt lookup: drafts what followed the text's last tokens earlier
+    /// in the prompt or answer (no model).
+    #[arg(long)]
+    pub ngram: bool,
+    /// No speculative decoding.
+    #[arg(long, conflicts_with = "tokens")]
+    pub off: bool,
+    /// The most tokens drafted per step (1 to 16; default 4).
+    #[arg(long)]
+    pub tokens: Option<u32>,
+    /// Seconds to wait for rank 0 to report the draft (0: do not wait).
+    #[arg(long, default_value_t = 120.0)]
+    pub wait: f64,
+}
+
+impl DraftArgs {
+    /// The draft asked for; `None`: off.
+    fn draft(&self) -> Option<v1::InstanceDraft> {
+        let tokens = self.tokens.unwrap_or(0);
+        if let Some(model) = &self.model {
+            Some(v1::InstanceDraft {
+                method: v1::DraftMethod::DraftModel as i32,
+                draft_model: model.clone(),
+                num_draft_tokens: tokens,
+                draft_card: None,
+            })
+        } else if self.ngram {
+            Some(v1::InstanceDraft {
+                method: v1::DraftMethod::Ngram as i32,
+                num_draft_tokens: tokens,
+                ..Default::default()
+            })
+        } else {
+            None
+        }
+    }
 }
 
 /// `add-model` / `models add`: a hub repository, and for a GGUF one which
@@ -276,6 +327,7 @@ async fn dispatch(client: &AdminClient, what: AdminCommand, json: bool) -> anyho
             min_nodes,
         } => place(client, &model, sharding, min_nodes, json).await,
         AdminCommand::Delete { instance } => delete(client, &instance).await,
+        AdminCommand::Draft(args) => draft(client, &args, json).await,
         AdminCommand::Generate(args) => generate(client, &args, json).await,
         AdminCommand::Models => models(client, json).await,
         AdminCommand::AddModel(args) => add_model(client, args, json).await,
@@ -428,6 +480,67 @@ async fn place(
 async fn delete(client: &AdminClient, instance: &str) -> anyhow::Result<()> {
     client.delete(instance).await?;
     println!("deleted {instance}");
+    Ok(())
+}
+
+/// Sets the draft, then follows the state until rank 0's status names it
+/// (a refusal, such as a draft of another vocabulary, is an error).
+async fn draft(client: &AdminClient, args: &DraftArgs, json: bool) -> anyhow::Result<()> {
+    let reply = client.set_draft(&args.instance, args.draft()).await?;
+    let asked = reply.instance.and_then(|i| i.draft);
+    let described = match &asked {
+        None => "no draft".to_string(),
+        Some(d) if d.method() == v1::DraftMethod::Ngram => {
+            format!("prompt lookup, {} tokens", d.num_draft_tokens)
+        }
+        Some(d) => format!(
+            "draft model {}, {} tokens",
+            d.draft_model, d.num_draft_tokens
+        ),
+    };
+    let deadline =
+        std::time::Instant::now() + std::time::Duration::from_secs_f64(args.wait.max(0.0));
+    let report = loop {
+        let state = client.state().await?.state.unwrap_or_default();
+        let instance = state
+            .instances
+            .get(&args.instance)
+            .ok_or_else(|| anyhow::anyhow!("instance {} went away", args.instance))?;
+        if let Some(report) = tessera_actors::plan::rank0_draft(&state, instance) {
+            break Some(report);
+        }
+        if std::time::Instant::now() >= deadline {
+            break None;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    };
+    if json {
+        return print_json(&serde_json::json!({
+            "instance_id": args.instance,
+            "index": reply.index,
+            "draft": serde_json::to_value(&asked)?,
+            "runner": serde_json::to_value(report.as_ref().and_then(|r| r.as_ref()))?,
+            "reported": report.is_some(),
+        }));
+    }
+    match report {
+        None => println!(
+            "{}: {described} (event {}); rank 0 has not reported it yet",
+            args.instance, reply.index
+        ),
+        Some(Some(r)) if !r.error.is_empty() => anyhow::bail!(
+            "{}: rank 0 refused the draft: {} (the instance serves without it; `--off` clears it)",
+            args.instance,
+            r.error
+        ),
+        Some(Some(r)) if r.resident_bytes > 0 => println!(
+            "{}: {described}, running ({:.0} MB on rank 0)",
+            args.instance,
+            r.resident_bytes as f64 / 1e6
+        ),
+        Some(Some(_)) => println!("{}: {described}, running", args.instance),
+        Some(None) => println!("{}: {described}", args.instance),
+    }
     Ok(())
 }
 
@@ -702,6 +815,37 @@ mod tests {
         assert_eq!(sampling.top_p, Some(0.9));
         assert_eq!(sampling.top_k, Some(40));
         assert_eq!(sampling.max_tokens, Some(8));
+        Ok(())
+    }
+
+    #[test]
+    fn a_draft_is_a_model_prompt_lookup_or_off() -> Result<(), clap::Error> {
+        let draft =
+            |args: &[&str]| -> Result<Option<tessera_protos::v1::InstanceDraft>, clap::Error> {
+                let parsed = admin(&[&["draft", "inst"], args].concat())?;
+                let AdminCommand::Draft(draft) = parsed.what else {
+                    panic!("not draft: {:?}", parsed.what);
+                };
+                assert_eq!(draft.instance, "inst");
+                Ok(draft.draft())
+            };
+        let model = draft(&["--model", "small", "--tokens", "6"])?.unwrap_or_default();
+        assert_eq!(
+            (model.draft_model.as_str(), model.num_draft_tokens),
+            ("small", 6)
+        );
+        let ngram = draft(&["--ngram"])?.unwrap_or_default();
+        assert_eq!(ngram.method(), tessera_protos::v1::DraftMethod::Ngram);
+        assert_eq!(ngram.num_draft_tokens, 0, "the master's default");
+        assert_eq!(draft(&["--off"])?, None);
+        for wrong in [
+            &[][..],
+            &["--ngram", "--off"],
+            &["--model", "m", "--ngram"],
+            &["--off", "--tokens", "4"],
+        ] {
+            assert!(draft(wrong).is_err(), "{wrong:?}");
+        }
         Ok(())
     }
 

@@ -535,6 +535,17 @@ mod tests {
             bad.to_params(0).err().and_then(|e| e.param),
             Some("messages[0].role".to_string())
         );
+        assert_eq!(p.speculative, None, "no tessera object: unaffected");
+        let opted_out: MessagesRequest = serde_json::from_value(json!({
+            "model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "x"}],
+            "tessera": {"speculative": false}
+        }))?;
+        assert_eq!(opted_out.to_params(0)?.speculative, Some(false));
+        let usage = usage_json(&v1::Usage {
+            draft_tokens: 3,
+            ..Default::default()
+        });
+        assert_eq!(usage["tessera"]["draft_tokens"], 3);
         Ok(())
     }
 

@@ -1,6 +1,6 @@
-//! The cluster's own endpoints: `/node_id`, `/models`, `/instance/...`,
-//! `/place_instance`, `/events`, `/models/add`, `/downloads` and
-//! `/download/...`. Mutations are the admin service's, asked of the master
+//! The cluster's own endpoints: `/node_id`, `/models`, `/instance/...`
+//! (with `PUT /instance/{id}/draft`), `/place_instance`, `/events`,
+//! `/models/add`, `/downloads` and `/download/...`. Mutations are the admin service's, asked of the master
 //! over zenoh; an admin refusal answers with its kind's status.
 
 use std::time::{Duration, Instant};
@@ -110,7 +110,8 @@ admin_replies!(
     v1::PlaceInstanceReply,
     v1::DeleteInstanceReply,
     v1::AddModelReply,
-    v1::DownloadReply
+    v1::DownloadReply,
+    v1::SetDraftReply
 );
 
 /// Asks the admin service; its reply, or its refusal as the API's error
@@ -307,6 +308,134 @@ pub(super) async fn delete_instance(
     Ok(Json(json!({"deleted": id})))
 }
 
+/// The body of `PUT /instance/{id}/draft`: one of a draft model
+/// (`{"model": "M", "tokens": 4}`), prompt lookup (`{"ngram": true,
+/// "tokens": 4}`) or none (`{"off": true}`); `tokens` (1 to 16) defaults
+/// to 4.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DraftBody {
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    ngram: Option<bool>,
+    #[serde(default)]
+    off: Option<bool>,
+    #[serde(default)]
+    tokens: Option<u32>,
+}
+
+/// The draft a body asks for (`None`: off), or why the body is wrong. The
+/// token count's range and the model are the master's to check.
+fn draft_of(body: &DraftBody) -> Result<Option<v1::InstanceDraft>, ApiError> {
+    let chosen = [
+        body.model.is_some(),
+        body.ngram.is_some(),
+        body.off.is_some(),
+    ];
+    if chosen.iter().filter(|c| **c).count() != 1 {
+        return Err(ApiError::bad_request(
+            "give one of \"model\" (a draft model), \"ngram\": true (prompt lookup) or \"off\": true",
+        ));
+    }
+    let tokens = body.tokens.unwrap_or(0);
+    match (&body.model, body.ngram, body.off) {
+        (_, _, Some(true)) if body.tokens.is_some() => {
+            Err(ApiError::invalid("tokens", "\"off\" takes no tokens"))
+        }
+        (_, _, Some(true)) => Ok(None),
+        (_, _, Some(false)) => Err(ApiError::invalid("off", "\"off\" must be true")),
+        (_, Some(false), _) => Err(ApiError::invalid(
+            "ngram",
+            "\"ngram\" must be true (\"off\": true clears the draft)",
+        )),
+        (_, Some(true), _) => Ok(Some(v1::InstanceDraft {
+            method: v1::DraftMethod::Ngram as i32,
+            num_draft_tokens: tokens,
+            ..Default::default()
+        })),
+        (Some(model), _, _) if model.trim().is_empty() => Err(ApiError::invalid(
+            "model",
+            "\"model\" names the draft model",
+        )),
+        (Some(model), _, _) => Ok(Some(v1::InstanceDraft {
+            method: v1::DraftMethod::DraftModel as i32,
+            draft_model: model.trim().to_string(),
+            num_draft_tokens: tokens,
+            draft_card: None,
+        })),
+        (None, None, None) => Err(ApiError::bad_request("no draft given")),
+    }
+}
+
+/// How long `PUT /instance/{id}/draft` waits for rank 0 to take the draft
+/// up (a draft model is downloaded and loaded first).
+const DRAFT_WAIT: Duration = Duration::from_secs(120);
+
+/// `PUT /instance/{id}/draft`: sets or clears the instance's speculative
+/// decoding, then waits (up to [`DRAFT_WAIT`]) for its rank 0 to report
+/// it. 200 with the instance and rank 0's report; 400 when rank 0 refused
+/// it (a draft whose vocabulary is not the target's: the instance keeps
+/// serving without, and `{"off": true}` clears it); 202 when rank 0 has
+/// not reported yet (`GET /instance/{id}` shows it later).
+pub(super) async fn set_draft(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    use axum::response::IntoResponse;
+    let body: DraftBody = parse(body)?;
+    let request = v1::SetDraftRequest {
+        instance_id: id.clone(),
+        draft: draft_of(&body)?,
+    };
+    let reply: v1::SetDraftReply = admin_call(&api, AdminMethod::Draft, &request).await?;
+    let started = Instant::now();
+    loop {
+        let state = api.state().await?;
+        let Some(instance) = state.instances.get(&id) else {
+            return Err(ApiError::not_found(
+                "not_found",
+                format!("instance {id:?} went away"),
+            ));
+        };
+        let mut shown = instance.clone();
+        super::live::redact(&mut shown);
+        let answer = |runner: Value| {
+            json!({
+                "instance_id": id,
+                "index": reply.index,
+                "draft": to_json(&shown.draft),
+                "runner": runner,
+            })
+        };
+        match crate::plan::rank0_draft(&state, instance) {
+            Some(Some(report)) if !report.error.is_empty() => {
+                return Err(ApiError::invalid(
+                    "model",
+                    format!(
+                        "rank 0 of {id} refused the draft: {}; the instance serves without it (PUT {{\"off\": true}} clears it)",
+                        report.error
+                    ),
+                ));
+            }
+            Some(report) => {
+                return Ok(Json(answer(to_json(&report))).into_response());
+            }
+            None if started.elapsed() >= DRAFT_WAIT => {
+                let pending = answer(Value::Null);
+                return Ok((axum::http::StatusCode::ACCEPTED, Json(pending)).into_response());
+            }
+            None => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// A protocol message as JSON (proto3's mapping); null if it cannot be.
+fn to_json<T: serde::Serialize>(value: &T) -> Value {
+    serde_json::to_value(value).unwrap_or(Value::Null)
+}
+
 #[derive(Deserialize)]
 pub(super) struct EventsQuery {
     #[serde(default)]
@@ -351,6 +480,46 @@ pub(super) async fn events(State(api): State<Api>, Query(query): Query<EventsQue
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn body(text: &str) -> Result<Option<v1::InstanceDraft>, String> {
+        let body: DraftBody = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        draft_of(&body).map_err(|e| e.message)
+    }
+
+    #[test]
+    fn a_draft_body_names_one_draft() {
+        use v1::DraftMethod as M;
+        let method =
+            |text| body(text).map(|d| d.map(|d| (d.method(), d.draft_model, d.num_draft_tokens)));
+        assert_eq!(
+            method(r#"{"model": "small", "tokens": 6}"#),
+            Ok(Some((M::DraftModel, "small".to_string(), 6)))
+        );
+        assert_eq!(
+            method(r#"{"model": " small "}"#),
+            Ok(Some((M::DraftModel, "small".to_string(), 0))),
+            "0: the master's default"
+        );
+        assert_eq!(
+            method(r#"{"ngram": true, "tokens": 4}"#),
+            Ok(Some((M::Ngram, String::new(), 4)))
+        );
+        assert_eq!(method(r#"{"off": true}"#), Ok(None));
+        for (text, says) in [
+            (r#"{}"#, "give one of"),
+            (r#"{"model": "m", "ngram": true}"#, "give one of"),
+            (r#"{"tokens": 4}"#, "give one of"),
+            (r#"{"off": true, "tokens": 4}"#, "takes no tokens"),
+            (r#"{"off": false}"#, "must be true"),
+            (r#"{"ngram": false}"#, "must be true"),
+            (r#"{"model": ""}"#, "names the draft model"),
+            (r#"{"model": "m", "k": 4}"#, "unknown field"),
+            (r#"{"ngram": true, "tokens": -1}"#, "invalid value"),
+        ] {
+            let why = body(text).expect_err(text);
+            assert!(why.contains(says), "{text}: {why}");
+        }
+    }
 
     #[test]
     fn sharding_and_action_names() {

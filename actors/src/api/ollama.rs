@@ -369,6 +369,16 @@ mod tests {
         assert_eq!(p.sampling.and_then(|s| s.max_tokens), Some(100));
         let empty: GenerateRequest = serde_json::from_value(json!({"model": "m"}))?;
         assert!(empty.to_params(0).is_err());
+        assert_eq!(p.speculative, None, "no tessera object: unaffected");
+        let opted_out: GenerateRequest = serde_json::from_value(json!({
+            "model": "m", "prompt": "Once", "tessera": {"speculative": false}
+        }))?;
+        assert_eq!(opted_out.to_params(100)?.speculative, Some(false));
+        let chat: ChatRequest = serde_json::from_value(json!({
+            "model": "m", "messages": [{"role": "user", "content": "hi"}],
+            "tessera": {"speculative": true}
+        }))?;
+        assert_eq!(chat.to_params(100)?.speculative, Some(true));
         Ok(())
     }
 

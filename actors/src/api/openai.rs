@@ -583,6 +583,31 @@ mod tests {
     }
 
     #[test]
+    fn the_tessera_object_opts_out_of_drafting_and_usage_carries_its_figures(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let plain: ChatRequest = serde_json::from_value(json!({
+            "model": "m", "messages": [{"role": "user", "content": "x"}]
+        }))?;
+        assert_eq!(plain.to_params(8192)?.speculative, None);
+        let opted_out: ChatRequest = serde_json::from_value(json!({
+            "model": "m", "messages": [{"role": "user", "content": "x"}],
+            "tessera": {"speculative": false}
+        }))?;
+        assert_eq!(opted_out.to_params(8192)?.speculative, Some(false));
+        let usage = usage_json(Some(&v1::Usage {
+            completion_tokens: 10,
+            draft_tokens: 8,
+            accepted_draft_tokens: 6,
+            decode_steps: 4,
+            ..Default::default()
+        }));
+        assert_eq!(usage["completion_tokens"], 10);
+        assert_eq!(usage["tessera"]["accepted_draft_tokens"], 6);
+        assert_eq!(usage["tessera"]["decode_steps"], 4);
+        Ok(())
+    }
+
+    #[test]
     fn bad_requests_are_refused_with_the_field_at_fault() {
         let cases = [
             (json!({"model": "m", "messages": []}), "messages"),

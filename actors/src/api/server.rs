@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
 use axum::http::{HeaderValue, Method};
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, put};
 use axum::Router;
 use ractor::ActorRef;
 use tower_http::cors::{AllowOrigin, Any, CorsLayer};
@@ -91,6 +91,7 @@ pub async fn serve(
         .route("/place_instance", post(cluster::place_instance))
         .route("/instance/{id}", get(cluster::get_instance))
         .route("/instance/{id}", delete(cluster::delete_instance))
+        .route("/instance/{id}/draft", put(cluster::set_draft))
         .route("/events", get(cluster::events))
         .route("/models/add", post(cluster::add_model))
         .route("/downloads", get(cluster::downloads))
