@@ -14,18 +14,18 @@ use serde_json::Value;
 
 use crate::support::{free_port, BIN};
 
-const MODEL: &str = "smollm2-135m-instruct-q4_1";
+pub(crate) const MODEL: &str = "smollm2-135m-instruct-q4_1";
 
-struct Node {
+pub(crate) struct Node {
     child: Child,
-    api: String,
+    pub(crate) api: String,
     /// The port its zenoh listens on (loopback).
-    zenoh: u16,
+    pub(crate) zenoh: u16,
     log: std::path::PathBuf,
 }
 
 impl Node {
-    fn start(dir: &Path, extra: &[&str]) -> Node {
+    pub(crate) fn start(dir: &Path, extra: &[&str]) -> Node {
         let models = dir
             .join("models")
             .join(tessera_engine::testing::DEFAULT_MODEL_DIR);
@@ -63,7 +63,7 @@ impl Node {
         }
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
@@ -76,7 +76,7 @@ impl Drop for Node {
 }
 
 /// One HTTP/1.1 request; the status and the body (connection closed).
-fn http(address: &str, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+pub(crate) fn http(address: &str, method: &str, path: &str, body: &[u8]) -> (u16, String) {
     let (status, _, body) = http_with(address, method, path, "", body);
     (status, body)
 }

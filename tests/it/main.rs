@@ -12,4 +12,5 @@ mod generate_cli;
 mod gguf_repo;
 mod replay_cli;
 mod secure;
+mod speculative;
 mod support;
