@@ -113,7 +113,7 @@ fn event_kind() -> impl Strategy<Value = Kind> {
             |(instance_id, method, draft_model, num_draft_tokens)| {
                 Kind::InstanceDraftModelUpdated(v1::InstanceDraftModelUpdated {
                     instance_id,
-                    draft: (method < 3).then(|| v1::InstanceDraft {
+                    draft: (method < 3).then_some(v1::InstanceDraft {
                         method,
                         draft_model,
                         num_draft_tokens,
