@@ -506,7 +506,11 @@ async fn draft(client: &AdminClient, args: &DraftArgs, json: bool) -> anyhow::Re
             .instances
             .get(&args.instance)
             .ok_or_else(|| anyhow::anyhow!("instance {} went away", args.instance))?;
-        if let Some(report) = tessera_actors::plan::rank0_draft(&state, instance) {
+        // The node that answers may not hold the update yet.
+        let report = (state.last_index >= reply.index)
+            .then(|| tessera_actors::plan::rank0_draft(&state, instance))
+            .flatten();
+        if let Some(report) = report {
             break Some(report);
         }
         if std::time::Instant::now() >= deadline {

@@ -409,7 +409,11 @@ pub(super) async fn set_draft(
                 "runner": runner,
             })
         };
-        match crate::plan::rank0_draft(&state, instance) {
+        // This node's state may not hold the update yet.
+        let report = (state.last_index >= reply.index)
+            .then(|| crate::plan::rank0_draft(&state, instance))
+            .flatten();
+        match report {
             Some(Some(report)) if !report.error.is_empty() => {
                 return Err(ApiError::invalid(
                     "model",
