@@ -136,10 +136,12 @@ impl WorkerState {
     }
 
     async fn download_event(&self, model_id: &str, state: v1::download_progress::State) {
+        // No shards: the whole model (as the download itself reports it).
         let shards = self
             .downloads
             .models
             .get(model_id)
+            .filter(|d| !d.parts.contains(&Part::Whole))
             .map(|d| d.parts.iter().filter_map(Part::to_proto).collect())
             .unwrap_or_default();
         self.local_event(event::Kind::NodeDownloadProgress(

@@ -5,6 +5,8 @@
 //! what was drafted and accepted; cleared, it is gone from the state and
 //! the status. The draft model is the target itself (acceptance ~100%).
 
+use std::time::Duration;
+
 use serde_json::{json, Value};
 
 use crate::api::{http, Node, MODEL};
@@ -216,4 +218,120 @@ fn a_draft_set_on_a_running_instance_drafts_keeps_greedy_answers_and_clears() {
         .filter(|line| line.contains("instanceDraftModelUpdated"))
         .count();
     assert_eq!(updates, 5);
+}
+
+#[test]
+fn a_pipeline_instances_draft_model_is_fetched_and_loaded_on_rank_0_only() {
+    use crate::cluster::{
+        admin_generate, all_ready, master_seen, place_on, wait_until, with_model,
+    };
+    let root = tempfile::tempdir().expect("temp dir");
+    let ns = "draft-pipeline-test";
+    let ports: Vec<u16> = (0..2).map(|_| crate::support::free_port()).collect();
+    let mut nodes = Vec::new();
+    for (i, name) in ["a", "b"].iter().enumerate() {
+        let dir = with_model(&root.path().join(name)).to_path_buf();
+        let connect: Vec<u16> = ports[..i].to_vec();
+        nodes.push(crate::cluster::Node::start_with(
+            ns,
+            &dir,
+            ports[i],
+            &connect,
+            &["--offline"],
+        ));
+    }
+    wait_until(Duration::from_secs(20), || {
+        master_seen(ns, ports[0], None).filter(|(_, count)| *count == 2)
+    })
+    .expect("two nodes agree on a master");
+    let logs = |nodes: &[crate::cluster::Node]| -> String {
+        nodes.iter().map(crate::cluster::Node::log).collect()
+    };
+    let instance = place_on(ns, ports[0], "pipeline", 2);
+    let ready = wait_until(Duration::from_secs(60), || {
+        all_ready(ns, ports[1], &instance).then_some(())
+    });
+    assert!(
+        ready.is_some(),
+        "the instance reaches Ready\n{}",
+        logs(&nodes)
+    );
+    let prompt = "one two three four five one two three four five one two";
+    let plain = admin_generate(ns, ports[1], &instance, prompt).expect("a generation");
+
+    // The target as its own draft: rank 0's node widens its download to the
+    // whole model and its runner loads it; rank 1 knows nothing of it.
+    let via = format!("tcp/127.0.0.1:{}", ports[1]);
+    let out = tessera(&[
+        "admin",
+        "--namespace",
+        ns,
+        "--connect",
+        &via,
+        "--json",
+        "draft",
+        &instance,
+        "--model",
+        MODEL,
+        "--tokens",
+        "3",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        logs(&nodes)
+    );
+    let shown: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(shown["runner"]["active"], true, "{shown}");
+    assert_eq!(shown["runner"]["numDraftTokens"], 3, "{shown}");
+    let out = tessera(&[
+        "admin",
+        "--namespace",
+        ns,
+        "--connect",
+        &via,
+        "--json",
+        "state",
+    ]);
+    let state: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let state = &state["state"];
+    let ranks = state["instances"][&instance]["ranks"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(ranks.len(), 2, "{state}");
+    let runner =
+        |rank: usize| state["runners"][ranks[rank]["runnerId"].as_str().unwrap_or("")].clone();
+    assert_eq!(runner_draft(&runner(0))["active"], true, "{state}");
+    assert!(
+        runner_draft(&runner(1)).is_null(),
+        "rank 1 follows: {state}"
+    );
+    let on_rank0 = ranks[0]["nodeId"].as_str().unwrap_or_default();
+    let whole = &state["downloads"][on_rank0]["models"][MODEL];
+    assert!(whole["completed"].is_object(), "{whole}");
+    assert!(
+        whole["shards"].is_null(),
+        "the whole model on rank 0's node: {whole}"
+    );
+
+    // Greedy answers through both ranks do not change.
+    let drafted = admin_generate(ns, ports[0], &instance, prompt).expect("a generation");
+    assert_eq!(drafted, plain);
+    let out = tessera(&[
+        "admin",
+        "--namespace",
+        ns,
+        "--connect",
+        &via,
+        "draft",
+        &instance,
+        "--off",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
