@@ -178,6 +178,8 @@ pub struct Batch<'m> {
     launches: VecDeque<Launch>,
     launch_clock: u64,
     speculation: Option<SpecState>,
+    /// The last speculation's measurements while it is off.
+    dormant: Option<SpecState>,
 }
 
 impl<'m> Batch<'m> {
@@ -202,6 +204,7 @@ impl<'m> Batch<'m> {
             launches: VecDeque::new(),
             launch_clock: 0,
             speculation: None,
+            dormant: None,
         }
     }
 
@@ -215,12 +218,23 @@ impl<'m> Batch<'m> {
             }
         }
         for seq in &mut self.running {
-            seq.draft.length = Default::default();
+            seq.draft.lengths = Default::default();
             seq.draft.shadow = None;
         }
-        self.speculation = speculation
-            .filter(|s| s.max_draft_tokens > 0)
-            .map(|s| SpecState::new(s, self.config.kv_blocks));
+        // Turned off, what it learned waits for it to come back on.
+        let previous = self.speculation.take().or(self.dormant.take());
+        match speculation.filter(|s| s.max_draft_tokens > 0) {
+            Some(next) => {
+                self.speculation = Some(SpecState::after(previous, next, self.config.kv_blocks))
+            }
+            None => self.dormant = previous.map(SpecState::dormant),
+        }
+    }
+
+    /// What a step costs here as speculation measured it: (seconds fixed,
+    /// seconds per token).
+    pub fn step_cost(&self) -> Option<(f64, f64)> {
+        self.speculation.as_ref().and_then(|s| s.cost.fitted())
     }
 
     /// The speculative decoding in force.
@@ -260,8 +274,8 @@ impl<'m> Batch<'m> {
     pub fn clear_cache(&mut self) {
         if self.running.is_empty() {
             self.blocks = BlockManager::new(self.config.kv_blocks);
-            if let Some(spec) = self.speculation.as_mut() {
-                *spec = SpecState::new(spec.config.clone(), self.config.kv_blocks);
+            if let Some(draft) = self.speculation.as_mut().and_then(|s| s.draft.as_mut()) {
+                draft.blocks = BlockManager::new(self.config.kv_blocks);
             }
         }
     }
@@ -636,11 +650,9 @@ impl<'m> Batch<'m> {
         if part.logits == 0 {
             return false;
         }
-        let next = seq
-            .decoder
-            .next(model, rows, &seq.tokens, &mut |event| {
-                sink(id, SeqEvent::Generation(event))
-            });
+        let next = seq.decoder.next(model, rows, &seq.tokens, &mut |event| {
+            sink(id, SeqEvent::Generation(event))
+        });
         match next {
             Some(token) => {
                 seq.tokens.push(token);
@@ -680,14 +692,16 @@ impl<'m> Batch<'m> {
             next
         });
         seq.counts.steps += 1;
-        if drafts > 0 {
-            seq.counts.drafted += drafts;
-            seq.counts.accepted += accepted;
-            seq.draft.length.observe(drafts, accepted);
-        } else if let (Some(shadow), Some(&token)) =
-            (seq.draft.shadow.take(), seq.tokens.get(before))
-        {
-            seq.draft.length.observe(1, usize::from(shadow == token));
+        seq.counts.drafted += drafts;
+        seq.counts.accepted += accepted;
+        if let Some(spec) = self.speculation.as_mut() {
+            if drafts > 0 {
+                spec.observe(&mut seq.draft, drafts, accepted);
+            } else if let (Some(shadow), Some(&token)) =
+                (seq.draft.shadow.take(), seq.tokens.get(before))
+            {
+                spec.observe(&mut seq.draft, 1, usize::from(shadow == token));
+            }
         }
         if ended {
             return true;

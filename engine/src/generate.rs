@@ -396,6 +396,11 @@ impl<'m> Session<'m> {
         self.batch.executor()
     }
 
+    /// What a step costs, as speculation measured it ([`Batch::step_cost`]).
+    pub fn step_cost(&self) -> Option<(f64, f64)> {
+        self.batch.step_cost()
+    }
+
     /// The executor back, once the session is done with.
     pub fn into_executor(self) -> Executor<'m> {
         self.batch.into_executor()

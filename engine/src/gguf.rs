@@ -562,7 +562,11 @@ pub fn write_first_layers(source: &Path, dest: &Path, layers: usize) -> Result<(
         .metadata
         .iter()
         .map(|(key, value)| {
-            let value = if *key == count_key { &block_count } else { value };
+            let value = if *key == count_key {
+                &block_count
+            } else {
+                value
+            };
             (key.as_str(), value)
         })
         .collect();

@@ -62,36 +62,43 @@ pub const MAX_DRAFT_TOKENS: usize = 16;
 pub const DEFAULT_DRAFT_TOKENS: usize = 4;
 
 /// Longest and shortest suffix n-grams prompt lookup tries.
-const NGRAM_MAX: usize = 4;
+pub const NGRAM_MAX: usize = 4;
 const NGRAM_MIN: usize = 1;
 
 /// Prompt lookup: finds the longest suffix of `history` (at most
 /// [`NGRAM_MAX`] tokens, at least [`NGRAM_MIN`]) that occurred earlier, the
 /// latest such occurrence, and writes up to `count` tokens that followed it
-/// into `out`. Nothing when no suffix recurs.
-pub fn lookup_ngram(history: &[u32], count: usize, out: &mut Vec<u32>) {
+/// into `out`. Returns the suffix's length (a longer match predicts
+/// better); 0 and nothing written when no suffix recurs.
+pub fn lookup_ngram(history: &[u32], count: usize, out: &mut Vec<u32>) -> usize {
     out.clear();
     if count == 0 || history.len() < 2 {
-        return;
+        return 0;
     }
     let len = history.len();
     for n in (NGRAM_MIN..=NGRAM_MAX.min(len - 1)).rev() {
         let suffix = &history[len - n..];
         // Latest first: recent text predicts the next tokens best. The
         // match must end before the suffix itself starts over.
-        let found = (0..len - n).rev().find(|&at| &history[at..at + n] == suffix);
+        let found = (0..len - n)
+            .rev()
+            .find(|&at| &history[at..at + n] == suffix);
         if let Some(at) = found {
             let from = at + n;
             let take = count.min(len - from);
             out.extend_from_slice(&history[from..from + take]);
-            return;
+            return n;
         }
     }
+    0
 }
 
 /// A draft's vocabulary must be the target's token for token: the ids it
 /// proposes are checked by the target as its own.
-pub fn check_draft_vocabulary(target: &LoadedModel, draft: &LoadedModel) -> Result<(), EngineError> {
+pub fn check_draft_vocabulary(
+    target: &LoadedModel,
+    draft: &LoadedModel,
+) -> Result<(), EngineError> {
     let (ours, theirs) = (&target.tokenizer, &draft.tokenizer);
     let mismatch = |detail: String| EngineError::DraftVocabulary {
         draft: draft.path.display().to_string(),
@@ -106,8 +113,8 @@ pub fn check_draft_vocabulary(target: &LoadedModel, draft: &LoadedModel) -> Resu
             ours.vocab_size()
         )));
     }
-    let differing = (0..ours.vocab_size() as u32)
-        .find(|&id| ours.token_bytes(id) != theirs.token_bytes(id));
+    let differing =
+        (0..ours.vocab_size() as u32).find(|&id| ours.token_bytes(id) != theirs.token_bytes(id));
     if let Some(id) = differing {
         return Err(mismatch(format!(
             "token {id} is {:?} there and {:?} in the target",
@@ -167,7 +174,9 @@ impl StepCost {
         self.fitted().unwrap_or((PRIOR_FIXED, PRIOR_PER_TOKEN))
     }
 
-    fn fitted(&self) -> Option<(f64, f64)> {
+    /// (seconds fixed, seconds per token) of the steps measured, once
+    /// they span more than one size.
+    pub fn fitted(&self) -> Option<(f64, f64)> {
         let n = self.weight;
         let variance = n * self.sum_xx - self.sum_x * self.sum_x;
         if n < 4.0 || variance <= 1e-9 * n * n {
@@ -235,16 +244,18 @@ impl DraftLength {
 
     /// The draft length, at most `most`, with the most tokens expected per
     /// unit of cost: `cost(k)` is a step with `k` drafts against one with
-    /// none. 0 when no draft pays.
-    pub fn choose(&self, most: usize, cost: impl Fn(usize) -> f64) -> usize {
+    /// none, in which `others` tokens of other work (other sequences'
+    /// tokens, prompt chunks) come along anyway. 0 when no draft pays.
+    pub fn choose(&self, most: usize, others: usize, cost: impl Fn(usize) -> f64) -> usize {
         let rate = self.acceptance();
-        let mut best = (0, 1.0);
+        let others = others as f64;
+        let mut best = (0, 1.0 + others);
         let mut expected = 1.0;
         let mut term = 1.0;
         for k in 1..=most {
             term *= rate;
             expected += term;
-            let value = expected / cost(k);
+            let value = (others + expected) / cost(k);
             if value > best.1 {
                 best = (k, value);
             }
@@ -288,7 +299,8 @@ mod tests {
 
     fn lookup(history: &[u32], count: usize) -> Vec<u32> {
         let mut out = Vec::new();
-        lookup_ngram(history, count, &mut out);
+        let n = lookup_ngram(history, count, &mut out);
+        assert_eq!(n == 0, out.is_empty());
         out
     }
 
@@ -297,9 +309,14 @@ mod tests {
         // "1 2 3 4 5 ... 1 2 3": the 3-gram recurs, 4 5 6 followed it.
         assert_eq!(lookup(&[1, 2, 3, 4, 5, 6, 9, 1, 2, 3], 3), vec![4, 5, 6]);
         // The longest suffix wins over a later, shorter match.
-        assert_eq!(lookup(&[7, 8, 1, 2, 3, 5, 3, 6, 7, 8, 9, 2, 3], 2), vec![5, 3]);
+        assert_eq!(
+            lookup(&[7, 8, 1, 2, 3, 5, 3, 6, 7, 8, 9, 2, 3], 2),
+            vec![5, 3]
+        );
         // The latest occurrence of the longest n-gram.
         assert_eq!(lookup(&[1, 2, 10, 1, 2, 11, 1, 2], 1), vec![11]);
+        let mut out = Vec::new();
+        assert_eq!(lookup_ngram(&[1, 2, 10, 1, 2, 11, 1, 2], 1, &mut out), 2);
         // What follows is cut at the end of the history.
         assert_eq!(lookup(&[4, 5, 4], 5), vec![5, 4]);
         assert!(lookup(&[1, 2, 3, 4], 4).is_empty());
@@ -315,18 +332,27 @@ mod tests {
             length.observe(4, 4);
         }
         assert!(length.acceptance() > 0.95);
-        assert_eq!(length.choose(8, cheap), 8, "everything accepted: draft all");
+        assert_eq!(
+            length.choose(8, 0, cheap),
+            8,
+            "everything accepted: draft all"
+        );
         // A full acceptance weighs four positions, a refusal one: the
         // estimate takes more refused steps to fall than accepted to rise.
         for _ in 0..60 {
             length.observe(4, 0);
         }
         assert!(length.acceptance() < 0.05);
-        assert_eq!(length.choose(8, cheap), 0, "nothing accepted: no drafts");
+        assert_eq!(length.choose(8, 0, cheap), 0, "nothing accepted: no drafts");
         // At an even chance, a costly token is not worth drafting.
         let even = DraftLength::default();
-        assert_eq!(even.choose(8, |k| 1.0 + 0.6 * k as f64), 0);
-        assert!(even.choose(8, cheap) >= 1);
+        assert_eq!(even.choose(8, 0, |k| 1.0 + 0.6 * k as f64), 0);
+        assert!(even.choose(8, 0, cheap) >= 1);
+        // A step costing 0.65 + 0.35 per token: alone, an even draft pays;
+        // beside 8 other tokens it slows them all more than it adds.
+        assert!(even.choose(8, 0, |k| 1.0 + 0.35 * k as f64) >= 1);
+        let beside_eight = |k: usize| (0.65 + 0.35 * (9 + k) as f64) / (0.65 + 0.35 * 9.0);
+        assert_eq!(even.choose(8, 8, beside_eight), 0);
     }
 
     #[test]
@@ -371,7 +397,11 @@ mod tests {
                     out.push(token);
                     Some(token)
                 });
-                assert_eq!(out.len(), accepted + 1, "one sample per accepted draft, and one");
+                assert_eq!(
+                    out.len(),
+                    accepted + 1,
+                    "one sample per accepted draft, and one"
+                );
                 first[out[0] as usize] += 1;
                 if accepted >= 1 {
                     accepted_first += 1;
@@ -391,7 +421,10 @@ mod tests {
             assert!(chi2(&second) < 18.47, "{draft:?}: second {second:?}");
             let rate = accepted_first as f64 / runs as f64;
             let expected = p[draft[0] as usize];
-            assert!((rate - expected).abs() < 0.015, "accepted {rate}, p {expected}");
+            assert!(
+                (rate - expected).abs() < 0.015,
+                "accepted {rate}, p {expected}"
+            );
         }
     }
 

@@ -13,6 +13,7 @@ use tessera_engine::executor::Executor;
 use tessera_engine::generate::{GenerateRequest, LoadedModel, Prompt, Session};
 
 use super::bench_batch;
+use super::bench_speculative;
 use super::generate::Distributed;
 use super::model_args::ModelArgs;
 use super::ranks::{DistributedArgs, RankZero};
@@ -44,9 +45,26 @@ pub struct ModelBenchArgs {
     /// Prompt tokens of each sequence, with --concurrency.
     #[arg(long, default_value_t = 128)]
     pub prompt_tokens: usize,
-    /// Tokens each sequence generates, with --concurrency.
+    /// Tokens each sequence generates, with --concurrency (and the most
+    /// each prompt generates, with --speculative).
     #[arg(long, default_value_t = 128)]
     pub gen_tokens: usize,
+    /// Speculative decoding against plain decoding in one run: `ngram`
+    /// (prompt lookup), a draft model (a .gguf, a folder or a catalogue
+    /// id), or `first-layers:N` (a draft of this model's first N layers,
+    /// written once as a GGUF in the temp folder).
+    #[arg(long)]
+    pub speculative: Option<String>,
+    /// Tokens drafted per step at most, with --speculative.
+    #[arg(long, default_value_t = tessera_engine::speculative::DEFAULT_DRAFT_TOKENS)]
+    pub draft_tokens: usize,
+    /// What the --speculative run asks the model.
+    #[arg(long, value_enum, default_value = "free")]
+    pub workload: bench_speculative::Workload,
+    /// With --speculative: the user messages to ask instead of the
+    /// workload's own, as a JSON list of strings.
+    #[arg(long)]
+    pub prompts: Option<std::path::PathBuf>,
 }
 
 /// A measurement's runs and their spread, to two decimals.
@@ -97,6 +115,20 @@ struct BatchReport {
     distributed: Option<Distributed>,
 }
 
+#[derive(Serialize)]
+struct SpecBenchReport {
+    bench: &'static str,
+    model: String,
+    threads: usize,
+    runs: usize,
+    gen_tokens: usize,
+    #[serde(flatten)]
+    speculative: bench_speculative::SpecReport,
+    peak_rss_mb: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    distributed: Option<Distributed>,
+}
+
 const SHORT_PROMPT: &str = "The quick brown fox";
 /// The reference benchmark's prompt text, repeated and cut to `n_prefill` tokens.
 const PREFILL_TEXT: &str = "The history of computing is a story of abstractions layered on top of one another. Early machines were programmed by rewiring panels, later by punched cards, and then by assembly language and compilers. Each layer hid the details of the one below it. ";
@@ -142,6 +174,31 @@ fn dispatch<'m>(
     threads: usize,
     finish: impl FnOnce(&mut Executor<'m>) -> anyhow::Result<Option<Distributed>>,
 ) -> anyhow::Result<()> {
+    if let Some(source) = &args.speculative {
+        let bench = bench_speculative::SpecBench {
+            source: source.clone(),
+            draft_tokens: args.draft_tokens,
+            workload: args.workload,
+            runs: args.runs,
+            gen_tokens: args.gen_tokens,
+            prompts: args.prompts.clone(),
+            quiet: args.json,
+        };
+        let (speculative, mut executor) = bench_speculative::measure(&bench, model, executor)?;
+        let distributed = finish(&mut executor)?;
+        let report = SpecBenchReport {
+            bench: "speculative",
+            model: model.path.display().to_string(),
+            threads,
+            runs: args.runs,
+            gen_tokens: args.gen_tokens,
+            speculative,
+            peak_rss_mb: tessera_engine::memory::peak_rss_bytes().unwrap_or(0) as f64 / 1e6,
+            distributed,
+        };
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
     if args.concurrency.is_empty() {
         let session = Session::with_executor(model, executor);
         return measure(args, model, session, threads, |session| {

@@ -8,6 +8,7 @@ mod bench_collectives;
 mod bench_download;
 mod bench_log;
 mod bench_model;
+mod bench_speculative;
 mod cluster;
 mod generate;
 mod model_args;

@@ -171,7 +171,10 @@ mod tests {
         let mut out = Vec::new();
         plan_step(&seqs, 16, &mut out);
         let planned = |index, len, logits| Planned { index, len, logits };
-        assert_eq!(out, vec![planned(0, 10, 0), planned(1, 5, 5), planned(2, 1, 1)]);
+        assert_eq!(
+            out,
+            vec![planned(0, 10, 0), planned(1, 5, 5), planned(2, 1, 1)]
+        );
         // A tight budget cuts the draft, never another sequence's token.
         plan_step(&seqs, 4, &mut out);
         assert_eq!(out, vec![planned(1, 3, 3), planned(2, 1, 1)]);

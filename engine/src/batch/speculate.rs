@@ -9,21 +9,27 @@ use crate::executor::{ExecError, Executor};
 use crate::generate::LoadedModel;
 use crate::model::{SeqSpan, Workspace};
 use crate::paged::{BlockHash, BlockId, BlockManager, KvPool};
-use crate::speculative::{lookup_ngram, DraftLength, DraftSource, Speculation, StepCost};
+use crate::speculative::{
+    lookup_ngram, DraftLength, DraftSource, Speculation, StepCost, NGRAM_MAX,
+};
 
 /// A sequence's speculative state.
 #[derive(Default)]
 pub(super) struct SeqDraft {
     /// Tokens proposed for the step in flight (or being planned).
     pub tokens: Vec<u32>,
-    pub length: DraftLength,
+    /// Acceptance and draft length: one for a draft model; for prompt
+    /// lookup one per matched n-gram length (a 4-gram match inside a
+    /// quoted passage predicts far better than a common 1-gram).
+    pub lengths: [DraftLength; NGRAM_MAX],
+    /// Which of `lengths` the current proposal answers to.
+    pub bucket: usize,
     /// A prompt-lookup proposal made but not drafted (its length chose 0):
     /// checked against the next token for free, so the estimate recovers
     /// when the text starts to repeat.
     pub shadow: Option<u32>,
-    /// Decode steps since the draft model last drafted for it.
-    pub idle_steps: usize,
-    /// Its place in the draft model's pool.
+    /// Its place in the draft model's pool; given back while drafts do not
+    /// pay, so that nothing is spent keeping the draft's cache current.
     pub model: Option<DraftSlot>,
 }
 
@@ -31,7 +37,11 @@ pub(super) struct SeqDraft {
 pub(super) struct DraftSlot {
     pub table: Vec<BlockId>,
     pub chain: Vec<BlockHash>,
-    /// Leading positions with the draft's keys and values of real tokens.
+    /// The draft sees the sequence from this token on (0, or a probe's
+    /// short window of recent tokens): its position 0 is this one.
+    pub offset: usize,
+    /// Leading positions of its view with the draft's keys and values of
+    /// real tokens.
     pub computed: usize,
 }
 
@@ -51,14 +61,62 @@ pub(super) struct SpecState {
     pub config: Speculation,
     pub draft: Option<DraftModel>,
     pub cost: StepCost,
+    /// A draft model's acceptance, over every sequence of the instance (a
+    /// property of the pair of models more than of one text).
+    model_length: DraftLength,
+    probe: Probe,
 }
 
-/// A draft model that stops drafting for a sequence tries one token again
-/// after this many decode steps, to notice when it starts to pay.
-const PROBE_STEPS: usize = 16;
+/// While a draft model does not pay, it is tried again now and then on one
+/// sequence, over a short window of its latest tokens (cheap to compute),
+/// less and less often while it keeps failing.
+#[derive(Clone, Copy, Debug)]
+struct Probe {
+    interval: usize,
+    left: usize,
+}
+
+const PROBE_FIRST: usize = 32;
+const PROBE_MOST: usize = 1024;
+/// Tokens of recent history a probe's draft sees.
+const PROBE_WINDOW: usize = 32;
+/// Drafts a probe checks.
+const PROBE_TOKENS: usize = 2;
+/// A probe's cost, in steps, times this is the least interval after it
+/// (probes cost under 2% of decoding).
+const PROBE_SHARE_INVERSE: f64 = 50.0;
+
+impl Default for Probe {
+    fn default() -> Self {
+        Self {
+            interval: PROBE_FIRST,
+            left: PROBE_FIRST,
+        }
+    }
+}
+
+impl Probe {
+    /// A step without drafts; true when it is time to probe.
+    fn tick(&mut self) -> bool {
+        self.left = self.left.saturating_sub(1);
+        if self.left > 0 {
+            return false;
+        }
+        self.interval = (self.interval * 2).min(PROBE_MOST);
+        self.left = self.interval;
+        true
+    }
+
+    /// The next probe no sooner than `steps` steps from now.
+    fn at_least(&mut self, steps: f64) {
+        let steps = (steps.ceil() as usize).min(PROBE_MOST);
+        self.interval = self.interval.max(steps);
+        self.left = self.left.max(steps);
+    }
+}
 
 impl SpecState {
-    pub fn new(config: Speculation, kv_blocks: usize) -> Self {
+    pub fn new(config: Speculation, kv_blocks: usize, cost: StepCost) -> Self {
         let draft = match &config.source {
             DraftSource::Ngram => None,
             DraftSource::Model(model) => Some(DraftModel {
@@ -75,7 +133,49 @@ impl SpecState {
         Self {
             config,
             draft,
-            cost: StepCost::default(),
+            cost,
+            model_length: DraftLength::default(),
+            probe: Probe::default(),
+        }
+    }
+
+    /// Replaces `previous`: what a step costs is the target's and this
+    /// machine's, and a draft model's acceptance is the pair's, so both are
+    /// kept (the latter for the same draft model).
+    pub fn after(previous: Option<SpecState>, config: Speculation, kv_blocks: usize) -> Self {
+        let Some(previous) = previous else {
+            return Self::new(config, kv_blocks, StepCost::default());
+        };
+        let same_model = match (&previous.config.source, &config.source) {
+            (DraftSource::Model(a), DraftSource::Model(b)) => a.path == b.path,
+            _ => false,
+        };
+        let mut next = Self::new(config, kv_blocks, previous.cost);
+        if same_model {
+            next.model_length = previous.model_length;
+            next.probe = previous.probe;
+            if let (Some(draft), Some(old)) = (next.draft.as_mut(), previous.draft) {
+                draft.round_seconds = old.round_seconds;
+            }
+        }
+        next
+    }
+
+    /// Kept while speculation is off: its measurements, not its pool.
+    pub fn dormant(mut self) -> Self {
+        if let Some(draft) = self.draft.as_mut() {
+            draft.kv = KvPool::new(0, 0);
+            draft.workspace = Workspace::default();
+        }
+        self
+    }
+
+    /// A draft of `drafted` tokens had its first `accepted` confirmed.
+    pub fn observe(&mut self, draft: &mut SeqDraft, drafted: usize, accepted: usize) {
+        if self.draft.is_some() {
+            self.model_length.observe(drafted, accepted);
+        } else {
+            draft.lengths[draft.bucket].observe(drafted, accepted);
         }
     }
 
@@ -117,38 +217,67 @@ impl SpecState {
         wants: &mut [DraftWant<'_>],
     ) -> Result<(), ExecError> {
         let most = self.config.max_draft_tokens;
-        let mut lengths = Vec::with_capacity(wants.len());
-        for want in wants.iter_mut() {
-            let want_draft = &mut *want.draft;
-            want_draft.tokens.clear();
-            want_draft.shadow = None;
-            let mut k = want_draft
-                .length
-                .choose(most.min(want.room), |k| self.cost_of(base, k));
-            if self.draft.is_some() && k == 0 && want.room > 0 {
-                want_draft.idle_steps += 1;
-                if want_draft.idle_steps >= PROBE_STEPS {
-                    k = 1;
-                }
-            }
-            if k > 0 {
-                want_draft.idle_steps = 0;
-            }
-            lengths.push(k);
-        }
+        let others = base.saturating_sub(1);
         if self.draft.is_none() {
-            for (want, &k) in wants.iter_mut().zip(&lengths) {
+            for want in wants.iter_mut() {
+                let room = most.min(want.room);
                 let draft = &mut *want.draft;
-                let count = if k == 0 { 1 } else { k };
-                lookup_ngram(want.tokens, count.min(want.room.max(1)), &mut draft.tokens);
+                draft.shadow = None;
+                let matched = lookup_ngram(want.tokens, room.max(1), &mut draft.tokens);
+                if matched == 0 {
+                    continue;
+                }
+                draft.bucket = matched - 1;
+                let k =
+                    draft.lengths[draft.bucket].choose(draft.tokens.len().min(room), others, |k| {
+                        self.cost_of(base, k)
+                    });
                 if k == 0 {
                     draft.shadow = draft.tokens.first().copied();
-                    draft.tokens.clear();
                 }
+                draft.tokens.truncate(k);
             }
             return Ok(());
         }
-        self.run_draft_model(executor, wants, &lengths)
+        // One length for all: the pair of models decides, not the text.
+        let k_all = self
+            .model_length
+            .choose(most, others, |k| self.cost_of(base, k));
+        let probe = if k_all == 0 {
+            self.probe.tick()
+        } else {
+            self.probe = Probe::default();
+            false
+        };
+        let mut lengths = Vec::with_capacity(wants.len());
+        for want in wants.iter_mut() {
+            let draft = &mut *want.draft;
+            draft.tokens.clear();
+            draft.shadow = None;
+            draft.bucket = 0;
+            let k = k_all.min(want.room);
+            if k == 0 {
+                if let Some(model) = self.draft.as_mut() {
+                    model.release(draft);
+                }
+            }
+            lengths.push(k);
+        }
+        if probe {
+            if let Some(i) = wants.iter().position(|w| w.room > 0) {
+                lengths[i] = PROBE_TOKENS.min(wants[i].room);
+            }
+        }
+        let started = Instant::now();
+        let result = self.run_draft_model(executor, wants, &lengths, k_all == 0);
+        if probe {
+            // A probe may cost at most a small share of the steps between
+            // probes: a large draft is tried again more rarely.
+            let step = self.cost.seconds(1).unwrap_or(0.01).max(1e-4);
+            let steps = started.elapsed().as_secs_f64() / step;
+            self.probe.at_least(steps * PROBE_SHARE_INVERSE);
+        }
+        result
     }
 
     /// The draft model's greedy continuation of each sequence, `lengths`
@@ -159,6 +288,7 @@ impl SpecState {
         executor: &Executor<'_>,
         wants: &mut [DraftWant<'_>],
         lengths: &[usize],
+        probing: bool,
     ) -> Result<(), ExecError> {
         let Some(draft) = self.draft.as_mut() else {
             return Ok(());
@@ -167,7 +297,7 @@ impl SpecState {
         let mut active: Vec<usize> = Vec::new();
         for (i, want) in wants.iter_mut().enumerate() {
             let k = lengths[i];
-            if k == 0 || want.tokens.len() + k > context || !draft.admit(want) {
+            if k == 0 || !draft.admit(want, context, k, probing) {
                 continue;
             }
             active.push(i);
@@ -191,7 +321,7 @@ impl SpecState {
                 };
                 let start = slot.computed;
                 if round == 0 {
-                    tokens.extend_from_slice(&want.tokens[start..]);
+                    tokens.extend_from_slice(&want.tokens[slot.offset + start..]);
                 } else if let Some(&last) = want.draft.tokens.last() {
                     tokens.push(last);
                 }
@@ -244,23 +374,39 @@ impl SpecState {
 }
 
 impl DraftModel {
-    /// Gives a sequence its blocks in the draft's pool, once; false when
-    /// the pool has no room now (it decodes without drafts meanwhile).
-    fn admit(&mut self, want: &mut DraftWant<'_>) -> bool {
-        if want.draft.model.is_some() {
-            return true;
+    /// Gives a sequence its blocks in the draft's pool for `k` drafts
+    /// (a view of its whole history, or of the probe's window when it has
+    /// none yet and drafting is off); false when the pool has no room now
+    /// or the view would pass the draft's context (it decodes without
+    /// drafts meanwhile).
+    fn admit(&mut self, want: &mut DraftWant<'_>, context: usize, k: usize, probing: bool) -> bool {
+        let len = want.tokens.len();
+        if let Some(slot) = &want.draft.model {
+            return len - slot.offset + k <= context;
         }
-        let prompt = &want.tokens[..want.prompt_len];
-        let reuse = if want.reuse_prefix {
+        let offset = if probing {
+            len.saturating_sub(PROBE_WINDOW)
+        } else {
+            0
+        };
+        if len - offset + k > context {
+            return false;
+        }
+        let start = &want.tokens[offset..want.prompt_len.max(offset)];
+        let reuse = if want.reuse_prefix && offset == 0 {
             want.prompt_len.saturating_sub(1)
         } else {
             0
         };
-        match self.blocks.admit(prompt, want.reserve_positions, reuse) {
+        match self
+            .blocks
+            .admit(start, want.reserve_positions - offset, reuse)
+        {
             Ok(admitted) => {
                 want.draft.model = Some(DraftSlot {
                     table: admitted.table,
                     chain: admitted.chain,
+                    offset,
                     computed: admitted.cached_positions,
                 });
                 true
@@ -272,9 +418,11 @@ impl DraftModel {
     /// After verification: the draft's cache keeps only real tokens.
     pub fn settle(&mut self, draft: &mut SeqDraft, tokens: &[u32], computed: usize) {
         if let Some(slot) = draft.model.as_mut() {
-            slot.computed = slot.computed.min(computed);
-            self.blocks
-                .register(&slot.table, &tokens[..slot.computed], &mut slot.chain);
+            slot.computed = slot.computed.min(computed.saturating_sub(slot.offset));
+            if slot.offset == 0 {
+                self.blocks
+                    .register(&slot.table, &tokens[..slot.computed], &mut slot.chain);
+            }
         }
     }
 

@@ -470,18 +470,23 @@ impl RowJob<'_> {
             let tile = tile_start..(tile_start + ROW_TILE).min(self.range.end);
             let mut first_single = 0;
             if let Some(dot4) = kernels.dot4 {
-                // Four tokens at a time share each unpacked weight block.
+                // Four tokens at a time share each unpacked weight block. Two
+                // or three left over go the same way, the last repeated: one
+                // pass costs less than two or three single dots, and each
+                // lane's result is the single dot's bit for bit.
                 let mut results = [0.0f32; 4];
-                while first_single + 4 <= self.tokens {
+                while first_single + 2 <= self.tokens {
                     let t = first_single;
-                    let xs = [row_of(t), row_of(t + 1), row_of(t + 2), row_of(t + 3)];
+                    let n = (self.tokens - t).min(4);
+                    let lane = |k: usize| row_of(t + k.min(n - 1));
+                    let xs = [lane(0), lane(1), lane(2), lane(3)];
                     for r in tile.clone() {
                         dot4(w.row(r), xs, &mut results);
-                        for (k, value) in results.iter().enumerate() {
+                        for (k, value) in results[..n].iter().enumerate() {
                             self.out_row(t + k, r..r + 1)[0] = *value;
                         }
                     }
-                    first_single += 4;
+                    first_single += n;
                 }
             }
             for t in first_single..self.tokens {
@@ -785,7 +790,7 @@ mod tests {
     #[test]
     fn products_are_the_same_bits_for_any_number_of_tokens() {
         // Batch invariance: a token's outputs never depend on how many
-        // others share the product (1, 2, 3, 4, 8 or 16 tokens).
+        // others share the product (1 to 9 tokens, or 16).
         let pool = ThreadPool::new(2);
         for format in ALL {
             let (rows, cols) = (21, 512);
@@ -795,7 +800,7 @@ mod tests {
             let alone: Vec<Vec<f32>> = (0..16)
                 .map(|t| product(&w, &x[t * cols..(t + 1) * cols], 1, &pool))
                 .collect();
-            for tokens in [1, 2, 3, 4, 8, 16] {
+            for tokens in [1, 2, 3, 4, 5, 6, 7, 8, 9, 16] {
                 let together = product(&w, &x[..tokens * cols], tokens, &pool);
                 for (t, expected) in alone.iter().take(tokens).enumerate() {
                     let got = &together[t * rows..(t + 1) * rows];
