@@ -52,6 +52,21 @@ pub struct Speculation {
     pub source: DraftSource,
     /// The most tokens drafted per step for one sequence.
     pub max_draft_tokens: usize,
+    /// Always draft `max_draft_tokens` (as many as prompt lookup finds),
+    /// whatever the measured acceptance and cost: for tests and
+    /// measurements of the machinery; adaptive otherwise.
+    pub fixed: bool,
+}
+
+impl Speculation {
+    /// Adaptive speculation from `source`, up to `max_draft_tokens` a step.
+    pub fn new(source: DraftSource, max_draft_tokens: usize) -> Self {
+        Self {
+            source,
+            max_draft_tokens,
+            fixed: false,
+        }
+    }
 }
 
 /// The most draft tokens per step anyone may ask for: beyond this a step's

@@ -194,10 +194,7 @@ fn speculation(source: &str, tokens: usize, target: &LoadedModel) -> anyhow::Res
         check_draft_vocabulary(target, &draft)?;
         DraftSource::Model(Arc::new(draft))
     };
-    Ok(Speculation {
-        source: draft_source,
-        max_draft_tokens: tokens,
-    })
+    Ok(Speculation::new(draft_source, tokens))
 }
 
 /// `model`'s first `layers` layers and head as a GGUF, made once.

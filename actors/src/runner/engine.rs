@@ -258,10 +258,8 @@ impl Backend for EngineBackend {
                 return Ok(0);
             }
         };
-        head.batch.set_speculation(Some(Speculation {
-            source,
-            max_draft_tokens: order.tokens as usize,
-        }));
+        head.batch
+            .set_speculation(Some(Speculation::new(source, order.tokens as usize)));
         Ok(bytes)
     }
 

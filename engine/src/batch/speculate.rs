@@ -228,10 +228,12 @@ impl SpecState {
                     continue;
                 }
                 draft.bucket = matched - 1;
-                let k =
-                    draft.lengths[draft.bucket].choose(draft.tokens.len().min(room), others, |k| {
-                        self.cost_of(base, k)
-                    });
+                let most = draft.tokens.len().min(room);
+                let k = if self.config.fixed {
+                    most
+                } else {
+                    draft.lengths[draft.bucket].choose(most, others, |k| self.cost_of(base, k))
+                };
                 if k == 0 {
                     draft.shadow = draft.tokens.first().copied();
                 }
@@ -240,9 +242,12 @@ impl SpecState {
             return Ok(());
         }
         // One length for all: the pair of models decides, not the text.
-        let k_all = self
-            .model_length
-            .choose(most, others, |k| self.cost_of(base, k));
+        let k_all = if self.config.fixed {
+            most
+        } else {
+            self.model_length
+                .choose(most, others, |k| self.cost_of(base, k))
+        };
         let probe = if k_all == 0 {
             self.probe.tick()
         } else {

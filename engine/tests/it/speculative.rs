@@ -14,7 +14,9 @@ use serde_json::Value;
 use tessera_engine::batch::{Batch, BatchConfig, SeqEvent, SeqId};
 use tessera_engine::chat_template::ChatMessage;
 use tessera_engine::executor::Executor;
-use tessera_engine::generate::{EngineError, GenerateRequest, GenerationOutput, LoadedModel, Prompt};
+use tessera_engine::generate::{
+    EngineError, GenerateRequest, GenerationOutput, LoadedModel, Prompt,
+};
 use tessera_engine::speculative::{check_draft_vocabulary, DraftSource, Speculation};
 
 use super::distributed::{on_ranks, Sharding};
@@ -62,7 +64,10 @@ fn requests(tokens: usize) -> Vec<GenerateRequest> {
         chat(&format!("Repeat this text exactly:\n\n{PASSAGE}")),
         tokens,
     ));
-    out.push(request(Prompt::Raw(format!("{PASSAGE}\n\n{PASSAGE}\n\n")), tokens));
+    out.push(request(
+        Prompt::Raw(format!("{PASSAGE}\n\n{PASSAGE}\n\n")),
+        tokens,
+    ));
     let mut sampled = request(chat(&format!("Summarise: {PASSAGE}")), tokens);
     sampled.sampling.temperature = 0.7;
     sampled.sampling.top_p = 0.9;
@@ -124,10 +129,7 @@ fn alone(batch: &mut Batch<'_>, requests: &[GenerateRequest]) -> Vec<GenerationO
 }
 
 fn ngram(tokens: usize) -> Option<Speculation> {
-    Some(Speculation {
-        source: DraftSource::Ngram,
-        max_draft_tokens: tokens,
-    })
+    Some(Speculation::new(DraftSource::Ngram, tokens))
 }
 
 /// Plain decoding alone, then with `speculation` alone and eight at once
@@ -160,7 +162,10 @@ fn check_identical(
         );
     }
     let drafted: usize = speculative.iter().map(|o| o.stats.draft_tokens).sum();
-    let accepted: usize = speculative.iter().map(|o| o.stats.accepted_draft_tokens).sum();
+    let accepted: usize = speculative
+        .iter()
+        .map(|o| o.stats.accepted_draft_tokens)
+        .sum();
     eprintln!("drafted {drafted}, accepted {accepted}");
 
     speculative
@@ -199,9 +204,11 @@ fn the_target_as_its_own_draft_model_is_always_accepted_and_identical() {
     let model = model();
     let draft = Arc::new(self::model());
     check_draft_vocabulary(&model, &draft).expect("the same vocabulary");
+    // Fixed: drafting as large a model never pays, and adaptive lengths
+    // would switch it off (see the next test).
     let speculation = Some(Speculation {
-        source: DraftSource::Model(draft),
-        max_draft_tokens: 3,
+        fixed: true,
+        ..Speculation::new(DraftSource::Model(draft), 3)
     });
     let outputs = check_identical(&model, Executor::single(&model.transformer, 2), speculation);
     // Greedy drafts of the same model are the target's own greedy tokens.
@@ -213,6 +220,22 @@ fn the_target_as_its_own_draft_model_is_always_accepted_and_identical() {
             "request {i}: every draft of the target itself stands"
         );
     }
+}
+
+#[test]
+fn a_draft_model_that_does_not_pay_is_switched_off() {
+    let model = model();
+    let draft = Arc::new(self::model());
+    let speculation = Some(Speculation::new(DraftSource::Model(draft), 4));
+    let outputs = check_identical(&model, Executor::single(&model.transformer, 2), speculation);
+    // Each drafted token costs a whole forward of the target: after the
+    // first drafts are timed, only rare probes remain.
+    let drafted: usize = outputs.iter().map(|o| o.stats.draft_tokens).sum();
+    let generated: usize = outputs.iter().map(|o| o.stats.generated_tokens).sum();
+    assert!(
+        drafted * 10 < generated,
+        "{drafted} tokens drafted over {generated} generated"
+    );
 }
 
 #[test]
