@@ -61,6 +61,11 @@ pub struct ModelBenchArgs {
     /// What the --speculative run asks the model.
     #[arg(long, value_enum, default_value = "free")]
     pub workload: bench_speculative::Workload,
+    /// With --speculative: always draft --draft-tokens (as many as prompt
+    /// lookup finds), to measure a draft's acceptance and cost without the
+    /// adaptive length switching it off.
+    #[arg(long)]
+    pub draft_fixed: bool,
     /// With --speculative: the user messages to ask instead of the
     /// workload's own, as a JSON list of strings.
     #[arg(long)]
@@ -182,6 +187,7 @@ fn dispatch<'m>(
             runs: args.runs,
             gen_tokens: args.gen_tokens,
             prompts: args.prompts.clone(),
+            fixed: args.draft_fixed,
             quiet: args.json,
         };
         let (speculative, mut executor) = bench_speculative::measure(&bench, model, executor)?;

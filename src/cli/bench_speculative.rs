@@ -42,6 +42,8 @@ pub struct SpecBench {
     /// User messages to ask instead of the workload's own (a JSON list of
     /// strings).
     pub prompts: Option<PathBuf>,
+    /// Draft the most every step (no adaptive length).
+    pub fixed: bool,
     pub quiet: bool,
 }
 
@@ -96,6 +98,8 @@ fn requests(workload: Workload, tokens: usize, own: Option<Vec<String>>) -> Vec<
 pub struct SpecReport {
     pub draft: String,
     pub draft_tokens: usize,
+    /// Drafting the most every step, not adaptively.
+    pub draft_fixed: bool,
     pub workload: Workload,
     /// Decode tokens/s over all prompts of a run, per run.
     pub plain_decode_tokens_per_second: stats::Spread,
@@ -225,7 +229,10 @@ pub fn measure<'m>(
     if bench.draft_tokens == 0 || bench.draft_tokens > MAX_DRAFT_TOKENS {
         bail!("--draft-tokens must be 1..={MAX_DRAFT_TOKENS}");
     }
-    let speculation = speculation(&bench.source, bench.draft_tokens, model)?;
+    let speculation = Speculation {
+        fixed: bench.fixed,
+        ..speculation(&bench.source, bench.draft_tokens, model)?
+    };
     let draft = format!("{:?}", speculation.source);
     let own = match &bench.prompts {
         Some(path) => {
@@ -303,6 +310,7 @@ pub fn measure<'m>(
     let report = SpecReport {
         draft,
         draft_tokens: bench.draft_tokens,
+        draft_fixed: bench.fixed,
         workload: bench.workload,
         speedup: stats::round_to(
             stats::median(&speculative) / stats::median(&plain).max(f64::MIN_POSITIVE),
