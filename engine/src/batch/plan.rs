@@ -167,7 +167,7 @@ mod tests {
     fn drafts_come_after_every_next_token_and_before_prompts() {
         let mut speculating = decoding(20);
         speculating.draft = 4;
-        let seqs = [prefilling(100, 0), speculating, decoding(9)];
+        let seqs = [prefilling(100, 0), speculating, decoding(12)];
         let mut out = Vec::new();
         plan_step(&seqs, 16, &mut out);
         let planned = |index, len, logits| Planned { index, len, logits };

@@ -80,6 +80,9 @@ const PROBE_FIRST: usize = 32;
 const PROBE_MOST: usize = 1024;
 /// Tokens of recent history a probe's draft sees.
 const PROBE_WINDOW: usize = 32;
+/// A draft model's round against a target step until one is timed.
+const UNMEASURED_ROUND: f64 = 0.1;
+
 /// Drafts a probe checks.
 const PROBE_TOKENS: usize = 2;
 /// A probe's cost, in steps, times this is the least interval after it
@@ -186,10 +189,12 @@ impl SpecState {
         let Some(draft) = &self.draft else {
             return step;
         };
-        // A round's share of a plain step; until measured, a guess.
+        // A round's share of a plain step. Until measured, the hope that
+        // it is a small draft, so that a new draft model is tried (and
+        // timed) rather than never given a chance.
         let round = match (draft.round_seconds, self.cost.seconds(base)) {
             (Some(round), Some(step)) if step > 0.0 => round / step,
-            _ => 0.25,
+            _ => UNMEASURED_ROUND,
         };
         step + round * extra as f64
     }
