@@ -37,9 +37,11 @@ from transformers import (
     GenerationConfig,
     LlamaConfig,
     MistralConfig,
+    MixtralConfig,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 VOCAB = 512
@@ -282,6 +284,26 @@ def cases() -> dict:
         "llama-bias": (LlamaConfig, "llama", dict(
             **small, attention_bias=True, mlp_bias=True,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}), False, True),
+        # Mixtures of experts: 8 experts, 2 per token, in every layer; the
+        # router's softmax weights renormalised (Mixtral always, Qwen3-MoE
+        # with norm_topk_prob) or not.
+        "qwen3-moe": (Qwen3MoeConfig, "qwen", dict(
+            **small | {"num_hidden_layers": 3}, head_dim=32, attention_bias=False,
+            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64,
+            norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            use_sliding_window=False), False, True),
+        # Not renormalised, and layer 1 dense (intermediate_size rows): no
+        # GGUF, as llama.cpp's qwen3moe has neither.
+        "qwen3-moe-dense-layer": (Qwen3MoeConfig, "qwen", dict(
+            **small | {"num_hidden_layers": 3}, head_dim=32, attention_bias=False,
+            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64,
+            norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[1],
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            use_sliding_window=False), True, False),
+        "mixtral": (MixtralConfig, "llama", dict(
+            **small, num_local_experts=4, num_experts_per_tok=2, sliding_window=None,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}), False, True),
     }
 
 
@@ -313,6 +335,15 @@ def convert_gguf(case_dir: Path, llama_cpp: Path, pre: str) -> None:
     subprocess.run([sys.executable, "-c", wrapper], check=True)
 
 
+def load_float64(case_dir: Path, **kwargs):
+    """The saved files in float64. Experts run eagerly (expert by expert):
+    transformers' default grouped kernel has no float64."""
+    config = json.loads((case_dir / "config.json").read_text())
+    if config.get("num_local_experts") or config.get("num_experts"):
+        kwargs["experts_implementation"] = "eager"
+    return AutoModelForCausalLM.from_pretrained(case_dir, dtype=torch.float64, **kwargs).eval()
+
+
 def make_case(out: Path, name: str, spec, llama_cpp: Path | None, seed: int) -> None:
     config_class, flavour, kwargs, tied, gguf = spec
     case_dir = out / name
@@ -335,13 +366,44 @@ def make_case(out: Path, name: str, spec, llama_cpp: Path | None, seed: int) -> 
     model.save_pretrained(case_dir, safe_serialization=True)
     # The reference is what transformers answers with the saved files (the
     # model in memory has had its RoPE frequencies rounded to bf16 by .to()).
-    model = AutoModelForCausalLM.from_pretrained(case_dir, dtype=torch.float64).eval()
+    model = load_float64(case_dir)
     ref = reference(model, tokenizer)
     ref["case"] = name
     (case_dir / "reference.json").write_text(json.dumps(ref, indent=1) + "\n")
     if gguf and llama_cpp is not None:
         convert_gguf(case_dir, llama_cpp, "llama-bpe" if flavour == "llama" else "qwen2")
     print(f"{name}: {sum(p.numel() for p in model.parameters())} parameters", file=sys.stderr)
+
+
+def make_bench_moe(out: Path, llama_cpp: Path) -> None:
+    """A larger random Qwen3-MoE for the speed figure (not a test fixture):
+    12 layers of 64 experts, 8 per token, 256 rows each, hidden 1024 (the
+    expert to hidden ratio and top-k of Qwen3-30B-A3B, scaled down), about
+    640 MB once quantized to Q8_0. Written as safetensors and converted to
+    an f16 GGUF (model.gguf) for llama-quantize."""
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    tokenizer = train_tokenizer("qwen", out)
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    config = Qwen3MoeConfig(
+        vocab_size=VOCAB, hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
+        num_attention_heads=16, num_key_value_heads=4, head_dim=64, max_position_embeddings=4096,
+        rms_norm_eps=1e-6, num_experts=64, num_experts_per_tok=8, moe_intermediate_size=256,
+        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], attention_bias=False,
+        tie_word_embeddings=False, eos_token_id=eos, bos_token_id=None, use_sliding_window=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+    )
+    torch.manual_seed(7)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    randomize(model, 7)
+    model = model.to(torch.bfloat16)
+    model.generation_config = GenerationConfig(eos_token_id=eos, do_sample=False)
+    model.save_pretrained(out, safe_serialization=True)
+    del model
+    convert_gguf(out, llama_cpp, "qwen2")
+    print(f"wrote {out / 'model.gguf'}", file=sys.stderr)
 
 
 def f16_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -374,8 +436,7 @@ def explain_f16(out: Path) -> None:
     for case_dir in sorted(p for p in out.iterdir() if (p / "reference.json").is_file()):
         ref = json.loads((case_dir / "reference.json").read_text())
         try:
-            model = AutoModelForCausalLM.from_pretrained(
-                case_dir, dtype=torch.float64, attn_implementation="tessera_f16").eval()
+            model = load_float64(case_dir, attn_implementation="tessera_f16")
         except Exception as error:  # a case whose config needs another attention
             print(f"{case_dir.name}: skipped ({error})")
             continue
@@ -396,12 +457,18 @@ def main() -> None:
     parser.add_argument("--llama-cpp", type=Path, default=None,
                         help="llama.cpp source tree (convert_hf_to_gguf.py, gguf-py)")
     parser.add_argument("--only", nargs="*", default=None)
+    parser.add_argument("--bench-moe", action="store_true",
+                        help="write only a larger random Qwen3-MoE (about 600M parameters) "
+                             "into OUT, for the MoE speed figure")
     parser.add_argument("--explain-f16", action="store_true",
                         help="write nothing; print how much f16 attention alone moves each "
                              "case's first-step logprobs")
     args = parser.parse_args()
     if args.explain_f16:
         explain_f16(args.out)
+        return
+    if args.bench_moe:
+        make_bench_moe(args.out, args.llama_cpp)
         return
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)

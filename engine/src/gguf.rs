@@ -14,7 +14,7 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::Device;
 
-use crate::model::config::{Architecture, ModelConfig, RopeScaling};
+use crate::model::config::{Architecture, ModelConfig, MoeConfig, RopeScaling};
 use crate::model::weights::{LoadError, Matrix, TensorSource};
 use crate::ops::RopeStyle;
 use crate::quant::{QMatrix, WeightBytes, WeightFormat};
@@ -183,7 +183,9 @@ impl GgufFile {
             // GGUF Llama q/k rows are permuted for adjacent pairs; Qwen's are not.
             rope_style: match architecture {
                 Architecture::Llama => RopeStyle::Interleaved,
-                Architecture::Qwen2 | Architecture::Qwen3 => RopeStyle::Halves,
+                Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe => {
+                    RopeStyle::Halves
+                }
             },
             rope_scaling,
             rotary_dims: self
@@ -192,12 +194,92 @@ impl GgufFile {
             qkv_bias: self.contains("blk.0.attn_q.bias"),
             qk_norm: self.contains("blk.0.attn_q_norm.weight"),
             tied_embeddings: !self.contains("output.weight"),
+            moe: self.moe_config(name)?,
         };
         config.validate().map_err(|source| LoadError::Config {
             path: self.display.clone(),
             source,
         })?;
         Ok(config)
+    }
+
+    /// The experts of `{arch}.expert_count` and its kin, if any. llama.cpp
+    /// renormalises the chosen experts' weights for these families unless
+    /// `expert_weights_norm` says otherwise.
+    fn moe_config(&self, arch: &str) -> Result<Option<MoeConfig>, LoadError> {
+        let key = |suffix: &str| format!("{arch}.{suffix}");
+        let experts = self.get_usize(&key("expert_count"))?.unwrap_or(0);
+        if experts == 0 {
+            return Ok(None);
+        }
+        let shared = self.get_usize(&key("expert_shared_count"))?.unwrap_or(0);
+        if shared > 0 || self.contains("blk.0.ffn_gate_shexp.weight") {
+            return Err(self.meta_error(
+                &key("expert_shared_count"),
+                "is set: shared experts are not supported",
+            ));
+        }
+        let normalize_top_k = match self.metadata().get(&key("expert_weights_norm")) {
+            None => true,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => return Err(self.meta_error(&key("expert_weights_norm"), "is not a boolean")),
+        };
+        let expert_ffn = match self.get_usize(&key("expert_feed_forward_length"))? {
+            Some(rows) => rows,
+            None => self.require_usize(&key("feed_forward_length"))?,
+        };
+        Ok(Some(MoeConfig {
+            experts,
+            experts_per_token: self.require_usize(&key("expert_used_count"))?,
+            expert_ffn,
+            normalize_top_k,
+        }))
+    }
+
+    /// A 2-D matrix by name: a tensor of the file, or one expert's slab of
+    /// a stacked `ffn_{gate,up,down}_exps` tensor (`[experts, rows, cols]`),
+    /// named `blk.{i}.ffn_{gate,up,down}.{e}.weight` as older files store
+    /// them one by one.
+    fn matrix_view(&self, name: &str) -> Result<MatrixView, LoadError> {
+        let bad = |reason: String| LoadError::Tensor {
+            path: self.display.clone(),
+            tensor: name.to_string(),
+            reason,
+        };
+        let infos = &self.content.tensor_infos;
+        let found = match infos.get(name) {
+            Some(info) => Some((info, None)),
+            None => stacked_expert(name)
+                .and_then(|(stacked, e)| infos.get(&stacked).map(|info| (info, Some(e)))),
+        };
+        let Some((info, expert)) = found else {
+            return Err(LoadError::MissingTensor {
+                path: self.display.clone(),
+                tensor: name.to_string(),
+            });
+        };
+        let dims = info.shape.dims();
+        let (rows, cols, first_row) = match (dims, expert) {
+            (&[rows, cols], None) => (rows, cols, 0),
+            (&[experts, rows, cols], Some(e)) if e < experts => (rows, cols, e * rows),
+            (_, Some(e)) => return Err(bad(format!("expert {e} of a tensor of shape {dims:?}"))),
+            (_, None) => return Err(bad(format!("expected a matrix, found shape {dims:?}"))),
+        };
+        let dtype = info.ggml_dtype;
+        let block = dtype.block_size();
+        if !cols.is_multiple_of(block) {
+            return Err(bad(format!(
+                "{cols} columns do not fill {dtype:?} blocks of {block}"
+            )));
+        }
+        let row_bytes = (cols / block * dtype.type_size()) as u64;
+        Ok(MatrixView {
+            offset: info.offset + first_row as u64 * row_bytes,
+            dtype,
+            rows,
+            cols,
+            row_bytes,
+        })
     }
 
     fn info(
@@ -339,6 +421,27 @@ impl GgufFile {
     }
 }
 
+/// Where a matrix's rows lie in the tensor data.
+struct MatrixView {
+    offset: u64,
+    dtype: GgmlDType,
+    rows: usize,
+    cols: usize,
+    row_bytes: u64,
+}
+
+/// `blk.{i}.ffn_gate.{e}.weight` -> (`blk.{i}.ffn_gate_exps.weight`, e).
+fn stacked_expert(name: &str) -> Option<(String, usize)> {
+    let rest = name.strip_prefix("blk.")?.strip_suffix(".weight")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let (kind, expert) = rest.split_once('.')?;
+    if !matches!(kind, "ffn_gate" | "ffn_up" | "ffn_down") {
+        return None;
+    }
+    let expert = expert.parse().ok()?;
+    Some((format!("blk.{layer}.{kind}_exps.weight"), expert))
+}
+
 fn native_format(dtype: GgmlDType) -> Option<WeightFormat> {
     match dtype {
         GgmlDType::F32 => Some(WeightFormat::F32),
@@ -361,10 +464,10 @@ impl TensorSource for GgufFile {
     }
 
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
-        self.content
-            .tensor_infos
-            .get(name)
-            .map(|info| info.shape.dims().to_vec())
+        match self.content.tensor_infos.get(name) {
+            Some(info) => Some(info.shape.dims().to_vec()),
+            None => self.matrix_view(name).ok().map(|v| vec![v.rows, v.cols]),
+        }
     }
 
     fn matrix_part(
@@ -373,15 +476,8 @@ impl TensorSource for GgufFile {
         rows: Option<Range<usize>>,
         cols: Option<Range<usize>>,
     ) -> Result<Matrix, LoadError> {
-        let info = self.info(name)?;
-        let dims = info.shape.dims().to_vec();
-        let [total_rows, total_cols] = dims[..] else {
-            return Err(LoadError::Tensor {
-                path: self.display.clone(),
-                tensor: name.to_string(),
-                reason: format!("expected a matrix, found shape {dims:?}"),
-            });
-        };
+        let view = self.matrix_view(name)?;
+        let (total_rows, total_cols) = (view.rows, view.cols);
         let rows = rows.unwrap_or(0..total_rows);
         let cols = cols.unwrap_or(0..total_cols);
         for (what, range, total) in [("rows", &rows, total_rows), ("columns", &cols, total_cols)] {
@@ -393,27 +489,20 @@ impl TensorSource for GgufFile {
                 });
             }
         }
-        let dtype = info.ggml_dtype;
+        let dtype = view.dtype;
         let (block, block_bytes) = (dtype.block_size(), dtype.type_size());
-        if !total_cols.is_multiple_of(block) {
-            return Err(LoadError::Tensor {
-                path: self.display.clone(),
-                tensor: name.to_string(),
-                reason: format!("{total_cols} columns do not fill {dtype:?} blocks of {block}"),
-            });
-        }
-        let row_bytes = (total_cols / block * block_bytes) as u64;
+        let row_bytes = view.row_bytes;
         let whole_rows = || {
             self.read_bytes(
                 name,
-                info.offset + rows.start as u64 * row_bytes,
+                view.offset + rows.start as u64 * row_bytes,
                 rows.len() as u64 * row_bytes,
             )
         };
         if cols.len() == total_cols && native_format(dtype).is_some() {
             let data = self.mapped_or_read(
                 name,
-                info.offset + rows.start as u64 * row_bytes,
+                view.offset + rows.start as u64 * row_bytes,
                 rows.len() as u64 * row_bytes,
             )?;
             return self.wrap_blocks(name, dtype, rows.len(), cols.len(), data);
@@ -425,7 +514,7 @@ impl TensorSource for GgufFile {
             } else {
                 let first = (cols.start / block * block_bytes) as u64;
                 let len = (cols.len() / block * block_bytes) as u64;
-                self.read_row_parts(name, info.offset, row_bytes, rows.clone(), first, len)?
+                self.read_row_parts(name, view.offset, row_bytes, rows.clone(), first, len)?
             };
             return self.wrap_blocks(name, dtype, rows.len(), cols.len(), data);
         }
@@ -466,10 +555,8 @@ impl TensorSource for GgufFile {
     }
 
     fn column_block(&self, name: &str) -> usize {
-        self.content
-            .tensor_infos
-            .get(name)
-            .map_or(1, |info| info.ggml_dtype.block_size())
+        self.matrix_view(name)
+            .map_or(1, |view| view.dtype.block_size())
     }
 
     fn vector(&self, name: &str) -> Result<Vec<f32>, LoadError> {

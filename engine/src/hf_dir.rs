@@ -94,6 +94,29 @@ pub struct HfConfig {
     pub hidden_act: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub torch_dtype: Option<String>,
+    /// Mixture of experts: Qwen3-MoE writes `num_experts`, Mixtral (and
+    /// transformers 5 for both) `num_local_experts`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_experts: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_local_experts: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_experts_per_tok: Option<usize>,
+    /// Qwen3-MoE: rows of each expert (`intermediate_size` is the dense MLP's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_intermediate_size: Option<usize>,
+    /// Qwen3-MoE: renormalise the chosen experts' weights.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub norm_topk_prob: Option<bool>,
+    /// Qwen3-MoE: every this-many layers is sparse (1: all of them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decoder_sparse_step: Option<usize>,
+    /// Qwen3-MoE: layers that keep a dense MLP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mlp_only_layers: Option<Vec<usize>>,
+    /// Qwen2-MoE / Qwen3-Next: an always-on expert beside the routed ones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_expert_intermediate_size: Option<usize>,
     /// A number, or a list of numbers in some models.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bos_token_id: Option<serde_json::Value>,
@@ -135,6 +158,25 @@ impl HfConfig {
         let window = self.sliding_window?;
         let context = self.max_position_embeddings.map_or(u64::MAX, |c| c as u64);
         (self.use_sliding_window != Some(false) && window < context).then_some(window)
+    }
+
+    /// The expert count, under either name.
+    pub fn expert_count(&self) -> Option<usize> {
+        self.num_experts
+            .or(self.num_local_experts)
+            .filter(|&n| n > 0)
+    }
+
+    /// Whether layer `layer` is a mixture of experts (Qwen3-MoE's
+    /// `decoder_sparse_step` and `mlp_only_layers`; every layer otherwise).
+    pub fn is_sparse_layer(&self, layer: usize) -> bool {
+        let step = self.decoder_sparse_step.unwrap_or(1).max(1);
+        self.expert_count().is_some()
+            && !self
+                .mlp_only_layers
+                .as_ref()
+                .is_some_and(|l| l.contains(&layer))
+            && (layer + 1).is_multiple_of(step)
     }
 
     /// Number of KV heads, defaulting to the query-head count as

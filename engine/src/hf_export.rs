@@ -230,6 +230,13 @@ pub fn export_llama_gguf(
             format!("architecture {arch:?} is not llama"),
         ));
     }
+    if meta.opt_usize("llama.expert_count")?.unwrap_or(0) > 0 {
+        // The export writes a dense Llama; experts would be dropped.
+        return Err(meta.error(
+            "llama.expert_count",
+            "is set: a mixture of experts (Mixtral) is not exported".into(),
+        ));
+    }
     let heads = meta.usize("llama.attention.head_count")?;
     let kv_heads = meta
         .opt_usize("llama.attention.head_count_kv")?
@@ -310,6 +317,14 @@ pub fn export_llama_gguf(
         tie_word_embeddings: Some(tied),
         attention_bias: Some(false),
         torch_dtype: Some(dtype.torch_name().into()),
+        num_experts: None,
+        num_local_experts: None,
+        num_experts_per_tok: None,
+        moe_intermediate_size: None,
+        norm_topk_prob: None,
+        decoder_sparse_step: None,
+        mlp_only_layers: None,
+        shared_expert_intermediate_size: None,
         bos_token_id: meta
             .opt_usize("tokenizer.ggml.bos_token_id")?
             .map(serde_json::Value::from),

@@ -39,7 +39,9 @@ impl HfSource {
         })?;
         let config = match architecture {
             Architecture::Llama => llama::config_from_hf(hf),
-            Architecture::Qwen2 | Architecture::Qwen3 => qwen::config_from_hf(hf, architecture),
+            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe => {
+                qwen::config_from_hf(hf, architecture)
+            }
         };
         config.map_err(|source| LoadError::Config {
             path: self.display.clone(),
@@ -56,8 +58,10 @@ impl HfSource {
     }
 }
 
-/// The checkpoint's name for a canonical tensor name.
-pub fn hf_name(canonical: &str) -> Option<String> {
+/// The checkpoint's names for a canonical tensor name, most likely first
+/// (families name the same tensor differently: Mixtral's experts are
+/// `block_sparse_moe.experts.{e}.w1`, Qwen3-MoE's `mlp.experts.{e}.gate_proj`).
+pub fn hf_names(canonical: &str) -> Vec<String> {
     let fixed = match canonical {
         "token_embd.weight" => Some("model.embed_tokens.weight"),
         "output_norm.weight" => Some("model.norm.weight"),
@@ -65,10 +69,23 @@ pub fn hf_name(canonical: &str) -> Option<String> {
         _ => None,
     };
     if let Some(name) = fixed {
-        return Some(name.to_string());
+        return vec![name.to_string()];
     }
-    let rest = canonical.strip_prefix("blk.")?;
-    let (layer, part) = rest.split_once('.')?;
+    let Some((layer, part)) = canonical
+        .strip_prefix("blk.")
+        .and_then(|rest| rest.split_once('.'))
+    else {
+        return Vec::new();
+    };
+    let in_layer = |parts: &[&str]| -> Vec<String> {
+        parts
+            .iter()
+            .map(|p| format!("model.layers.{layer}.{p}"))
+            .collect()
+    };
+    if let Some(names) = expert_names(part) {
+        return Vec::from(names.map(|p| format!("model.layers.{layer}.{p}")));
+    }
     let part = match part {
         "attn_norm.weight" => "input_layernorm.weight",
         "ffn_norm.weight" => "post_attention_layernorm.weight",
@@ -88,9 +105,45 @@ pub fn hf_name(canonical: &str) -> Option<String> {
         "ffn_gate.bias" => "mlp.gate_proj.bias",
         "ffn_up.bias" => "mlp.up_proj.bias",
         "ffn_down.bias" => "mlp.down_proj.bias",
+        "ffn_gate_inp.weight" => {
+            return in_layer(&["mlp.gate.weight", "block_sparse_moe.gate.weight"])
+        }
+        _ => return Vec::new(),
+    };
+    in_layer(&[part])
+}
+
+/// `ffn_gate.{e}.weight` and its kin: expert `e`'s projections, as
+/// Qwen3-MoE and Mixtral name them (layer-relative).
+fn expert_names(part: &str) -> Option<[String; 2]> {
+    let (kind, rest) = part.split_once('.')?;
+    let expert: usize = rest.strip_suffix(".weight")?.parse().ok()?;
+    let (qwen, mixtral) = match kind {
+        "ffn_gate" => ("gate_proj", "w1"),
+        "ffn_up" => ("up_proj", "w3"),
+        "ffn_down" => ("down_proj", "w2"),
         _ => return None,
     };
-    Some(format!("model.layers.{layer}.{part}"))
+    Some([
+        format!("mlp.experts.{expert}.{qwen}.weight"),
+        format!("block_sparse_moe.experts.{expert}.{mixtral}.weight"),
+    ])
+}
+
+impl HfSource {
+    /// The checkpoint's name for `canonical`: the first candidate it holds.
+    fn resolve(&self, canonical: &str) -> Result<String, LoadError> {
+        let names = hf_names(canonical);
+        names
+            .iter()
+            .find(|name| self.dir.contains(name))
+            .or(names.first())
+            .cloned()
+            .ok_or_else(|| LoadError::MissingTensor {
+                path: self.display.clone(),
+                tensor: canonical.to_string(),
+            })
+    }
 }
 
 impl TensorSource for HfSource {
@@ -99,7 +152,7 @@ impl TensorSource for HfSource {
     }
 
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
-        let hf = hf_name(name)?;
+        let hf = self.resolve(name).ok()?;
         self.dir.shape(&hf).ok()
     }
 
@@ -109,10 +162,7 @@ impl TensorSource for HfSource {
         rows: Option<Range<usize>>,
         cols: Option<Range<usize>>,
     ) -> Result<Matrix, LoadError> {
-        let hf = hf_name(name).ok_or_else(|| LoadError::MissingTensor {
-            path: self.display.clone(),
-            tensor: name.to_string(),
-        })?;
+        let hf = self.resolve(name)?;
         let shape = self.dir.shape(&hf).map_err(|e| self.error(&hf, e))?;
         let [total, total_cols] = shape[..] else {
             return Err(LoadError::Tensor {
@@ -155,10 +205,7 @@ impl TensorSource for HfSource {
     }
 
     fn vector(&self, name: &str) -> Result<Vec<f32>, LoadError> {
-        let hf = hf_name(name).ok_or_else(|| LoadError::MissingTensor {
-            path: self.display.clone(),
-            tensor: name.to_string(),
-        })?;
+        let hf = self.resolve(name)?;
         self.dir.load_f32(&hf).map_err(|e| self.error(&hf, e))
     }
 }

@@ -11,15 +11,19 @@ pub enum Architecture {
     Qwen2,
     /// Qwen3: RMS norms on each head of q and k, no biases.
     Qwen3,
+    /// Qwen3-MoE: Qwen3's attention, a mixture of experts for the MLP.
+    Qwen3Moe,
 }
 
 impl Architecture {
     /// From GGUF's `general.architecture` or config.json's `model_type`.
     pub fn from_name(name: &str) -> Option<Self> {
         match name {
-            "llama" | "mistral" | "smollm" | "smollm2" => Some(Self::Llama),
+            // Mixtral is Llama's decoder with experts (GGUF calls it llama).
+            "llama" | "mistral" | "mixtral" | "smollm" | "smollm2" => Some(Self::Llama),
             "qwen2" => Some(Self::Qwen2),
             "qwen3" => Some(Self::Qwen3),
+            "qwen3moe" | "qwen3_moe" => Some(Self::Qwen3Moe),
             _ => None,
         }
     }
@@ -29,6 +33,7 @@ impl Architecture {
             Self::Llama => "llama",
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
+            Self::Qwen3Moe => "qwen3moe",
         }
     }
 }
@@ -48,6 +53,21 @@ pub enum RopeScaling {
         high_freq_factor: f32,
         original_context: usize,
     },
+}
+
+/// A mixture-of-experts MLP: a router picks `experts_per_token` of
+/// `experts` SwiGLU experts for each token and sums their outputs weighted
+/// by the router's softmax (Mixtral, Qwen3-MoE).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeConfig {
+    pub experts: usize,
+    pub experts_per_token: usize,
+    /// Intermediate rows of each expert (on a tensor-parallel rank, its
+    /// share of them).
+    pub expert_ffn: usize,
+    /// Whether the chosen experts' weights are renormalised to sum to one
+    /// (Mixtral always; Qwen3-MoE's `norm_topk_prob`).
+    pub normalize_top_k: bool,
 }
 
 /// Everything the forward pass needs to know about a model.
@@ -71,6 +91,9 @@ pub struct ModelConfig {
     pub qkv_bias: bool,
     pub qk_norm: bool,
     pub tied_embeddings: bool,
+    /// Set for mixture-of-experts models; a layer whose file holds a router
+    /// runs experts, one without runs the dense MLP of `ffn` rows.
+    pub moe: Option<MoeConfig>,
 }
 
 /// A configuration that cannot run.
@@ -109,6 +132,19 @@ impl ModelConfig {
                 "rotary dimensions {} must be even",
                 self.rotary_dims
             ));
+        }
+        if let Some(moe) = &self.moe {
+            if moe.experts == 0
+                || moe.experts_per_token == 0
+                || moe.experts_per_token > moe.experts
+                || moe.experts > 1024
+                || moe.expert_ffn == 0
+            {
+                return fail(format!(
+                    "{} experts with {} per token and {} rows each: need 1 <= per token <= experts <= 1024 and rows > 0",
+                    moe.experts, moe.experts_per_token, moe.expert_ffn
+                ));
+            }
         }
         Ok(())
     }

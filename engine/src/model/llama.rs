@@ -1,6 +1,7 @@
-//! The Llama family: Llama 2/3, SmolLM/SmolLM2, Mistral. Grouped-query
-//! attention, SwiGLU MLP, RMS norms, RoPE (plain, linear or Llama 3
-//! scaling), embeddings optionally tied to the LM head.
+//! The Llama family: Llama 2/3, SmolLM/SmolLM2, Mistral, and Mixtral (the
+//! same decoder with a mixture of experts for the MLP, renormalised top-k).
+//! Grouped-query attention, SwiGLU MLP, RMS norms, RoPE (plain, linear or
+//! Llama 3 scaling), embeddings optionally tied to the LM head.
 
 use crate::hf_dir::HfConfig;
 use crate::ops::RopeStyle;
@@ -9,7 +10,11 @@ use super::config::{Architecture, ConfigError, ModelConfig, RopeScaling};
 
 /// A model configuration from a Hugging Face `config.json` of this family.
 pub fn config_from_hf(hf: &HfConfig) -> Result<ModelConfig, ConfigError> {
-    base_config(hf, Architecture::Llama)
+    let mut config = base_config(hf, Architecture::Llama)?;
+    // Mixtral: softmax over the experts, top-k, weights renormalised.
+    config.moe = super::moe::config_from_hf(hf, None, true)?;
+    config.validate()?;
+    Ok(config)
 }
 
 /// The fields every family here shares; Qwen adds its flags on top.
@@ -59,6 +64,7 @@ pub(crate) fn base_config(
         qkv_bias: hf.attention_bias.unwrap_or(false),
         qk_norm: false,
         tied_embeddings: hf.tie_word_embeddings.unwrap_or(false),
+        moe: None,
     };
     config.validate()?;
     Ok(config)

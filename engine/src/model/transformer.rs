@@ -8,6 +8,7 @@ use std::ops::Range;
 use half::f16;
 
 use super::config::ModelConfig;
+use super::moe::{Experts, MoeWorkspace};
 use super::weights::{LoadError, Matrix, TensorSource};
 use crate::collectives::{CollectiveError, Group, SingleRank};
 use crate::ops;
@@ -32,14 +33,46 @@ pub struct Layer {
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
-    w_gate: Matrix,
-    w_up: Matrix,
-    w_down: Matrix,
-    /// Llama's `mlp_bias`: this rank's rows of the gate and up biases, and
-    /// the whole down bias (added after the reduction).
-    gate_bias: Option<Vec<f32>>,
-    up_bias: Option<Vec<f32>>,
-    down_bias: Option<Vec<f32>>,
+    mlp: Mlp,
+}
+
+/// A layer's MLP: dense SwiGLU, or a mixture of experts.
+enum Mlp {
+    Dense {
+        w_gate: Matrix,
+        w_up: Matrix,
+        w_down: Matrix,
+        /// Llama's `mlp_bias`: this rank's rows of the gate and up biases,
+        /// and the whole down bias (added after the reduction).
+        gate_bias: Option<Vec<f32>>,
+        up_bias: Option<Vec<f32>>,
+        down_bias: Option<Vec<f32>>,
+    },
+    Experts(Experts),
+}
+
+impl Mlp {
+    fn size_bytes(&self) -> usize {
+        match self {
+            Self::Dense {
+                w_gate,
+                w_up,
+                w_down,
+                gate_bias,
+                up_bias,
+                down_bias,
+            } => {
+                w_gate.size_bytes()
+                    + w_up.size_bytes()
+                    + w_down.size_bytes()
+                    + [gate_bias, up_bias, down_bias]
+                        .iter()
+                        .map(|b| b.as_ref().map_or(0, Vec::len) * 4)
+                        .sum::<usize>()
+            }
+            Self::Experts(experts) => experts.size_bytes(),
+        }
+    }
 }
 
 /// One shard of a model: layers `layers` of `config.layers`, with the
@@ -165,6 +198,8 @@ pub struct Workspace {
     /// A tensor rank's gathered logits, before they are put in order.
     gathered: Vec<f32>,
     acts: Activations,
+    /// The mixture-of-experts block's buffers (empty for dense models).
+    moe: MoeWorkspace,
 }
 
 impl Workspace {
@@ -258,20 +293,43 @@ pub struct TensorSplit {
     pub q_rows: Range<usize>,
     pub kv_rows: Range<usize>,
     pub ffn_rows: Range<usize>,
+    /// Rows of every expert (mixture-of-experts models; else empty).
+    pub expert_rows: Range<usize>,
     pub vocab_rows: Range<usize>,
     pub vocab_counts: Vec<usize>,
 }
 
+/// This rank's intermediate rows of an MLP of `ffn` rows: in units of
+/// `unit` (the down projection's quantization block, so that its column
+/// slices keep their blocks) where there are enough of them, else of the
+/// 32-value block, else single rows.
+fn ffn_share(ffn: usize, unit: usize, rank: u32, world: u32) -> Result<Range<usize>, ShardError> {
+    let unit = if unit > 1 && ffn.is_multiple_of(unit) && ffn / unit >= world as usize {
+        unit
+    } else if ffn.is_multiple_of(crate::quant::BLOCK) {
+        crate::quant::BLOCK
+    } else {
+        1
+    };
+    // Even, not balancing the attention's uneven KV groups: each block
+    // ends in an all-reduce, a barrier, so the MLP's own split must be
+    // even for its phase to be (balancing the totals made each rank wait
+    // for the other in turn).
+    let parts = split_evenly((ffn / unit) as u32, world as usize, "FFN blocks")?;
+    let part = &parts[rank as usize];
+    Ok(part.start as usize * unit..part.end as usize * unit)
+}
+
 impl TensorSplit {
     /// Attention by whole KV-head groups (with their query heads), the MLP
-    /// by intermediate rows in units of `ffn_unit` (the down projection's
-    /// quantization block, so its column slices keep their blocks), evenly,
-    /// the head by vocabulary rows. Uneven splits are allowed.
+    /// (and every expert) by intermediate rows (see [`ffn_share`]), the
+    /// head by vocabulary rows. Uneven splits are allowed.
     pub fn new(
         config: &ModelConfig,
         rank: u32,
         world: u32,
         ffn_unit: usize,
+        expert_unit: usize,
     ) -> Result<Self, ShardError> {
         let spec = ShardSpec::Tensor {
             rank,
@@ -281,28 +339,17 @@ impl TensorSplit {
         let per_group = config.heads / config.kv_heads;
         let hd = config.head_dim;
         let (g0, g1) = (groups.start as usize, groups.end as usize);
-        let unit = if ffn_unit > 1
-            && config.ffn.is_multiple_of(ffn_unit)
-            && config.ffn / ffn_unit >= world as usize
-        {
-            ffn_unit
-        } else if config.ffn.is_multiple_of(crate::quant::BLOCK) {
-            crate::quant::BLOCK
-        } else {
-            1
+        let expert_rows = match &config.moe {
+            Some(moe) => ffn_share(moe.expert_ffn, expert_unit, rank, world)?,
+            None => 0..0,
         };
-        // Even, not balancing the attention's uneven KV groups: each block
-        // ends in an all-reduce, a barrier, so the MLP's own split must be
-        // even for its phase to be (balancing the totals made each rank wait
-        // for the other in turn).
-        let ffn_parts = split_evenly((config.ffn / unit) as u32, world as usize, "FFN blocks")?;
-        let ffn = &ffn_parts[rank as usize];
         let vocab_parts = split_evenly(config.vocab as u32, world as usize, "vocabulary rows")?;
         let vocab = &vocab_parts[rank as usize];
         Ok(Self {
             q_rows: g0 * per_group * hd..g1 * per_group * hd,
             kv_rows: g0 * hd..g1 * hd,
-            ffn_rows: ffn.start as usize * unit..ffn.end as usize * unit,
+            ffn_rows: ffn_share(config.ffn, ffn_unit, rank, world)?,
+            expert_rows,
             vocab_rows: vocab.start as usize..vocab.end as usize,
             vocab_counts: vocab_parts.iter().map(|r| r.len()).collect(),
         })
@@ -352,6 +399,7 @@ impl Transformer {
                     rank,
                     world_size,
                     source.column_block("blk.0.ffn_down.weight"),
+                    source.column_block("blk.0.ffn_down.0.weight"),
                 )
                 .map_err(shard_error)?,
             ),
@@ -360,6 +408,11 @@ impl Transformer {
         let q_rows = split.as_ref().map_or(0..q, |s| s.q_rows.clone());
         let kv_rows = split.as_ref().map_or(0..kv, |s| s.kv_rows.clone());
         let ffn_rows = split.as_ref().map_or(0..f, |s| s.ffn_rows.clone());
+        let expert_rows = match (&split, &config.moe) {
+            (Some(s), _) => s.expert_rows.clone(),
+            (None, Some(moe)) => 0..moe.expert_ffn,
+            (None, None) => 0..0,
+        };
         let sliced = split.is_some();
         let part = |name: &str,
                     shape: [usize; 2],
@@ -426,27 +479,42 @@ impl Transformer {
                     part(&n("attn_v.weight"), [kv, h], Some(kv_rows.clone()), None)?,
                 )
             };
-            let fused_gate_up = !source.contains(&n("ffn_gate.weight"))
-                && source.shape(&n("ffn_up.weight")) == Some(vec![2 * f, h]);
-            let (w_gate, w_up, gate_bias, up_bias) = if fused_gate_up {
-                let fused = n("ffn_up.weight");
-                let shape = [2 * f, h];
-                let bias = n("ffn_up.bias");
-                (
-                    part(&fused, shape, Some(ffn_rows.clone()), None)?,
-                    part(&fused, shape, Some(shifted(&ffn_rows, f)), None)?,
-                    if_present(&bias, 2 * f, ffn_rows.clone())?,
-                    if_present(&bias, 2 * f, shifted(&ffn_rows, f))?,
-                )
-            } else {
-                (
-                    part(&n("ffn_gate.weight"), [f, h], Some(ffn_rows.clone()), None)?,
-                    part(&n("ffn_up.weight"), [f, h], Some(ffn_rows.clone()), None)?,
-                    if_present(&n("ffn_gate.bias"), f, ffn_rows.clone())?,
-                    if_present(&n("ffn_up.bias"), f, ffn_rows.clone())?,
-                )
-            };
             let cols = |r: &Range<usize>| sliced.then(|| r.clone());
+            let mlp = match &config.moe {
+                Some(moe) if source.contains(&n("ffn_gate_inp.weight")) => {
+                    Mlp::Experts(Experts::load(source, i, moe, h, &expert_rows, sliced)?)
+                }
+                _ => {
+                    let fused_gate_up = !source.contains(&n("ffn_gate.weight"))
+                        && source.shape(&n("ffn_up.weight")) == Some(vec![2 * f, h]);
+                    let (w_gate, w_up, gate_bias, up_bias) = if fused_gate_up {
+                        let fused = n("ffn_up.weight");
+                        let shape = [2 * f, h];
+                        let bias = n("ffn_up.bias");
+                        (
+                            part(&fused, shape, Some(ffn_rows.clone()), None)?,
+                            part(&fused, shape, Some(shifted(&ffn_rows, f)), None)?,
+                            if_present(&bias, 2 * f, ffn_rows.clone())?,
+                            if_present(&bias, 2 * f, shifted(&ffn_rows, f))?,
+                        )
+                    } else {
+                        (
+                            part(&n("ffn_gate.weight"), [f, h], Some(ffn_rows.clone()), None)?,
+                            part(&n("ffn_up.weight"), [f, h], Some(ffn_rows.clone()), None)?,
+                            if_present(&n("ffn_gate.bias"), f, ffn_rows.clone())?,
+                            if_present(&n("ffn_up.bias"), f, ffn_rows.clone())?,
+                        )
+                    };
+                    Mlp::Dense {
+                        w_gate,
+                        w_up,
+                        w_down: part(&n("ffn_down.weight"), [h, f], None, cols(&ffn_rows))?,
+                        gate_bias,
+                        up_bias,
+                        down_bias: if_present(&n("ffn_down.bias"), h, 0..h)?,
+                    }
+                }
+            };
             loaded.push(Layer {
                 attn_norm: vector(&n("attn_norm.weight"), h)?,
                 wq,
@@ -460,12 +528,7 @@ impl Transformer {
                 q_norm: optional(&n("attn_q_norm.weight"), config.head_dim, config.qk_norm)?,
                 k_norm: optional(&n("attn_k_norm.weight"), config.head_dim, config.qk_norm)?,
                 ffn_norm: vector(&n("ffn_norm.weight"), h)?,
-                w_gate,
-                w_up,
-                w_down: part(&n("ffn_down.weight"), [h, f], None, cols(&ffn_rows))?,
-                gate_bias,
-                up_bias,
-                down_bias: if_present(&n("ffn_down.bias"), h, 0..h)?,
+                mlp,
             });
             progress(2 + i - layers.start, total);
         }
@@ -509,6 +572,9 @@ impl Transformer {
             config.heads = split.q_rows.len() / config.head_dim;
             config.kv_heads = split.kv_rows.len() / config.head_dim;
             config.ffn = split.ffn_rows.len();
+            if let Some(moe) = &mut config.moe {
+                moe.expert_ffn = split.expert_rows.len();
+            }
         }
         Ok(Self {
             config,
@@ -546,14 +612,14 @@ impl Transformer {
             .layers
             .iter()
             .map(|l| {
-                [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+                [&l.wq, &l.wk, &l.wv, &l.wo]
                     .iter()
                     .map(|m| m.size_bytes())
                     .sum::<usize>()
+                    + l.mlp.size_bytes()
                     + (l.attn_norm.len() + l.ffn_norm.len()) * 4
                     + [&l.q_bias, &l.k_bias, &l.v_bias, &l.o_bias]
                         .into_iter()
-                        .chain([&l.gate_bias, &l.up_bias, &l.down_bias])
                         .map(|b| b.as_ref().map_or(0, Vec::len) * 4)
                         .sum::<usize>()
             })
@@ -910,40 +976,72 @@ impl Transformer {
             cfg.norm_eps,
             &mut ws.normed[..n * h],
         );
-        ws.acts.set(&ws.normed[..n * h], n, h);
-        let f = cfg.ffn;
-        Matrix::matmul_many(
-            [&layer.w_gate, &layer.w_up],
-            &mut ws.acts,
-            n,
-            &ws.normed,
-            [&mut ws.gate[..n * f], &mut ws.up[..n * f]],
-            pool,
-        )?;
-        add_bias(&mut ws.gate[..n * f], layer.gate_bias.as_deref());
-        add_bias(&mut ws.up[..n * f], layer.up_bias.as_deref());
-        if n == 1 {
-            ops::silu_mul(&mut ws.gate[..f], &ws.up[..f]);
-        } else {
-            let gate = DisjointSlice::new(&mut ws.gate[..n * f]);
-            let up = &ws.up[..n * f];
-            pool.run(|index, count| {
-                let range = split_range(n * f, index, count, 64);
-                // SAFETY: threads take disjoint ranges.
-                ops::silu_mul(unsafe { gate.part(range.clone()) }, &up[range]);
-            });
-        }
-        ws.acts.set(&ws.gate[..n * f], n, f);
-        layer
-            .w_down
-            .matmul(&mut ws.acts, n, &ws.gate, &mut ws.proj[..n * h], pool)?;
+        let down_bias = match &layer.mlp {
+            Mlp::Dense {
+                w_gate,
+                w_up,
+                w_down,
+                gate_bias,
+                up_bias,
+                down_bias,
+            } => {
+                let biases = [gate_bias.as_deref(), up_bias.as_deref()];
+                dense_mlp([w_gate, w_up, w_down], biases, cfg.ffn, n, h, ws, pool)?;
+                down_bias.as_deref()
+            }
+            Mlp::Experts(experts) => {
+                let normed = &ws.normed[..n * h];
+                let out = &mut ws.proj[..n * h];
+                experts.forward(n, h, normed, out, &mut ws.moe, pool)?;
+                None
+            }
+        };
         if self.tensor.is_some() {
             group.all_reduce_sum(&mut ws.proj[..n * h])?;
         }
-        add_bias(&mut ws.proj[..n * h], layer.down_bias.as_deref());
+        add_bias(&mut ws.proj[..n * h], down_bias);
         ops::add_in_place(&mut ws.x[..n * h], &ws.proj[..n * h]);
         Ok(())
     }
+}
+
+/// The dense SwiGLU MLP over `ws.normed` (`n x h`) into `ws.proj`, before
+/// the down bias and the reduction.
+#[allow(clippy::too_many_arguments)]
+fn dense_mlp(
+    [w_gate, w_up, w_down]: [&Matrix; 3],
+    [gate_bias, up_bias]: [Option<&[f32]>; 2],
+    f: usize,
+    n: usize,
+    h: usize,
+    ws: &mut Workspace,
+    pool: &ThreadPool,
+) -> Result<(), ForwardError> {
+    ws.acts.set(&ws.normed[..n * h], n, h);
+    Matrix::matmul_many(
+        [w_gate, w_up],
+        &mut ws.acts,
+        n,
+        &ws.normed,
+        [&mut ws.gate[..n * f], &mut ws.up[..n * f]],
+        pool,
+    )?;
+    add_bias(&mut ws.gate[..n * f], gate_bias);
+    add_bias(&mut ws.up[..n * f], up_bias);
+    if n == 1 {
+        ops::silu_mul(&mut ws.gate[..f], &ws.up[..f]);
+    } else {
+        let gate = DisjointSlice::new(&mut ws.gate[..n * f]);
+        let up = &ws.up[..n * f];
+        pool.run(|index, count| {
+            let range = split_range(n * f, index, count, 64);
+            // SAFETY: threads take disjoint ranges.
+            ops::silu_mul(unsafe { gate.part(range.clone()) }, &up[range]);
+        });
+    }
+    ws.acts.set(&ws.gate[..n * f], n, f);
+    w_down.matmul(&mut ws.acts, n, &ws.gate, &mut ws.proj[..n * h], pool)?;
+    Ok(())
 }
 
 fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
@@ -1112,6 +1210,7 @@ mod tests {
             qkv_bias: false,
             qk_norm: false,
             tied_embeddings: true,
+            moe: None,
         }
     }
 
@@ -1120,7 +1219,7 @@ mod tests {
         let config = smollm2();
         for world in 1..=3u32 {
             let splits: Vec<TensorSplit> = (0..world)
-                .map(|rank| TensorSplit::new(&config, rank, world, 32))
+                .map(|rank| TensorSplit::new(&config, rank, world, 32, 32))
                 .collect::<Result<_, _>>()?;
             let mut next = (0, 0, 0, 0);
             let mut work = Vec::new();
@@ -1150,12 +1249,12 @@ mod tests {
         // World 2: 2 + 1 KV groups; the MLP splits evenly (its phase ends in
         // an all-reduce, so it is balanced on its own).
         let (a, b) = (
-            TensorSplit::new(&config, 0, 2, 32)?,
-            TensorSplit::new(&config, 1, 2, 32)?,
+            TensorSplit::new(&config, 0, 2, 32, 32)?,
+            TensorSplit::new(&config, 1, 2, 32, 32)?,
         );
         assert_eq!((a.kv_rows.len(), b.kv_rows.len()), (128, 64));
         assert_eq!((a.ffn_rows.len(), b.ffn_rows.len()), (768, 768));
-        assert!(TensorSplit::new(&config, 0, 4, 32).is_err());
+        assert!(TensorSplit::new(&config, 0, 4, 32, 32).is_err());
         Ok(())
     }
 }

@@ -50,7 +50,7 @@ pub enum LoadError {
         key: String,
         problem: String,
     },
-    #[error("{path}: unsupported architecture `{name}` (supported: llama, mistral, qwen2, qwen3)")]
+    #[error("{path}: unsupported architecture `{name}` (supported: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe)")]
     UnsupportedArchitecture { path: String, name: String },
     #[error("{path}: {source}")]
     Config {

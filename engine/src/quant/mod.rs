@@ -371,7 +371,7 @@ pub fn matmul(w: &QMatrix, x: &mut Activations, out: &mut [f32], pool: &ThreadPo
         }
         // Rows are split, so each thread writes a column strip of `out`,
         // which is not contiguous: write through the raw view per token.
-        matmul_rows(w, x, kind, range, tokens, &out_view);
+        matmul_rows(w, x, kind, range, 0..tokens, &out_view);
     });
 }
 
@@ -400,7 +400,56 @@ pub fn matmul_many<const N: usize>(
         for (w, view) in ws.iter().zip(&views) {
             let range = split_range(w.rows, index, count, 4);
             if !range.is_empty() {
-                matmul_rows(w, x, w.format.activation_kind(), range, tokens, view);
+                matmul_rows(w, x, w.format.activation_kind(), range, 0..tokens, view);
+            }
+        }
+    });
+}
+
+/// A grouped product (mixture-of-experts): group `g = (expert, tokens)`
+/// multiplies rows `tokens` of `x` by the `N` matrices `weights(expert)`,
+/// writing `outs[i][t * rows_i + r]` for each of those tokens `t`, where
+/// every expert's `i`-th matrix has the same `rows_i`. All groups run in
+/// one parallel region, each thread taking its share of every matrix's
+/// rows, and each output is the plain product's bit for bit.
+pub fn matmul_grouped<'w, const N: usize>(
+    weights: impl Fn(usize) -> [&'w QMatrix; N] + Sync,
+    groups: &[(usize, std::ops::Range<usize>)],
+    x: &mut Activations,
+    outs: [&mut [f32]; N],
+    pool: &ThreadPool,
+) {
+    let Some(&(first, _)) = groups.first() else {
+        return;
+    };
+    let rows = weights(first).map(|w| w.rows);
+    for (expert, tokens) in groups {
+        assert!(
+            tokens.end <= x.rows,
+            "a group's tokens lie within the activations"
+        );
+        for (w, rows) in weights(*expert).iter().zip(rows) {
+            assert_eq!(x.cols, w.cols, "activation width must match the matrix");
+            assert_eq!(w.rows, rows, "every expert's matrix has the same rows");
+            x.prepare(w.format.activation_kind(), pool);
+        }
+    }
+    let x = &*x;
+    let views = outs.map(|out| {
+        let len = out.len();
+        DisjointSlice::new(&mut out[..len])
+    });
+    for (view, rows) in views.iter().zip(rows) {
+        assert!(view.len() >= x.rows * rows);
+    }
+    pool.run(|index, count| {
+        for (expert, tokens) in groups {
+            for (w, view) in weights(*expert).iter().zip(&views) {
+                let range = split_range(w.rows, index, count, 4);
+                if !range.is_empty() && !tokens.is_empty() {
+                    let kind = w.format.activation_kind();
+                    matmul_rows(w, x, kind, range, tokens.clone(), view);
+                }
             }
         }
     });
@@ -414,7 +463,7 @@ fn matmul_rows(
     x: &Activations,
     kind: ActivationKind,
     range: std::ops::Range<usize>,
-    tokens: usize,
+    tokens: std::ops::Range<usize>,
     out: &DisjointSlice<f32>,
 ) {
     let job = RowJob {
@@ -431,11 +480,12 @@ fn matmul_rows(
     }
 }
 
-/// One thread's share of a product: weight rows `range` for every token.
+/// One thread's share of a product: weight rows `range` for the tokens
+/// (rows of the activations and of the output) `tokens`.
 struct RowJob<'a> {
     w: &'a QMatrix,
     range: std::ops::Range<usize>,
-    tokens: usize,
+    tokens: std::ops::Range<usize>,
     out: &'a DisjointSlice<f32>,
 }
 
@@ -452,7 +502,7 @@ impl RowJob<'_> {
 
     fn float_rows(&self, x: &[f32]) {
         let (w, cols) = (self.w, self.w.cols);
-        for t in 0..self.tokens {
+        for t in self.tokens.clone() {
             let xs = &x[t * cols..(t + 1) * cols];
             let out_row = self.out_row(t, self.range.clone());
             for (o, r) in out_row.iter_mut().zip(self.range.clone()) {
@@ -468,16 +518,17 @@ impl RowJob<'_> {
         let mut tile_start = self.range.start;
         while tile_start < self.range.end {
             let tile = tile_start..(tile_start + ROW_TILE).min(self.range.end);
-            let mut first_single = 0;
+            let end = self.tokens.end;
+            let mut first_single = self.tokens.start;
             if let Some(dot4) = kernels.dot4 {
                 // Four tokens at a time share each unpacked weight block. Two
                 // or three left over go the same way, the last repeated: one
                 // pass costs less than two or three single dots, and each
                 // lane's result is the single dot's bit for bit.
                 let mut results = [0.0f32; 4];
-                while first_single + 2 <= self.tokens {
+                while first_single + 2 <= end {
                     let t = first_single;
-                    let n = (self.tokens - t).min(4);
+                    let n = (end - t).min(4);
                     let lane = |k: usize| row_of(t + k.min(n - 1));
                     let xs = [lane(0), lane(1), lane(2), lane(3)];
                     for r in tile.clone() {
@@ -489,11 +540,11 @@ impl RowJob<'_> {
                     first_single += n;
                 }
             }
-            for t in first_single..self.tokens {
+            for t in first_single..end {
                 let out_row = self.out_row(t, tile.clone());
                 match kernels.rows4 {
                     // Decode: four weight rows share each activation block load.
-                    Some(rows4) if self.tokens - first_single == 1 => {
+                    Some(rows4) if end - first_single == 1 => {
                         self.four_rows_at_once(rows4, kernels.dot, row_of(t), &tile, out_row)
                     }
                     _ => {
@@ -785,6 +836,51 @@ mod tests {
         assert!(b.bsums[2..].iter().all(|s| *s == 0));
         kquants::quantize_row_q8k(&[0.0; QK_K], &mut blocks);
         assert_eq!((blocks[0].d, blocks[0].qs[0]), (0.0, 0));
+    }
+
+    #[test]
+    fn grouped_products_are_each_groups_plain_product_bit_for_bit() {
+        // Three "experts" over uneven runs of 11 token rows (one of them
+        // empty, one a single token): every output row equals the plain
+        // product of that token alone with its expert's matrices.
+        let pool = ThreadPool::new(2);
+        for format in ALL {
+            let (rows, cols, tokens) = (13, 512, 11);
+            let experts: Vec<[QMatrix; 2]> = (0..3)
+                .map(|e| {
+                    [0, 1].map(|i| {
+                        let data = random_blocks(format, rows, cols, 20 + 2 * e + i);
+                        QMatrix::from_bytes(format, rows, cols, data).unwrap()
+                    })
+                })
+                .collect();
+            let x = random(tokens * cols, 13);
+            let groups = vec![(2, 0..1), (0, 1..1), (1, 1..7), (0, 7..11)];
+            let mut acts = Activations::default();
+            acts.set(&x, tokens, cols);
+            let (mut a, mut b) = (vec![0.0; tokens * rows], vec![0.0; tokens * rows]);
+            matmul_grouped(
+                |e| [&experts[e][0], &experts[e][1]],
+                &groups,
+                &mut acts,
+                [&mut a, &mut b],
+                &pool,
+            );
+            for (e, range) in &groups {
+                for t in range.clone() {
+                    let alone = &x[t * cols..(t + 1) * cols];
+                    for (i, out) in [&a, &b].into_iter().enumerate() {
+                        let want = product(&experts[*e][i], alone, 1, &pool);
+                        let got = &out[t * rows..(t + 1) * rows];
+                        let same = got
+                            .iter()
+                            .zip(&want)
+                            .all(|(g, w)| g.to_bits() == w.to_bits());
+                        assert!(same, "{format:?} expert {e} token {t} matrix {i}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

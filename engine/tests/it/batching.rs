@@ -1,6 +1,6 @@
 //! Continuous batching on the default model: a request's tokens under any
 //! concurrency equal its tokens alone (single machine, tensor and pipeline
-//! world 2), prefix sharing gives cold-run tokens, a small pool evicts and
+//! world 2; also for a mixture of experts), prefix sharing gives cold-run tokens, a small pool evicts and
 //! makes requests wait, one cancelled stream leaves the others whole, and a
 //! request bigger than the pool is refused.
 
@@ -166,6 +166,21 @@ fn batching_is_invariant_through_tensor_and_pipeline_parallelism() {
     let path = tessera_engine::testing::default_model_path();
     for sharding in [Sharding::Tensor, Sharding::Pipeline] {
         // Dropping the executor (inside the batch) lets the other ranks go.
+        on_ranks(&path, sharding, 2, check_invariance);
+    }
+}
+
+/// A mixture of experts (the random Qwen3-MoE of the transformers
+/// references, as llama.cpp converted it): a step's tokens are sorted by
+/// expert, and a token's output must still not depend on who else is in it.
+#[test]
+fn a_mixture_of_experts_is_batch_invariant_alone_and_split() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/hf-reference/qwen3-moe/model.gguf");
+    let model = LoadedModel::load(&path, |_, _| {}).expect("the MoE fixture loads");
+    assert!(model.transformer.config.moe.is_some());
+    check_invariance(&model, Executor::single(&model.transformer, 2));
+    for sharding in [Sharding::Tensor, Sharding::Pipeline] {
         on_ranks(&path, sharding, 2, check_invariance);
     }
 }

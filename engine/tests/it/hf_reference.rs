@@ -317,6 +317,16 @@ reference_cases! {
     qwen2_qkv_bias, qwen2_qkv_bias_gguf => "qwen2";
     qwen3_qk_norm, qwen3_qk_norm_gguf => "qwen3";
     llama_attention_and_mlp_biases, llama_attention_and_mlp_biases_gguf => "llama-bias";
+    qwen3_moe, qwen3_moe_gguf => "qwen3-moe";
+    mixtral, mixtral_gguf => "mixtral";
+}
+
+/// Qwen3-MoE with the chosen experts' weights not renormalised
+/// (`norm_topk_prob: false`) and layer 1 dense (`mlp_only_layers`). No
+/// GGUF: llama.cpp's qwen3moe has neither.
+#[test]
+fn qwen3_moe_unnormalised_with_a_dense_layer() {
+    safetensors_case("qwen3-moe-dense-layer");
 }
 
 /// transformers 4's layout (top-level `rope_theta` and `rope_scaling`) for
@@ -351,6 +361,7 @@ fn every_case_folder_is_checked() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/hf-reference");
     let mut known: Vec<&str> = SUPPORTED.to_vec();
     known.push("llama-rope-llama3-old-config");
+    known.push("qwen3-moe-dense-layer");
     known.extend(REFUSED.iter().map(|(name, _)| *name));
     let mut folders: Vec<String> = std::fs::read_dir(&root)
         .expect("hf-reference folder")

@@ -1,0 +1,440 @@
+//! The mixture-of-experts MLP (Mixtral, Qwen3-MoE): a router scores every
+//! expert for each token, the best `experts_per_token` run, and their
+//! outputs are summed weighted by the router's softmax.
+//!
+//! A step's tokens are sorted by expert so that each expert's matrices are
+//! read once for all the tokens routed to it, and every expert of a layer
+//! runs in one parallel region ([`quant::matmul_grouped`]). Each token's
+//! result depends on its own row only (the kernels compute each row alone
+//! and the weighted sum runs in the token's own top-k order), so batching
+//! does not change it.
+//!
+//! On a tensor-parallel rank every expert holds the same slice of its
+//! intermediate rows: the rank's partial sums are added to the others' by
+//! the layer's one all-reduce, as for the dense MLP.
+
+use std::ops::Range;
+
+use super::config::{ConfigError, MoeConfig};
+use super::weights::{LoadError, Matrix, TensorSource};
+use crate::hf_dir::HfConfig;
+use crate::ops;
+use crate::quant::{self, Activations, QMatrix};
+use crate::threadpool::{split_range, DisjointSlice, ThreadPool};
+
+/// The experts of a config, if it has them. `expert_ffn` is each expert's
+/// rows (Mixtral: `intermediate_size`; Qwen3-MoE: `moe_intermediate_size`).
+pub(crate) fn config_from_hf(
+    hf: &HfConfig,
+    expert_ffn: Option<usize>,
+    normalize_top_k: bool,
+) -> Result<Option<MoeConfig>, ConfigError> {
+    let Some(experts) = hf.expert_count() else {
+        return Ok(None);
+    };
+    if let Some(shared) = hf.shared_expert_intermediate_size.filter(|&s| s > 0) {
+        // Its output would be missing from every token's sum.
+        return Err(ConfigError(format!(
+            "shared_expert_intermediate_size {shared} is not supported (a shared expert beside the routed ones)"
+        )));
+    }
+    let per_token = hf.num_experts_per_tok.ok_or_else(|| {
+        ConfigError(format!(
+            "{experts} experts but no num_experts_per_tok (how many run per token)"
+        ))
+    })?;
+    Ok(Some(MoeConfig {
+        experts,
+        experts_per_token: per_token,
+        expert_ffn: expert_ffn.unwrap_or(hf.intermediate_size),
+        normalize_top_k,
+    }))
+}
+
+/// One token's choice: an expert and the weight of its output.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Route {
+    pub expert: u32,
+    pub weight: f32,
+}
+
+/// Softmax over one token's router logits (in place), then the `out.len()`
+/// best experts, best first (ties to the lower index), with their
+/// probabilities as weights, renormalised to sum to one if `normalize`.
+pub fn route(logits: &mut [f32], normalize: bool, out: &mut [Route]) {
+    ops::softmax(logits);
+    for slot in 0..out.len() {
+        let mut best: Option<(usize, f32)> = None;
+        for (expert, &p) in logits.iter().enumerate() {
+            let taken = out[..slot].iter().any(|r| r.expert as usize == expert);
+            if !taken && best.is_none_or(|(_, b)| p > b) {
+                best = Some((expert, p));
+            }
+        }
+        let (expert, weight) = best.unwrap_or((0, 0.0));
+        out[slot] = Route {
+            expert: expert as u32,
+            weight,
+        };
+    }
+    if normalize {
+        let sum: f32 = out.iter().map(|r| r.weight).sum();
+        if sum > 0.0 {
+            for r in out.iter_mut() {
+                r.weight /= sum;
+            }
+        }
+    }
+}
+
+/// A layer's router and experts (on a tensor-parallel rank, its rows of
+/// every expert).
+pub struct Experts {
+    /// With this rank's rows of each expert.
+    moe: MoeConfig,
+    router: Matrix,
+    weights: ExpertWeights,
+}
+
+/// Each expert's gate, up and down.
+enum ExpertWeights {
+    /// All in our native formats: the grouped kernels.
+    Native(Vec<[QMatrix; 3]>),
+    /// Some format only candle runs: one expert at a time.
+    Other(Vec<[Matrix; 3]>),
+}
+
+impl ExpertWeights {
+    /// Adds the next expert; the first one not native turns the list into
+    /// [`ExpertWeights::Other`].
+    fn push(&mut self, mats: [Matrix; 3]) {
+        match self {
+            Self::Native(list) => match mats {
+                [Matrix::Native(g), Matrix::Native(u), Matrix::Native(d)] => list.push([g, u, d]),
+                other => {
+                    let mut all: Vec<[Matrix; 3]> = std::mem::take(list)
+                        .into_iter()
+                        .map(|m| m.map(Matrix::Native))
+                        .collect();
+                    all.push(other);
+                    *self = Self::Other(all);
+                }
+            },
+            Self::Other(list) => list.push(mats),
+        }
+    }
+}
+
+/// Buffers of the MoE block, grown to the largest step seen and reused.
+#[derive(Default)]
+pub struct MoeWorkspace {
+    logits: Vec<f32>,
+    routes: Vec<Route>,
+    /// For each (token, slot): its row among the rows sorted by expert.
+    sorted_row: Vec<usize>,
+    /// For each expert: its rows among the sorted rows (as `(expert, rows)`
+    /// groups of the experts that have any).
+    groups: Vec<(usize, Range<usize>)>,
+    counts: Vec<usize>,
+    gathered: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    down: Vec<f32>,
+    acts: Activations,
+}
+
+impl Experts {
+    /// Loads layer `layer`'s router (whole) and, of each expert, the rows
+    /// `rows` of gate and up and the same columns of down (all of them
+    /// unless `sliced`).
+    pub fn load(
+        source: &dyn TensorSource,
+        layer: usize,
+        moe: &MoeConfig,
+        hidden: usize,
+        rows: &Range<usize>,
+        sliced: bool,
+    ) -> Result<Self, LoadError> {
+        let name = |part: &str| format!("blk.{layer}.{part}");
+        let f = moe.expert_ffn;
+        let part = |name: &str,
+                    shape: [usize; 2],
+                    rows: Option<Range<usize>>,
+                    cols: Option<Range<usize>>| {
+            source.expect_shape(name, &shape)?;
+            source.matrix_part(name, rows, cols)
+        };
+        let router = part(
+            &name("ffn_gate_inp.weight"),
+            [moe.experts, hidden],
+            None,
+            None,
+        )?;
+        let mut weights = ExpertWeights::Native(Vec::with_capacity(moe.experts));
+        for e in 0..moe.experts {
+            let rows = Some(rows.clone());
+            let cols = if sliced { rows.clone() } else { None };
+            weights.push([
+                part(
+                    &name(&format!("ffn_gate.{e}.weight")),
+                    [f, hidden],
+                    rows.clone(),
+                    None,
+                )?,
+                part(
+                    &name(&format!("ffn_up.{e}.weight")),
+                    [f, hidden],
+                    rows,
+                    None,
+                )?,
+                part(
+                    &name(&format!("ffn_down.{e}.weight")),
+                    [hidden, f],
+                    None,
+                    cols,
+                )?,
+            ]);
+        }
+        let moe = MoeConfig {
+            expert_ffn: rows.len(),
+            ..moe.clone()
+        };
+        Ok(Self {
+            moe,
+            router,
+            weights,
+        })
+    }
+
+    /// Bytes of weights held.
+    pub fn size_bytes(&self) -> usize {
+        let experts: usize = match &self.weights {
+            ExpertWeights::Native(w) => w.iter().flatten().map(QMatrix::size_bytes).sum(),
+            ExpertWeights::Other(w) => w.iter().flatten().map(Matrix::size_bytes).sum(),
+        };
+        self.router.size_bytes() + experts
+    }
+
+    /// `out` (`n x hidden`) = the weighted sum of each token's experts over
+    /// `normed` (`n x hidden`), this rank's part of it when sliced.
+    pub fn forward(
+        &self,
+        n: usize,
+        hidden: usize,
+        normed: &[f32],
+        out: &mut [f32],
+        ws: &mut MoeWorkspace,
+        pool: &ThreadPool,
+    ) -> Result<(), candle_core::Error> {
+        let moe = &self.moe;
+        let (experts, k) = (moe.experts, moe.experts_per_token);
+        ws.acts.set(&normed[..n * hidden], n, hidden);
+        ws.logits.resize(n * experts, 0.0);
+        self.router
+            .matmul(&mut ws.acts, n, normed, &mut ws.logits, pool)?;
+        ws.routes.resize(n * k, Route::default());
+        for (logits, routes) in ws
+            .logits
+            .chunks_exact_mut(experts)
+            .zip(ws.routes.chunks_exact_mut(k))
+        {
+            route(logits, moe.normalize_top_k, routes);
+        }
+        sort_by_expert(ws, n, k, experts);
+        let rows = n * k;
+        ws.gathered.resize(rows * hidden, 0.0);
+        for (slot, &row) in ws.sorted_row.iter().enumerate() {
+            let token = slot / k;
+            ws.gathered[row * hidden..(row + 1) * hidden]
+                .copy_from_slice(&normed[token * hidden..(token + 1) * hidden]);
+        }
+        let f = moe.expert_ffn;
+        ws.gate.resize(rows * f, 0.0);
+        ws.up.resize(rows * f, 0.0);
+        ws.down.resize(rows * hidden, 0.0);
+        match &self.weights {
+            ExpertWeights::Native(native) => experts_grouped(native, ws, rows, hidden, f, pool),
+            ExpertWeights::Other(other) => experts_one_by_one(other, ws, hidden, f, pool)?,
+        }
+        // Each token's experts, summed in its own top-k order.
+        for t in 0..n {
+            let out_row = &mut out[t * hidden..(t + 1) * hidden];
+            for j in 0..k {
+                let slot = t * k + j;
+                let row = ws.sorted_row[slot];
+                let weight = ws.routes[slot].weight;
+                let expert_out = &ws.down[row * hidden..(row + 1) * hidden];
+                if j == 0 {
+                    for (o, v) in out_row.iter_mut().zip(expert_out) {
+                        *o = v * weight;
+                    }
+                } else {
+                    for (o, v) in out_row.iter_mut().zip(expert_out) {
+                        *o += v * weight;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Every expert's gate and up in one parallel region, SwiGLU, then every
+/// expert's down in another.
+fn experts_grouped(
+    native: &[[QMatrix; 3]],
+    ws: &mut MoeWorkspace,
+    rows: usize,
+    hidden: usize,
+    f: usize,
+    pool: &ThreadPool,
+) {
+    {
+        ws.acts.set(&ws.gathered[..rows * hidden], rows, hidden);
+        quant::matmul_grouped(
+            |e| [&native[e][0], &native[e][1]],
+            &ws.groups,
+            &mut ws.acts,
+            [&mut ws.gate[..rows * f], &mut ws.up[..rows * f]],
+            pool,
+        );
+        silu_mul_parallel(&mut ws.gate[..rows * f], &ws.up[..rows * f], pool);
+        ws.acts.set(&ws.gate[..rows * f], rows, f);
+        quant::matmul_grouped(
+            |e| [&native[e][2]],
+            &ws.groups,
+            &mut ws.acts,
+            [&mut ws.down[..rows * hidden]],
+            pool,
+        );
+    }
+}
+
+/// Formats without a native kernel: each expert through candle.
+fn experts_one_by_one(
+    other: &[[Matrix; 3]],
+    ws: &mut MoeWorkspace,
+    hidden: usize,
+    f: usize,
+    pool: &ThreadPool,
+) -> Result<(), candle_core::Error> {
+    {
+        for (e, rows) in ws.groups.clone() {
+            let [w_gate, w_up, w_down] = &other[e];
+            let m = rows.len();
+            let input = &ws.gathered[rows.start * hidden..rows.end * hidden];
+            ws.acts.set(input, m, hidden);
+            let gate = &mut ws.gate[rows.start * f..rows.end * f];
+            w_gate.matmul(&mut ws.acts, m, input, gate, pool)?;
+            let up = &mut ws.up[rows.start * f..rows.end * f];
+            w_up.matmul(&mut ws.acts, m, input, up, pool)?;
+            ops::silu_mul(gate, up);
+            ws.acts.set(gate, m, f);
+            let down = &mut ws.down[rows.start * hidden..rows.end * hidden];
+            w_down.matmul(&mut ws.acts, m, gate, down, pool)?;
+        }
+        Ok(())
+    }
+}
+
+/// Orders the step's (token, slot) pairs by expert (tokens ascending within
+/// one): fills `sorted_row` and the groups of the experts that have rows.
+fn sort_by_expert(ws: &mut MoeWorkspace, n: usize, k: usize, experts: usize) {
+    ws.counts.clear();
+    ws.counts.resize(experts + 1, 0);
+    for r in &ws.routes[..n * k] {
+        ws.counts[r.expert as usize + 1] += 1;
+    }
+    for e in 0..experts {
+        ws.counts[e + 1] += ws.counts[e];
+    }
+    ws.groups.clear();
+    for e in 0..experts {
+        let rows = ws.counts[e]..ws.counts[e + 1];
+        if !rows.is_empty() {
+            ws.groups.push((e, rows));
+        }
+    }
+    ws.sorted_row.resize(n * k, 0);
+    for (slot, r) in ws.routes[..n * k].iter().enumerate() {
+        let next = &mut ws.counts[r.expert as usize];
+        ws.sorted_row[slot] = *next;
+        *next += 1;
+    }
+}
+
+fn silu_mul_parallel(gate: &mut [f32], up: &[f32], pool: &ThreadPool) {
+    if gate.len() <= 4096 {
+        ops::silu_mul(gate, up);
+        return;
+    }
+    let len = gate.len();
+    let view = DisjointSlice::new(gate);
+    pool.run(|index, count| {
+        let range = split_range(len, index, count, 64);
+        // SAFETY: threads take disjoint ranges.
+        ops::silu_mul(unsafe { view.part(range.clone()) }, &up[range]);
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn routes(logits: &[f32], k: usize, normalize: bool) -> Vec<Route> {
+        let mut logits = logits.to_vec();
+        let mut out = vec![Route::default(); k];
+        route(&mut logits, normalize, &mut out);
+        out
+    }
+
+    #[test]
+    fn the_best_experts_come_first_with_their_probabilities() {
+        let r = routes(&[0.0, 2.0, 1.0, 2.0f32.ln()], 2, false);
+        assert_eq!(
+            r.iter().map(|r| r.expert).collect::<Vec<_>>(),
+            vec![1, 2],
+            "{r:?}"
+        );
+        let total: f32 = [0.0f32, 2.0, 1.0, 2.0f32.ln()]
+            .iter()
+            .map(|v| v.exp())
+            .sum();
+        assert!((r[0].weight - 2.0f32.exp() / total).abs() < 1e-6);
+        assert!((r[1].weight - 1.0f32.exp() / total).abs() < 1e-6);
+    }
+
+    #[test]
+    fn renormalised_weights_sum_to_one_in_the_same_ratio() {
+        let plain = routes(&[0.5, -1.0, 3.0, 0.0], 2, false);
+        let normal = routes(&[0.5, -1.0, 3.0, 0.0], 2, true);
+        assert_eq!(plain[0].expert, normal[0].expert);
+        assert!((normal.iter().map(|r| r.weight).sum::<f32>() - 1.0).abs() < 1e-6);
+        let ratio = |r: &[Route]| r[0].weight / r[1].weight;
+        assert!((ratio(&plain) - ratio(&normal)).abs() < 1e-4);
+    }
+
+    #[test]
+    fn ties_go_to_the_lower_expert_and_none_is_chosen_twice() {
+        let r = routes(&[1.0, 1.0, 1.0, 1.0], 4, true);
+        assert_eq!(
+            r.iter().map(|r| r.expert).collect::<Vec<_>>(),
+            vec![0, 1, 2, 3]
+        );
+        assert!(r.iter().all(|r| (r.weight - 0.25).abs() < 1e-6));
+    }
+
+    #[test]
+    fn rows_are_sorted_by_expert_with_tokens_in_order() {
+        let mut ws = MoeWorkspace::default();
+        let e = |expert| Route {
+            expert,
+            weight: 0.5,
+        };
+        // Token 0 picks experts 2, 0; token 1 picks 0, 3; token 2 picks 2, 3.
+        ws.routes = vec![e(2), e(0), e(0), e(3), e(2), e(3)];
+        sort_by_expert(&mut ws, 3, 2, 4);
+        assert_eq!(ws.groups, vec![(0, 0..2), (2, 2..4), (3, 4..6)]);
+        assert_eq!(ws.sorted_row, vec![2, 0, 1, 4, 3, 5]);
+    }
+}
