@@ -16,6 +16,13 @@ const CARDS: &[&str] = &[
     include_str!("../../resources/model_cards/qwen2.5-7b-instruct.toml"),
     include_str!("../../resources/model_cards/qwen3-8b.toml"),
     include_str!("../../resources/model_cards/mistral-7b-instruct-v0.3.toml"),
+    include_str!("../../resources/model_cards/phi-3.5-mini-instruct-q4_k_m.toml"),
+    include_str!("../../resources/model_cards/gemma-3-12b-it-q4_k_m.toml"),
+    include_str!("../../resources/model_cards/qwen3-30b-a3b-q4_k_m.toml"),
+    include_str!("../../resources/model_cards/qwen3-30b-a3b-q8_0.toml"),
+    include_str!("../../resources/model_cards/mixtral-8x7b-instruct-v0.1-q4_k_m.toml"),
+    include_str!("../../resources/model_cards/mixtral-8x7b-instruct-v0.1-q8_0.toml"),
+    include_str!("../../resources/model_cards/qwen3.5-35b-a3b.toml"),
 ];
 
 #[derive(Deserialize)]
@@ -432,23 +439,75 @@ mod tests {
 
     #[test]
     fn every_shipped_card_parses() {
+        let mut ids = std::collections::BTreeSet::new();
         for text in CARDS {
             let card = parse(text).expect("card parses");
             assert!(card.n_layers > 0 && card.storage_size_bytes > 0);
-            // The stated size is the sum of the weight files listed.
-            let weights: u64 = card
-                .source
-                .as_ref()
-                .map(|s| {
-                    s.files
-                        .iter()
-                        .filter(|f| f.path.ends_with(".gguf") || f.path.ends_with(".safetensors"))
-                        .map(|f| f.size_bytes)
-                        .sum()
-                })
-                .unwrap_or(0);
-            assert_eq!(weights, card.storage_size_bytes, "{}", card.model_id);
+            assert!(ids.insert(card.model_id.clone()), "{} twice", card.model_id);
+            assert!(
+                card.num_attention_heads % card.num_key_value_heads == 0,
+                "{}: query heads in whole KV groups",
+                card.model_id
+            );
+            let source = card.source.as_ref().expect("source");
+            let weights: Vec<&v1::ModelFile> = source
+                .files
+                .iter()
+                .filter(|f| f.path.ends_with(".gguf") || f.path.ends_with(".safetensors"))
+                .collect();
+            // The stated size is the sum of the weight files listed; a card
+            // whose shards' sizes are not known lists none (its header
+            // says so) and takes its total from the hub's figures.
+            if !weights.is_empty() {
+                let total: u64 = weights.iter().map(|f| f.size_bytes).sum();
+                assert_eq!(total, card.storage_size_bytes, "{}", card.model_id);
+            }
+            for file in &source.files {
+                let hash = &file.sha256;
+                assert!(
+                    hash.is_empty()
+                        || (hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit())),
+                    "{}: {} has a malformed SHA-256",
+                    card.model_id,
+                    file.path
+                );
+            }
+            assert!(
+                source.revision.is_empty() || source.revision.len() == 40,
+                "{}: a revision is a full commit",
+                card.model_id
+            );
         }
+        // The MoE cards, as their families' engines will read them.
+        let qwen = card("qwen3-30b-a3b-q4_k_m").expect("qwen3-30b-a3b");
+        assert_eq!(qwen.family, "qwen3moe");
+        assert_eq!(
+            (qwen.n_layers, qwen.hidden_size, qwen.num_key_value_heads),
+            (48, 2048, 4)
+        );
+        assert_eq!(
+            qwen.source.as_ref().expect("source").format,
+            v1::WeightFormat::Gguf as i32
+        );
+        let mixtral = card("mixtral-8x7b-instruct-v0.1-q4_k_m").expect("mixtral");
+        assert_eq!(mixtral.family, "mixtral");
+        assert_eq!((mixtral.n_layers, mixtral.num_key_value_heads), (32, 8));
+        for id in ["qwen3-30b-a3b-q8_0", "mixtral-8x7b-instruct-v0.1-q8_0"] {
+            assert_eq!(card(id).expect(id).quantization, "q8_0");
+        }
+        let next = card("qwen3.5-35b-a3b").expect("qwen3.5");
+        assert_eq!(
+            (next.family.as_str(), next.num_key_value_heads),
+            ("qwen3_5_moe", 2)
+        );
+        assert_eq!(
+            card("gemma-3-12b-it-q4_k_m").expect("gemma").family,
+            "gemma3"
+        );
+        assert_eq!(
+            card("phi-3.5-mini-instruct-q4_k_m").expect("phi").family,
+            "phi3"
+        );
         let default = card("smollm2-135m-instruct-q4_1").expect("default card");
         assert_eq!(default.num_key_value_heads, 3);
         assert!(default.supports_tensor);
