@@ -1195,4 +1195,191 @@ mod tests {
             ["192.0.2.2:20001", "192.0.2.3:20001"]
         );
     }
+
+    /// What one rank of a preview runs and needs: its node, its shard and
+    /// its bytes.
+    fn ranks_of(preview: &v1::PlacementPreview) -> Vec<(String, ShardSpec, u64)> {
+        let instance = preview.instance.as_ref().expect("feasible preview");
+        instance
+            .ranks
+            .iter()
+            .map(|r| {
+                let shard = r.shard.as_ref().and_then(shard_from_proto).expect("shard");
+                (
+                    r.node_id.clone(),
+                    shard,
+                    preview.memory_bytes_by_node[&r.node_id],
+                )
+            })
+            .collect()
+    }
+
+    fn preview_of(
+        previews: &[v1::PlacementPreview],
+        sharding: Sharding,
+        count: u32,
+    ) -> &v1::PlacementPreview {
+        previews
+            .iter()
+            .find(|p| p.sharding == sharding as i32 && p.node_count == count)
+            .expect("a preview for every sharding and node count")
+    }
+
+    /// An MoE card's previews on nodes of equal memory, checked against
+    /// figures worked out here from the card alone: in a pipeline each rank
+    /// holds its layers' share of the file (every layer carries all its
+    /// experts); in tensor mode each rank holds a slice of every expert and
+    /// of attention, its KV-head groups' share (a 1/world share when the
+    /// groups split evenly).
+    fn check_moe_previews(model: &ModelCard, gb_per_node: u64, world: u32) {
+        let nodes: Vec<NodeCapacity> = (0..world)
+            .map(|i| node(&format!("n{i}"), gb_per_node * GB))
+            .collect();
+        let previews = previews(model, &nodes, &[]);
+        assert!(model.supports_tensor, "{}", model.model_id);
+        assert_eq!(
+            previews.len(),
+            2 * world as usize,
+            "pipeline and tensor, 1..=world"
+        );
+        let storage = model.storage_size_bytes;
+        let layers = model.n_layers;
+        let kv = model.num_key_value_heads;
+        assert_eq!(layers % world, 0, "the example splits layers evenly");
+        assert_eq!(kv % world, 0, "the example splits KV heads evenly");
+        // Pipeline: equal nodes, equal layer ranges.
+        let per_rank = layers / world;
+        let expected_bytes = storage * u64::from(per_rank) / u64::from(layers) + RANK_OVERHEAD;
+        let pipeline = ranks_of(preview_of(&previews, Sharding::Pipeline, world));
+        assert_eq!(pipeline.len(), world as usize);
+        for (rank, (node_id, shard, bytes)) in pipeline.iter().enumerate() {
+            let rank = rank as u32;
+            assert_eq!(node_id, &format!("n{rank}"), "ties go by node id");
+            assert_eq!(
+                *shard,
+                ShardSpec::Pipeline {
+                    start_layer: rank * per_rank,
+                    end_layer: (rank + 1) * per_rank,
+                    n_layers: layers,
+                },
+                "{} rank {rank}",
+                model.model_id
+            );
+            assert_eq!(
+                *bytes, expected_bytes,
+                "{} pipeline rank {rank}",
+                model.model_id
+            );
+        }
+        // Tensor: kv / world KV heads a rank, a 1/world share of the file.
+        let kv_share = storage * u64::from(kv / world) / u64::from(kv);
+        assert_eq!(kv_share, storage / u64::from(world));
+        let tensor = ranks_of(preview_of(&previews, Sharding::Tensor, world));
+        assert_eq!(tensor.len(), world as usize);
+        for (rank, (_, shard, bytes)) in tensor.iter().enumerate() {
+            let rank = rank as u32;
+            assert_eq!(
+                *shard,
+                ShardSpec::Tensor {
+                    rank,
+                    world_size: world,
+                }
+            );
+            assert_eq!(
+                *bytes,
+                kv_share + RANK_OVERHEAD,
+                "{} tensor rank {rank}",
+                model.model_id
+            );
+        }
+        // Too few of these nodes: one node misses what the whole file needs
+        // beyond its memory less headroom.
+        let usable = gb_per_node * GB - headroom(gb_per_node * GB);
+        let one = preview_of(&previews, Sharding::Pipeline, 1);
+        assert!(one.instance.is_none(), "{one:?}");
+        let missing = storage + RANK_OVERHEAD - usable;
+        assert!(
+            one.error.contains(&ByteCount(missing).to_string()),
+            "{}: {}",
+            model.model_id,
+            one.error
+        );
+    }
+
+    #[test]
+    fn qwen3_30b_a3b_previews_on_two_and_four_nodes_follow_its_card() {
+        let model = crate::catalogue::card("qwen3-30b-a3b-q4_k_m").expect("card");
+        assert_eq!(model.family, "qwen3moe");
+        // 18.56 GB over two 16 GB nodes (14.4 GB usable each): 24 layers
+        // and 9.34 GB a rank in either mode.
+        check_moe_previews(&model, 16, 2);
+        let two = previews(&model, &[node("a", 16 * GB), node("b", 16 * GB)], &[]);
+        let bytes: Vec<u64> = ranks_of(preview_of(&two, Sharding::Pipeline, 2))
+            .into_iter()
+            .map(|(_, _, b)| b)
+            .collect();
+        assert_eq!(bytes, [9_342_342_912, 9_342_342_912]);
+        // Over four 8 GB nodes (7.2 GB usable): 12 layers or one KV head,
+        // 4.70 GB a rank. Two such nodes are not enough; three are for a
+        // pipeline (16 layers, 6.25 GB) but not for tensor parallelism,
+        // whose 4 KV heads split 2 + 1 + 1 and leave rank 0 half the model.
+        check_moe_previews(&model, 8, 4);
+        let four: Vec<NodeCapacity> = (0..4).map(|i| node(&format!("n{i}"), 8 * GB)).collect();
+        let all = previews(&model, &four, &[]);
+        let rank0 = ranks_of(preview_of(&all, Sharding::Tensor, 4))[0].2;
+        assert_eq!(rank0, 4_703_171_456);
+        assert!(preview_of(&all, Sharding::Pipeline, 2).instance.is_none());
+        assert!(preview_of(&all, Sharding::Pipeline, 3).instance.is_some());
+        let three = preview_of(&all, Sharding::Tensor, 3);
+        assert!(
+            three.instance.is_none() && three.error.contains("node n0"),
+            "{three:?}"
+        );
+        // Place picks the fewest nodes that fit: three for a pipeline.
+        let placed = run(&model, Sharding::Pipeline, 1, &four).expect("fits on three");
+        assert_eq!(placed.instance.ranks.len(), 3);
+    }
+
+    #[test]
+    fn mixtral_previews_on_two_and_four_nodes_follow_its_card() {
+        let model = crate::catalogue::card("mixtral-8x7b-instruct-v0.1-q4_k_m").expect("card");
+        assert_eq!(model.family, "mixtral");
+        // Two 24 GB nodes: 16 layers or 4 KV heads a rank.
+        check_moe_previews(&model, 24, 2);
+        // Four 12 GB nodes: 8 layers or 2 KV heads a rank.
+        check_moe_previews(&model, 12, 4);
+    }
+
+    #[test]
+    fn a_cluster_too_small_for_an_moe_card_is_refused_with_the_bytes_missing() {
+        for (id, gb) in [
+            ("qwen3-30b-a3b-q4_k_m", 8),
+            ("mixtral-8x7b-instruct-v0.1-q4_k_m", 12),
+        ] {
+            let model = crate::catalogue::card(id).expect("card");
+            let nodes = [node("a", gb * GB), node("b", gb * GB)];
+            let usable = gb * GB - headroom(gb * GB);
+            // The last try is both nodes, half the layers each.
+            let needed = model.storage_size_bytes * u64::from(model.n_layers / 2)
+                / u64::from(model.n_layers)
+                + RANK_OVERHEAD;
+            for sharding in [Sharding::Pipeline, Sharding::Tensor] {
+                let error = run(&model, sharding, 1, &nodes).expect_err("too small");
+                assert_eq!(
+                    error,
+                    PlacementError::NotEnoughMemory {
+                        model: id.to_string(),
+                        nodes: 2,
+                        node: "a".into(),
+                        needed: ByteCount(needed),
+                        available: ByteCount(gb * GB),
+                        missing: ByteCount(needed - usable),
+                        headroom: ByteCount(headroom(gb * GB)),
+                    },
+                    "{id} {sharding:?}"
+                );
+                assert!(error.to_string().contains("missing"), "{error}");
+            }
+        }
+    }
 }
