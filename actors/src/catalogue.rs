@@ -445,7 +445,8 @@ mod tests {
             assert!(card.n_layers > 0 && card.storage_size_bytes > 0);
             assert!(ids.insert(card.model_id.clone()), "{} twice", card.model_id);
             assert!(
-                card.num_attention_heads % card.num_key_value_heads == 0,
+                card.num_attention_heads
+                    .is_multiple_of(card.num_key_value_heads),
                 "{}: query heads in whole KV groups",
                 card.model_id
             );

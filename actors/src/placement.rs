@@ -1245,8 +1245,14 @@ mod tests {
         let storage = model.storage_size_bytes;
         let layers = model.n_layers;
         let kv = model.num_key_value_heads;
-        assert_eq!(layers % world, 0, "the example splits layers evenly");
-        assert_eq!(kv % world, 0, "the example splits KV heads evenly");
+        assert!(
+            layers.is_multiple_of(world),
+            "the example splits layers evenly"
+        );
+        assert!(
+            kv.is_multiple_of(world),
+            "the example splits KV heads evenly"
+        );
         // Pipeline: equal nodes, equal layer ranges.
         let per_rank = layers / world;
         let expected_bytes = storage * u64::from(per_rank) / u64::from(layers) + RANK_OVERHEAD;
