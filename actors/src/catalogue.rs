@@ -20,7 +20,6 @@ const CARDS: &[&str] = &[
     include_str!("../../resources/model_cards/gemma-3-12b-it-q4_k_m.toml"),
     include_str!("../../resources/model_cards/qwen3-30b-a3b-q4_k_m.toml"),
     include_str!("../../resources/model_cards/qwen3-30b-a3b-q8_0.toml"),
-    include_str!("../../resources/model_cards/mixtral-8x7b-instruct-v0.1-q4_k_m.toml"),
     include_str!("../../resources/model_cards/mixtral-8x7b-instruct-v0.1-q8_0.toml"),
     include_str!("../../resources/model_cards/qwen3.5-35b-a3b.toml"),
 ];
@@ -490,7 +489,6 @@ mod tests {
             qwen.source.as_ref().expect("source").format,
             v1::WeightFormat::Gguf as i32
         );
-        let mixtral = card("mixtral-8x7b-instruct-v0.1-q4_k_m").expect("mixtral");
         assert_eq!(mixtral.family, "mixtral");
         assert_eq!((mixtral.n_layers, mixtral.num_key_value_heads), (32, 8));
         for id in ["qwen3-30b-a3b-q8_0", "mixtral-8x7b-instruct-v0.1-q8_0"] {

@@ -1348,19 +1348,19 @@ mod tests {
 
     #[test]
     fn mixtral_previews_on_two_and_four_nodes_follow_its_card() {
-        let model = crate::catalogue::card("mixtral-8x7b-instruct-v0.1-q4_k_m").expect("card");
+        let model = crate::catalogue::card("mixtral-8x7b-instruct-v0.1-q8_0").expect("card");
         assert_eq!(model.family, "mixtral");
-        // Two 24 GB nodes: 16 layers or 4 KV heads a rank.
-        check_moe_previews(&model, 24, 2);
-        // Four 12 GB nodes: 8 layers or 2 KV heads a rank.
-        check_moe_previews(&model, 12, 4);
+        // 49.6 GB over two 32 GB nodes: 16 layers or 4 KV heads a rank.
+        check_moe_previews(&model, 32, 2);
+        // Four 16 GB nodes: 8 layers or 2 KV heads a rank.
+        check_moe_previews(&model, 16, 4);
     }
 
     #[test]
     fn a_cluster_too_small_for_an_moe_card_is_refused_with_the_bytes_missing() {
         for (id, gb) in [
             ("qwen3-30b-a3b-q4_k_m", 8),
-            ("mixtral-8x7b-instruct-v0.1-q4_k_m", 12),
+            ("mixtral-8x7b-instruct-v0.1-q8_0", 24),
         ] {
             let model = crate::catalogue::card(id).expect("card");
             let nodes = [node("a", gb * GB), node("b", gb * GB)];
