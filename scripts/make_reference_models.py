@@ -265,7 +265,7 @@ def cases() -> dict:
             **small, rope_parameters={
                 "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                 "original_max_position_embeddings": 128, "beta_fast": 32.0,
-                "beta_slow": 1.0}), False, False),
+                "beta_slow": 1.0}), False, True),
         "mistral": (MistralConfig, "llama", dict(
             **small, head_dim=32, sliding_window=None,
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}), True, True),

@@ -152,20 +152,7 @@ impl GgufFile {
                 .or_else(|| self.shape("token_embd.weight").map(|s| s[0]))
                 .ok_or_else(|| self.meta_error(&key("vocab_size"), "is missing"))?,
         };
-        let rope_scaling = match self.metadata().get(&key("rope.scaling.type")) {
-            Some(Value::String(kind)) if kind == "linear" => RopeScaling::Linear {
-                factor: self.get_f32(&key("rope.scaling.factor"))?.unwrap_or(1.0),
-            },
-            Some(Value::String(kind)) if kind != "none" => {
-                return Err(self.meta_error(
-                    &key("rope.scaling.type"),
-                    &format!(
-                        "is `{kind}`, which is not supported (linear, or llama3 via rope_freqs)"
-                    ),
-                ))
-            }
-            _ => RopeScaling::None,
-        };
+        let rope_scaling = self.rope_scaling(name)?;
         let config = ModelConfig {
             architecture,
             layers: self.require_usize(&key("block_count"))?,
@@ -194,6 +181,9 @@ impl GgufFile {
             qkv_bias: self.contains("blk.0.attn_q.bias"),
             qk_norm: self.contains("blk.0.attn_q_norm.weight"),
             tied_embeddings: !self.contains("output.weight"),
+            sliding_window: self
+                .get_usize(&key("attention.sliding_window"))?
+                .filter(|&w| w > 0),
             moe: self.moe_config(name)?,
         };
         config.validate().map_err(|source| LoadError::Config {
@@ -201,6 +191,46 @@ impl GgufFile {
             source,
         })?;
         Ok(config)
+    }
+
+    /// `{arch}.rope.scaling.*`: linear or YaRN (Llama 3's comes as the
+    /// `rope_freqs` tensor).
+    fn rope_scaling(&self, arch: &str) -> Result<RopeScaling, LoadError> {
+        let key = |suffix: &str| format!("{arch}.rope.scaling.{suffix}");
+        let factor =
+            || -> Result<f32, LoadError> { Ok(self.get_f32(&key("factor"))?.unwrap_or(1.0)) };
+        let kind = match self.metadata().get(&key("type")) {
+            Some(Value::String(kind)) => kind.as_str(),
+            _ => return Ok(RopeScaling::None),
+        };
+        match kind {
+            "none" => Ok(RopeScaling::None),
+            "linear" => Ok(RopeScaling::Linear { factor: factor()? }),
+            "yarn" => {
+                for unsupported in ["yarn_log_multiplier", "yarn_ext_factor"] {
+                    if self.metadata().contains_key(&key(unsupported)) {
+                        return Err(self.meta_error(&key(unsupported), "is not supported"));
+                    }
+                }
+                let factor = factor()?;
+                Ok(RopeScaling::Yarn {
+                    factor,
+                    original_context: self.require_usize(&key("original_context_length"))?,
+                    beta_fast: self.get_f32(&key("yarn_beta_fast"))?.unwrap_or(32.0),
+                    beta_slow: self.get_f32(&key("yarn_beta_slow"))?.unwrap_or(1.0),
+                    attention_factor: match self.get_f32(&key("yarn_attn_factor"))? {
+                        Some(a) => a,
+                        None => RopeScaling::yarn_default_attention_factor(factor),
+                    },
+                })
+            }
+            other => Err(self.meta_error(
+                &key("type"),
+                &format!(
+                    "is `{other}`, which is not supported (linear, yarn, or llama3 via rope_freqs)"
+                ),
+            )),
+        }
     }
 
     /// The experts of `{arch}.expert_count` and its kin, if any. llama.cpp

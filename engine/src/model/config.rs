@@ -53,6 +53,28 @@ pub enum RopeScaling {
         high_freq_factor: f32,
         original_context: usize,
     },
+    /// YaRN: each frequency blended between interpolated (divided by
+    /// `factor`) and kept, by a ramp over the pairs whose wavelengths lie
+    /// between `beta_fast` and `beta_slow` rotations of the original
+    /// context; cos and sin scaled by `attention_factor`.
+    Yarn {
+        factor: f32,
+        original_context: usize,
+        beta_fast: f32,
+        beta_slow: f32,
+        attention_factor: f32,
+    },
+}
+
+impl RopeScaling {
+    /// YaRN's attention factor when the file gives none: 0.1 ln(factor) + 1.
+    pub fn yarn_default_attention_factor(factor: f32) -> f32 {
+        if factor <= 1.0 {
+            1.0
+        } else {
+            0.1 * factor.ln() + 1.0
+        }
+    }
 }
 
 /// A mixture-of-experts MLP: a router picks `experts_per_token` of
@@ -91,6 +113,8 @@ pub struct ModelConfig {
     pub qkv_bias: bool,
     pub qk_norm: bool,
     pub tied_embeddings: bool,
+    /// Attention over the last this-many positions only (every layer).
+    pub sliding_window: Option<usize>,
     /// Set for mixture-of-experts models; a layer whose file holds a router
     /// runs experts, one without runs the dense MLP of `ffn` rows.
     pub moe: Option<MoeConfig>,
@@ -133,6 +157,9 @@ impl ModelConfig {
                 self.rotary_dims
             ));
         }
+        if self.sliding_window == Some(0) {
+            return fail("a sliding window of 0 positions sees nothing".into());
+        }
         if let Some(moe) = &self.moe {
             if moe.experts == 0
                 || moe.experts_per_token == 0
@@ -159,8 +186,19 @@ impl ModelConfig {
         self.kv_heads * self.head_dim
     }
 
-    /// Per-frequency divisors for Llama 3 scaling (llama.cpp's `rope_freqs`).
+    /// Per-frequency divisors for Llama 3 scaling (llama.cpp's
+    /// `rope_freqs`) and YaRN.
     pub fn rope_freq_factors(&self) -> Option<Vec<f32>> {
+        if let RopeScaling::Yarn {
+            factor,
+            original_context,
+            beta_fast,
+            beta_slow,
+            ..
+        } = self.rope_scaling
+        {
+            return Some(self.yarn_divisors(factor, original_context, beta_fast, beta_slow));
+        }
         let RopeScaling::Llama3 {
             factor,
             low_freq_factor,
@@ -191,6 +229,45 @@ impl ModelConfig {
                 })
                 .collect(),
         )
+    }
+
+    /// YaRN's divisor of each pair's frequency: 1 (kept) below the ramp,
+    /// `factor` (interpolated) above it, blended linearly between, the
+    /// ramp's ends at the pairs that turn `beta_fast` and `beta_slow` times
+    /// over the original context (floored and ceiled, as transformers'
+    /// default `truncate` and llama.cpp do).
+    fn yarn_divisors(
+        &self,
+        factor: f32,
+        original_context: usize,
+        beta_fast: f32,
+        beta_slow: f32,
+    ) -> Vec<f32> {
+        let dims = self.rotary_dims as f64;
+        let base = self.rope_theta as f64;
+        let pair_of = |rotations: f64| {
+            dims * (original_context as f64 / (rotations * 2.0 * std::f64::consts::PI)).ln()
+                / (2.0 * base.ln())
+        };
+        let low = pair_of(beta_fast as f64).floor().max(0.0);
+        let high = pair_of(beta_slow as f64).ceil().min(dims - 1.0);
+        let span = if high == low { 0.001 } else { high - low };
+        (0..self.rotary_dims / 2)
+            .map(|i| {
+                let ramp = ((i as f64 - low) / span).clamp(0.0, 1.0) as f32;
+                1.0 / (ramp / factor + (1.0 - ramp))
+            })
+            .collect()
+    }
+
+    /// What cos and sin are multiplied by (YaRN's attention factor).
+    pub fn rope_attention_factor(&self) -> f32 {
+        match self.rope_scaling {
+            RopeScaling::Yarn {
+                attention_factor, ..
+            } => attention_factor,
+            _ => 1.0,
+        }
     }
 
     /// The multiplier on every angle (linear scaling).

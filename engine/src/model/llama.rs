@@ -26,13 +26,6 @@ pub(crate) fn base_config(
     if heads == 0 {
         return Err(ConfigError("num_attention_heads is 0".into()));
     }
-    if let Some(window) = hf.effective_sliding_window() {
-        // Full attention over a longer context would give other answers.
-        return Err(ConfigError(format!(
-            "sliding_window {window} is not supported yet (attention over the last \
-             {window} positions only); this engine runs full attention"
-        )));
-    }
     if let Some(act) = hf
         .hidden_act
         .as_deref()
@@ -59,18 +52,24 @@ pub(crate) fn base_config(
         rope_theta: rope.theta.unwrap_or(10_000.0) as f32,
         // Hugging Face checkpoints rotate halves (`rotate_half`).
         rope_style: RopeStyle::Halves,
-        rope_scaling: rope_scaling(rope.scaling)?,
+        rope_scaling: rope_scaling(rope.scaling, hf.max_position_embeddings)?,
         rotary_dims: head_dim,
         qkv_bias: hf.attention_bias.unwrap_or(false),
         qk_norm: false,
         tied_embeddings: hf.tie_word_embeddings.unwrap_or(false),
+        sliding_window: hf
+            .effective_sliding_window()
+            .map(|w| usize::try_from(w).unwrap_or(usize::MAX)),
         moe: None,
     };
     config.validate()?;
     Ok(config)
 }
 
-fn rope_scaling(value: Option<&serde_json::Value>) -> Result<RopeScaling, ConfigError> {
+fn rope_scaling(
+    value: Option<&serde_json::Value>,
+    max_position: Option<usize>,
+) -> Result<RopeScaling, ConfigError> {
     let Some(value) = value.filter(|v| !v.is_null()) else {
         return Ok(RopeScaling::None);
     };
@@ -97,8 +96,46 @@ fn rope_scaling(value: Option<&serde_json::Value>) -> Result<RopeScaling, Config
             high_freq_factor: number("high_freq_factor", 4.0) as f32,
             original_context: number("original_max_position_embeddings", 8192.0) as usize,
         }),
+        "yarn" => {
+            if value.get("mscale").is_some() || value.get("mscale_all_dim").is_some() {
+                // DeepSeek's variant of the attention factor.
+                return Err(ConfigError(
+                    "rope_scaling yarn with mscale / mscale_all_dim is not supported".into(),
+                ));
+            }
+            if value.get("truncate").and_then(|v| v.as_bool()) == Some(false) {
+                return Err(ConfigError(
+                    "rope_scaling yarn with truncate false is not supported".into(),
+                ));
+            }
+            let factor = number("factor", 1.0) as f32;
+            let original = value
+                .get("original_max_position_embeddings")
+                .and_then(|v| v.as_u64())
+                .or(max_position.map(|m| m as u64))
+                .ok_or_else(|| {
+                    ConfigError("rope_scaling yarn needs original_max_position_embeddings".into())
+                })?;
+            Ok(RopeScaling::Yarn {
+                factor,
+                original_context: original as usize,
+                // transformers treats 0 (and absence) as the defaults.
+                beta_fast: Some(number("beta_fast", 32.0))
+                    .filter(|b| *b != 0.0)
+                    .unwrap_or(32.0) as f32,
+                beta_slow: Some(number("beta_slow", 1.0))
+                    .filter(|b| *b != 0.0)
+                    .unwrap_or(1.0) as f32,
+                attention_factor: value
+                    .get("attention_factor")
+                    .and_then(|v| v.as_f64())
+                    .map_or(RopeScaling::yarn_default_attention_factor(factor), |a| {
+                        a as f32
+                    }),
+            })
+        }
         other => Err(ConfigError(format!(
-            "rope_scaling type `{other}` is not supported (default, linear, llama3)"
+            "rope_scaling type `{other}` is not supported (default, linear, llama3, yarn)"
         ))),
     }
 }
@@ -149,6 +186,29 @@ mod tests {
         Ok(())
     }
 
+    /// YaRN keeps the fastest frequencies, divides the slowest by the
+    /// factor, and scales cos and sin by 0.1 ln(factor) + 1.
+    #[test]
+    fn yarn_blends_frequencies_and_scales_attention() -> Result<(), ConfigError> {
+        let c = config(serde_json::json!({"rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+            "original_max_position_embeddings": 128,
+        }}))?;
+        let divisors = c.rope_freq_factors().unwrap_or_default();
+        assert_eq!(divisors.len(), c.rotary_dims / 2);
+        assert_eq!(divisors[0], 1.0);
+        assert!((divisors[divisors.len() - 1] - 4.0).abs() < 1e-6);
+        assert!(divisors.windows(2).all(|w| w[0] <= w[1]), "{divisors:?}");
+        let expected = 0.1 * 4.0f32.ln() + 1.0;
+        assert!((c.rope_attention_factor() - expected).abs() < 1e-6);
+        let deepseek = config(serde_json::json!({"rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+            "original_max_position_embeddings": 128, "mscale": 1.0, "mscale_all_dim": 1.0,
+        }}));
+        assert!(deepseek.is_err());
+        Ok(())
+    }
+
     /// A type this engine lacks is a load error naming it, never ignored.
     #[test]
     fn an_unknown_rope_type_is_an_error() {
@@ -173,16 +233,19 @@ mod tests {
         );
     }
 
-    /// A window shorter than the context changes the answers: refused by
-    /// name. Switched off, or as long as the context, it is full attention.
+    /// A window shorter than the context limits attention; switched off,
+    /// or as long as the context, it is full attention.
     #[test]
-    fn a_sliding_window_is_refused_unless_it_is_full_attention() {
-        let error = config(serde_json::json!({"sliding_window": 1024}));
-        let message = error.err().map(|e| e.0).unwrap_or_default();
-        assert!(message.contains("sliding_window 1024"), "{message}");
-        let off = config(serde_json::json!({"sliding_window": 1024, "use_sliding_window": false}));
-        assert!(off.is_ok());
-        assert!(config(serde_json::json!({"sliding_window": 4096})).is_ok());
-        assert!(config(serde_json::json!({"sliding_window": null})).is_ok());
+    fn a_sliding_window_applies_unless_it_is_full_attention() -> Result<(), ConfigError> {
+        let window = |extra| config(extra).map(|c| c.sliding_window);
+        assert_eq!(
+            window(serde_json::json!({"sliding_window": 1024}))?,
+            Some(1024)
+        );
+        let off = serde_json::json!({"sliding_window": 1024, "use_sliding_window": false});
+        assert_eq!(window(off)?, None);
+        assert_eq!(window(serde_json::json!({"sliding_window": 4096}))?, None);
+        assert_eq!(window(serde_json::json!({"sliding_window": null}))?, None);
+        Ok(())
     }
 }

@@ -136,6 +136,9 @@ pub struct MoeWorkspace {
     /// groups of the experts that have any).
     groups: Vec<(usize, Range<usize>)>,
     counts: Vec<usize>,
+    /// For each sorted row: the token (row of the input) it reads.
+    token_of_row: Vec<usize>,
+    /// One expert's input rows (the candle fallback only).
     gathered: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
@@ -242,19 +245,18 @@ impl Experts {
         }
         sort_by_expert(ws, n, k, experts);
         let rows = n * k;
-        ws.gathered.resize(rows * hidden, 0.0);
+        // Each sorted row reads its token's row of the input, quantized once.
+        ws.token_of_row.resize(rows, 0);
         for (slot, &row) in ws.sorted_row.iter().enumerate() {
-            let token = slot / k;
-            ws.gathered[row * hidden..(row + 1) * hidden]
-                .copy_from_slice(&normed[token * hidden..(token + 1) * hidden]);
+            ws.token_of_row[row] = slot / k;
         }
         let f = moe.expert_ffn;
         ws.gate.resize(rows * f, 0.0);
         ws.up.resize(rows * f, 0.0);
         ws.down.resize(rows * hidden, 0.0);
         match &self.weights {
-            ExpertWeights::Native(native) => experts_grouped(native, ws, rows, hidden, f, pool),
-            ExpertWeights::Other(other) => experts_one_by_one(other, ws, hidden, f, pool)?,
+            ExpertWeights::Native(native) => experts_grouped(native, ws, rows, f, pool),
+            ExpertWeights::Other(other) => experts_one_by_one(other, ws, normed, hidden, f, pool)?,
         }
         // Each token's experts, summed in its own top-k order.
         for t in 0..n {
@@ -281,29 +283,31 @@ impl Experts {
 
 /// Every expert's gate and up in one parallel region, SwiGLU, then every
 /// expert's down in another.
+/// `ws.acts` holds the block's input (one row per token).
 fn experts_grouped(
     native: &[[QMatrix; 3]],
     ws: &mut MoeWorkspace,
     rows: usize,
-    hidden: usize,
     f: usize,
     pool: &ThreadPool,
 ) {
     {
-        ws.acts.set(&ws.gathered[..rows * hidden], rows, hidden);
         quant::matmul_grouped(
             |e| [&native[e][0], &native[e][1]],
             &ws.groups,
             &mut ws.acts,
+            Some(&ws.token_of_row),
             [&mut ws.gate[..rows * f], &mut ws.up[..rows * f]],
             pool,
         );
         silu_mul_parallel(&mut ws.gate[..rows * f], &ws.up[..rows * f], pool);
         ws.acts.set(&ws.gate[..rows * f], rows, f);
+        let hidden = native.first().map_or(0, |m| m[2].rows());
         quant::matmul_grouped(
             |e| [&native[e][2]],
             &ws.groups,
             &mut ws.acts,
+            None,
             [&mut ws.down[..rows * hidden]],
             pool,
         );
@@ -314,6 +318,7 @@ fn experts_grouped(
 fn experts_one_by_one(
     other: &[[Matrix; 3]],
     ws: &mut MoeWorkspace,
+    normed: &[f32],
     hidden: usize,
     f: usize,
     pool: &ThreadPool,
@@ -322,7 +327,12 @@ fn experts_one_by_one(
         for (e, rows) in ws.groups.clone() {
             let [w_gate, w_up, w_down] = &other[e];
             let m = rows.len();
-            let input = &ws.gathered[rows.start * hidden..rows.end * hidden];
+            ws.gathered.clear();
+            for &token in &ws.token_of_row[rows.clone()] {
+                let row = &normed[token * hidden..(token + 1) * hidden];
+                ws.gathered.extend_from_slice(row);
+            }
+            let input = &ws.gathered[..];
             ws.acts.set(input, m, hidden);
             let gate = &mut ws.gate[rows.start * f..rows.end * f];
             w_gate.matmul(&mut ws.acts, m, input, gate, pool)?;

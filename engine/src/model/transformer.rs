@@ -720,6 +720,15 @@ impl Transformer {
                 &mut ws.sin[t * pairs..(t + 1) * pairs],
             );
         }
+        let attention_factor = cfg.rope_attention_factor();
+        if attention_factor != 1.0 {
+            for v in ws.cos[..tokens * pairs]
+                .iter_mut()
+                .chain(&mut ws.sin[..tokens * pairs])
+            {
+                *v *= attention_factor;
+            }
+        }
         for (index, layer) in self.layers.iter().enumerate() {
             self.layer_forward(layer, index, tokens, spans, kv, ws, pool, group)?;
         }
@@ -1123,6 +1132,9 @@ fn attention(
             let table = spans[token_span[t] as usize].table;
             let kv_head = head / group;
             let seen = positions[t] + 1;
+            // A sliding window sees its last `window` positions; skipping the
+            // rest adds the exact zeros a mask would, so the sums are alike.
+            let first = cfg.sliding_window.map_or(0, |w| seen.saturating_sub(w));
             // The query is rounded to f16 as llama.cpp converts it for K.
             let (query, rest) = scores.split_at_mut(MAX_HEAD_DIM);
             let (lanes, scores) = rest.split_at_mut(8 * MAX_HEAD_DIM);
@@ -1131,12 +1143,12 @@ fn attention(
                 *r = ops::round_to_f16(*v);
             }
             let scores = &mut scores[..seen];
-            for_each_position(table, seen, kvd, kv_head * hd, |p, at| {
+            for_each_position(table, first..seen, kvd, kv_head * hd, |p, at| {
                 scores[p] = ops::dot_f16(query, &keys[at..at + hd]) * scale;
             });
-            ops::softmax(scores);
+            ops::softmax(&mut scores[first..]);
             // Attention weights meet V in f16 too.
-            for weight in scores.iter_mut() {
+            for weight in scores[first..].iter_mut() {
                 *weight = ops::round_to_f16(*weight);
             }
             // SAFETY: (t, head) pairs are disjoint across threads.
@@ -1148,7 +1160,7 @@ fn attention(
             // how llama.cpp sums `softmax(QK) V`. Same rounding, same tokens.
             let lanes = &mut lanes[..8 * hd];
             lanes.fill(0.0);
-            for_each_position(table, seen, kvd, kv_head * hd, |p, at| {
+            for_each_position(table, first..seen, kvd, kv_head * hd, |p, at| {
                 let lane = &mut lanes[(p % 8) * hd..(p % 8 + 1) * hd];
                 ops::axpy_f16(lane, scores[p], &values[at..at + hd]);
             });
@@ -1166,22 +1178,22 @@ fn attention(
 #[inline(always)]
 fn for_each_position(
     table: &[BlockId],
-    count: usize,
+    positions: Range<usize>,
     kv_dim: usize,
     head_offset: usize,
     mut f: impl FnMut(usize, usize),
 ) {
-    let mut position = 0;
-    for &block in table {
-        if position == count {
+    let mut position = positions.start;
+    for &block in table.iter().skip(positions.start / BLOCK_TOKENS) {
+        if position >= positions.end {
             break;
         }
         let base = block as usize * BLOCK_TOKENS * kv_dim + head_offset;
-        let n = BLOCK_TOKENS.min(count - position);
-        for o in 0..n {
-            f(position + o, base + o * kv_dim);
+        let end = ((position / BLOCK_TOKENS + 1) * BLOCK_TOKENS).min(positions.end);
+        for p in position..end {
+            f(p, base + (p % BLOCK_TOKENS) * kv_dim);
         }
-        position += n;
+        position = end;
     }
 }
 
@@ -1210,6 +1222,7 @@ mod tests {
             qkv_bias: false,
             qk_norm: false,
             tied_embeddings: true,
+            sliding_window: None,
             moe: None,
         }
     }

@@ -339,7 +339,8 @@ fn quantize_rows<B: Clone + Default + Send>(
             quantize_row(row, out);
         }
     };
-    if rows < 8 {
+    if rows * cols < 32_768 {
+        // A few decode rows: cheaper here than waking the threads.
         quantize(0..rows, blocks);
     } else {
         // Prefill: a few MB of activations, worth every thread.
@@ -406,16 +407,18 @@ pub fn matmul_many<const N: usize>(
     });
 }
 
-/// A grouped product (mixture-of-experts): group `g = (expert, tokens)`
-/// multiplies rows `tokens` of `x` by the `N` matrices `weights(expert)`,
-/// writing `outs[i][t * rows_i + r]` for each of those tokens `t`, where
-/// every expert's `i`-th matrix has the same `rows_i`. All groups run in
-/// one parallel region, each thread taking its share of every matrix's
-/// rows, and each output is the plain product's bit for bit.
+/// A grouped product (mixture-of-experts): group `g = (expert, rows)`
+/// multiplies, for each output row `t` in `rows`, activation row
+/// `x_rows[t]` (or `t` itself without `x_rows`) by the `N` matrices
+/// `weights(expert)`, writing `outs[i][t * rows_i + r]`, where every
+/// expert's `i`-th matrix has the same `rows_i`. All groups run in one
+/// parallel region, each thread taking its share of every matrix's rows,
+/// and each output is the plain product's bit for bit.
 pub fn matmul_grouped<'w, const N: usize>(
     weights: impl Fn(usize) -> [&'w QMatrix; N] + Sync,
     groups: &[(usize, std::ops::Range<usize>)],
     x: &mut Activations,
+    x_rows: Option<&[usize]>,
     outs: [&mut [f32]; N],
     pool: &ThreadPool,
 ) {
@@ -423,11 +426,18 @@ pub fn matmul_grouped<'w, const N: usize>(
         return;
     };
     let rows = weights(first).map(|w| w.rows);
-    for (expert, tokens) in groups {
-        assert!(
-            tokens.end <= x.rows,
-            "a group's tokens lie within the activations"
-        );
+    let out_rows = groups.iter().map(|(_, t)| t.end).max().unwrap_or(0);
+    match x_rows {
+        Some(map) => assert!(
+            map.len() >= out_rows && map[..out_rows].iter().all(|&r| r < x.rows),
+            "every output row maps to an activation row"
+        ),
+        None => assert!(
+            out_rows <= x.rows,
+            "a group's rows lie within the activations"
+        ),
+    }
+    for (expert, _) in groups {
         for (w, rows) in weights(*expert).iter().zip(rows) {
             assert_eq!(x.cols, w.cols, "activation width must match the matrix");
             assert_eq!(w.rows, rows, "every expert's matrix has the same rows");
@@ -440,15 +450,21 @@ pub fn matmul_grouped<'w, const N: usize>(
         DisjointSlice::new(&mut out[..len])
     });
     for (view, rows) in views.iter().zip(rows) {
-        assert!(view.len() >= x.rows * rows);
+        assert!(view.len() >= out_rows * rows);
     }
     pool.run(|index, count| {
         for (expert, tokens) in groups {
             for (w, view) in weights(*expert).iter().zip(&views) {
                 let range = split_range(w.rows, index, count, 4);
                 if !range.is_empty() && !tokens.is_empty() {
-                    let kind = w.format.activation_kind();
-                    matmul_rows(w, x, kind, range, tokens.clone(), view);
+                    let job = RowJob {
+                        w,
+                        range,
+                        tokens: tokens.clone(),
+                        x_rows,
+                        out: view,
+                    };
+                    job.run(x, w.format.activation_kind());
                 }
             }
         }
@@ -470,26 +486,37 @@ fn matmul_rows(
         w,
         range,
         tokens,
+        x_rows: None,
         out,
     };
-    match kind {
-        ActivationKind::F32 => job.float_rows(&x.f32),
-        ActivationKind::Q8_0 => job.quantized_rows(&x.q8_0, kernels::select(w.format)),
-        ActivationKind::Q8_1 => job.quantized_rows(&x.q8_1, kernels::select(w.format)),
-        ActivationKind::Q8K => job.quantized_rows(&x.q8_k, kquants::select(w.format)),
-    }
+    job.run(x, kind);
 }
 
-/// One thread's share of a product: weight rows `range` for the tokens
-/// (rows of the activations and of the output) `tokens`.
+/// One thread's share of a product: weight rows `range` for the output
+/// rows `tokens`, each from its own activation row (`x_rows[t]`, or `t`).
 struct RowJob<'a> {
     w: &'a QMatrix,
     range: std::ops::Range<usize>,
     tokens: std::ops::Range<usize>,
+    x_rows: Option<&'a [usize]>,
     out: &'a DisjointSlice<f32>,
 }
 
 impl RowJob<'_> {
+    fn run(&self, x: &Activations, kind: ActivationKind) {
+        match kind {
+            ActivationKind::F32 => self.float_rows(&x.f32),
+            ActivationKind::Q8_0 => self.quantized_rows(&x.q8_0, kernels::select(self.w.format)),
+            ActivationKind::Q8_1 => self.quantized_rows(&x.q8_1, kernels::select(self.w.format)),
+            ActivationKind::Q8K => self.quantized_rows(&x.q8_k, kquants::select(self.w.format)),
+        }
+    }
+
+    /// The activation row output row `t` reads.
+    fn x_row(&self, t: usize) -> usize {
+        self.x_rows.map_or(t, |map| map[t])
+    }
+
     /// This thread's columns `tile` of output row `t`. Callers hold one at
     /// a time (the view is shared, like [`DisjointSlice::part`]).
     #[allow(clippy::mut_from_ref)]
@@ -503,7 +530,8 @@ impl RowJob<'_> {
     fn float_rows(&self, x: &[f32]) {
         let (w, cols) = (self.w, self.w.cols);
         for t in self.tokens.clone() {
-            let xs = &x[t * cols..(t + 1) * cols];
+            let a = self.x_row(t);
+            let xs = &x[a * cols..(a + 1) * cols];
             let out_row = self.out_row(t, self.range.clone());
             for (o, r) in out_row.iter_mut().zip(self.range.clone()) {
                 *o = kernels::dot_float(w.format, w.row(r), xs);
@@ -514,7 +542,10 @@ impl RowJob<'_> {
     fn quantized_rows<B>(&self, blocks: &[B], kernels: kernels::Kernels<B>) {
         let w = self.w;
         let per_row = w.cols / w.format.block_values();
-        let row_of = |t: usize| &blocks[t * per_row..(t + 1) * per_row];
+        let row_of = |t: usize| {
+            let a = self.x_row(t);
+            &blocks[a * per_row..(a + 1) * per_row]
+        };
         let mut tile_start = self.range.start;
         while tile_start < self.range.end {
             let tile = tile_start..(tile_start + ROW_TILE).min(self.range.end);
@@ -863,23 +894,39 @@ mod tests {
                 |e| [&experts[e][0], &experts[e][1]],
                 &groups,
                 &mut acts,
+                None,
                 [&mut a, &mut b],
                 &pool,
             );
-            for (e, range) in &groups {
-                for t in range.clone() {
-                    let alone = &x[t * cols..(t + 1) * cols];
-                    for (i, out) in [&a, &b].into_iter().enumerate() {
-                        let want = product(&experts[*e][i], alone, 1, &pool);
-                        let got = &out[t * rows..(t + 1) * rows];
-                        let same = got
-                            .iter()
-                            .zip(&want)
-                            .all(|(g, w)| g.to_bits() == w.to_bits());
-                        assert!(same, "{format:?} expert {e} token {t} matrix {i}");
+            let check = |a: &[f32], b: &[f32], x_row: &dyn Fn(usize) -> usize| {
+                for (e, range) in &groups {
+                    for t in range.clone() {
+                        let at = x_row(t);
+                        let alone = &x[at * cols..(at + 1) * cols];
+                        for (i, out) in [a, b].into_iter().enumerate() {
+                            let want = product(&experts[*e][i], alone, 1, &pool);
+                            let got = &out[t * rows..(t + 1) * rows];
+                            let same = got
+                                .iter()
+                                .zip(&want)
+                                .all(|(g, w)| g.to_bits() == w.to_bits());
+                            assert!(same, "{format:?} expert {e} row {t} matrix {i}");
+                        }
                     }
                 }
-            }
+            };
+            check(&a, &b, &|t| t);
+            // Rows read through a map (a token's row shared by its experts).
+            let map: Vec<usize> = (0..tokens).map(|t| (t * 7 + 3) % 5).collect();
+            matmul_grouped(
+                |e| [&experts[e][0], &experts[e][1]],
+                &groups,
+                &mut acts,
+                Some(&map),
+                [&mut a, &mut b],
+                &pool,
+            );
+            check(&a, &b, &|t| map[t]);
         }
     }
 

@@ -8,8 +8,8 @@
 //! KV heads allow) and pipeline world 2 (3 where the layers allow), and from
 //! the same checkpoint converted to GGUF by llama.cpp's convert_hf_to_gguf.py.
 //!
-//! Cases whose config asks for arithmetic the engine lacks (dynamic and
-//! yarn RoPE, a sliding window) carry references too; until then they must
+//! Cases whose config asks for arithmetic the engine lacks (dynamic RoPE)
+//! carry references too; until then they must
 //! fail to load with an error naming what they ask for.
 
 use std::ops::ControlFlow;
@@ -313,12 +313,21 @@ reference_cases! {
     llama_default_rope, llama_default_rope_gguf => "llama";
     llama_llama3_rope, llama_llama3_rope_gguf => "llama-rope-llama3";
     llama_linear_rope, llama_linear_rope_gguf => "llama-rope-linear";
+    llama_yarn_rope, llama_yarn_rope_gguf => "llama-rope-yarn";
     mistral, mistral_gguf => "mistral";
     qwen2_qkv_bias, qwen2_qkv_bias_gguf => "qwen2";
     qwen3_qk_norm, qwen3_qk_norm_gguf => "qwen3";
     llama_attention_and_mlp_biases, llama_attention_and_mlp_biases_gguf => "llama-bias";
     qwen3_moe, qwen3_moe_gguf => "qwen3-moe";
     mixtral, mixtral_gguf => "mixtral";
+}
+
+/// Mistral v0.1's sliding window (8 positions here, so every prompt
+/// outgrows it). No GGUF: llama.cpp's conversion of a Mistral does not
+/// carry the window.
+#[test]
+fn mistral_sliding_window() {
+    safetensors_case("mistral-sliding-window");
 }
 
 /// Qwen3-MoE with the chosen experts' weights not renormalised
@@ -342,11 +351,7 @@ fn llama_llama3_rope_old_config_layout() {
     safetensors_case("llama-rope-llama3-old-config");
 }
 
-const REFUSED: &[(&str, &str)] = &[
-    ("llama-rope-dynamic", "`dynamic`"),
-    ("llama-rope-yarn", "`yarn`"),
-    ("mistral-sliding-window", "sliding_window 8"),
-];
+const REFUSED: &[(&str, &str)] = &[("llama-rope-dynamic", "`dynamic`")];
 
 #[test]
 fn cases_the_engine_lacks_are_refused_by_name() {
@@ -362,6 +367,7 @@ fn every_case_folder_is_checked() {
     let mut known: Vec<&str> = SUPPORTED.to_vec();
     known.push("llama-rope-llama3-old-config");
     known.push("qwen3-moe-dense-layer");
+    known.push("mistral-sliding-window");
     known.extend(REFUSED.iter().map(|(name, _)| *name));
     let mut folders: Vec<String> = std::fs::read_dir(&root)
         .expect("hf-reference folder")

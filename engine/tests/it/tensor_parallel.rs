@@ -37,6 +37,7 @@ fn config() -> ModelConfig {
         qkv_bias: true,
         qk_norm: false,
         tied_embeddings: false,
+        sliding_window: None,
         moe: None,
     }
 }
