@@ -489,6 +489,7 @@ mod tests {
             qwen.source.as_ref().expect("source").format,
             v1::WeightFormat::Gguf as i32
         );
+        let mixtral = card("mixtral-8x7b-instruct-v0.1-q8_0").expect("mixtral");
         assert_eq!(mixtral.family, "mixtral");
         assert_eq!((mixtral.n_layers, mixtral.num_key_value_heads), (32, 8));
         for id in ["qwen3-30b-a3b-q8_0", "mixtral-8x7b-instruct-v0.1-q8_0"] {
