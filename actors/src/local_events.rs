@@ -18,7 +18,12 @@
 //!   is kept until the state shows it indexed (`local_seqs`), and what is
 //!   not indexed a second after it was put is put again, in order
 //!   ([`LocalEvents::acknowledge`]). The new master starts from the
-//!   state's numbers, so a report the old one indexed is not taken twice.
+//!   state's numbers, so a report the old one indexed is not taken twice;
+//! - a report the state showed may still be dropped from it: a master that
+//!   lost its election may have indexed it, and the replica then drops that
+//!   forked tail. So reports indexed lately are kept a while longer, and
+//!   when the state's number for this node goes back, the ones above it
+//!   are put again.
 
 use std::collections::VecDeque;
 #[cfg(test)]
@@ -35,6 +40,9 @@ use crate::bus::{Bus, BusError};
 const MAX_UNACKNOWLEDGED: usize = 4_096;
 /// How long a report may go unindexed before it is put again.
 const RESEND_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long an indexed report is kept in case the state drops it again
+/// (a forked tail is dropped within seconds of the election that ends it).
+const KEEP_INDEXED_FOR: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Publishes this node's local events in one ordered sequence. Shared by
 /// the actors that report (wrap it in an `Arc`).
@@ -50,6 +58,9 @@ struct Sequence {
     /// Put but not yet seen in the state, oldest first, with when each was
     /// last put.
     unacknowledged: VecDeque<(LocalEvent, Instant)>,
+    /// Seen in the state, oldest first, with when each was first seen
+    /// there: put again should the state drop them.
+    indexed: VecDeque<(LocalEvent, Instant)>,
 }
 
 impl LocalEvents {
@@ -60,6 +71,7 @@ impl LocalEvents {
             inner: Mutex::new(Sequence {
                 last_seq: first_seq() - 1,
                 unacknowledged: VecDeque::new(),
+                indexed: VecDeque::new(),
             }),
         }
     }
@@ -107,21 +119,17 @@ impl LocalEvents {
     }
 
     /// The state has indexed this node's reports up to `indexed`: those are
-    /// forgotten, and the rest are put again, in order, once the oldest has
-    /// waited [`RESEND_AFTER`]. Returns how many were put again.
+    /// set aside, and the rest are put again, in order, once the oldest has
+    /// waited [`RESEND_AFTER`] (at once when the state dropped reports it
+    /// had shown). Returns how many were put again.
     pub async fn acknowledge(&self, indexed: u64) -> usize {
         let mut sequence = self.inner.lock().await;
-        while sequence
-            .unacknowledged
-            .front()
-            .is_some_and(|(local, _)| local.origin_seq <= indexed)
-        {
-            sequence.unacknowledged.pop_front();
-        }
+        let dropped = sequence.take_back_dropped(indexed);
+        sequence.set_aside_indexed(indexed);
         let due = sequence
             .unacknowledged
             .front()
-            .is_some_and(|(_, put)| put.elapsed() >= RESEND_AFTER);
+            .is_some_and(|(_, put)| dropped || put.elapsed() >= RESEND_AFTER);
         if !due {
             return 0;
         }
@@ -139,6 +147,60 @@ impl LocalEvents {
             tracing::info!(resent, indexed, "reports not indexed yet; sent again");
         }
         resent
+    }
+}
+
+impl Sequence {
+    /// Moves the reports the state showed but no longer holds (numbered
+    /// above `indexed`) back to the front of the unacknowledged ones.
+    /// Returns whether there were any.
+    fn take_back_dropped(&mut self, indexed: u64) -> bool {
+        let mut dropped = false;
+        while let Some((local, _)) = self.indexed.back() {
+            if local.origin_seq <= indexed {
+                break;
+            }
+            if let Some(report) = self.indexed.pop_back() {
+                self.unacknowledged.push_front(report);
+                dropped = true;
+            }
+        }
+        if let Some((oldest, _)) = self.unacknowledged.front_mut() {
+            if dropped && oldest.previous_seq > indexed {
+                // Its predecessor is gone from the state and from here too:
+                // the chain starts again.
+                oldest.previous_seq = 0;
+            }
+        }
+        if dropped {
+            tracing::warn!(
+                indexed,
+                "the state dropped reports it had indexed; putting them again"
+            );
+        }
+        dropped
+    }
+
+    /// Moves the reports numbered up to `indexed` to the indexed ones, and
+    /// forgets those indexed long ago.
+    fn set_aside_indexed(&mut self, indexed: u64) {
+        while self
+            .unacknowledged
+            .front()
+            .is_some_and(|(local, _)| local.origin_seq <= indexed)
+        {
+            if let Some((local, _)) = self.unacknowledged.pop_front() {
+                self.indexed.push_back((local, Instant::now()));
+            }
+        }
+        while self.indexed.len() > MAX_UNACKNOWLEDGED
+            || self
+                .indexed
+                .front()
+                .is_some_and(|(_, seen)| seen.elapsed() >= KEEP_INDEXED_FOR)
+        {
+            self.indexed.pop_front();
+        }
     }
 }
 
@@ -178,6 +240,32 @@ mod tests {
             node_id: node_id.to_string(),
             info: None,
         })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reports_the_state_drops_after_showing_them_are_put_again_at_once() {
+        let events = LocalEvents::new(lonely_bus().await, "n1".into());
+        for _ in 0..3 {
+            events.publish(info("n1")).await.expect("published");
+        }
+        let seqs: Vec<u64> = {
+            let sequence = events.inner.lock().await;
+            sequence
+                .unacknowledged
+                .iter()
+                .map(|(local, _)| local.origin_seq)
+                .collect()
+        };
+        // A master indexes all three, then loses its election; the replica
+        // drops the last two with the forked tail.
+        assert_eq!(events.acknowledge(seqs[2]).await, 0, "nothing due");
+        assert_eq!(events.acknowledge(seqs[0]).await, 2, "the two dropped");
+        // They wait for the new master like any unindexed report.
+        assert_eq!(events.acknowledge(seqs[0]).await, 0, "not due yet");
+        assert_eq!(events.acknowledge(seqs[2]).await, 0, "indexed again");
+        let sequence = events.inner.lock().await;
+        assert!(sequence.unacknowledged.is_empty());
+        assert_eq!(sequence.indexed.len(), 3);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
