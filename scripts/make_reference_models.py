@@ -37,7 +37,12 @@ from transformers import (
     GenerationConfig,
     LlamaConfig,
     MistralConfig,
+    Gemma2Config,
+    Gemma3TextConfig,
     MixtralConfig,
+    Olmo2Config,
+    Phi3Config,
+    SmolLM3Config,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen3Config,
@@ -151,12 +156,14 @@ def train_tokenizer(flavour: str, out: Path) -> PreTrainedTokenizerFast:
 
 def randomize(model: torch.nn.Module, seed: int) -> None:
     """Weights with a larger scale than transformers' init, so that logits
-    are far apart: norms near 1, projections and biases clearly non-zero."""
+    are far apart: norms near 1, projections and biases clearly non-zero.
+    Gemma's norms scale by (1 + weight): there the weights are near 0."""
     gen = torch.Generator().manual_seed(seed)
+    norm_offset = 0.0 if model.config.model_type.startswith("gemma") else 1.0
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
             if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+                p.copy_(norm_offset + 0.2 * torch.randn(p.shape, generator=gen))
             elif name.endswith(".bias"):
                 p.copy_(0.5 * torch.randn(p.shape, generator=gen))
             elif "embed_tokens" in name:
@@ -304,6 +311,36 @@ def cases() -> dict:
         "mixtral": (MixtralConfig, "llama", dict(
             **small, num_local_experts=4, num_experts_per_tok=2, sliding_window=None,
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}), False, True),
+        # Fused q/k/v and gate/up projections.
+        "phi3": (Phi3Config, "llama", dict(
+            **small, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            original_max_position_embeddings=512, sliding_window=None), False, True),
+        # Every fourth layer without RoPE (llama.cpp fixes the interval at 4).
+        "smollm3": (SmolLM3Config, "llama", dict(
+            **small | {"num_hidden_layers": 4}, no_rope_layer_interval=4,
+            use_sliding_window=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 5000000.0}), True, True),
+        # Norms after attention and MLP instead of before; q and k normed
+        # across all heads.
+        "olmo2": (Olmo2Config, "llama", dict(
+            **small, rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
+            False, True),
+        # Scaled embeddings, (1 + w) norms before and after each block, GeGLU,
+        # both soft caps (low enough to bite), every other layer sliding.
+        "gemma2": (Gemma2Config, "llama", dict(
+            **small | {"num_hidden_layers": 4}, head_dim=32, query_pre_attn_scalar=32,
+            hidden_activation="gelu_pytorch_tanh", sliding_window=8,
+            attn_logit_softcapping=5.0, final_logit_softcapping=10.0,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0}), True, True),
+        # Five sliding layers to one global, q/k norms, local RoPE base 10000
+        # and a linearly scaled global one.
+        "gemma3": (Gemma3TextConfig, "llama", dict(
+            **small | {"num_hidden_layers": 6}, head_dim=32, query_pre_attn_scalar=32,
+            hidden_activation="gelu_pytorch_tanh", sliding_window=8,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
+            True, True),
     }
 
 
@@ -321,13 +358,19 @@ def convert_gguf(case_dir: Path, llama_cpp: Path, pre: str) -> None:
     """llama.cpp's convert_hf_to_gguf.py, f16. It names the pre-tokenizer by
     hashing the tokens of a fixed text, which only a published vocabulary
     matches; ours is trained here, so the name it would recognise for this
-    pre-tokenizer (llama-bpe, qwen2) is given instead, nothing else changed."""
+    pre-tokenizer (llama-bpe, qwen2) is given instead. Gemma 2's and Phi-3's
+    converters read only a sentencepiece tokenizer.model; ours is byte-level
+    BPE, so they read it as the others do (the GPT-2 way). Nothing else is
+    changed."""
     wrapper = (
         "import runpy, sys\n"
         f"sys.path.insert(0, {str(llama_cpp)!r})\n"
         f"sys.path.insert(0, {str(llama_cpp / 'gguf-py')!r})\n"
         "import conversion.base as base\n"
+        "import conversion.gemma as gemma, conversion.phi as phi\n"
         f"base.TextModel.get_vocab_base_pre = lambda self, tokenizer: {pre!r}\n"
+        "gemma.Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2()\n"
+        "phi.Phi3MiniModel.set_vocab = lambda self: self._set_vocab_gpt2()\n"
         f"sys.argv = ['convert_hf_to_gguf.py', {str(case_dir)!r}, '--outtype', 'f16',"
         f" '--outfile', {str(case_dir / 'model.gguf')!r}]\n"
         f"runpy.run_path({str(llama_cpp / 'convert_hf_to_gguf.py')!r}, run_name='__main__')\n"

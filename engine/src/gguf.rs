@@ -14,8 +14,11 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::Device;
 
-use crate::model::config::{Architecture, ModelConfig, MoeConfig, RopeScaling};
+use crate::model::config::{
+    Activation, Architecture, ModelConfig, MoeConfig, RopeScaling, Variant,
+};
 use crate::model::weights::{LoadError, Matrix, TensorSource};
+use crate::model::{gemma, olmo2, smollm3};
 use crate::ops::RopeStyle;
 use crate::quant::{QMatrix, WeightBytes, WeightFormat};
 
@@ -168,11 +171,11 @@ impl GgufFile {
                 .unwrap_or(1e-5),
             rope_theta: self.get_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0),
             // GGUF Llama q/k rows are permuted for adjacent pairs; Qwen's are not.
+            // llama.cpp's converter permutes Llama-style q/k rows for
+            // adjacent pairs; the other families keep halves.
             rope_style: match architecture {
-                Architecture::Llama => RopeStyle::Interleaved,
-                Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe => {
-                    RopeStyle::Halves
-                }
+                Architecture::Llama | Architecture::SmolLm3 => RopeStyle::Interleaved,
+                _ => RopeStyle::Halves,
             },
             rope_scaling,
             rotary_dims: self
@@ -185,12 +188,95 @@ impl GgufFile {
                 .get_usize(&key("attention.sliding_window"))?
                 .filter(|&w| w > 0),
             moe: self.moe_config(name)?,
+            variant: Variant::default(),
         };
+        let mut config = config;
+        self.apply_family(name, &mut config)?;
         config.validate().map_err(|source| LoadError::Config {
             path: self.display.clone(),
             source,
         })?;
         Ok(config)
+    }
+
+    /// The family's departures from the Llama block, as llama.cpp reads
+    /// them from this architecture's keys (and its fixed choices where the
+    /// file has none).
+    fn apply_family(&self, arch: &str, config: &mut ModelConfig) -> Result<(), LoadError> {
+        let key = |suffix: &str| format!("{arch}.{suffix}");
+        if self.contains("blk.0.rope_factors_long.weight")
+            || self.contains("rope_factors_long.weight")
+        {
+            return Err(self.meta_error(
+                &key("rope.scaling"),
+                "is LongRoPE (rope_factors_long / rope_factors_short), which is not supported",
+            ));
+        }
+        if let Some(pattern) = self.sliding_pattern(arch, config.layers)? {
+            config.variant.sliding_layers = Some(pattern);
+        }
+        match config.architecture {
+            Architecture::SmolLm3 => {
+                config.variant.rope_layers =
+                    Some(smollm3::every_fourth_without_rope(config.layers));
+            }
+            Architecture::Olmo2 => olmo2::apply(config),
+            Architecture::Gemma2 | Architecture::Gemma3 => {
+                let gemma3 = config.architecture == Architecture::Gemma3;
+                if config.sliding_window.is_none() && !gemma3 {
+                    // Gemma 2's window when the file omits it.
+                    config.sliding_window = Some(4096);
+                }
+                let variant = &mut config.variant;
+                variant.post_norms = true;
+                variant.activation = Activation::GeluTanh;
+                variant.embedding_scale = Some((config.hidden as f32).sqrt());
+                variant.attention_scale = gemma::gguf_attention_scale(
+                    config.architecture,
+                    config.layers,
+                    config.hidden,
+                    config.heads,
+                );
+                variant.attn_softcap = self
+                    .get_f32(&key("attn_logit_softcapping"))?
+                    .filter(|c| *c > 0.0 && !gemma3);
+                variant.final_softcap = self
+                    .get_f32(&key("final_logit_softcapping"))?
+                    .filter(|c| *c > 0.0);
+                if variant.sliding_layers.is_none() {
+                    let every = if gemma3 { 6 } else { 2 };
+                    variant.sliding_layers = Some(gemma::sliding_pattern(config.layers, every));
+                }
+                if gemma3 {
+                    variant.local_rope_theta = Some(
+                        self.get_f32(&key("rope.freq_base_swa"))?
+                            .unwrap_or(10_000.0),
+                    );
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// `{arch}.attention.sliding_window_pattern`: a flag per layer, or one
+    /// global layer in every this-many.
+    fn sliding_pattern(&self, arch: &str, layers: usize) -> Result<Option<Vec<bool>>, LoadError> {
+        let key = format!("{arch}.attention.sliding_window_pattern");
+        match self.metadata().get(&key) {
+            None => Ok(None),
+            Some(Value::Array(flags)) => flags
+                .iter()
+                .map(|flag| match flag {
+                    Value::Bool(b) => Ok(*b),
+                    _ => Err(self.meta_error(&key, "is not a list of booleans")),
+                })
+                .collect::<Result<Vec<bool>, _>>()
+                .map(Some),
+            Some(_) => Ok(self
+                .get_usize(&key)?
+                .map(|every| gemma::sliding_pattern(layers, every))),
+        }
     }
 
     /// `{arch}.rope.scaling.*`: linear or YaRN (Llama 3's comes as the

@@ -44,7 +44,7 @@ const MAX_HEADER_BYTES: u64 = 100_000_000;
 /// `config.json` of a Llama/Mistral/Qwen2/Qwen3 model: the fields these
 /// architectures need. Unknown fields are ignored so newer `transformers`
 /// releases, which keep adding keys, still parse.
-#[derive(Clone, Debug, PartialEq, serde::Deserialize, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Deserialize, serde::Serialize)]
 pub struct HfConfig {
     /// e.g. `["LlamaForCausalLM"]`; empty when the file omits it.
     #[serde(default)]
@@ -117,6 +117,34 @@ pub struct HfConfig {
     /// Qwen2-MoE / Qwen3-Next: an always-on expert beside the routed ones.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared_expert_intermediate_size: Option<usize>,
+    /// Each layer's attention: `full_attention`, `sliding_attention` (and
+    /// kinds this engine lacks, such as `linear_attention`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer_types: Option<Vec<String>>,
+    /// Gemma's name for `hidden_act`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hidden_activation: Option<String>,
+    /// Gemma: q·k is scaled by this to the power -1/2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query_pre_attn_scalar: Option<f64>,
+    /// Gemma 2: soft caps on attention scores and on the logits (null: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attn_logit_softcapping: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_logit_softcapping: Option<serde_json::Value>,
+    /// Gemma 3 as transformers 4 wrote it: the windowed layers' RoPE base,
+    /// and one global layer in this many.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_local_base_freq: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window_pattern: Option<usize>,
+    /// SmolLM3: 1 for a layer that rotates q and k, 0 for one that does not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_rope_layers: Option<Vec<u8>>,
+    /// Phi-3 and others: the share of each head RoPE rotates (transformers
+    /// 5 may put it in `rope_parameters` instead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial_rotary_factor: Option<f64>,
     /// A number, or a list of numbers in some models.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bos_token_id: Option<serde_json::Value>,

@@ -331,6 +331,7 @@ pub fn export_llama_gguf(
         eos_token_id: meta
             .opt_usize("tokenizer.ggml.eos_token_id")?
             .map(serde_json::Value::from),
+        ..HfConfig::default()
     };
 
     let groups = split_shards(&plan, shards, dtype.bytes())?;

@@ -7,7 +7,7 @@ use std::path::Path;
 use crate::hf_dir::{HfDirError, HfModelDir};
 use crate::model::config::{Architecture, ModelConfig};
 use crate::model::weights::{LoadError, Matrix, TensorSource};
-use crate::model::{llama, qwen};
+use crate::model::{gemma, llama, olmo2, phi3, qwen, smollm3};
 use crate::quant::QMatrix;
 
 pub struct HfSource {
@@ -42,6 +42,10 @@ impl HfSource {
             Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe => {
                 qwen::config_from_hf(hf, architecture)
             }
+            Architecture::Phi3 => phi3::config_from_hf(hf),
+            Architecture::SmolLm3 => smollm3::config_from_hf(hf),
+            Architecture::Olmo2 => olmo2::config_from_hf(hf),
+            Architecture::Gemma2 | Architecture::Gemma3 => gemma::config_from_hf(hf, architecture),
         };
         config.map_err(|source| LoadError::Config {
             path: self.display.clone(),
@@ -88,7 +92,17 @@ pub fn hf_names(canonical: &str) -> Vec<String> {
     }
     let part = match part {
         "attn_norm.weight" => "input_layernorm.weight",
-        "ffn_norm.weight" => "post_attention_layernorm.weight",
+        // Gemma norms before the MLP and after attention; Llama has only
+        // the first, under the second's name.
+        "ffn_norm.weight" => {
+            return in_layer(&[
+                "pre_feedforward_layernorm.weight",
+                "post_attention_layernorm.weight",
+            ])
+        }
+        "post_attention_norm.weight" => "post_attention_layernorm.weight",
+        "post_ffw_norm.weight" => "post_feedforward_layernorm.weight",
+        "attn_qkv.weight" => "self_attn.qkv_proj.weight",
         "attn_q.weight" => "self_attn.q_proj.weight",
         "attn_k.weight" => "self_attn.k_proj.weight",
         "attn_v.weight" => "self_attn.v_proj.weight",
@@ -100,7 +114,8 @@ pub fn hf_names(canonical: &str) -> Vec<String> {
         "attn_q_norm.weight" => "self_attn.q_norm.weight",
         "attn_k_norm.weight" => "self_attn.k_norm.weight",
         "ffn_gate.weight" => "mlp.gate_proj.weight",
-        "ffn_up.weight" => "mlp.up_proj.weight",
+        // Phi-3's gate and up in one (the loader tells them by the shape).
+        "ffn_up.weight" => return in_layer(&["mlp.up_proj.weight", "mlp.gate_up_proj.weight"]),
         "ffn_down.weight" => "mlp.down_proj.weight",
         "ffn_gate.bias" => "mlp.gate_proj.bias",
         "ffn_up.bias" => "mlp.up_proj.bias",
@@ -131,6 +146,15 @@ fn expert_names(part: &str) -> Option<[String; 2]> {
 }
 
 impl HfSource {
+    /// Whether the checkpoint stores its RMS norms' weights as offsets from
+    /// 1 (Gemma).
+    fn norms_are_offsets(&self) -> bool {
+        matches!(
+            Architecture::from_name(&self.dir.config().model_type),
+            Some(Architecture::Gemma2 | Architecture::Gemma3)
+        )
+    }
+
     /// The checkpoint's name for `canonical`: the first candidate it holds.
     fn resolve(&self, canonical: &str) -> Result<String, LoadError> {
         let names = hf_names(canonical);
@@ -206,6 +230,14 @@ impl TensorSource for HfSource {
 
     fn vector(&self, name: &str) -> Result<Vec<f32>, LoadError> {
         let hf = self.resolve(name)?;
-        self.dir.load_f32(&hf).map_err(|e| self.error(&hf, e))
+        let mut values = self.dir.load_f32(&hf).map_err(|e| self.error(&hf, e))?;
+        if name.ends_with("norm.weight") && self.norms_are_offsets() {
+            // Gemma scales by 1 + w; GGUF files (and the forward pass) hold
+            // the sum.
+            for value in &mut values {
+                *value += 1.0;
+            }
+        }
+        Ok(values)
     }
 }

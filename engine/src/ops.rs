@@ -28,6 +28,43 @@ pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
     }
 }
 
+/// Each row's sum of squares (`width` values a row), for an RMS norm whose
+/// rows are split across ranks: the ranks add their sums, then
+/// [`rms_norm_by_sums`] divides.
+pub fn sums_of_squares(x: &[f32], width: usize, out: &mut [f32]) {
+    for (row, sum) in x.chunks_exact(width).zip(out.iter_mut()) {
+        *sum = row.iter().map(|v| (*v * *v) as f64).sum::<f64>() as f32;
+    }
+}
+
+/// RMS norm in place of rows whose sums of squares over `total_width`
+/// values (this slice and the other ranks') are `sums`.
+pub fn rms_norm_by_sums(x: &mut [f32], weight: &[f32], sums: &[f32], total_width: usize, eps: f32) {
+    for (row, sum) in x.chunks_exact_mut(weight.len()).zip(sums) {
+        let scale = 1.0 / (sum / total_width as f32 + eps).sqrt();
+        for (v, w) in row.iter_mut().zip(weight) {
+            *v = (*v * scale) * w;
+        }
+    }
+}
+
+/// `gate = gelu_tanh(gate) * up` (GeGLU, transformers' `gelu_pytorch_tanh`).
+pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    for (g, u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        let inner = SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x);
+        *g = 0.5 * x * (1.0 + inner.tanh()) * u;
+    }
+}
+
+/// `cap * tanh(x / cap)` in place (Gemma 2's soft caps).
+pub fn softcap(x: &mut [f32], cap: f32) {
+    for v in x {
+        *v = cap * (*v / cap).tanh();
+    }
+}
+
 /// `a += b`.
 pub fn add_in_place(a: &mut [f32], b: &[f32]) {
     for (x, y) in a.iter_mut().zip(b) {

@@ -13,6 +13,18 @@ pub enum Architecture {
     Qwen3,
     /// Qwen3-MoE: Qwen3's attention, a mixture of experts for the MLP.
     Qwen3Moe,
+    /// Phi-3 / Phi-3.5: q, k and v in one projection, gate and up in another.
+    Phi3,
+    /// SmolLM3: every fourth layer without RoPE.
+    SmolLm3,
+    /// OLMo 2: norms after attention and MLP, q and k normed across heads.
+    Olmo2,
+    /// Gemma 2: scaled embeddings, (1 + w) norms before and after each
+    /// block, GeGLU, soft-capped scores and logits, alternating windows.
+    Gemma2,
+    /// Gemma 3: Gemma 2 with q/k norms, five windowed layers to one global,
+    /// a RoPE base of their own for the windowed layers, no score cap.
+    Gemma3,
 }
 
 impl Architecture {
@@ -24,6 +36,12 @@ impl Architecture {
             "qwen2" => Some(Self::Qwen2),
             "qwen3" => Some(Self::Qwen3),
             "qwen3moe" | "qwen3_moe" => Some(Self::Qwen3Moe),
+            "phi3" => Some(Self::Phi3),
+            "smollm3" => Some(Self::SmolLm3),
+            "olmo2" => Some(Self::Olmo2),
+            "gemma2" => Some(Self::Gemma2),
+            // Gemma 3's text model; the multimodal `gemma3` folder nests it.
+            "gemma3" | "gemma3_text" => Some(Self::Gemma3),
             _ => None,
         }
     }
@@ -34,6 +52,11 @@ impl Architecture {
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
             Self::Qwen3Moe => "qwen3moe",
+            Self::Phi3 => "phi3",
+            Self::SmolLm3 => "smollm3",
+            Self::Olmo2 => "olmo2",
+            Self::Gemma2 => "gemma2",
+            Self::Gemma3 => "gemma3",
         }
     }
 }
@@ -92,6 +115,58 @@ pub struct MoeConfig {
     pub normalize_top_k: bool,
 }
 
+/// The MLP's gate activation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Activation {
+    /// SwiGLU (Llama and most others).
+    #[default]
+    Silu,
+    /// GeGLU with the tanh approximation of gelu (Gemma).
+    GeluTanh,
+}
+
+/// How a layer's attention places positions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerRope {
+    /// The model's RoPE (base, scaling).
+    Global,
+    /// The windowed layers' own base, unscaled (Gemma 3).
+    Local,
+    /// No rotation at all (SmolLM3's NoPE layers).
+    None,
+}
+
+/// Where a family's decoder block departs from Llama's; the default
+/// departs nowhere.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Variant {
+    /// No norms before attention and MLP (OLMo 2 norms their outputs).
+    pub no_pre_norms: bool,
+    /// Norms on the attention's and the MLP's outputs before each residual
+    /// add (Gemma 2/3, OLMo 2).
+    pub post_norms: bool,
+    /// q and k normed across all heads at once (OLMo 2), not head by head.
+    pub qk_norm_whole: bool,
+    pub activation: Activation,
+    /// Embeddings multiplied by this (Gemma: the square root of the width).
+    pub embedding_scale: Option<f32>,
+    /// Scores capped as `cap * tanh(score / cap)` before the softmax
+    /// (Gemma 2).
+    pub attn_softcap: Option<f32>,
+    /// Logits capped the same way (Gemma 2).
+    pub final_softcap: Option<f32>,
+    /// The scale of q·k when not 1/sqrt(head_dim) (Gemma's
+    /// `query_pre_attn_scalar`).
+    pub attention_scale: Option<f32>,
+    /// Which layers attend over the sliding window; `None`: all of them
+    /// (when the model has a window).
+    pub sliding_layers: Option<Vec<bool>>,
+    /// Which layers rotate q and k; `None`: all of them.
+    pub rope_layers: Option<Vec<bool>>,
+    /// RoPE base of the windowed layers, unscaled (Gemma 3's local layers).
+    pub local_rope_theta: Option<f32>,
+}
+
 /// Everything the forward pass needs to know about a model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
@@ -118,6 +193,8 @@ pub struct ModelConfig {
     /// Set for mixture-of-experts models; a layer whose file holds a router
     /// runs experts, one without runs the dense MLP of `ffn` rows.
     pub moe: Option<MoeConfig>,
+    /// The family's departures from the Llama block.
+    pub variant: Variant,
 }
 
 /// A configuration that cannot run.
@@ -160,6 +237,30 @@ impl ModelConfig {
         if self.sliding_window == Some(0) {
             return fail("a sliding window of 0 positions sees nothing".into());
         }
+        for (name, flags) in [
+            ("sliding-window layers", &self.variant.sliding_layers),
+            ("RoPE layers", &self.variant.rope_layers),
+        ] {
+            if let Some(flags) = flags.as_ref().filter(|f| f.len() != self.layers) {
+                return fail(format!(
+                    "{} {name} given for {} layers",
+                    flags.len(),
+                    self.layers
+                ));
+            }
+        }
+        let positive = |v: Option<f32>| v.is_none_or(|v| v.is_finite() && v > 0.0);
+        if !positive(self.variant.attn_softcap)
+            || !positive(self.variant.final_softcap)
+            || !positive(self.variant.attention_scale)
+            || !positive(self.variant.embedding_scale)
+            || !positive(self.variant.local_rope_theta)
+        {
+            return fail(format!(
+                "soft caps, scales and RoPE bases must be positive: {:?}",
+                self.variant
+            ));
+        }
         if let Some(moe) = &self.moe {
             if moe.experts == 0
                 || moe.experts_per_token == 0
@@ -174,6 +275,32 @@ impl ModelConfig {
             }
         }
         Ok(())
+    }
+
+    /// The sliding window of layer `layer`, if it has one.
+    pub fn layer_window(&self, layer: usize) -> Option<usize> {
+        let sliding = self
+            .variant
+            .sliding_layers
+            .as_ref()
+            .is_none_or(|s| s.get(layer).copied().unwrap_or(false));
+        self.sliding_window.filter(|_| sliding)
+    }
+
+    /// How layer `layer` rotates q and k.
+    pub fn layer_rope(&self, layer: usize) -> LayerRope {
+        let rotates = self
+            .variant
+            .rope_layers
+            .as_ref()
+            .is_none_or(|r| r.get(layer).copied().unwrap_or(true));
+        if !rotates {
+            LayerRope::None
+        } else if self.variant.local_rope_theta.is_some() && self.layer_window(layer).is_some() {
+            LayerRope::Local
+        } else {
+            LayerRope::Global
+        }
     }
 
     /// Width of the concatenated query heads.

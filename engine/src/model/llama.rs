@@ -6,10 +6,11 @@
 use crate::hf_dir::HfConfig;
 use crate::ops::RopeStyle;
 
-use super::config::{Architecture, ConfigError, ModelConfig, RopeScaling};
+use super::config::{Architecture, ConfigError, ModelConfig, RopeScaling, Variant};
 
 /// A model configuration from a Hugging Face `config.json` of this family.
 pub fn config_from_hf(hf: &HfConfig) -> Result<ModelConfig, ConfigError> {
+    require_silu(hf)?;
     let mut config = base_config(hf, Architecture::Llama)?;
     // Mixtral: softmax over the experts, top-k, weights renormalised.
     config.moe = super::moe::config_from_hf(hf, None, true)?;
@@ -17,7 +18,44 @@ pub fn config_from_hf(hf: &HfConfig) -> Result<ModelConfig, ConfigError> {
     Ok(config)
 }
 
-/// The fields every family here shares; Qwen adds its flags on top.
+/// Refuses an activation other than silu for a SwiGLU family: another would
+/// give other answers.
+pub(crate) fn require_silu(hf: &HfConfig) -> Result<(), ConfigError> {
+    match hf.hidden_act.as_deref() {
+        None | Some("silu" | "swish") => Ok(()),
+        Some(act) => Err(ConfigError(format!(
+            "hidden_act `{act}` is not supported (this engine's MLP applies silu)"
+        ))),
+    }
+}
+
+/// Which layers attend over the window, from `layer_types`; a kind of
+/// attention this engine lacks is refused by name.
+fn sliding_layers(hf: &HfConfig) -> Result<Option<Vec<bool>>, ConfigError> {
+    let Some(types) = &hf.layer_types else {
+        return Ok(None);
+    };
+    if types.len() != hf.num_hidden_layers {
+        return Err(ConfigError(format!(
+            "layer_types names {} layers of {}",
+            types.len(),
+            hf.num_hidden_layers
+        )));
+    }
+    types
+        .iter()
+        .map(|kind| match kind.as_str() {
+            "full_attention" => Ok(false),
+            "sliding_attention" => Ok(true),
+            other => Err(ConfigError(format!(
+                "layer type `{other}` is not supported (full_attention, sliding_attention)"
+            ))),
+        })
+        .collect::<Result<Vec<bool>, _>>()
+        .map(Some)
+}
+
+/// The fields every family here shares; each family adds its own on top.
 pub(crate) fn base_config(
     hf: &HfConfig,
     architecture: Architecture,
@@ -25,16 +63,6 @@ pub(crate) fn base_config(
     let heads = hf.num_attention_heads;
     if heads == 0 {
         return Err(ConfigError("num_attention_heads is 0".into()));
-    }
-    if let Some(act) = hf
-        .hidden_act
-        .as_deref()
-        .filter(|act| !matches!(*act, "silu" | "swish"))
-    {
-        // The MLP is SwiGLU: another activation would give other answers.
-        return Err(ConfigError(format!(
-            "hidden_act `{act}` is not supported (this engine's MLP applies silu)"
-        )));
     }
     let head_dim = hf.head_dim.unwrap_or(hf.hidden_size / heads);
     let rope = hf.rope();
@@ -61,12 +89,16 @@ pub(crate) fn base_config(
             .effective_sliding_window()
             .map(|w| usize::try_from(w).unwrap_or(usize::MAX)),
         moe: None,
+        variant: Variant {
+            sliding_layers: sliding_layers(hf)?,
+            ..Variant::default()
+        },
     };
     config.validate()?;
     Ok(config)
 }
 
-fn rope_scaling(
+pub(crate) fn rope_scaling(
     value: Option<&serde_json::Value>,
     max_position: Option<usize>,
 ) -> Result<RopeScaling, ConfigError> {

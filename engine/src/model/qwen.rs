@@ -16,6 +16,7 @@ pub fn config_from_hf(
     hf: &HfConfig,
     architecture: Architecture,
 ) -> Result<ModelConfig, ConfigError> {
+    super::llama::require_silu(hf)?;
     let mut config = base_config(hf, architecture)?;
     match architecture {
         Architecture::Qwen2 => config.qkv_bias = true,
@@ -34,7 +35,7 @@ pub fn config_from_hf(
                 ));
             }
         }
-        Architecture::Llama => {}
+        _ => {}
     }
     config.validate()?;
     Ok(config)

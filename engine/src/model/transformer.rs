@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use half::f16;
 
-use super::config::ModelConfig;
+use super::config::{Activation, LayerRope, ModelConfig};
 use super::moe::{Experts, MoeWorkspace};
 use super::weights::{LoadError, Matrix, TensorSource};
 use crate::collectives::{CollectiveError, Group, SingleRank};
@@ -17,9 +17,19 @@ use crate::quant::Activations;
 use crate::shard::{split_evenly, ShardError, ShardSpec};
 use crate::threadpool::{split_range, DisjointSlice, ThreadPool};
 
-/// Weights of one decoder layer.
+/// Weights of one decoder layer, and how its attention places positions.
 pub struct Layer {
-    attn_norm: Vec<f32>,
+    /// The norms before attention and the MLP (absent in OLMo 2) and after
+    /// them (Gemma, OLMo 2).
+    attn_norm: Option<Vec<f32>>,
+    attn_post_norm: Option<Vec<f32>>,
+    ffn_post_norm: Option<Vec<f32>>,
+    /// The window this layer attends over, if any.
+    window: Option<usize>,
+    rope: LayerRope,
+    /// Set when q and k are normed across all heads at once (OLMo 2): the
+    /// whole widths of q and k, of which this rank holds a slice.
+    qk_norm_widths: Option<(usize, usize)>,
     wq: Matrix,
     wk: Matrix,
     wv: Matrix,
@@ -32,8 +42,22 @@ pub struct Layer {
     o_bias: Option<Vec<f32>>,
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
-    ffn_norm: Vec<f32>,
+    ffn_norm: Option<Vec<f32>>,
     mlp: Mlp,
+}
+
+impl Layer {
+    fn norm_bytes(&self) -> usize {
+        [
+            &self.attn_norm,
+            &self.ffn_norm,
+            &self.attn_post_norm,
+            &self.ffn_post_norm,
+        ]
+        .iter()
+        .map(|n| n.as_ref().map_or(0, Vec::len) * 4)
+        .sum()
+    }
 }
 
 /// A layer's MLP: dense SwiGLU, or a mixture of experts.
@@ -192,6 +216,11 @@ pub struct Workspace {
     scores_stride: usize,
     cos: Vec<f32>,
     sin: Vec<f32>,
+    /// The windowed layers' angles where they have a RoPE base of their own.
+    cos_local: Vec<f32>,
+    sin_local: Vec<f32>,
+    /// Each token's sums of squares of q and of k (norms across heads).
+    qk_sums: Vec<f32>,
     /// Each token's position in its sequence, and its span's index.
     positions: Vec<usize>,
     token_span: Vec<u32>,
@@ -217,6 +246,11 @@ impl Workspace {
             resize(&mut self.up, tokens * config.ffn);
             resize(&mut self.cos, tokens * config.rotary_dims / 2);
             resize(&mut self.sin, tokens * config.rotary_dims / 2);
+            if config.variant.local_rope_theta.is_some() {
+                resize(&mut self.cos_local, tokens * config.rotary_dims / 2);
+                resize(&mut self.sin_local, tokens * config.rotary_dims / 2);
+            }
+            resize(&mut self.qk_sums, 2 * tokens);
             self.positions.resize(tokens, 0);
             self.token_span.resize(tokens, 0);
             self.capacity = tokens;
@@ -515,8 +549,27 @@ impl Transformer {
                     }
                 }
             };
+            let (pre, post) = (!config.variant.no_pre_norms, config.variant.post_norms);
+            let whole = config.variant.qk_norm_whole;
+            let (q_norm, k_norm) = if whole {
+                (
+                    sliced_vector(&n("attn_q_norm.weight"), q, &q_rows, config.qk_norm)?,
+                    sliced_vector(&n("attn_k_norm.weight"), kv, &kv_rows, config.qk_norm)?,
+                )
+            } else {
+                let hd = config.head_dim;
+                (
+                    optional(&n("attn_q_norm.weight"), hd, config.qk_norm)?,
+                    optional(&n("attn_k_norm.weight"), hd, config.qk_norm)?,
+                )
+            };
             loaded.push(Layer {
-                attn_norm: vector(&n("attn_norm.weight"), h)?,
+                attn_norm: optional(&n("attn_norm.weight"), h, pre)?,
+                attn_post_norm: optional(&n("post_attention_norm.weight"), h, post)?,
+                ffn_post_norm: optional(&n("post_ffw_norm.weight"), h, post)?,
+                window: config.layer_window(i),
+                rope: config.layer_rope(i),
+                qk_norm_widths: (whole && config.qk_norm).then_some((q, kv)),
                 wq,
                 wk,
                 wv,
@@ -525,9 +578,9 @@ impl Transformer {
                 k_bias: sliced_vector(&n("attn_k.bias"), kv, &kv_rows, config.qkv_bias)?,
                 v_bias: sliced_vector(&n("attn_v.bias"), kv, &kv_rows, config.qkv_bias)?,
                 o_bias: if_present(&n("attn_output.bias"), h, 0..h)?,
-                q_norm: optional(&n("attn_q_norm.weight"), config.head_dim, config.qk_norm)?,
-                k_norm: optional(&n("attn_k_norm.weight"), config.head_dim, config.qk_norm)?,
-                ffn_norm: vector(&n("ffn_norm.weight"), h)?,
+                q_norm,
+                k_norm,
+                ffn_norm: optional(&n("ffn_norm.weight"), h, pre)?,
                 mlp,
             });
             progress(2 + i - layers.start, total);
@@ -617,7 +670,7 @@ impl Transformer {
                     .map(|m| m.size_bytes())
                     .sum::<usize>()
                     + l.mlp.size_bytes()
-                    + (l.attn_norm.len() + l.ffn_norm.len()) * 4
+                    + l.norm_bytes()
                     + [&l.q_bias, &l.k_bias, &l.v_bias, &l.o_bias]
                         .into_iter()
                         .map(|b| b.as_ref().map_or(0, Vec::len) * 4)
@@ -720,6 +773,19 @@ impl Transformer {
                 &mut ws.sin[t * pairs..(t + 1) * pairs],
             );
         }
+        if let Some(theta) = cfg.variant.local_rope_theta {
+            for t in 0..tokens {
+                ops::rope_angles(
+                    ws.positions[t],
+                    cfg.rotary_dims,
+                    theta,
+                    1.0,
+                    None,
+                    &mut ws.cos_local[t * pairs..(t + 1) * pairs],
+                    &mut ws.sin_local[t * pairs..(t + 1) * pairs],
+                );
+            }
+        }
         let attention_factor = cfg.rope_attention_factor();
         if attention_factor != 1.0 {
             for v in ws.cos[..tokens * pairs]
@@ -806,6 +872,9 @@ impl Transformer {
                     }
                     embed_row(embeddings, id as usize, row)?;
                 }
+                if let Some(scale) = cfg.variant.embedding_scale {
+                    x.iter_mut().for_each(|v| *v *= scale);
+                }
             }
             StageInput::Hidden(h) => {
                 if h.len() != tokens * hidden {
@@ -856,6 +925,7 @@ impl Transformer {
                 .or(self.embeddings.as_ref())
                 .ok_or(ForwardError::NotFirstStage)?;
             head.matmul(&mut ws.acts, wanted, normed, &mut ws.logits, pool)?;
+            cap_logits(&mut ws.logits[..wanted * vocab], cfg.variant.final_softcap);
             return Ok(ForwardOutput::Logits(&ws.logits[..wanted * vocab]));
         };
         // Each rank computes its rows of the vocabulary; all gather.
@@ -885,6 +955,7 @@ impl Transformer {
             at += count * wanted;
             column += count;
         }
+        cap_logits(&mut ws.logits[..wanted * vocab], cfg.variant.final_softcap);
         Ok(ForwardOutput::Logits(&ws.logits[..wanted * vocab]))
     }
 
@@ -905,9 +976,9 @@ impl Transformer {
         let n = tokens;
 
         // Attention block.
-        ops::rms_norm(
+        pre_norm(
             &ws.x[..n * h],
-            &layer.attn_norm,
+            layer.attn_norm.as_deref(),
             cfg.norm_eps,
             &mut ws.normed[..n * h],
         );
@@ -927,36 +998,47 @@ impl Transformer {
         add_bias(&mut ws.q[..n * qd], layer.q_bias.as_deref());
         add_bias(&mut ws.k[..n * kvd], layer.k_bias.as_deref());
         add_bias(&mut ws.v[..n * kvd], layer.v_bias.as_deref());
-        if let Some(norm) = &layer.q_norm {
-            ops::rms_norm_in_place(&mut ws.q[..n * qd], norm, cfg.norm_eps);
-        }
-        if let Some(norm) = &layer.k_norm {
-            ops::rms_norm_in_place(&mut ws.k[..n * kvd], norm, cfg.norm_eps);
-        }
+        self.qk_norms(layer, n, ws, group)?;
         let pairs = cfg.rotary_dims / 2;
-        for t in 0..n {
-            let (cos, sin) = (
-                &ws.cos[t * pairs..(t + 1) * pairs],
-                &ws.sin[t * pairs..(t + 1) * pairs],
-            );
-            ops::apply_rope(
-                &mut ws.q[t * qd..(t + 1) * qd],
-                hd,
-                cfg.rope_style,
-                cos,
-                sin,
-            );
-            ops::apply_rope(
-                &mut ws.k[t * kvd..(t + 1) * kvd],
-                hd,
-                cfg.rope_style,
-                cos,
-                sin,
-            );
+        let angles = match layer.rope {
+            LayerRope::Global => Some((&ws.cos, &ws.sin)),
+            LayerRope::Local => Some((&ws.cos_local, &ws.sin_local)),
+            LayerRope::None => None,
+        };
+        if let Some((cos, sin)) = angles {
+            for t in 0..n {
+                let (cos, sin) = (
+                    &cos[t * pairs..(t + 1) * pairs],
+                    &sin[t * pairs..(t + 1) * pairs],
+                );
+                ops::apply_rope(
+                    &mut ws.q[t * qd..(t + 1) * qd],
+                    hd,
+                    cfg.rope_style,
+                    cos,
+                    sin,
+                );
+                ops::apply_rope(
+                    &mut ws.k[t * kvd..(t + 1) * kvd],
+                    hd,
+                    cfg.rope_style,
+                    cos,
+                    sin,
+                );
+            }
         }
         store_kv(kv, index, spans, &ws.k[..n * kvd], &ws.v[..n * kvd]);
+        let scoring = Scoring {
+            window: layer.window,
+            scale: cfg
+                .variant
+                .attention_scale
+                .unwrap_or(1.0 / (hd as f32).sqrt()),
+            softcap: cfg.variant.attn_softcap,
+        };
         attention(
             cfg,
+            scoring,
             &ws.q[..n * qd],
             kv,
             index,
@@ -976,12 +1058,15 @@ impl Transformer {
             group.all_reduce_sum(&mut ws.proj[..n * h])?;
         }
         add_bias(&mut ws.proj[..n * h], layer.o_bias.as_deref());
+        if let Some(norm) = &layer.attn_post_norm {
+            ops::rms_norm_in_place(&mut ws.proj[..n * h], norm, cfg.norm_eps);
+        }
         ops::add_in_place(&mut ws.x[..n * h], &ws.proj[..n * h]);
 
         // MLP block.
-        ops::rms_norm(
+        pre_norm(
             &ws.x[..n * h],
-            &layer.ffn_norm,
+            layer.ffn_norm.as_deref(),
             cfg.norm_eps,
             &mut ws.normed[..n * h],
         );
@@ -995,7 +1080,17 @@ impl Transformer {
                 down_bias,
             } => {
                 let biases = [gate_bias.as_deref(), up_bias.as_deref()];
-                dense_mlp([w_gate, w_up, w_down], biases, cfg.ffn, n, h, ws, pool)?;
+                let activation = cfg.variant.activation;
+                dense_mlp(
+                    [w_gate, w_up, w_down],
+                    biases,
+                    activation,
+                    cfg.ffn,
+                    n,
+                    h,
+                    ws,
+                    pool,
+                )?;
                 down_bias.as_deref()
             }
             Mlp::Experts(experts) => {
@@ -1009,17 +1104,70 @@ impl Transformer {
             group.all_reduce_sum(&mut ws.proj[..n * h])?;
         }
         add_bias(&mut ws.proj[..n * h], down_bias);
+        if let Some(norm) = &layer.ffn_post_norm {
+            ops::rms_norm_in_place(&mut ws.proj[..n * h], norm, cfg.norm_eps);
+        }
         ops::add_in_place(&mut ws.x[..n * h], &ws.proj[..n * h]);
+        Ok(())
+    }
+
+    /// The q and k norms: head by head (Qwen3, Gemma 3), or across all
+    /// heads (OLMo 2), where a tensor-parallel rank adds its sums of
+    /// squares to the others' first.
+    fn qk_norms(
+        &self,
+        layer: &Layer,
+        n: usize,
+        ws: &mut Workspace,
+        group: &mut dyn Group,
+    ) -> Result<(), ForwardError> {
+        let cfg = &self.config;
+        let (qd, kvd) = (cfg.q_dim(), cfg.kv_dim());
+        let (Some(q_norm), Some(k_norm)) = (&layer.q_norm, &layer.k_norm) else {
+            return Ok(());
+        };
+        let Some((q_width, k_width)) = layer.qk_norm_widths else {
+            ops::rms_norm_in_place(&mut ws.q[..n * qd], q_norm, cfg.norm_eps);
+            ops::rms_norm_in_place(&mut ws.k[..n * kvd], k_norm, cfg.norm_eps);
+            return Ok(());
+        };
+        let (q_sums, k_sums) = ws.qk_sums[..2 * n].split_at_mut(n);
+        ops::sums_of_squares(&ws.q[..n * qd], qd, q_sums);
+        ops::sums_of_squares(&ws.k[..n * kvd], kvd, k_sums);
+        if self.tensor.is_some() {
+            group.all_reduce_sum(&mut ws.qk_sums[..2 * n])?;
+        }
+        let (q_sums, k_sums) = ws.qk_sums[..2 * n].split_at(n);
+        ops::rms_norm_by_sums(&mut ws.q[..n * qd], q_norm, q_sums, q_width, cfg.norm_eps);
+        ops::rms_norm_by_sums(&mut ws.k[..n * kvd], k_norm, k_sums, k_width, cfg.norm_eps);
         Ok(())
     }
 }
 
-/// The dense SwiGLU MLP over `ws.normed` (`n x h`) into `ws.proj`, before
-/// the down bias and the reduction.
+/// `out = norm(x)`, or `x` itself for a family without this norm.
+fn pre_norm(x: &[f32], norm: Option<&[f32]>, eps: f32, out: &mut [f32]) {
+    match norm {
+        Some(weight) => ops::rms_norm(x, weight, eps, out),
+        None => out.copy_from_slice(x),
+    }
+}
+
+/// How a layer scores positions: its window, the scale of q·k, and the
+/// soft cap on the scores.
+#[derive(Clone, Copy)]
+struct Scoring {
+    window: Option<usize>,
+    scale: f32,
+    softcap: Option<f32>,
+}
+
+/// The dense gated MLP (SwiGLU or GeGLU) over `ws.normed` (`n x h`) into
+/// `ws.proj`, before the down bias and the reduction.
 #[allow(clippy::too_many_arguments)]
 fn dense_mlp(
     [w_gate, w_up, w_down]: [&Matrix; 3],
     [gate_bias, up_bias]: [Option<&[f32]>; 2],
+    activation: Activation,
     f: usize,
     n: usize,
     h: usize,
@@ -1037,20 +1185,30 @@ fn dense_mlp(
     )?;
     add_bias(&mut ws.gate[..n * f], gate_bias);
     add_bias(&mut ws.up[..n * f], up_bias);
+    let gated = match activation {
+        Activation::Silu => ops::silu_mul,
+        Activation::GeluTanh => ops::gelu_tanh_mul,
+    };
     if n == 1 {
-        ops::silu_mul(&mut ws.gate[..f], &ws.up[..f]);
+        gated(&mut ws.gate[..f], &ws.up[..f]);
     } else {
         let gate = DisjointSlice::new(&mut ws.gate[..n * f]);
         let up = &ws.up[..n * f];
         pool.run(|index, count| {
             let range = split_range(n * f, index, count, 64);
             // SAFETY: threads take disjoint ranges.
-            ops::silu_mul(unsafe { gate.part(range.clone()) }, &up[range]);
+            gated(unsafe { gate.part(range.clone()) }, &up[range]);
         });
     }
     ws.acts.set(&ws.gate[..n * f], n, f);
     w_down.matmul(&mut ws.acts, n, &ws.gate, &mut ws.proj[..n * h], pool)?;
     Ok(())
+}
+
+fn cap_logits(logits: &mut [f32], cap: Option<f32>) {
+    if let Some(cap) = cap {
+        ops::softcap(logits, cap);
+    }
 }
 
 fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {
@@ -1106,6 +1264,7 @@ fn store_kv(kv: &mut KvPool, layer: usize, spans: &[SeqSpan<'_>], k: &[f32], v: 
 #[allow(clippy::too_many_arguments)]
 fn attention(
     cfg: &ModelConfig,
+    scoring: Scoring,
     q: &[f32],
     kv: &KvPool,
     layer: usize,
@@ -1119,7 +1278,7 @@ fn attention(
 ) {
     let (heads, hd, kvd) = (cfg.heads, cfg.head_dim, cfg.kv_dim());
     let group = cfg.heads / cfg.kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = scoring.scale;
     let (keys, values) = kv.layer(layer);
     let out_view = DisjointSlice::new(out);
     let scores_view = DisjointSlice::new(scores);
@@ -1134,7 +1293,7 @@ fn attention(
             let seen = positions[t] + 1;
             // A sliding window sees its last `window` positions; skipping the
             // rest adds the exact zeros a mask would, so the sums are alike.
-            let first = cfg.sliding_window.map_or(0, |w| seen.saturating_sub(w));
+            let first = scoring.window.map_or(0, |w| seen.saturating_sub(w));
             // The query is rounded to f16 as llama.cpp converts it for K.
             let (query, rest) = scores.split_at_mut(MAX_HEAD_DIM);
             let (lanes, scores) = rest.split_at_mut(8 * MAX_HEAD_DIM);
@@ -1146,6 +1305,9 @@ fn attention(
             for_each_position(table, first..seen, kvd, kv_head * hd, |p, at| {
                 scores[p] = ops::dot_f16(query, &keys[at..at + hd]) * scale;
             });
+            if let Some(cap) = scoring.softcap {
+                ops::softcap(&mut scores[first..], cap);
+            }
             ops::softmax(&mut scores[first..]);
             // Attention weights meet V in f16 too.
             for weight in scores[first..].iter_mut() {
@@ -1224,6 +1386,7 @@ mod tests {
             tied_embeddings: true,
             sliding_window: None,
             moe: None,
+            variant: Default::default(),
         }
     }
 

@@ -320,6 +320,11 @@ reference_cases! {
     llama_attention_and_mlp_biases, llama_attention_and_mlp_biases_gguf => "llama-bias";
     qwen3_moe, qwen3_moe_gguf => "qwen3-moe";
     mixtral, mixtral_gguf => "mixtral";
+    phi3_fused_projections, phi3_fused_projections_gguf => "phi3";
+    smollm3_nope_layers, smollm3_nope_layers_gguf => "smollm3";
+    olmo2_post_norms, olmo2_post_norms_gguf => "olmo2";
+    gemma2, gemma2_gguf => "gemma2";
+    gemma3, gemma3_gguf => "gemma3";
 }
 
 /// Mistral v0.1's sliding window (8 positions here, so every prompt

@@ -39,6 +39,7 @@ fn config() -> ModelConfig {
         tied_embeddings: false,
         sliding_window: None,
         moe: None,
+        variant: Default::default(),
     }
 }
 
