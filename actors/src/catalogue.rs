@@ -2,6 +2,7 @@
 //! compiled in), as the wire type placement uses.
 
 use serde::Deserialize;
+use tessera_engine::model::Architecture;
 use tessera_protos::v1::{self, AdminErrorKind, ModelCard, ModelSource};
 
 use crate::admin::AdminFailure;
@@ -281,16 +282,14 @@ pub fn card_from_config(
         .get("model_type")
         .and_then(|v| v.as_str())
         .unwrap_or_default();
-    let family = match model_type {
-        "llama" | "mistral" | "smollm" | "smollm2" => "llama",
-        "qwen2" => "qwen2",
-        "qwen3" => "qwen3",
-        other => {
-            return Err(CardError::Invalid(format!(
-                "{repo}: model type {other:?} is not one this engine runs (llama, mistral, qwen2, qwen3)"
-            )))
-        }
-    };
+    let family = Architecture::from_name(model_type)
+        .map(Architecture::name)
+        .ok_or_else(|| {
+            CardError::Invalid(format!(
+                "{repo}: model type {model_type:?} is not one this engine runs ({})",
+                Architecture::KNOWN
+            ))
+        })?;
     let heads = need("num_attention_heads")?;
     let kv_heads = number("num_key_value_heads").unwrap_or(heads);
     let dtype = text

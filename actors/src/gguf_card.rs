@@ -7,6 +7,7 @@
 //! or by quantization (default [`DEFAULT_QUANT`], else the closest in bits
 //! per weight).
 
+use tessera_engine::model::Architecture;
 use tessera_hub::gguf::{self, Header};
 use tessera_hub::{HubClient, HubError, RepoFile, RepoListing};
 use tessera_protos::v1::{self, ModelCard, ModelSource};
@@ -202,14 +203,14 @@ fn by_quant<'a>(
 
 /// The engine's family of a GGUF architecture.
 fn family_of(repo: &str, architecture: &str) -> Result<&'static str, GgufCardError> {
-    match architecture {
-        "llama" | "mistral" | "smollm" | "smollm2" => Ok("llama"),
-        "qwen2" => Ok("qwen2"),
-        "qwen3" => Ok("qwen3"),
-        other => Err(invalid(format!(
-            "{repo}: architecture {other:?} is not one this engine runs (llama, mistral, qwen2, qwen3)"
-        ))),
-    }
+    Architecture::from_name(architecture)
+        .map(Architecture::name)
+        .ok_or_else(|| {
+            invalid(format!(
+                "{repo}: architecture {architecture:?} is not one this engine runs ({})",
+                Architecture::KNOWN
+            ))
+        })
 }
 
 /// The shards' headers agree with one another and with their files.

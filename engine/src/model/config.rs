@@ -28,6 +28,10 @@ pub enum Architecture {
 }
 
 impl Architecture {
+    /// The names [`Architecture::from_name`] takes, for messages.
+    pub const KNOWN: &'static str = "llama, mistral, mixtral, smollm, smollm2, smollm3, qwen2, \
+         qwen3, qwen3moe (qwen3_moe), phi3, olmo2, gemma2, gemma3 (gemma3_text)";
+
     /// From GGUF's `general.architecture` or config.json's `model_type`.
     pub fn from_name(name: &str) -> Option<Self> {
         match name {
