@@ -112,8 +112,48 @@ PROMPTS_CHAT = [
 ]
 
 
+def train_sentencepiece(out: Path) -> PreTrainedTokenizerFast:
+    """Gemma's kind of tokenizer: a SentencePiece BPE of VOCAB pieces with
+    byte fallback and no space put first, saved as tokenizer.model (which
+    llama.cpp's converter reads) and as transformers' GemmaTokenizer."""
+    import sentencepiece
+
+    text = out / "training.txt"
+    text.write_text(TRAINING_TEXT * 4)
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(text), model_prefix=str(out / "tokenizer"), vocab_size=VOCAB,
+        model_type="bpe", byte_fallback=True, character_coverage=1.0,
+        # Control pieces: transformers makes them special added tokens and
+        # llama.cpp's converter control tokens, as Gemma's turn markers are.
+        control_symbols=["<|im_start|>", "<|im_end|>"],
+        pad_id=0, eos_id=1, bos_id=2, unk_id=3,
+        pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>", unk_piece="<unk>",
+        add_dummy_prefix=False, split_digits=True, remove_extra_whitespaces=False,
+        normalization_rule_name="identity", num_threads=1, minloglevel=2,
+    )
+    text.unlink()
+    (out / "tokenizer.vocab").unlink()
+    tokenizer = transformers.GemmaTokenizer.from_pretrained(
+        out, eos_token="<|im_end|>", bos_token="<bos>", pad_token="<pad>",
+        add_bos_token=True, chat_template=CHATML_BOS,
+    )
+    tokenizer.save_pretrained(out)
+    return AutoTokenizer.from_pretrained(out)
+
+
+# Each flavour's BOS (None: none) and padding token.
+SPECIAL_OF = {
+    "llama": ("<|begin_of_text|>", "<|endoftext|>"),
+    "qwen": (None, "<|endoftext|>"),
+    "sentencepiece": ("<bos>", "<pad>"),
+}
+
+
 def train_tokenizer(flavour: str, out: Path) -> PreTrainedTokenizerFast:
-    """A byte-level BPE of VOCAB tokens with the family's pre-tokenizer."""
+    """A byte-level BPE of VOCAB tokens with the family's pre-tokenizer, or
+    (flavour "sentencepiece") a SentencePiece one."""
+    if flavour == "sentencepiece":
+        return train_sentencepiece(out)
     regex = RX_LLAMA3 if flavour == "llama" else RX_QWEN2
     tok = tokenizers.Tokenizer(models.BPE(ignore_merges=flavour == "llama"))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -327,14 +367,14 @@ def cases() -> dict:
             False, True),
         # Scaled embeddings, (1 + w) norms before and after each block, GeGLU,
         # both soft caps (low enough to bite), every other layer sliding.
-        "gemma2": (Gemma2Config, "llama", dict(
+        "gemma2": (Gemma2Config, "sentencepiece", dict(
             **small | {"num_hidden_layers": 4}, head_dim=32, query_pre_attn_scalar=32,
             hidden_activation="gelu_pytorch_tanh", sliding_window=8,
             attn_logit_softcapping=5.0, final_logit_softcapping=10.0,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}), True, True),
         # Five sliding layers to one global, q/k norms, local RoPE base 10000
         # and a linearly scaled global one.
-        "gemma3": (Gemma3TextConfig, "llama", dict(
+        "gemma3": (Gemma3TextConfig, "sentencepiece", dict(
             **small | {"num_hidden_layers": 6}, head_dim=32, query_pre_attn_scalar=32,
             hidden_activation="gelu_pytorch_tanh", sliding_window=8,
             rope_parameters={
@@ -358,10 +398,10 @@ def convert_gguf(case_dir: Path, llama_cpp: Path, pre: str) -> None:
     """llama.cpp's convert_hf_to_gguf.py, f16. It names the pre-tokenizer by
     hashing the tokens of a fixed text, which only a published vocabulary
     matches; ours is trained here, so the name it would recognise for this
-    pre-tokenizer (llama-bpe, qwen2) is given instead. Gemma 2's and Phi-3's
-    converters read only a sentencepiece tokenizer.model; ours is byte-level
-    BPE, so they read it as the others do (the GPT-2 way). Nothing else is
-    changed."""
+    pre-tokenizer (llama-bpe, qwen2) is given instead. Phi-3's converter
+    reads only a sentencepiece tokenizer.model (as Gemma 2's does); where a
+    case's tokenizer is byte-level BPE, they read it as the others do (the
+    GPT-2 way). Nothing else is changed."""
     wrapper = (
         "import runpy, sys\n"
         f"sys.path.insert(0, {str(llama_cpp)!r})\n"
@@ -369,8 +409,9 @@ def convert_gguf(case_dir: Path, llama_cpp: Path, pre: str) -> None:
         "import conversion.base as base\n"
         "import conversion.gemma as gemma, conversion.phi as phi\n"
         f"base.TextModel.get_vocab_base_pre = lambda self, tokenizer: {pre!r}\n"
-        "gemma.Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2()\n"
         "phi.Phi3MiniModel.set_vocab = lambda self: self._set_vocab_gpt2()\n"
+        f"if not {(case_dir / 'tokenizer.model').is_file()!r}:\n"
+        "    gemma.Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2()\n"
         f"sys.argv = ['convert_hf_to_gguf.py', {str(case_dir)!r}, '--outtype', 'f16',"
         f" '--outfile', {str(case_dir / 'model.gguf')!r}]\n"
         f"runpy.run_path({str(llama_cpp / 'convert_hf_to_gguf.py')!r}, run_name='__main__')\n"
@@ -394,11 +435,12 @@ def make_case(out: Path, name: str, spec, llama_cpp: Path | None, seed: int) -> 
         shutil.rmtree(case_dir)
     case_dir.mkdir(parents=True)
     tokenizer = train_tokenizer(flavour, case_dir)
-    bos = tokenizer.convert_tokens_to_ids("<|begin_of_text|>") if flavour == "llama" else None
+    bos_token, pad_token = SPECIAL_OF[flavour]
+    bos = tokenizer.convert_tokens_to_ids(bos_token) if bos_token else None
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     config = config_class(
         vocab_size=VOCAB, tie_word_embeddings=tied, bos_token_id=bos, eos_token_id=eos,
-        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"), **kwargs,
+        pad_token_id=tokenizer.convert_tokens_to_ids(pad_token), **kwargs,
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -414,7 +456,7 @@ def make_case(out: Path, name: str, spec, llama_cpp: Path | None, seed: int) -> 
     ref["case"] = name
     (case_dir / "reference.json").write_text(json.dumps(ref, indent=1) + "\n")
     if gguf and llama_cpp is not None:
-        convert_gguf(case_dir, llama_cpp, "llama-bpe" if flavour == "llama" else "qwen2")
+        convert_gguf(case_dir, llama_cpp, "qwen2" if flavour == "qwen" else "llama-bpe")
     print(f"{name}: {sum(p.numel() for p in model.parameters())} parameters", file=sys.stderr)
 
 

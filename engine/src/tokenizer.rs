@@ -7,8 +7,12 @@
 //!   `tokenizer.ggml.pre` from the same regex lists llama.cpp uses
 //!   ([`PRE_TOKENIZER_NAMES`]); each regex splits the pieces left by the
 //!   previous one, matches and gaps both kept, then bytes are mapped to the
-//!   GPT-2 byte alphabet. Other GGUF vocabularies (`llama` SentencePiece,
-//!   `bert`, `t5`, `rwkv`) are reported as [`TokenizerError::UnsupportedModel`].
+//!   GPT-2 byte alphabet.
+//! - GGUF `tokenizer.ggml.model = "llama"`: SentencePiece BPE (Llama 2,
+//!   Mistral v0.1, Gemma, Phi-3), as transformers converts it: merges from
+//!   the scores, byte fallback, '▁' for spaces ([`sentencepiece_model`]).
+//!   Other GGUF vocabularies (`bert`, `t5`, `rwkv`) are reported as
+//!   [`TokenizerError::UnsupportedModel`].
 //! - A Hugging Face folder: `tokenizer.json` (any model the `tokenizers`
 //!   crate reads), with `tokenizer_config.json`, `chat_template.jinja` and
 //!   `generation_config.json` when present.
@@ -596,30 +600,149 @@ fn decoder_is_byte_level(decoder: Option<&serde_json::Value>) -> bool {
     }
 }
 
+/// A byte-level BPE from `tokenizer.ggml.merges`, with the pre-tokenizer
+/// `tokenizer.ggml.pre` names; and whether llama.cpp adds BOS by default.
+fn byte_level_model(
+    metadata: &Metadata,
+    tokens: &[&str],
+) -> Result<(tokenizers::Tokenizer, bool), TokenizerError> {
+    const PRE: &str = "tokenizer.ggml.pre";
+    let pre_name = gguf_str(metadata, PRE)?.unwrap_or("default");
+    let spec = pre_tokenizer_spec(pre_name)
+        .ok_or_else(|| TokenizerError::UnknownPreTokenizer(pre_name.to_string()))?;
+    const MERGES: &str = "tokenizer.ggml.merges";
+    let merge_strs = gguf_str_array(metadata, MERGES)?
+        .ok_or_else(|| TokenizerError::MissingKey(MERGES.to_string()))?;
+    let mut merges: Merges = Vec::with_capacity(merge_strs.len());
+    for (i, m) in merge_strs.iter().enumerate() {
+        // Like llama.cpp: the separator is the first space after the first character.
+        let split_at = m
+            .char_indices()
+            .skip(1)
+            .find(|(_, c)| *c == ' ')
+            .map(|(p, _)| p)
+            .ok_or_else(|| malformed(MERGES, format!("entry {i} `{m}` has no space")))?;
+        merges.push((m[..split_at].to_string(), m[split_at + 1..].to_string()));
+    }
+    let bpe = BpeBuilder::new()
+        .vocab_and_merges(first_ids(tokens), merges)
+        .ignore_merges(spec.ignore_merges)
+        .build()
+        .map_err(build_err)?;
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    inner.with_pre_tokenizer(Some(bpe_pre_tokenizer(spec.regexes)?));
+    inner.with_decoder(Some(ByteLevel::default()));
+    Ok((inner, spec.add_bos))
+}
+
+/// Each token text's id; with duplicate texts the first id wins.
+fn first_ids(tokens: &[&str]) -> Vocab {
+    let mut vocab = Vocab::default();
+    for (id, t) in tokens.iter().enumerate() {
+        vocab.entry((*t).to_string()).or_insert(id as u32);
+    }
+    vocab
+}
+
+/// A SentencePiece BPE vocabulary (`tokenizer.ggml.model = "llama"`: Llama
+/// 2, Mistral v0.1, Gemma, Phi-3) as the `tokenizers` crate's BPE, the way
+/// transformers converts one: spaces become '▁' (and one is put first when
+/// `tokenizer.ggml.add_space_prefix`, llama.cpp's default), merges are every
+/// split of a token into two tokens, ranked by the merged token's score
+/// (SentencePiece merges the best-scoring adjacent pair first), and
+/// characters outside the vocabulary fall back to byte tokens `<0xXX>`.
+fn sentencepiece_model(
+    metadata: &Metadata,
+    tokens: &[&str],
+) -> Result<tokenizers::Tokenizer, TokenizerError> {
+    const SCORES: &str = "tokenizer.ggml.scores";
+    let scores = gguf_array(metadata, SCORES)?
+        .ok_or_else(|| TokenizerError::MissingKey(SCORES.to_string()))?;
+    if scores.len() != tokens.len() {
+        return Err(malformed(
+            SCORES,
+            format!("{} scores for {} tokens", scores.len(), tokens.len()),
+        ));
+    }
+    let scores: Vec<f32> = scores
+        .iter()
+        .enumerate()
+        .map(|(i, v)| match v {
+            GgufValue::F32(f) => Ok(*f),
+            GgufValue::F64(f) => Ok(*f as f32),
+            _ => Err(malformed(SCORES, format!("element {i} is not a float"))),
+        })
+        .collect::<Result<_, _>>()?;
+    let vocab = first_ids(tokens);
+    let bpe = BpeBuilder::new()
+        .vocab_and_merges(vocab.clone(), sentencepiece_merges(tokens, &scores, &vocab))
+        .byte_fallback(true)
+        .build()
+        .map_err(build_err)?;
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    let space =
+        tokenizers::normalizers::replace::Replace::new(" ", "\u{2581}").map_err(build_err)?;
+    let add_space_prefix = gguf_bool(metadata, "tokenizer.ggml.add_space_prefix")?.unwrap_or(true);
+    if add_space_prefix {
+        let prefix = tokenizers::normalizers::prepend::Prepend::new("\u{2581}".to_string());
+        inner
+            .with_normalizer(Some(tokenizers::normalizers::Sequence::new(vec![
+                prefix.into(),
+                space.into(),
+            ])))
+            .map_err(build_err)?;
+    } else {
+        inner.with_normalizer(Some(space)).map_err(build_err)?;
+    }
+    Ok(inner)
+}
+
+/// transformers' merges for a SentencePiece vocabulary: for each token, in
+/// order of its score (best first, ties in id order), each split into two
+/// tokens, the splits ordered by their parts' ids.
+fn sentencepiece_merges(tokens: &[&str], scores: &[f32], vocab: &Vocab) -> Merges {
+    let mut by_score: Vec<usize> = (0..tokens.len()).collect();
+    by_score.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
+    let mut merges = Merges::new();
+    for id in by_score {
+        let text = tokens[id];
+        let mut splits: Vec<(u32, u32, usize)> = text
+            .char_indices()
+            .skip(1)
+            .filter_map(|(at, _)| {
+                let (left, right) = text.split_at(at);
+                Some((*vocab.get(left)?, *vocab.get(right)?, at))
+            })
+            .collect();
+        splits.sort_unstable();
+        merges.extend(splits.into_iter().map(|(_, _, at)| {
+            let (left, right) = text.split_at(at);
+            (left.to_string(), right.to_string())
+        }));
+    }
+    merges
+}
+
 impl Tokenizer {
     /// Builds the tokenizer from GGUF metadata (the map from
     /// `candle_core::quantized::gguf_file::Content::metadata`).
     ///
     /// Reads `tokenizer.ggml.{model, pre, tokens, token_type, merges,
-    /// bos_token_id, eos_token_id, eot_token_id, eom_token_id,
-    /// add_bos_token}` and `tokenizer.chat_template`. Only byte-level BPE
-    /// (`model = "gpt2"`) is supported.
+    /// scores, add_space_prefix, bos_token_id, eos_token_id, eot_token_id,
+    /// eom_token_id, add_bos_token}` and `tokenizer.chat_template`.
+    /// Byte-level BPE (`model = "gpt2"`) and SentencePiece BPE (`"llama"`)
+    /// are supported.
     pub fn from_gguf(metadata: &HashMap<String, GgufValue>) -> Result<Self, TokenizerError> {
         const MODEL: &str = "tokenizer.ggml.model";
         let model = gguf_str(metadata, MODEL)?
             .ok_or_else(|| TokenizerError::MissingKey(MODEL.to_string()))?;
-        match model {
-            "gpt2" => {}
-            "llama" => {
-                return Err(TokenizerError::UnsupportedModel {
-                    model: model.to_string(),
-                    reason: "SentencePiece (SPM) vocabularies are not supported; only byte-level BPE (`gpt2`) GGUF vocabularies are".to_string(),
-                })
-            }
+        let sentencepiece = match model {
+            "gpt2" => false,
+            "llama" => true,
             "bert" | "t5" | "rwkv" => {
                 return Err(TokenizerError::UnsupportedModel {
                     model: model.to_string(),
-                    reason: "only byte-level BPE (`gpt2`) GGUF vocabularies are supported"
+                    reason: "only byte-level BPE (`gpt2`) and SentencePiece BPE (`llama`) GGUF vocabularies are supported"
                         .to_string(),
                 })
             }
@@ -632,15 +755,10 @@ impl Tokenizer {
             other => {
                 return Err(TokenizerError::UnsupportedModel {
                     model: other.to_string(),
-                    reason: "unknown GGUF tokenizer model; only byte-level BPE (`gpt2`) is supported".to_string(),
+                    reason: "unknown GGUF tokenizer model; only byte-level BPE (`gpt2`) and SentencePiece BPE (`llama`) are supported".to_string(),
                 })
             }
-        }
-
-        const PRE: &str = "tokenizer.ggml.pre";
-        let pre_name = gguf_str(metadata, PRE)?.unwrap_or("default");
-        let spec = pre_tokenizer_spec(pre_name)
-            .ok_or_else(|| TokenizerError::UnknownPreTokenizer(pre_name.to_string()))?;
+        };
 
         const TOKENS: &str = "tokenizer.ggml.tokens";
         let tokens = gguf_str_array(metadata, TOKENS)?
@@ -680,41 +798,19 @@ impl Tokenizer {
             }
         };
 
-        const MERGES: &str = "tokenizer.ggml.merges";
-        let merge_strs = gguf_str_array(metadata, MERGES)?
-            .ok_or_else(|| TokenizerError::MissingKey(MERGES.to_string()))?;
-        let mut merges: Merges = Vec::with_capacity(merge_strs.len());
-        for (i, m) in merge_strs.iter().enumerate() {
-            // Like llama.cpp: the separator is the first space after the first character.
-            let split_at = m
-                .char_indices()
-                .skip(1)
-                .find(|(_, c)| *c == ' ')
-                .map(|(p, _)| p)
-                .ok_or_else(|| malformed(MERGES, format!("entry {i} `{m}` has no space")))?;
-            merges.push((m[..split_at].to_string(), m[split_at + 1..].to_string()));
-        }
-
         let bos = gguf_token_id(metadata, "tokenizer.ggml.bos_token_id", n_vocab)?;
         let eos = gguf_token_id(metadata, "tokenizer.ggml.eos_token_id", n_vocab)?;
         let eot = gguf_token_id(metadata, "tokenizer.ggml.eot_token_id", n_vocab)?;
         let eom = gguf_token_id(metadata, "tokenizer.ggml.eom_token_id", n_vocab)?;
-        let add_bos = gguf_bool(metadata, "tokenizer.ggml.add_bos_token")?.unwrap_or(spec.add_bos);
         let chat_template = gguf_str(metadata, "tokenizer.chat_template")?.map(str::to_string);
-
-        // The BPE model; with duplicate texts the first id wins.
-        let mut vocab = Vocab::default();
-        for (id, t) in tokens.iter().enumerate() {
-            vocab.entry((*t).to_string()).or_insert(id as u32);
-        }
-        let bpe = BpeBuilder::new()
-            .vocab_and_merges(vocab, merges)
-            .ignore_merges(spec.ignore_merges)
-            .build()
-            .map_err(build_err)?;
-        let mut inner = tokenizers::Tokenizer::new(bpe);
-        inner.with_pre_tokenizer(Some(bpe_pre_tokenizer(spec.regexes)?));
-        inner.with_decoder(Some(ByteLevel::default()));
+        let (mut inner, default_add_bos) = if sentencepiece {
+            // llama.cpp adds BOS to SentencePiece vocabularies by default.
+            (sentencepiece_model(metadata, &tokens)?, true)
+        } else {
+            byte_level_model(metadata, &tokens)?
+        };
+        let add_bos =
+            gguf_bool(metadata, "tokenizer.ggml.add_bos_token")?.unwrap_or(default_add_bos);
         let added: Vec<AddedToken> = tokens
             .iter()
             .zip(&kinds)
@@ -740,6 +836,8 @@ impl Tokenizer {
                 TokenKind::Control | TokenKind::Unused => Vec::new(),
                 TokenKind::UserDefined => t.as_bytes().to_vec(),
                 TokenKind::Byte => byte_token(t).map_or_else(|| t.as_bytes().to_vec(), |b| vec![b]),
+                // SentencePiece: '▁' stands for a space.
+                TokenKind::Normal if sentencepiece => t.replace('\u{2581}', " ").into_bytes(),
                 TokenKind::Normal => {
                     let mut out = Vec::with_capacity(t.len());
                     byte_level_decode(t, &map, &mut out);
@@ -763,7 +861,7 @@ impl Tokenizer {
 
         Self::assemble(
             inner,
-            true,
+            !sentencepiece,
             kinds,
             texts,
             bytes,
@@ -1434,15 +1532,19 @@ mod tests {
         let mut md = metadata().clone();
         md.insert(
             "tokenizer.ggml.model".into(),
-            GgufValue::String("llama".into()),
+            GgufValue::String("bert".into()),
         );
         let err = Tokenizer::from_gguf(&md).unwrap_err();
         assert!(matches!(err, TokenizerError::UnsupportedModel { .. }));
         let msg = err.to_string();
-        assert!(
-            msg.contains("llama") && msg.contains("SentencePiece"),
-            "{msg}"
+        assert!(msg.contains("bert") && msg.contains("gpt2"), "{msg}");
+        // A SentencePiece vocabulary needs its scores.
+        md.insert(
+            "tokenizer.ggml.model".into(),
+            GgufValue::String("llama".into()),
         );
+        let err = Tokenizer::from_gguf(&md).unwrap_err();
+        assert!(err.to_string().contains("tokenizer.ggml.scores"), "{err}");
 
         let mut md = metadata().clone();
         md.insert(
