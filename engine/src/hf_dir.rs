@@ -624,10 +624,20 @@ fn read_config(dir: &Path) -> Result<HfConfig, HfDirError> {
         return Err(HfDirError::MissingConfig { path });
     }
     let text = read_to_string(&path)?;
-    serde_json::from_str(&text).map_err(|e| HfDirError::BadConfig {
-        path,
-        message: e.to_string(),
-    })
+    let bad = |message: String| HfDirError::BadConfig {
+        path: path.clone(),
+        message,
+    };
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    if value.get("text_config").is_some() && value.get("hidden_size").is_none() {
+        // Gemma 3, Qwen2.5-VL and other image-text checkpoints nest the
+        // language model and name its tensors under another prefix.
+        return Err(bad(format!(
+            "a multimodal checkpoint (model_type {}, the language model in text_config) is not supported; use its text-only or GGUF version",
+            value.get("model_type").unwrap_or(&serde_json::Value::Null)
+        )));
+    }
+    serde_json::from_value(value).map_err(|e| bad(e.to_string()))
 }
 
 /// Refuses index entries that would escape the model folder (`../x`,
@@ -884,6 +894,23 @@ mod tests {
         assert_eq!(
             m.tensor_names().collect::<Vec<_>>(),
             vec!["a16", "a32", "abf", "bias", "ints"]
+        );
+    }
+
+    /// An image-text checkpoint is refused by name, not as a missing field.
+    #[test]
+    fn a_multimodal_config_is_refused_by_name() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = serde_json::json!({
+            "model_type": "gemma3",
+            "text_config": {"model_type": "gemma3_text", "hidden_size": 3840},
+            "vision_config": {"model_type": "siglip_vision_model"}
+        });
+        std::fs::write(tmp.path().join(CONFIG_FILE), config.to_string()).unwrap();
+        let message = read_config(tmp.path()).unwrap_err().to_string();
+        assert!(
+            message.contains("multimodal") && message.contains("gemma3"),
+            "{message}"
         );
     }
 
