@@ -491,6 +491,79 @@ def make_bench_moe(out: Path, llama_cpp: Path) -> None:
     print(f"wrote {out / 'model.gguf'}", file=sys.stderr)
 
 
+SENTENCEPIECE_TEXTS = [
+    "The quick brown fox",
+    "  two leading spaces",
+    "Café? 🚀 42 more, please!",
+    "a\n\nb  c",
+    "def add(a, b):\n    return a + b",
+    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+]
+
+
+def make_sentencepiece_llama(out: Path, llama_cpp: Path, server: Path) -> None:
+    """A Llama 2 style SentencePiece vocabulary (a space put first, byte
+    fallback, control tokens) in a one-layer random Llama, converted to GGUF,
+    and what llama.cpp's own tokenizer (llama-server's /tokenize) makes of
+    SENTENCEPIECE_TEXTS, with and without special tokens parsed: the
+    reference for the engine's SentencePiece GGUF tokenizer where a space is
+    put first (the Gemma cases cover the other kind against transformers)."""
+    import sentencepiece
+    import time
+    import urllib.request
+
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    work = out / "hf"
+    work.mkdir()
+    (work / "training.txt").write_text(TRAINING_TEXT * 4)
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(work / "training.txt"), model_prefix=str(work / "tokenizer"), vocab_size=VOCAB,
+        model_type="bpe", byte_fallback=True, character_coverage=1.0,
+        control_symbols=["<|im_start|>", "<|im_end|>"], pad_id=0, eos_id=2, bos_id=1, unk_id=3,
+        pad_piece="<pad>", eos_piece="</s>", bos_piece="<s>", unk_piece="<unk>",
+        add_dummy_prefix=True, split_digits=True, remove_extra_whitespaces=False,
+        normalization_rule_name="identity", num_threads=1, minloglevel=2,
+    )
+    tokenizer = transformers.LlamaTokenizer.from_pretrained(
+        work, bos_token="<s>", eos_token="</s>", add_bos_token=True, legacy=True)
+    tokenizer.save_pretrained(work)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                         bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(11)
+    AutoModelForCausalLM.from_config(config).to(torch.bfloat16).save_pretrained(work)
+    convert_gguf(work, llama_cpp, "llama-bpe")
+    (work / "model.gguf").rename(out / "model.gguf")
+    shutil.rmtree(work)
+    port = 18777
+    proc = subprocess.Popen([str(server), "-m", str(out / "model.gguf"), "--port", str(port),
+                             "-c", "256"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        cases = []
+        for text in SENTENCEPIECE_TEXTS:
+            for special in (False, True):
+                body = json.dumps({"content": text, "add_special": True,
+                                   "parse_special": special}).encode()
+                for _ in range(100):
+                    try:
+                        request = urllib.request.Request(
+                            f"http://127.0.0.1:{port}/tokenize", data=body,
+                            headers={"Content-Type": "application/json"})
+                        ids = json.load(urllib.request.urlopen(request))["tokens"]
+                        break
+                    except OSError:
+                        time.sleep(0.2)
+                else:
+                    raise RuntimeError("llama-server did not answer")
+                cases.append({"text": text, "parse_special": special, "ids": ids})
+    finally:
+        proc.terminate()
+    (out / "llama_cpp_tokens.json").write_text(json.dumps(cases, indent=1) + "\n")
+    print(f"wrote {out}", file=sys.stderr)
+
+
 def f16_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
     """Eager causal attention with the engine's (and llama.cpp's) roundings:
     queries, keys and values in f16, attention weights rounded to f16."""
@@ -545,12 +618,18 @@ def main() -> None:
     parser.add_argument("--bench-moe", action="store_true",
                         help="write only a larger random Qwen3-MoE (about 600M parameters) "
                              "into OUT, for the MoE speed figure")
+    parser.add_argument("--sentencepiece-llama", type=Path, default=None, metavar="LLAMA_SERVER",
+                        help="write only the SentencePiece tokenizer fixture into OUT, with "
+                             "the ids this llama-server's /tokenize gives")
     parser.add_argument("--explain-f16", action="store_true",
                         help="write nothing; print how much f16 attention alone moves each "
                              "case's first-step logprobs")
     args = parser.parse_args()
     if args.explain_f16:
         explain_f16(args.out)
+        return
+    if args.sentencepiece_llama:
+        make_sentencepiece_llama(args.out, args.llama_cpp, args.sentencepiece_llama)
         return
     if args.bench_moe:
         make_bench_moe(args.out, args.llama_cpp)

@@ -277,7 +277,8 @@ pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     /// Same model, control tokens treated as plain text.
     inner_plain: tokenizers::Tokenizer,
-    /// Decode by concatenating `token_bytes` (byte-level vocabularies).
+    /// Decode by concatenating `token_bytes` (every GGUF vocabulary, and
+    /// byte-level `tokenizer.json` ones); otherwise by `inner`'s decoder.
     byte_level: bool,
     kinds: Vec<TokenKind>,
     /// Token text as stored in the vocabulary (byte-level alphabet for normal tokens).
@@ -861,7 +862,8 @@ impl Tokenizer {
 
         Self::assemble(
             inner,
-            !sentencepiece,
+            // Every token's bytes are known: decode by concatenating them.
+            true,
             kinds,
             texts,
             bytes,

@@ -9,5 +9,6 @@ mod golden;
 mod hf_reference;
 mod kquants;
 mod safetensors;
+mod sentencepiece;
 mod speculative;
 mod tensor_parallel;
