@@ -381,6 +381,16 @@ def cases() -> dict:
                 "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}),
             True, True),
+        # LongRoPE stretched 128 times beyond an original context of 4, so
+        # that every prompt is past it and transformers (which picks the
+        # factors by the sequence's length) uses the long ones throughout,
+        # as the engine does for a context beyond the original.
+        "phi3-longrope": (Phi3Config, "llama", dict(
+            **small, rope_parameters={
+                "rope_type": "longrope", "rope_theta": 10000.0,
+                "long_factor": [1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0],
+                "short_factor": [1.0, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6]},
+            original_max_position_embeddings=4, sliding_window=None), False, True),
     }
 
 

@@ -204,13 +204,8 @@ impl GgufFile {
     /// file has none).
     fn apply_family(&self, arch: &str, config: &mut ModelConfig) -> Result<(), LoadError> {
         let key = |suffix: &str| format!("{arch}.{suffix}");
-        if self.contains("blk.0.rope_factors_long.weight")
-            || self.contains("rope_factors_long.weight")
-        {
-            return Err(self.meta_error(
-                &key("rope.scaling"),
-                "is LongRoPE (rope_factors_long / rope_factors_short), which is not supported",
-            ));
+        if self.contains("rope_factors_long.weight") {
+            config.rope_scaling = self.longrope(arch, config.context_length)?;
         }
         if let Some(pattern) = self.sliding_pattern(arch, config.layers)? {
             config.variant.sliding_layers = Some(pattern);
@@ -257,6 +252,28 @@ impl GgufFile {
             _ => {}
         }
         Ok(())
+    }
+
+    /// LongRoPE from the `rope_factors_long` / `rope_factors_short` tensors,
+    /// `rope.scaling.original_context_length` and `rope.scaling.attn_factor`
+    /// (llama.cpp's converter writes the attention factor; without it, the
+    /// default for the two contexts).
+    fn longrope(&self, arch: &str, context: usize) -> Result<RopeScaling, LoadError> {
+        let key = |suffix: &str| format!("{arch}.rope.scaling.{suffix}");
+        let original = self.require_usize(&key("original_context_length"))?;
+        let attention_factor = match self.get_f32(&key("attn_factor"))? {
+            Some(factor) => factor,
+            None => RopeScaling::longrope_default_attention_factor(
+                context as f32 / original.max(1) as f32,
+                original,
+            ),
+        };
+        Ok(RopeScaling::LongRope {
+            long: self.vector("rope_factors_long.weight")?,
+            short: self.vector("rope_factors_short.weight")?,
+            original_context: original,
+            attention_factor,
+        })
     }
 
     /// `{arch}.attention.sliding_window_pattern`: a flag per layer, or one

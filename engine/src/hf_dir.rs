@@ -81,6 +81,10 @@ pub struct HfConfig {
     pub use_sliding_window: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_position_embeddings: Option<usize>,
+    /// The context a model was trained at before it was stretched (Phi-3's
+    /// LongRoPE).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_max_position_embeddings: Option<usize>,
     pub vocab_size: usize,
     /// Absent means `false` for Llama (the `transformers` default).
     #[serde(default, skip_serializing_if = "Option::is_none")]

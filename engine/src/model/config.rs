@@ -91,9 +91,30 @@ pub enum RopeScaling {
         beta_slow: f32,
         attention_factor: f32,
     },
+    /// LongRoPE (Phi-3.5, Phi-4-mini): per-pair divisors, `long` when the
+    /// context served is beyond `original_context` and `short` otherwise
+    /// (llama.cpp's choice: chosen once for the context, so that every key
+    /// in the cache was rotated alike); cos and sin scaled by
+    /// `attention_factor`.
+    LongRope {
+        long: Vec<f32>,
+        short: Vec<f32>,
+        original_context: usize,
+        attention_factor: f32,
+    },
 }
 
 impl RopeScaling {
+    /// LongRoPE's attention factor when the file gives none, for a context
+    /// stretched `factor` times: sqrt(1 + ln(factor) / ln(original)).
+    pub fn longrope_default_attention_factor(factor: f32, original_context: usize) -> f32 {
+        if factor <= 1.0 || original_context < 2 {
+            1.0
+        } else {
+            (1.0 + factor.ln() / (original_context as f32).ln()).sqrt()
+        }
+    }
+
     /// YaRN's attention factor when the file gives none: 0.1 ln(factor) + 1.
     pub fn yarn_default_attention_factor(factor: f32) -> f32 {
         if factor <= 1.0 {
@@ -265,6 +286,22 @@ impl ModelConfig {
                 self.variant
             ));
         }
+        if let RopeScaling::LongRope { long, short, .. } = &self.rope_scaling {
+            let pairs = self.rotary_dims / 2;
+            if long.len() != pairs
+                || short.len() != pairs
+                || long
+                    .iter()
+                    .chain(short)
+                    .any(|f| !(f.is_finite() && *f > 0.0))
+            {
+                return fail(format!(
+                    "LongRoPE needs {pairs} positive long and short factors, found {} and {}",
+                    long.len(),
+                    short.len()
+                ));
+            }
+        }
         if let Some(moe) = &self.moe {
             if moe.experts == 0
                 || moe.experts_per_token == 0
@@ -329,6 +366,20 @@ impl ModelConfig {
         } = self.rope_scaling
         {
             return Some(self.yarn_divisors(factor, original_context, beta_fast, beta_slow));
+        }
+        if let RopeScaling::LongRope {
+            long,
+            short,
+            original_context,
+            ..
+        } = &self.rope_scaling
+        {
+            let stretched = self.context_length > *original_context;
+            return Some(if stretched {
+                long.clone()
+            } else {
+                short.clone()
+            });
         }
         let RopeScaling::Llama3 {
             factor,
@@ -395,6 +446,9 @@ impl ModelConfig {
     pub fn rope_attention_factor(&self) -> f32 {
         match self.rope_scaling {
             RopeScaling::Yarn {
+                attention_factor, ..
+            }
+            | RopeScaling::LongRope {
                 attention_factor, ..
             } => attention_factor,
             _ => 1.0,

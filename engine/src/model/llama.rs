@@ -80,7 +80,8 @@ pub(crate) fn base_config(
         rope_theta: rope.theta.unwrap_or(10_000.0) as f32,
         // Hugging Face checkpoints rotate halves (`rotate_half`).
         rope_style: RopeStyle::Halves,
-        rope_scaling: rope_scaling(rope.scaling, hf.max_position_embeddings)?,
+        rope_scaling: rope_scaling(rope.scaling, hf.max_position_embeddings)
+            .and_then(|scaling| with_original_context(scaling, hf))?,
         rotary_dims: head_dim,
         qkv_bias: hf.attention_bias.unwrap_or(false),
         qk_norm: false,
@@ -96,6 +97,40 @@ pub(crate) fn base_config(
     };
     config.validate()?;
     Ok(config)
+}
+
+/// LongRoPE's original context and default attention factor from the
+/// config's top level (Phi-3 keeps `original_max_position_embeddings` there,
+/// and the factor follows from the two contexts, as transformers computes).
+fn with_original_context(scaling: RopeScaling, hf: &HfConfig) -> Result<RopeScaling, ConfigError> {
+    let RopeScaling::LongRope {
+        long,
+        short,
+        original_context,
+        attention_factor,
+    } = scaling
+    else {
+        return Ok(scaling);
+    };
+    let original = match original_context {
+        0 => hf.original_max_position_embeddings.ok_or_else(|| {
+            ConfigError("rope_scaling longrope needs original_max_position_embeddings".into())
+        })?,
+        known => known,
+    };
+    let context = hf.max_position_embeddings.unwrap_or(original);
+    let attention_factor = if attention_factor > 0.0 {
+        attention_factor
+    } else {
+        let factor = context as f32 / original.max(1) as f32;
+        RopeScaling::longrope_default_attention_factor(factor, original)
+    };
+    Ok(RopeScaling::LongRope {
+        long,
+        short,
+        original_context: original,
+        attention_factor,
+    })
 }
 
 pub(crate) fn rope_scaling(
@@ -166,8 +201,31 @@ pub(crate) fn rope_scaling(
                     }),
             })
         }
+        "longrope" | "su" => {
+            let factors = |key: &str| -> Result<Vec<f32>, ConfigError> {
+                value
+                    .get(key)
+                    .and_then(|v| v.as_array())
+                    .and_then(|a| a.iter().map(|f| f.as_f64().map(|f| f as f32)).collect())
+                    .ok_or_else(|| ConfigError(format!("rope_scaling longrope needs {key}")))
+            };
+            Ok(RopeScaling::LongRope {
+                long: factors("long_factor")?,
+                short: factors("short_factor")?,
+                // Filled from the config's top level where the object lacks
+                // them (`with_original_context`).
+                original_context: value
+                    .get("original_max_position_embeddings")
+                    .and_then(|v| v.as_u64())
+                    .unwrap_or(0) as usize,
+                attention_factor: value
+                    .get("attention_factor")
+                    .and_then(|v| v.as_f64())
+                    .map_or(0.0, |a| a as f32),
+            })
+        }
         other => Err(ConfigError(format!(
-            "rope_scaling type `{other}` is not supported (default, linear, llama3, yarn)"
+            "rope_scaling type `{other}` is not supported (default, linear, llama3, yarn, longrope)"
         ))),
     }
 }
@@ -245,10 +303,41 @@ mod tests {
     #[test]
     fn an_unknown_rope_type_is_an_error() {
         let error = config(serde_json::json!({"rope_parameters": {
-            "rope_type": "longrope", "rope_theta": 10000.0,
+            "rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0,
         }}));
         let message = error.err().map(|e| e.0).unwrap_or_default();
-        assert!(message.contains("longrope"), "{message}");
+        assert!(message.contains("`dynamic`"), "{message}");
+    }
+
+    /// LongRoPE: the long factors when the context is stretched beyond the
+    /// original, the short ones otherwise; transformers' attention factor.
+    #[test]
+    fn longrope_picks_its_factors_by_the_context() -> Result<(), ConfigError> {
+        let longrope = |max_position: usize| {
+            config(serde_json::json!({
+                "max_position_embeddings": max_position,
+                "original_max_position_embeddings": 64,
+                "rope_parameters": {
+                    "rope_type": "longrope", "rope_theta": 10000.0,
+                    "long_factor": vec![4.0; 8], "short_factor": vec![1.5; 8],
+                }
+            }))
+        };
+        let stretched = longrope(4096)?;
+        assert_eq!(stretched.rope_freq_factors(), Some(vec![4.0; 8]));
+        let factor = (1.0 + 64f32.ln() / 64f32.ln()).sqrt();
+        assert!((stretched.rope_attention_factor() - factor).abs() < 1e-6);
+        let original = longrope(64)?;
+        assert_eq!(original.rope_freq_factors(), Some(vec![1.5; 8]));
+        assert_eq!(original.rope_attention_factor(), 1.0);
+        // Factors that do not cover the rotary pairs are refused.
+        let short = config(serde_json::json!({
+            "original_max_position_embeddings": 64,
+            "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                "long_factor": [1.0], "short_factor": [1.0]}
+        }));
+        assert!(short.is_err());
+        Ok(())
     }
 
     /// The MLP applies silu (transformers' `silu`, alias `swish`); another

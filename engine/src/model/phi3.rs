@@ -2,8 +2,8 @@
 //! projection (`qkv_proj`, GGUF `attn_qkv`) and gate and up in another
 //! (`gate_up_proj`, GGUF `ffn_up` of twice the rows). The loader splits both
 //! section by section, so a tensor-parallel rank takes its rows of each.
-//! RoPE may rotate part of each head (`partial_rotary_factor`); LongRoPE
-//! (Phi-3.5's 128k context) is refused by name.
+//! RoPE may rotate part of each head (`partial_rotary_factor`), and
+//! LongRoPE stretches Phi-3.5's context to 128k (`config::RopeScaling`).
 
 use crate::hf_dir::HfConfig;
 

@@ -321,6 +321,7 @@ reference_cases! {
     qwen3_moe, qwen3_moe_gguf => "qwen3-moe";
     mixtral, mixtral_gguf => "mixtral";
     phi3_fused_projections, phi3_fused_projections_gguf => "phi3";
+    phi3_longrope, phi3_longrope_gguf => "phi3-longrope";
     smollm3_nope_layers, smollm3_nope_layers_gguf => "smollm3";
     olmo2_post_norms, olmo2_post_norms_gguf => "olmo2";
     gemma2, gemma2_gguf => "gemma2";
