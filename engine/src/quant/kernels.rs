@@ -81,7 +81,11 @@ pub(super) fn x86_kernels<const VNNI: bool>(format: WeightFormat) -> Kernels<Blo
         WeightFormat::Q8_0 => (avx2::dot_q8_0::<VNNI>, avx2::dot4_q8_0::<VNNI>),
         _ => return scalar_kernels(format),
     };
-    let rows4 = (format == WeightFormat::Q4_1).then_some(avx2::rows4_q4_1::<VNNI> as Rows4Fn);
+    let rows4 = match format {
+        WeightFormat::Q4_1 => Some(avx2::rows4_q4_1::<VNNI> as Rows4Fn),
+        WeightFormat::Q8_0 => Some(avx2::rows4_q8_0::<VNNI> as Rows4Fn),
+        _ => None,
+    };
     Kernels {
         dot,
         dot4: Some(dot4),
@@ -601,6 +605,40 @@ mod avx2 {
         }
         for k in 0..4 {
             out[k] = hsum(acc[k]) + mins[k];
+        }
+    }
+
+    /// Four Q8_0 weight rows against one activation row (decode): each
+    /// activation block is loaded once for the four rows, and each row's sum
+    /// runs in [`dot_q8_0`]'s order, so the results are its bits.
+    pub fn rows4_q8_0<const V: bool>(rows: [&[u8]; 4], x: &[BlockQ8], out: &mut [f32; 4]) {
+        assert!(rows.iter().all(|r| r.len() >= x.len() * 34));
+        // SAFETY: `select` hands out `V` only where the CPU has it; bounds by the assert.
+        unsafe {
+            if V {
+                rows4_q8_0_vnni(rows, x, out)
+            } else {
+                rows4_q8_0_avx2(rows, x, out)
+            }
+        }
+    }
+
+    two_isas!(rows4_q8_0_avx2, rows4_q8_0_vnni, rows4_q8_0_body, (rows: [&[u8]; 4], x: &[BlockQ8], out: &mut [f32; 4]));
+
+    #[inline(always)]
+    unsafe fn rows4_q8_0_body<const V: bool>(rows: [&[u8]; 4], x: &[BlockQ8], out: &mut [f32; 4]) {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for (i, a) in x.iter().enumerate() {
+            let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+            for k in 0..4 {
+                let wb = rows[k].as_ptr().add(i * 34);
+                let d = _mm256_set1_ps(load_f16(wb) * a.d);
+                let q = _mm256_loadu_si256(wb.add(2) as *const __m256i);
+                acc[k] = _mm256_fmadd_ps(d, mul_sum_i8::<V>(q, y), acc[k]);
+            }
+        }
+        for k in 0..4 {
+            out[k] = hsum(acc[k]);
         }
     }
 

@@ -824,6 +824,11 @@ mod tests {
                 p(ws, &acts[0], &mut a);
                 f(ws, &acts[0], &mut b);
                 assert_eq!(bits(&a), bits(&b), "{format:?} rows4");
+                // Each row's result is the single-row product's, bit for bit.
+                for k in 0..4 {
+                    let alone = (fast.dot)(ws[k], &acts[0]).to_bits();
+                    assert_eq!(b[k].to_bits(), alone, "{format:?} rows4 row {k}");
+                }
             }
         }
     }
