@@ -47,6 +47,9 @@ from transformers import (
     Qwen2Config,
     Qwen3Config,
     Qwen3MoeConfig,
+    Qwen3NextConfig,
+    Qwen3_5TextConfig,
+    Qwen3_5MoeTextConfig,
 )
 
 VOCAB = 512
@@ -197,13 +200,17 @@ def train_tokenizer(flavour: str, out: Path) -> PreTrainedTokenizerFast:
 def randomize(model: torch.nn.Module, seed: int) -> None:
     """Weights with a larger scale than transformers' init, so that logits
     are far apart: norms near 1, projections and biases clearly non-zero.
-    Gemma's norms scale by (1 + weight): there the weights are near 0."""
+    Gemma's, Qwen3-Next's and Qwen3.5's norms scale by (1 + weight): there
+    the weights are near 0 (but for the gated norm of linear attention,
+    which scales by the weight itself)."""
     gen = torch.Generator().manual_seed(seed)
-    norm_offset = 0.0 if model.config.model_type.startswith("gemma") else 1.0
+    zero_centred = model.config.model_type.startswith(("gemma", "qwen3_next", "qwen3_5"))
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
             if name.endswith("norm.weight"):
-                p.copy_(norm_offset + 0.2 * torch.randn(p.shape, generator=gen))
+                plain = not zero_centred or name.endswith("linear_attn.norm.weight")
+                offset = 1.0 if plain else 0.0
+                p.copy_(offset + 0.2 * torch.randn(p.shape, generator=gen))
             elif name.endswith(".bias"):
                 p.copy_(0.5 * torch.randn(p.shape, generator=gen))
             elif "embed_tokens" in name:
@@ -391,7 +398,38 @@ def cases() -> dict:
                 "long_factor": [1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0],
                 "short_factor": [1.0, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6]},
             original_max_position_embeddings=4, sliding_window=None), False, True),
+        # Hybrid attention: three Gated DeltaNet (linear attention) layers to
+        # one gated full-attention layer with partial RoPE (a quarter of the
+        # head), 2 key heads to 4 value heads in the linear layers.
+        "qwen3-5": (Qwen3_5TextConfig, "qwen", dict(
+            **small | {"num_hidden_layers": 4}, head_dim=32, **LINEAR_ATTENTION,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
+                             "partial_rotary_factor": 0.25}), True, True),
+        # Qwen3-Next: q/k/v/z and b/a fused per key head, experts with a
+        # gated shared expert in every layer (llama.cpp's qwen3next has no
+        # dense layers).
+        "qwen3-next": (Qwen3NextConfig, "qwen", dict(
+            **small | {"num_hidden_layers": 4}, head_dim=32, **LINEAR_ATTENTION,
+            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64,
+            shared_expert_intermediate_size=96, norm_topk_prob=True,
+            decoder_sparse_step=1, mlp_only_layers=[],
+            rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
+                             "partial_rotary_factor": 0.25}), False, True),
+        "qwen3-5-moe": (Qwen3_5MoeTextConfig, "qwen", dict(
+            **{k: v for k, v in small.items() if k != "intermediate_size"}
+            | {"num_hidden_layers": 4}, head_dim=32, **LINEAR_ATTENTION,
+            num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64,
+            shared_expert_intermediate_size=96,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
+                             "partial_rotary_factor": 0.25}), False, True),
     }
+
+
+# The linear-attention dimensions of the hybrid cases.
+LINEAR_ATTENTION = dict(
+    linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+    linear_num_key_heads=2, linear_num_value_heads=4,
+)
 
 
 def old_layout(config: dict) -> dict:
@@ -412,6 +450,7 @@ def convert_gguf(case_dir: Path, llama_cpp: Path, pre: str) -> None:
     reads only a sentencepiece tokenizer.model (as Gemma 2's does); where a
     case's tokenizer is byte-level BPE, they read it as the others do (the
     GPT-2 way). Nothing else is changed."""
+    extra = hybrid_convert_args(json.loads((case_dir / "config.json").read_text()))
     wrapper = (
         "import runpy, sys\n"
         f"sys.path.insert(0, {str(llama_cpp)!r})\n"
@@ -423,10 +462,16 @@ def convert_gguf(case_dir: Path, llama_cpp: Path, pre: str) -> None:
         f"if not {(case_dir / 'tokenizer.model').is_file()!r}:\n"
         "    gemma.Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2()\n"
         f"sys.argv = ['convert_hf_to_gguf.py', {str(case_dir)!r}, '--outtype', 'f16',"
-        f" '--outfile', {str(case_dir / 'model.gguf')!r}]\n"
+        f" '--outfile', {str(case_dir / 'model.gguf')!r}] + {extra!r}\n"
         f"runpy.run_path({str(llama_cpp / 'convert_hf_to_gguf.py')!r}, run_name='__main__')\n"
     )
     subprocess.run([sys.executable, "-c", wrapper], check=True)
+
+
+def hybrid_convert_args(config: dict) -> list[str]:
+    """Qwen3-Next's and Qwen3.5's converters expect a multi-token
+    prediction head unless told the checkpoint has none (ours have none)."""
+    return ["--no-mtp"] if config.get("model_type", "").startswith(("qwen3_next", "qwen3_5")) else []
 
 
 def load_float64(case_dir: Path, **kwargs):
