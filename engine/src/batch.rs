@@ -99,6 +99,8 @@ struct Running {
     cached: usize,
     table: Vec<BlockId>,
     chain: Vec<[u8; 32]>,
+    /// Its slot of recurrent state (hybrid models).
+    state: usize,
     decoder: Decoder,
     submitted: Instant,
     prefill_done: Option<Instant>,
@@ -166,6 +168,9 @@ pub struct Batch<'m> {
     executor: Executor<'m>,
     config: BatchConfig,
     blocks: BlockManager,
+    /// Recurrent-state slots no running sequence holds; slot
+    /// `max_sequences` is [`Batch::logits_for`]'s.
+    free_states: Vec<usize>,
     waiting: VecDeque<Waiting>,
     running: Vec<Running>,
     cancelled_waiting: Vec<SeqId>,
@@ -193,6 +198,7 @@ impl<'m> Batch<'m> {
             model,
             executor,
             blocks: BlockManager::new(config.kv_blocks),
+            free_states: (0..config.max_sequences).rev().collect(),
             config,
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -211,7 +217,10 @@ impl<'m> Batch<'m> {
     /// Turns speculative decoding on (with its drafts' source) or off, for
     /// the next steps; a step in flight finishes as it was planned.
     /// `max_draft_tokens` 0 is off.
+    /// A hybrid model never speculates: its recurrent state cannot be
+    /// rolled back past rejected drafts.
     pub fn set_speculation(&mut self, speculation: Option<Speculation>) {
+        let speculation = speculation.filter(|_| !self.model.transformer.has_recurrent_state());
         if let Some(old) = self.speculation.as_mut().and_then(|s| s.draft.as_mut()) {
             for seq in &mut self.running {
                 old.release(&mut seq.draft);
@@ -424,6 +433,7 @@ impl<'m> Batch<'m> {
                     len: p.len,
                     table: &seq.table,
                     logits: p.logits,
+                    state: seq.state,
                 }
             })
             .collect();
@@ -527,7 +537,9 @@ impl<'m> Batch<'m> {
             let Some(next) = self.waiting.front() else {
                 return;
             };
-            let reuse_limit = if next.request.reuse_prefix {
+            // A hybrid model's recurrent state is not in blocks to share.
+            let shareable = !self.model.transformer.has_recurrent_state();
+            let reuse_limit = if next.request.reuse_prefix && shareable {
                 next.prompt.len() - 1
             } else {
                 0
@@ -546,7 +558,13 @@ impl<'m> Batch<'m> {
                     continue;
                 }
             };
+            let Some(state) = self.free_states.pop() else {
+                self.blocks.release(&admitted.table);
+                return;
+            };
             let Some(waiting) = self.waiting.pop_front() else {
+                self.free_states.push(state);
+                self.blocks.release(&admitted.table);
                 return;
             };
             let vocab = self.model.transformer.config.vocab;
@@ -555,6 +573,7 @@ impl<'m> Batch<'m> {
                 // Validated on submit.
                 Err(error) => {
                     self.blocks.release(&admitted.table);
+                    self.free_states.push(state);
                     self.refused.push((waiting.id, error.to_string()));
                     continue;
                 }
@@ -568,6 +587,7 @@ impl<'m> Batch<'m> {
                 cached: admitted.cached_positions,
                 table: admitted.table,
                 chain: admitted.chain,
+                state,
                 decoder,
                 submitted: waiting.submitted,
                 prefill_done: None,
@@ -718,6 +738,7 @@ impl<'m> Batch<'m> {
     /// Gives a sequence's blocks back, the draft model's too.
     fn release(&mut self, seq: &mut Running) {
         self.blocks.release(&seq.table);
+        self.free_states.push(seq.state);
         if let Some(draft) = self.speculation.as_mut().and_then(|s| s.draft.as_mut()) {
             draft.release(&mut seq.draft);
         }
@@ -779,6 +800,7 @@ impl<'m> Batch<'m> {
             len: tokens.len(),
             table: &admitted.table,
             logits: 1,
+            state: self.config.max_sequences,
         };
         let result = self.executor.step(&[span], tokens);
         self.blocks.release(&admitted.table);

@@ -35,6 +35,8 @@ pub struct WireSpan {
     pub logits: usize,
     /// The sequence's blocks, for every position up to `start + len`.
     pub table: Vec<BlockId>,
+    /// Its slot of recurrent state (hybrid models).
+    pub state: usize,
 }
 
 impl WireSpan {
@@ -44,6 +46,7 @@ impl WireSpan {
             len: self.len,
             table: &self.table,
             logits: self.logits,
+            state: self.state,
         }
     }
 }
@@ -59,6 +62,7 @@ fn encode_batch(spans: &[SeqSpan<'_>], tokens: &[u32], out: &mut Vec<u8>) {
         word(span.start as u32);
         word(span.len as u32);
         word(span.logits as u32);
+        word(span.state as u32);
         word(span.table.len() as u32);
         for &block in span.table {
             word(block);
@@ -87,7 +91,7 @@ const SHUTDOWN: u32 = 2;
 
 impl Step {
     /// Little-endian u32 words: kind, span count, then per span start, len,
-    /// logits, table length and table, then the tokens.
+    /// logits, state slot, table length and table, then the tokens.
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.clear();
         let mut word = |w: u32| out.extend_from_slice(&w.to_le_bytes());
@@ -120,7 +124,7 @@ impl Step {
         let mut spans = Vec::with_capacity(count.min(words.len()));
         let mut total = 0usize;
         for _ in 0..count {
-            let [start, len, logits, blocks, ref rest @ ..] = words[..] else {
+            let [start, len, logits, state, blocks, ref rest @ ..] = words[..] else {
                 return Err(truncated());
             };
             let table = rest.get(..blocks as usize).ok_or_else(truncated)?;
@@ -132,6 +136,7 @@ impl Step {
                 len: len as usize,
                 logits: logits as usize,
                 table: table.to_vec(),
+                state: state as usize,
             });
             total += len as usize;
             words = &rest[blocks as usize..];
@@ -211,7 +216,7 @@ impl<'m> Executor<'m> {
     pub fn new(transformer: &'m Transformer, threads: usize, group: Box<dyn Group>) -> Self {
         Self {
             transformer,
-            kv: KvPool::new(transformer.layer_count(), transformer.config.kv_dim()),
+            kv: transformer.new_pool(),
             workspace: Workspace::default(),
             pool: ThreadPool::new(threads),
             group,
@@ -492,12 +497,14 @@ mod tests {
                         len: 2,
                         logits: 2,
                         table: vec![4, 9],
+                        state: 3,
                     },
                     WireSpan {
                         start: 0,
                         len: 1,
                         logits: 0,
                         table: vec![0],
+                        state: 0,
                     },
                 ],
                 tokens: vec![1, 2, 49151],
@@ -511,11 +518,12 @@ mod tests {
         assert!(Step::decode(&[9, 0, 0, 0]).is_err());
         let words = |ws: &[u32]| ws.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
         // More logits rows than tokens.
-        assert!(Step::decode(&words(&[BATCH, 1, 0, 1, 2, 1, 0, 5])).is_err());
+        // Words: start, len, logits, state slot, table length, table.
+        assert!(Step::decode(&words(&[BATCH, 1, 0, 1, 2, 0, 1, 0, 5])).is_err());
         // Spans of 3 tokens followed by 1 token; a table longer than what follows.
-        assert!(Step::decode(&words(&[BATCH, 1, 0, 3, 1, 1, 0, 5])).is_err());
-        assert!(Step::decode(&words(&[BATCH, 1, 0, 1, 1, 9, 0])).is_err());
+        assert!(Step::decode(&words(&[BATCH, 1, 0, 3, 1, 0, 1, 0, 5])).is_err());
+        assert!(Step::decode(&words(&[BATCH, 1, 0, 1, 1, 0, 9, 0])).is_err());
         assert!(Step::decode(&words(&[BATCH, 0])).is_err());
-        assert!(Step::decode(&words(&[BATCH, 1, 0, 1, 1, 1, 0, 5])).is_ok());
+        assert!(Step::decode(&words(&[BATCH, 1, 0, 1, 1, 0, 1, 0, 5])).is_ok());
     }
 }

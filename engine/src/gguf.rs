@@ -15,10 +15,11 @@ use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::Device;
 
 use crate::model::config::{
-    Activation, Architecture, ModelConfig, MoeConfig, RopeScaling, Variant,
+    Activation, Architecture, LinearAttention, ModelConfig, MoeConfig, RopeScaling, ValueHeadOrder,
+    Variant,
 };
 use crate::model::weights::{LoadError, Matrix, TensorSource};
-use crate::model::{gemma, olmo2, smollm3};
+use crate::model::{gemma, olmo2, qwen35, smollm3};
 use crate::ops::RopeStyle;
 use crate::quant::{QMatrix, WeightBytes, WeightFormat};
 
@@ -156,11 +157,26 @@ impl GgufFile {
                 .ok_or_else(|| self.meta_error(&key("vocab_size"), "is missing"))?,
         };
         let rope_scaling = self.rope_scaling(name)?;
+        let moe = self.moe_config(name)?;
+        // Every layer may run experts, with no dense width to give.
+        let ffn = match (self.get_usize(&key("feed_forward_length"))?, &moe) {
+            (Some(ffn), _) => ffn,
+            (None, Some(moe)) => moe.expert_ffn,
+            (None, None) => self.require_usize(&key("feed_forward_length"))?,
+        };
+        let any_layer = |part: &str| {
+            (0..self
+                .get_usize(&key("block_count"))
+                .ok()
+                .flatten()
+                .unwrap_or(0))
+                .any(|i| self.contains(&format!("blk.{i}.{part}")))
+        };
         let config = ModelConfig {
             architecture,
             layers: self.require_usize(&key("block_count"))?,
             hidden,
-            ffn: self.require_usize(&key("feed_forward_length"))?,
+            ffn,
             heads,
             kv_heads,
             head_dim,
@@ -181,13 +197,14 @@ impl GgufFile {
             rotary_dims: self
                 .get_usize(&key("rope.dimension_count"))?
                 .unwrap_or(head_dim),
-            qkv_bias: self.contains("blk.0.attn_q.bias"),
-            qk_norm: self.contains("blk.0.attn_q_norm.weight"),
+            // Any layer: a hybrid model's first layers have no attention.
+            qkv_bias: any_layer("attn_q.bias"),
+            qk_norm: any_layer("attn_q_norm.weight"),
             tied_embeddings: !self.contains("output.weight"),
             sliding_window: self
                 .get_usize(&key("attention.sliding_window"))?
                 .filter(|&w| w > 0),
-            moe: self.moe_config(name)?,
+            moe,
             variant: Variant::default(),
         };
         let mut config = config;
@@ -216,6 +233,10 @@ impl GgufFile {
                     Some(smollm3::every_fourth_without_rope(config.layers));
             }
             Architecture::Olmo2 => olmo2::apply(config),
+            Architecture::Qwen35 | Architecture::Qwen35Moe | Architecture::Qwen3Next => {
+                config.variant.attn_output_gate = true;
+                config.variant.linear = Some(self.linear_attention(arch, config)?);
+            }
             Architecture::Gemma2 | Architecture::Gemma3 => {
                 let gemma3 = config.architecture == Architecture::Gemma3;
                 if config.sliding_window.is_none() && !gemma3 {
@@ -252,6 +273,52 @@ impl GgufFile {
             _ => {}
         }
         Ok(())
+    }
+
+    /// The Gated DeltaNet layers of a hybrid model from `{arch}.ssm.*` and
+    /// `attention.recurrent_layers` (or `full_attention_interval`).
+    fn linear_attention(
+        &self,
+        arch: &str,
+        config: &ModelConfig,
+    ) -> Result<LinearAttention, LoadError> {
+        let key = |suffix: &str| format!("{arch}.{suffix}");
+        let layers = match self.metadata().get(&key("attention.recurrent_layers")) {
+            Some(Value::Array(flags)) => flags
+                .iter()
+                .map(|flag| match flag {
+                    Value::Bool(b) => Ok(*b),
+                    _ => Err(self.meta_error(
+                        &key("attention.recurrent_layers"),
+                        "is not a list of booleans",
+                    )),
+                })
+                .collect::<Result<Vec<bool>, _>>()?,
+            _ => qwen35::every_nth_full(
+                config.layers,
+                self.get_usize(&key("full_attention_interval"))?
+                    .unwrap_or(4),
+            ),
+        };
+        let key_heads = self.require_usize(&key("ssm.group_count"))?;
+        let value_heads = self.require_usize(&key("ssm.time_step_rank"))?;
+        let inner = self.require_usize(&key("ssm.inner_size"))?;
+        // llama.cpp's converter tiles Qwen3.5's value heads (not
+        // Qwen3-Next's) when there are more of them than key heads.
+        let order = if config.architecture == Architecture::Qwen3Next {
+            ValueHeadOrder::Grouped
+        } else {
+            ValueHeadOrder::Tiled
+        };
+        Ok(LinearAttention {
+            layers,
+            conv_kernel: self.require_usize(&key("ssm.conv_kernel"))?,
+            key_heads,
+            key_dim: self.require_usize(&key("ssm.state_size"))?,
+            value_heads,
+            value_dim: inner.checked_div(value_heads).unwrap_or(0),
+            order,
+        })
     }
 
     /// LongRoPE from the `rope_factors_long` / `rope_factors_short` tensors,
@@ -345,13 +412,24 @@ impl GgufFile {
         if experts == 0 {
             return Ok(None);
         }
-        let shared = self.get_usize(&key("expert_shared_count"))?.unwrap_or(0);
-        if shared > 0 || self.contains("blk.0.ffn_gate_shexp.weight") {
+        // One gated shared expert (Qwen3.5-MoE, Qwen3-Next); several, or
+        // one without its gate (DeepSeek), would be summed differently.
+        let shared_count = self.get_usize(&key("expert_shared_count"))?.unwrap_or(0);
+        let shared_gate = (0..self.require_usize(&key("block_count"))?)
+            .any(|i| self.contains(&format!("blk.{i}.ffn_gate_inp_shexp.weight")));
+        let has_shared = (0..self.require_usize(&key("block_count"))?)
+            .any(|i| self.contains(&format!("blk.{i}.ffn_gate_shexp.weight")));
+        if shared_count > 1 || (has_shared && !shared_gate) {
             return Err(self.meta_error(
                 &key("expert_shared_count"),
-                "is set: shared experts are not supported",
+                "names shared experts without a sigmoid gate each (only one gated shared expert is supported)",
             ));
         }
+        let shared_ffn = if has_shared {
+            Some(self.require_usize(&key("expert_shared_feed_forward_length"))?)
+        } else {
+            None
+        };
         let normalize_top_k = match self.metadata().get(&key("expert_weights_norm")) {
             None => true,
             Some(Value::Bool(b)) => *b,
@@ -366,6 +444,7 @@ impl GgufFile {
             experts_per_token: self.require_usize(&key("expert_used_count"))?,
             expert_ffn,
             normalize_top_k,
+            shared_ffn,
         }))
     }
 

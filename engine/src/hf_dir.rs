@@ -52,6 +52,8 @@ pub struct HfConfig {
     /// e.g. `"llama"`, `"mistral"`, `"qwen2"`, `"qwen3"`.
     pub model_type: String,
     pub hidden_size: usize,
+    /// Absent where every layer runs experts (Qwen3.5-MoE).
+    #[serde(default)]
     pub intermediate_size: usize,
     pub num_hidden_layers: usize,
     pub num_attention_heads: usize,
@@ -149,6 +151,22 @@ pub struct HfConfig {
     /// 5 may put it in `rope_parameters` instead).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partial_rotary_factor: Option<f64>,
+    /// Gated DeltaNet (Qwen3.5, Qwen3-Next): the convolution's taps and
+    /// the key and value heads of the linear-attention layers, which
+    /// `layer_types` names (or one full-attention layer in every
+    /// `full_attention_interval`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linear_conv_kernel_dim: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linear_key_head_dim: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linear_num_key_heads: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linear_value_head_dim: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linear_num_value_heads: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub full_attention_interval: Option<usize>,
     /// A number, or a list of numbers in some models.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bos_token_id: Option<serde_json::Value>,

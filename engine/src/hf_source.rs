@@ -7,7 +7,7 @@ use std::path::Path;
 use crate::hf_dir::{HfDirError, HfModelDir};
 use crate::model::config::{Architecture, ModelConfig};
 use crate::model::weights::{LoadError, Matrix, TensorSource};
-use crate::model::{gemma, llama, olmo2, phi3, qwen, smollm3};
+use crate::model::{gemma, llama, olmo2, phi3, qwen, qwen35, smollm3};
 use crate::quant::QMatrix;
 
 pub struct HfSource {
@@ -46,6 +46,9 @@ impl HfSource {
             Architecture::SmolLm3 => smollm3::config_from_hf(hf),
             Architecture::Olmo2 => olmo2::config_from_hf(hf),
             Architecture::Gemma2 | Architecture::Gemma3 => gemma::config_from_hf(hf, architecture),
+            Architecture::Qwen35 | Architecture::Qwen35Moe | Architecture::Qwen3Next => {
+                qwen35::config_from_hf(hf, architecture)
+            }
         };
         config.map_err(|source| LoadError::Config {
             path: self.display.clone(),
@@ -102,7 +105,27 @@ pub fn hf_names(canonical: &str) -> Vec<String> {
         }
         "post_attention_norm.weight" => "post_attention_layernorm.weight",
         "post_ffw_norm.weight" => "post_feedforward_layernorm.weight",
-        "attn_qkv.weight" => "self_attn.qkv_proj.weight",
+        // Phi-3's fused attention, or a Gated DeltaNet's q, k and v.
+        "attn_qkv.weight" => {
+            return in_layer(&[
+                "self_attn.qkv_proj.weight",
+                "linear_attn.in_proj_qkv.weight",
+            ])
+        }
+        "attn_gate.weight" => "linear_attn.in_proj_z.weight",
+        "ssm_beta.weight" => "linear_attn.in_proj_b.weight",
+        "ssm_alpha.weight" => "linear_attn.in_proj_a.weight",
+        "ssm_ba.weight" => "linear_attn.in_proj_ba.weight",
+        // GGUF's `-exp(A_log)`: HfSource::vector converts.
+        "ssm_a" => "linear_attn.A_log",
+        "ssm_dt.bias" => "linear_attn.dt_bias",
+        "ssm_conv1d.weight" => "linear_attn.conv1d.weight",
+        "ssm_norm.weight" => "linear_attn.norm.weight",
+        "ssm_out.weight" => "linear_attn.out_proj.weight",
+        "ffn_gate_shexp.weight" => "mlp.shared_expert.gate_proj.weight",
+        "ffn_up_shexp.weight" => "mlp.shared_expert.up_proj.weight",
+        "ffn_down_shexp.weight" => "mlp.shared_expert.down_proj.weight",
+        "ffn_gate_inp_shexp.weight" => "mlp.shared_expert_gate.weight",
         "attn_q.weight" => "self_attn.q_proj.weight",
         "attn_k.weight" => "self_attn.k_proj.weight",
         "attn_v.weight" => "self_attn.v_proj.weight",
@@ -147,12 +170,93 @@ fn expert_names(part: &str) -> Option<[String; 2]> {
 
 impl HfSource {
     /// Whether the checkpoint stores its RMS norms' weights as offsets from
-    /// 1 (Gemma).
+    /// 1 (Gemma, the hybrid Qwens but for their gated norm).
     fn norms_are_offsets(&self) -> bool {
         matches!(
             Architecture::from_name(&self.dir.config().model_type),
-            Some(Architecture::Gemma2 | Architecture::Gemma3)
+            Some(
+                Architecture::Gemma2
+                    | Architecture::Gemma3
+                    | Architecture::Qwen35
+                    | Architecture::Qwen35Moe
+                    | Architecture::Qwen3Next
+            )
         )
+    }
+
+    /// Qwen3-Next's q, k, v and z in one tensor, interleaved per key head
+    /// (`[q, k, v, z]` of each): the tensor and the rows of it that make up
+    /// GGUF's `attn_qkv` (all q, all k, all v) or `attn_gate` (all z).
+    fn fused_qkvz(&self, canonical: &str) -> Option<(String, Vec<usize>)> {
+        let (layer, part) = canonical.strip_prefix("blk.")?.split_once('.')?;
+        let gate = match part {
+            "attn_qkv.weight" => false,
+            "attn_gate.weight" => true,
+            _ => return None,
+        };
+        let name = format!("model.layers.{layer}.linear_attn.in_proj_qkvz.weight");
+        if !self.dir.contains(&name) {
+            return None;
+        }
+        let hf = self.dir.config();
+        let (nk, dk) = (hf.linear_num_key_heads?, hf.linear_key_head_dim?);
+        let (nv, dv) = (hf.linear_num_value_heads?, hf.linear_value_head_dim?);
+        let group = nv.checked_div(nk)? * dv;
+        let block = 2 * dk + 2 * group;
+        let section = |offset: usize, width: usize| {
+            (0..nk).flat_map(move |k| k * block + offset..k * block + offset + width)
+        };
+        let rows: Vec<usize> = if gate {
+            section(2 * dk + group, group).collect()
+        } else {
+            section(0, dk)
+                .chain(section(dk, dk))
+                .chain(section(2 * dk, group))
+                .collect()
+        };
+        Some((name, rows))
+    }
+
+    /// Rows `rows` of a [`HfSource::fused_qkvz`] tensor (all of them for
+    /// `None`), columns `cols`.
+    fn gathered_rows(
+        &self,
+        hf: &str,
+        order: &[usize],
+        rows: Option<Range<usize>>,
+        cols: Option<Range<usize>>,
+    ) -> Result<Matrix, LoadError> {
+        let shape = self.dir.shape(hf).map_err(|e| self.error(hf, e))?;
+        let [total, width] = shape[..] else {
+            return Err(self.bad(hf, format!("expected a matrix, found shape {shape:?}")));
+        };
+        let wanted = rows.unwrap_or(0..order.len());
+        let cols = cols.unwrap_or(0..width);
+        if wanted.end > order.len() || cols.end > width || cols.is_empty() {
+            return Err(self.bad(
+                hf,
+                format!("rows {wanted:?} or columns {cols:?} out of range"),
+            ));
+        }
+        let all = self
+            .dir
+            .load_f32_rows(hf, 0, total)
+            .map_err(|e| self.error(hf, e))?;
+        let mut values = Vec::with_capacity(wanted.len() * cols.len());
+        for &row in &order[wanted.clone()] {
+            values.extend_from_slice(&all[row * width + cols.start..row * width + cols.end]);
+        }
+        QMatrix::from_f32(wanted.len(), cols.len(), &values)
+            .map(Matrix::Native)
+            .map_err(|e| self.bad(hf, e.to_string()))
+    }
+
+    fn bad(&self, tensor: &str, reason: String) -> LoadError {
+        LoadError::Tensor {
+            path: self.display.clone(),
+            tensor: tensor.to_string(),
+            reason,
+        }
     }
 
     /// The checkpoint's name for `canonical`: the first candidate it holds.
@@ -176,6 +280,10 @@ impl TensorSource for HfSource {
     }
 
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        if let Some((hf, rows)) = self.fused_qkvz(name) {
+            let width = self.dir.shape(&hf).ok()?.get(1).copied()?;
+            return Some(vec![rows.len(), width]);
+        }
         let hf = self.resolve(name).ok()?;
         self.dir.shape(&hf).ok()
     }
@@ -186,6 +294,9 @@ impl TensorSource for HfSource {
         rows: Option<Range<usize>>,
         cols: Option<Range<usize>>,
     ) -> Result<Matrix, LoadError> {
+        if let Some((hf, order)) = self.fused_qkvz(name) {
+            return self.gathered_rows(&hf, &order, rows, cols);
+        }
         let hf = self.resolve(name)?;
         let shape = self.dir.shape(&hf).map_err(|e| self.error(&hf, e))?;
         let [total, total_cols] = shape[..] else {
@@ -231,7 +342,14 @@ impl TensorSource for HfSource {
     fn vector(&self, name: &str) -> Result<Vec<f32>, LoadError> {
         let hf = self.resolve(name)?;
         let mut values = self.dir.load_f32(&hf).map_err(|e| self.error(&hf, e))?;
-        if name.ends_with("norm.weight") && self.norms_are_offsets() {
+        if name.ends_with(".ssm_a") {
+            // GGUF (and the forward pass) hold the decay rate, -exp(A_log).
+            for value in &mut values {
+                *value = -value.exp();
+            }
+        }
+        let gated_norm = name.ends_with("ssm_norm.weight");
+        if name.ends_with("norm.weight") && !gated_norm && self.norms_are_offsets() {
             // Gemma scales by 1 + w; GGUF files (and the forward pass) hold
             // the sum.
             for value in &mut values {

@@ -130,6 +130,36 @@ unsafe fn silu_mul_fma(gate: &mut [f32], up: &[f32]) {
     silu_mul_portable(gate, up)
 }
 
+/// The logistic function.
+#[inline]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// `ln(1 + e^x)`, as torch computes it (linear above 20).
+#[inline]
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
+    }
+}
+
+/// `x * sigmoid(x)`.
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x * sigmoid(x)
+}
+
+/// Scales `x` to unit length: `x / sqrt(sum(x^2) + eps)` (the l2 norm of
+/// Gated DeltaNet's q and k).
+pub fn l2_normalize(x: &mut [f32], eps: f32) {
+    let sum: f32 = x.iter().map(|v| v * v).sum();
+    let scale = 1.0 / (sum + eps).sqrt();
+    x.iter_mut().for_each(|v| *v *= scale);
+}
+
 /// How RoPE pairs the dimensions of a head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RopeStyle {

@@ -34,13 +34,22 @@ pub fn blocks_for(positions: usize) -> usize {
     positions.div_ceil(BLOCK_TOKENS)
 }
 
-/// Keys and values of a shard's layers, block by block.
+/// Keys and values of a shard's layers, block by block; and, for hybrid
+/// models, each sequence's recurrent state in a slot of its own.
 pub struct KvPool {
     keys: Vec<Vec<f16>>,
     values: Vec<Vec<f16>>,
     kv_dim: usize,
     blocks: usize,
+    /// `state_len` floats per slot, slot after slot.
+    states: Vec<f32>,
+    state_len: usize,
 }
+
+/// The most recurrent-state slots a pool holds: far more sequences than an
+/// instance runs at once, and a bound on what a peer's step can make a rank
+/// allocate.
+pub const MAX_STATE_SLOTS: usize = 1024;
 
 impl KvPool {
     /// An empty pool for `layers` layers of `kv_dim` keys (and values) per
@@ -51,7 +60,67 @@ impl KvPool {
             values: vec![Vec::new(); layers],
             kv_dim,
             blocks: 0,
+            states: Vec::new(),
+            state_len: 0,
         }
+    }
+
+    /// The same pool with `state_len` floats of recurrent state per
+    /// sequence (the shard's linear-attention layers).
+    pub fn with_state(mut self, state_len: usize) -> Self {
+        self.state_len = state_len;
+        self
+    }
+
+    /// Floats of recurrent state per sequence (0: the model has none).
+    pub fn state_len(&self) -> usize {
+        self.state_len
+    }
+
+    /// Grows the state slots to hold slot `slot` (never shrinks).
+    pub fn ensure_state_slot(&mut self, slot: usize) -> Result<(), &'static str> {
+        if slot >= MAX_STATE_SLOTS {
+            return Err("beyond the most slots a pool holds");
+        }
+        let len = (slot + 1) * self.state_len;
+        if self.states.len() < len {
+            self.states.resize(len, 0.0);
+        }
+        Ok(())
+    }
+
+    /// `len` floats at `offset` of slot `slot`'s state.
+    pub fn state_mut(&mut self, slot: usize, offset: usize, len: usize) -> Option<&mut [f32]> {
+        if offset + len > self.state_len {
+            return None;
+        }
+        let start = slot.checked_mul(self.state_len)? + offset;
+        self.states.get_mut(start..start + len)
+    }
+
+    /// [`KvPool::state_mut`] of several distinct slots at once; `None` if a
+    /// slot is missing or named twice.
+    pub fn states_of(
+        &mut self,
+        slots: impl Iterator<Item = usize>,
+        offset: usize,
+        len: usize,
+    ) -> Option<Vec<&mut [f32]>> {
+        if offset + len > self.state_len || self.state_len == 0 {
+            return None;
+        }
+        let mut all: Vec<Option<&mut [f32]>> = self
+            .states
+            .chunks_exact_mut(self.state_len)
+            .map(Some)
+            .collect();
+        slots
+            .map(|slot| {
+                all.get_mut(slot)
+                    .and_then(Option::take)
+                    .map(|state| &mut state[offset..offset + len])
+            })
+            .collect()
     }
 
     /// Blocks held.
@@ -83,7 +152,8 @@ impl KvPool {
             .iter()
             .chain(&self.values)
             .map(|c| c.len() * 2)
-            .sum()
+            .sum::<usize>()
+            + self.states.len() * 4
     }
 
     /// Where position `position` of a sequence with `table` starts in a

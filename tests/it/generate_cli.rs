@@ -247,7 +247,7 @@ fn logprobs_come_with_their_alternatives() {
 fn an_unsupported_architecture_is_named_with_its_folder_once() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = serde_json::json!({
-        "model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"],
+        "model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"],
         "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "rms_norm_eps": 1e-6, "vocab_size": 100,
     });
@@ -263,7 +263,7 @@ fn an_unsupported_architecture_is_named_with_its_folder_once() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("unsupported architecture `qwen3_next`"),
+        stderr.contains("unsupported architecture `gpt_oss`"),
         "{stderr}"
     );
     assert_eq!(stderr.matches(&folder).count(), 1, "{stderr}");

@@ -242,9 +242,25 @@ impl Backend for EngineBackend {
             head.draft_model = None;
             return Ok(0);
         };
+        if head.model.transformer.has_recurrent_state()
+            && order.method != v1::DraftMethod::Unspecified
+        {
+            return Err(BackendError::Engine(
+                "speculative decoding is not supported for hybrid (linear-attention) models: \
+                 their recurrent state cannot be rolled back past rejected drafts"
+                    .into(),
+            ));
+        }
         let (source, bytes) = match order.method {
             v1::DraftMethod::DraftModel => {
                 let model = head.draft_model(order)?;
+                if model.transformer.has_recurrent_state() {
+                    return Err(BackendError::Engine(
+                        "a hybrid (linear-attention) model cannot be a draft model: its \
+                         recurrent state cannot be rolled back past rejected drafts"
+                            .into(),
+                    ));
+                }
                 let bytes = model.transformer.weight_bytes() as u64;
                 (DraftSource::Model(model), bytes)
             }

@@ -123,10 +123,7 @@ impl SpecState {
         let draft = match &config.source {
             DraftSource::Ngram => None,
             DraftSource::Model(model) => Some(DraftModel {
-                kv: KvPool::new(
-                    model.transformer.layer_count(),
-                    model.transformer.config.kv_dim(),
-                ),
+                kv: model.transformer.new_pool(),
                 workspace: Workspace::default(),
                 blocks: BlockManager::new(kv_blocks),
                 round_seconds: None,
@@ -348,6 +345,8 @@ impl SpecState {
                         len,
                         table: &wants[i].draft.model.as_ref()?.table,
                         logits: 1,
+                        // Draft models are never hybrid (refused on load).
+                        state: 0,
                     })
                 })
                 .collect();

@@ -25,12 +25,22 @@ pub enum Architecture {
     /// Gemma 3: Gemma 2 with q/k norms, five windowed layers to one global,
     /// a RoPE base of their own for the windowed layers, no score cap.
     Gemma3,
+    /// Qwen3.5 (dense): Gated DeltaNet linear-attention layers between
+    /// gated full-attention layers with partial RoPE.
+    Qwen35,
+    /// Qwen3.5-MoE: Qwen3.5 with experts and a gated shared expert.
+    Qwen35Moe,
+    /// Qwen3-Next: as Qwen3.5-MoE, q/k/v/z and b/a fused per key head in
+    /// its Hugging Face files.
+    Qwen3Next,
 }
 
 impl Architecture {
     /// The names [`Architecture::from_name`] takes, for messages.
     pub const KNOWN: &'static str = "llama, mistral, mixtral, smollm, smollm2, smollm3, qwen2, \
-         qwen3, qwen3moe (qwen3_moe), phi3, olmo2, gemma2, gemma3 (gemma3_text)";
+         qwen3, qwen3moe (qwen3_moe), phi3, olmo2, gemma2, gemma3 (gemma3_text), \
+         qwen35 (qwen3_5, qwen3_5_text), qwen35moe (qwen3_5_moe, qwen3_5_moe_text), \
+         qwen3next (qwen3_next)";
 
     /// From GGUF's `general.architecture` or config.json's `model_type`.
     pub fn from_name(name: &str) -> Option<Self> {
@@ -46,8 +56,16 @@ impl Architecture {
             "gemma2" => Some(Self::Gemma2),
             // Gemma 3's text model; the multimodal `gemma3` folder nests it.
             "gemma3" | "gemma3_text" => Some(Self::Gemma3),
+            "qwen35" | "qwen3_5" | "qwen3_5_text" => Some(Self::Qwen35),
+            "qwen35moe" | "qwen3_5_moe" | "qwen3_5_moe_text" => Some(Self::Qwen35Moe),
+            "qwen3next" | "qwen3_next" => Some(Self::Qwen3Next),
             _ => None,
         }
+    }
+
+    /// Whether its layers mix linear attention with full attention.
+    pub fn is_hybrid(self) -> bool {
+        matches!(self, Self::Qwen35 | Self::Qwen35Moe | Self::Qwen3Next)
     }
 
     pub fn name(self) -> &'static str {
@@ -61,6 +79,9 @@ impl Architecture {
             Self::Olmo2 => "olmo2",
             Self::Gemma2 => "gemma2",
             Self::Gemma3 => "gemma3",
+            Self::Qwen35 => "qwen35",
+            Self::Qwen35Moe => "qwen35moe",
+            Self::Qwen3Next => "qwen3next",
         }
     }
 }
@@ -138,6 +159,61 @@ pub struct MoeConfig {
     /// Whether the chosen experts' weights are renormalised to sum to one
     /// (Mixtral always; Qwen3-MoE's `norm_topk_prob`).
     pub normalize_top_k: bool,
+    /// Rows of a shared expert every token runs beside the routed ones,
+    /// its output scaled by a sigmoid gate (Qwen3.5-MoE, Qwen3-Next); on a
+    /// tensor-parallel rank, its share of them.
+    pub shared_ffn: Option<usize>,
+}
+
+/// How the value heads of a Gated DeltaNet layer are ordered in the file:
+/// which key head value head `j` reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ValueHeadOrder {
+    /// By key head: value heads `k * r .. (k + 1) * r` read key head `k`
+    /// (Hugging Face, Qwen3-Next GGUF).
+    Grouped,
+    /// Tiled: value head `j` reads key head `j % key_heads` (llama.cpp's
+    /// converter reorders Qwen3.5's so that ggml can broadcast).
+    Tiled,
+}
+
+/// The Gated DeltaNet (linear attention) layers of a hybrid model: a causal
+/// depthwise convolution over q, k and v, then a recurrent state per value
+/// head instead of a KV cache (Qwen3.5, Qwen3-Next).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LinearAttention {
+    /// Which layers are linear; the others are full attention.
+    pub layers: Vec<bool>,
+    pub conv_kernel: usize,
+    pub key_heads: usize,
+    pub key_dim: usize,
+    pub value_heads: usize,
+    pub value_dim: usize,
+    pub order: ValueHeadOrder,
+}
+
+impl LinearAttention {
+    /// Value heads per key head.
+    pub fn values_per_key(&self) -> usize {
+        self.value_heads / self.key_heads.max(1)
+    }
+
+    /// The key head value head `value` (a file index) reads.
+    pub fn key_of(&self, value: usize) -> usize {
+        match self.order {
+            ValueHeadOrder::Grouped => value / self.values_per_key().max(1),
+            ValueHeadOrder::Tiled => value % self.key_heads.max(1),
+        }
+    }
+
+    /// Channels of the convolution: q, k and v.
+    pub fn conv_channels(&self) -> usize {
+        2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+    }
+
+    pub fn is_linear(&self, layer: usize) -> bool {
+        self.layers.get(layer).copied().unwrap_or(false)
+    }
 }
 
 /// The MLP's gate activation.
@@ -190,6 +266,11 @@ pub struct Variant {
     pub rope_layers: Option<Vec<bool>>,
     /// RoPE base of the windowed layers, unscaled (Gemma 3's local layers).
     pub local_rope_theta: Option<f32>,
+    /// Attention's q projection is twice as wide: each head's q then a gate,
+    /// the attention output multiplied by the gate's sigmoid (Qwen3.5).
+    pub attn_output_gate: bool,
+    /// Gated DeltaNet layers between the attention layers (hybrid models).
+    pub linear: Option<LinearAttention>,
 }
 
 /// Everything the forward pass needs to know about a model.
@@ -220,6 +301,39 @@ pub struct ModelConfig {
     pub moe: Option<MoeConfig>,
     /// The family's departures from the Llama block.
     pub variant: Variant,
+}
+
+/// Checks a hybrid model's linear-attention shapes.
+fn validate_linear(linear: &LinearAttention, layers: usize) -> Result<(), ConfigError> {
+    let fail = |m: String| Err(ConfigError(m));
+    if linear.layers.len() != layers {
+        return fail(format!(
+            "{} linear-attention layer flags given for {layers} layers",
+            linear.layers.len()
+        ));
+    }
+    let dims = [
+        linear.conv_kernel,
+        linear.key_heads,
+        linear.key_dim,
+        linear.value_heads,
+        linear.value_dim,
+    ];
+    if dims.contains(&0)
+        || dims.iter().any(|&d| d > 1 << 16)
+        || !linear.value_heads.is_multiple_of(linear.key_heads)
+    {
+        return fail(format!(
+            "linear attention with conv kernel {}, {} key heads of {} and {} value heads of {}: \
+             need positive sizes and whole value heads per key head",
+            linear.conv_kernel,
+            linear.key_heads,
+            linear.key_dim,
+            linear.value_heads,
+            linear.value_dim
+        ));
+    }
+    Ok(())
 }
 
 /// A configuration that cannot run.
@@ -302,6 +416,9 @@ impl ModelConfig {
                 ));
             }
         }
+        if let Some(linear) = &self.variant.linear {
+            validate_linear(linear, self.layers)?;
+        }
         if let Some(moe) = &self.moe {
             if moe.experts == 0
                 || moe.experts_per_token == 0
@@ -316,6 +433,23 @@ impl ModelConfig {
             }
         }
         Ok(())
+    }
+
+    /// Whether any layer keeps recurrent state (a hybrid model): its
+    /// sequences' caches cannot be shared, cut back or rolled back.
+    pub fn has_recurrent_state(&self) -> bool {
+        self.variant
+            .linear
+            .as_ref()
+            .is_some_and(|l| l.layers.contains(&true))
+    }
+
+    /// Whether layer `layer` is a Gated DeltaNet (linear-attention) layer.
+    pub fn is_linear_layer(&self, layer: usize) -> bool {
+        self.variant
+            .linear
+            .as_ref()
+            .is_some_and(|l| l.is_linear(layer))
     }
 
     /// The sliding window of layer `layer`, if it has one.

@@ -31,7 +31,7 @@ pub(crate) fn require_silu(hf: &HfConfig) -> Result<(), ConfigError> {
 
 /// Which layers attend over the window, from `layer_types`; a kind of
 /// attention this engine lacks is refused by name.
-fn sliding_layers(hf: &HfConfig) -> Result<Option<Vec<bool>>, ConfigError> {
+fn sliding_layers(hf: &HfConfig, hybrid: bool) -> Result<Option<Vec<bool>>, ConfigError> {
     let Some(types) = &hf.layer_types else {
         return Ok(None);
     };
@@ -47,6 +47,8 @@ fn sliding_layers(hf: &HfConfig) -> Result<Option<Vec<bool>>, ConfigError> {
         .map(|kind| match kind.as_str() {
             "full_attention" => Ok(false),
             "sliding_attention" => Ok(true),
+            // The hybrid families read their linear layers themselves.
+            "linear_attention" if hybrid => Ok(false),
             other => Err(ConfigError(format!(
                 "layer type `{other}` is not supported (full_attention, sliding_attention)"
             ))),
@@ -91,7 +93,7 @@ pub(crate) fn base_config(
             .map(|w| usize::try_from(w).unwrap_or(usize::MAX)),
         moe: None,
         variant: Variant {
-            sliding_layers: sliding_layers(hf)?,
+            sliding_layers: sliding_layers(hf, architecture.is_hybrid())?,
             ..Variant::default()
         },
     };

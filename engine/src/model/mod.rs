@@ -8,12 +8,14 @@
 //! [`crate::ops`], with the mixture-of-experts MLP in [`moe`].
 
 pub mod config;
+pub mod deltanet;
 pub mod gemma;
 pub mod llama;
 pub mod moe;
 pub mod olmo2;
 pub mod phi3;
 pub mod qwen;
+pub mod qwen35;
 pub mod smollm3;
 pub mod transformer;
 pub mod weights;

@@ -32,12 +32,6 @@ pub(crate) fn config_from_hf(
     let Some(experts) = hf.expert_count() else {
         return Ok(None);
     };
-    if let Some(shared) = hf.shared_expert_intermediate_size.filter(|&s| s > 0) {
-        // Its output would be missing from every token's sum.
-        return Err(ConfigError(format!(
-            "shared_expert_intermediate_size {shared} is not supported (a shared expert beside the routed ones)"
-        )));
-    }
     let per_token = hf.num_experts_per_tok.ok_or_else(|| {
         ConfigError(format!(
             "{experts} experts but no num_experts_per_tok (how many run per token)"
@@ -48,6 +42,7 @@ pub(crate) fn config_from_hf(
         experts_per_token: per_token,
         expert_ffn: expert_ffn.unwrap_or(hf.intermediate_size),
         normalize_top_k,
+        shared_ffn: hf.shared_expert_intermediate_size.filter(|&s| s > 0),
     }))
 }
 
@@ -94,6 +89,16 @@ pub struct Experts {
     moe: MoeConfig,
     router: Matrix,
     weights: ExpertWeights,
+    shared: Option<SharedExpert>,
+}
+
+/// The expert every token runs (this rank's rows of it), its output scaled
+/// by `sigmoid(gate · x)` and added to the routed experts' sum.
+struct SharedExpert {
+    w_gate: Matrix,
+    w_up: Matrix,
+    w_down: Matrix,
+    gate: Vec<f32>,
 }
 
 /// Each expert's gate, up and down.
@@ -140,6 +145,9 @@ pub struct MoeWorkspace {
     token_of_row: Vec<usize>,
     /// One expert's input rows (the candle fallback only).
     gathered: Vec<f32>,
+    /// The shared expert's intermediate rows and output.
+    shared_gate: Vec<f32>,
+    shared_up: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
     down: Vec<f32>,
@@ -149,13 +157,13 @@ pub struct MoeWorkspace {
 impl Experts {
     /// Loads layer `layer`'s router (whole) and, of each expert, the rows
     /// `rows` of gate and up and the same columns of down (all of them
-    /// unless `sliced`).
+    /// unless `sliced`); of the shared expert, if any, `shared_rows`.
     pub fn load(
         source: &dyn TensorSource,
         layer: usize,
         moe: &MoeConfig,
         hidden: usize,
-        rows: &Range<usize>,
+        [rows, shared_rows]: [&Range<usize>; 2],
         sliced: bool,
     ) -> Result<Self, LoadError> {
         let name = |part: &str| format!("blk.{layer}.{part}");
@@ -198,14 +206,46 @@ impl Experts {
                 )?,
             ]);
         }
+        let shared = match moe.shared_ffn {
+            Some(f) => {
+                let cols = sliced.then(|| shared_rows.clone());
+                let gate_name = name("ffn_gate_inp_shexp.weight");
+                let gate = source.vector(&gate_name)?;
+                if gate.len() != hidden {
+                    return Err(LoadError::Shape {
+                        path: source.path().to_string(),
+                        tensor: gate_name,
+                        expected: vec![1, hidden],
+                        actual: source
+                            .shape(&name("ffn_gate_inp_shexp.weight"))
+                            .unwrap_or_default(),
+                    });
+                }
+                let rows = Some(shared_rows.clone());
+                Some(SharedExpert {
+                    w_gate: part(
+                        &name("ffn_gate_shexp.weight"),
+                        [f, hidden],
+                        rows.clone(),
+                        None,
+                    )?,
+                    w_up: part(&name("ffn_up_shexp.weight"), [f, hidden], rows, None)?,
+                    w_down: part(&name("ffn_down_shexp.weight"), [hidden, f], None, cols)?,
+                    gate,
+                })
+            }
+            None => None,
+        };
         let moe = MoeConfig {
             expert_ffn: rows.len(),
+            shared_ffn: moe.shared_ffn.map(|_| shared_rows.len()),
             ..moe.clone()
         };
         Ok(Self {
             moe,
             router,
             weights,
+            shared,
         })
     }
 
@@ -215,7 +255,10 @@ impl Experts {
             ExpertWeights::Native(w) => w.iter().flatten().map(QMatrix::size_bytes).sum(),
             ExpertWeights::Other(w) => w.iter().flatten().map(Matrix::size_bytes).sum(),
         };
-        self.router.size_bytes() + experts
+        let shared = self.shared.as_ref().map_or(0, |s| {
+            s.w_gate.size_bytes() + s.w_up.size_bytes() + s.w_down.size_bytes() + s.gate.len() * 4
+        });
+        self.router.size_bytes() + experts + shared
     }
 
     /// `out` (`n x hidden`) = the weighted sum of each token's experts over
@@ -275,6 +318,54 @@ impl Experts {
                         *o += v * weight;
                     }
                 }
+            }
+        }
+        if let Some(shared) = &self.shared {
+            shared.add_to(n, hidden, normed, out, ws, pool)?;
+        }
+        Ok(())
+    }
+}
+
+impl SharedExpert {
+    /// `out += sigmoid(gate · x) * mlp(x)` for each of the `n` tokens.
+    fn add_to(
+        &self,
+        n: usize,
+        hidden: usize,
+        normed: &[f32],
+        out: &mut [f32],
+        ws: &mut MoeWorkspace,
+        pool: &ThreadPool,
+    ) -> Result<(), candle_core::Error> {
+        let f = self.w_gate.rows();
+        ws.shared_gate.resize(n * f, 0.0);
+        ws.shared_up.resize(n * f, 0.0);
+        ws.down.resize(n * hidden, 0.0);
+        ws.acts.set(&normed[..n * hidden], n, hidden);
+        Matrix::matmul_many(
+            [&self.w_gate, &self.w_up],
+            &mut ws.acts,
+            n,
+            normed,
+            [&mut ws.shared_gate[..n * f], &mut ws.shared_up[..n * f]],
+            pool,
+        )?;
+        silu_mul_parallel(&mut ws.shared_gate[..n * f], &ws.shared_up[..n * f], pool);
+        ws.acts.set(&ws.shared_gate[..n * f], n, f);
+        self.w_down.matmul(
+            &mut ws.acts,
+            n,
+            &ws.shared_gate,
+            &mut ws.down[..n * hidden],
+            pool,
+        )?;
+        for t in 0..n {
+            let x = &normed[t * hidden..(t + 1) * hidden];
+            let scale = ops::sigmoid(ops::dot(x, &self.gate));
+            let row = t * hidden..(t + 1) * hidden;
+            for (o, v) in out[row.clone()].iter_mut().zip(&ws.down[row]) {
+                *o += scale * v;
             }
         }
         Ok(())

@@ -8,6 +8,7 @@ use std::ops::Range;
 use half::f16;
 
 use super::config::{Activation, LayerRope, ModelConfig};
+use super::deltanet::{GatedDeltaNet, LinearSplit, LinearWorkspace};
 use super::moe::{Experts, MoeWorkspace};
 use super::weights::{LoadError, Matrix, TensorSource};
 use crate::collectives::{CollectiveError, Group, SingleRank};
@@ -17,19 +18,41 @@ use crate::quant::Activations;
 use crate::shard::{split_evenly, ShardError, ShardSpec};
 use crate::threadpool::{split_range, DisjointSlice, ThreadPool};
 
-/// Weights of one decoder layer, and how its attention places positions.
+/// Weights of one decoder layer.
 pub struct Layer {
     /// The norms before attention and the MLP (absent in OLMo 2) and after
     /// them (Gemma, OLMo 2).
     attn_norm: Option<Vec<f32>>,
     attn_post_norm: Option<Vec<f32>>,
     ffn_post_norm: Option<Vec<f32>>,
+    ffn_norm: Option<Vec<f32>>,
+    mixer: Mixer,
+    mlp: Mlp,
+}
+
+/// What mixes a layer's tokens: attention over the KV cache, or a Gated
+/// DeltaNet over each sequence's recurrent state.
+enum Mixer {
+    Attention(Attention),
+    Linear {
+        net: GatedDeltaNet,
+        /// Where its state starts in a sequence's slot.
+        state_offset: usize,
+    },
+}
+
+/// Weights of one attention block, and how it places positions.
+struct Attention {
+    /// Its layer of the KV pool (hybrid models keep none for the others).
+    kv_layer: usize,
     /// The window this layer attends over, if any.
     window: Option<usize>,
     rope: LayerRope,
     /// Set when q and k are normed across all heads at once (OLMo 2): the
     /// whole widths of q and k, of which this rank holds a slice.
     qk_norm_widths: Option<(usize, usize)>,
+    /// With an output gate, twice as many rows: each head's q, then its
+    /// gate (Qwen3.5).
     wq: Matrix,
     wk: Matrix,
     wv: Matrix,
@@ -42,8 +65,7 @@ pub struct Layer {
     o_bias: Option<Vec<f32>>,
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
-    ffn_norm: Option<Vec<f32>>,
-    mlp: Mlp,
+    output_gate: bool,
 }
 
 impl Layer {
@@ -57,6 +79,26 @@ impl Layer {
         .iter()
         .map(|n| n.as_ref().map_or(0, Vec::len) * 4)
         .sum()
+    }
+
+    fn size_bytes(&self) -> usize {
+        let mixer = match &self.mixer {
+            Mixer::Attention(a) => {
+                let vectors = [
+                    &a.q_bias, &a.k_bias, &a.v_bias, &a.o_bias, &a.q_norm, &a.k_norm,
+                ];
+                [&a.wq, &a.wk, &a.wv, &a.wo]
+                    .iter()
+                    .map(|m| m.size_bytes())
+                    .sum::<usize>()
+                    + vectors
+                        .into_iter()
+                        .map(|b| b.as_ref().map_or(0, Vec::len) * 4)
+                        .sum::<usize>()
+            }
+            Mixer::Linear { net, .. } => net.size_bytes(),
+        };
+        mixer + self.mlp.size_bytes() + self.norm_bytes()
     }
 }
 
@@ -114,6 +156,11 @@ pub struct Transformer {
     rope_freq_factors: Option<Vec<f32>>,
     /// Set on a tensor-parallel rank.
     tensor: Option<TensorSlice>,
+    /// Layers with keys and values (all but the linear-attention ones).
+    kv_layers: usize,
+    /// Floats of recurrent state a sequence needs across this shard's
+    /// linear-attention layers (0 without any).
+    state_len: usize,
 }
 
 /// What a stage consumes.
@@ -141,9 +188,10 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    pub fn new(config: &ModelConfig, layers: usize) -> Self {
+    /// A cache over `pool` (see [`Transformer::new_pool`]).
+    pub fn with_pool(pool: KvPool) -> Self {
         Self {
-            pool: KvPool::new(layers, config.kv_dim()),
+            pool,
             table: Vec::new(),
             len: 0,
         }
@@ -163,9 +211,15 @@ impl KvCache {
         self.truncate(0);
     }
 
-    /// Keeps the first `len` positions (a shared prompt prefix).
+    /// Keeps the first `len` positions (a shared prompt prefix). A hybrid
+    /// model's recurrent state cannot be rewound: it keeps nothing then,
+    /// and the prefix is computed again.
     pub fn truncate(&mut self, len: usize) {
-        self.len = len.min(self.len);
+        self.len = if len < self.len && self.pool.state_len() > 0 {
+            0
+        } else {
+            len.min(self.len)
+        };
     }
 
     /// Reserves room for `positions` in total, so decoding never reallocates.
@@ -194,6 +248,9 @@ pub struct SeqSpan<'a> {
     /// Rows of logits the step returns for the span's last tokens: 0, 1
     /// (the next token), or more (a speculative step checks each draft).
     pub logits: usize,
+    /// The sequence's slot of recurrent state (hybrid models; a span that
+    /// starts at position 0 resets it). Distinct for the spans of a step.
+    pub state: usize,
 }
 
 /// Scratch buffers of the forward pass, sized once for the largest batch so
@@ -206,6 +263,10 @@ pub struct Workspace {
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
+    /// Gated attention: each head's q and gate as q_proj gives them, and
+    /// the gates.
+    q_gated: Vec<f32>,
+    attn_gate: Vec<f32>,
     attn: Vec<f32>,
     proj: Vec<f32>,
     gate: Vec<f32>,
@@ -229,6 +290,8 @@ pub struct Workspace {
     acts: Activations,
     /// The mixture-of-experts block's buffers (empty for dense models).
     moe: MoeWorkspace,
+    /// The linear-attention layers' buffers (hybrid models).
+    linear: LinearWorkspace,
 }
 
 impl Workspace {
@@ -241,6 +304,10 @@ impl Workspace {
             resize(&mut self.k, tokens * config.kv_dim());
             resize(&mut self.v, tokens * config.kv_dim());
             resize(&mut self.attn, tokens * config.q_dim());
+            if config.variant.attn_output_gate {
+                resize(&mut self.q_gated, 2 * tokens * config.q_dim());
+                resize(&mut self.attn_gate, tokens * config.q_dim());
+            }
             resize(&mut self.proj, tokens * config.hidden);
             resize(&mut self.gate, tokens * config.ffn);
             resize(&mut self.up, tokens * config.ffn);
@@ -311,6 +378,8 @@ pub enum ForwardError {
     Collective(#[from] CollectiveError),
     #[error("this shard was split for {expected} ranks but runs in a group of {actual}")]
     GroupSize { expected: usize, actual: usize },
+    #[error("recurrent-state slot {slot}: {reason}")]
+    StateSlot { slot: usize, reason: &'static str },
 }
 
 /// What a tensor-parallel rank owns beyond its slice of every layer: its
@@ -329,6 +398,11 @@ pub struct TensorSplit {
     pub ffn_rows: Range<usize>,
     /// Rows of every expert (mixture-of-experts models; else empty).
     pub expert_rows: Range<usize>,
+    /// Rows of the shared expert (else empty).
+    pub shared_rows: Range<usize>,
+    /// Key heads of the linear-attention layers, each with its value heads
+    /// (hybrid models; else empty).
+    pub linear_keys: Range<usize>,
     pub vocab_rows: Range<usize>,
     pub vocab_counts: Vec<usize>,
 }
@@ -377,13 +451,35 @@ impl TensorSplit {
             Some(moe) => ffn_share(moe.expert_ffn, expert_unit, rank, world)?,
             None => 0..0,
         };
+        let shared_rows = match config.moe.as_ref().and_then(|m| m.shared_ffn) {
+            Some(rows) => ffn_share(rows, expert_unit, rank, world)?,
+            None => 0..0,
+        };
+        let linear_keys = match &config.variant.linear {
+            Some(linear) => {
+                let parts = split_evenly(
+                    linear.key_heads as u32,
+                    world as usize,
+                    "linear-attention key heads",
+                )?;
+                let part = &parts[rank as usize];
+                part.start as usize..part.end as usize
+            }
+            None => 0..0,
+        };
         let vocab_parts = split_evenly(config.vocab as u32, world as usize, "vocabulary rows")?;
         let vocab = &vocab_parts[rank as usize];
         Ok(Self {
             q_rows: g0 * per_group * hd..g1 * per_group * hd,
             kv_rows: g0 * hd..g1 * hd,
-            ffn_rows: ffn_share(config.ffn, ffn_unit, rank, world)?,
+            // No dense layers at all (every layer runs experts): nothing to split.
+            ffn_rows: match config.ffn {
+                0 => 0..0,
+                ffn => ffn_share(ffn, ffn_unit, rank, world)?,
+            },
             expert_rows,
+            shared_rows,
+            linear_keys,
             vocab_rows: vocab.start as usize..vocab.end as usize,
             vocab_counts: vocab_parts.iter().map(|r| r.len()).collect(),
         })
@@ -439,51 +535,30 @@ impl Transformer {
             ),
             ShardSpec::Pipeline { .. } => None,
         };
-        let q_rows = split.as_ref().map_or(0..q, |s| s.q_rows.clone());
-        let kv_rows = split.as_ref().map_or(0..kv, |s| s.kv_rows.clone());
-        let ffn_rows = split.as_ref().map_or(0..f, |s| s.ffn_rows.clone());
-        let expert_rows = match (&split, &config.moe) {
-            (Some(s), _) => s.expert_rows.clone(),
-            (None, Some(moe)) => 0..moe.expert_ffn,
-            (None, None) => 0..0,
+        let rows = ShardRows {
+            q: split.as_ref().map_or(0..q, |s| s.q_rows.clone()),
+            kv: split.as_ref().map_or(0..kv, |s| s.kv_rows.clone()),
+            ffn: split.as_ref().map_or(0..f, |s| s.ffn_rows.clone()),
+            expert: match (&split, &config.moe) {
+                (Some(s), _) => s.expert_rows.clone(),
+                (None, Some(moe)) => 0..moe.expert_ffn,
+                (None, None) => 0..0,
+            },
+            shared: match (&split, config.moe.as_ref().and_then(|m| m.shared_ffn)) {
+                (Some(s), _) => s.shared_rows.clone(),
+                (None, Some(rows)) => 0..rows,
+                (None, None) => 0..0,
+            },
+            sliced: split.is_some(),
         };
-        let sliced = split.is_some();
         let part = |name: &str,
                     shape: [usize; 2],
                     rows: Option<Range<usize>>,
                     cols: Option<Range<usize>>|
          -> Result<Matrix, LoadError> {
-            source.expect_shape(name, &shape)?;
-            source.matrix_part(name, rows, cols)
+            load_part(source, name, shape, rows, cols)
         };
-        let vector = |name: &str, len: usize| -> Result<Vec<f32>, LoadError> {
-            source.expect_shape(name, &[len])?;
-            source.vector(name)
-        };
-        let sliced_vector = |name: &str, len: usize, rows: &Range<usize>, wanted: bool| {
-            if wanted {
-                vector(name, len).map(|v| Some(v[rows.clone()].to_vec()))
-            } else {
-                Ok(None)
-            }
-        };
-        let optional = |name: &str, len: usize, wanted: bool| {
-            if wanted {
-                vector(name, len).map(Some)
-            } else {
-                Ok(None)
-            }
-        };
-        // Biases llama.cpp also loads when the file has them (o_proj and
-        // the MLP's): present means used, never silently dropped.
-        let if_present = |name: &str, len: usize, rows: Range<usize>| {
-            if source.contains(name) {
-                vector(name, len).map(|v| Some(v[rows].to_vec()))
-            } else {
-                Ok(None)
-            }
-        };
-        let shifted = |r: &Range<usize>, by: usize| r.start + by..r.end + by;
+        let vector = |name: &str, len: usize| load_vector(source, name, len);
         let needs_embeddings = first || (last && config.tied_embeddings);
         let embeddings = if needs_embeddings {
             Some(part("token_embd.weight", [config.vocab, h], None, None)?)
@@ -492,96 +567,41 @@ impl Transformer {
         };
         progress(1, total);
         let mut loaded = Vec::with_capacity(layers.len());
+        let mut kv_layers = 0;
+        let mut state_len = 0;
         for i in layers.clone() {
             let n = |part: &str| format!("blk.{i}.{part}");
-            // Fused projections (one tensor for q, k and v; one for gate and
-            // up) are split section by section.
-            let (wq, wk, wv) = if !source.contains(&n("attn_q.weight"))
-                && source.contains(&n("attn_qkv.weight"))
-            {
-                let fused = n("attn_qkv.weight");
-                let shape = [q + 2 * kv, h];
-                (
-                    part(&fused, shape, Some(q_rows.clone()), None)?,
-                    part(&fused, shape, Some(shifted(&kv_rows, q)), None)?,
-                    part(&fused, shape, Some(shifted(&kv_rows, q + kv)), None)?,
-                )
-            } else {
-                (
-                    part(&n("attn_q.weight"), [q, h], Some(q_rows.clone()), None)?,
-                    part(&n("attn_k.weight"), [kv, h], Some(kv_rows.clone()), None)?,
-                    part(&n("attn_v.weight"), [kv, h], Some(kv_rows.clone()), None)?,
-                )
-            };
-            let cols = |r: &Range<usize>| sliced.then(|| r.clone());
-            let mlp = match &config.moe {
-                Some(moe) if source.contains(&n("ffn_gate_inp.weight")) => {
-                    Mlp::Experts(Experts::load(source, i, moe, h, &expert_rows, sliced)?)
-                }
-                _ => {
-                    let fused_gate_up = !source.contains(&n("ffn_gate.weight"))
-                        && source.shape(&n("ffn_up.weight")) == Some(vec![2 * f, h]);
-                    let (w_gate, w_up, gate_bias, up_bias) = if fused_gate_up {
-                        let fused = n("ffn_up.weight");
-                        let shape = [2 * f, h];
-                        let bias = n("ffn_up.bias");
-                        (
-                            part(&fused, shape, Some(ffn_rows.clone()), None)?,
-                            part(&fused, shape, Some(shifted(&ffn_rows, f)), None)?,
-                            if_present(&bias, 2 * f, ffn_rows.clone())?,
-                            if_present(&bias, 2 * f, shifted(&ffn_rows, f))?,
-                        )
-                    } else {
-                        (
-                            part(&n("ffn_gate.weight"), [f, h], Some(ffn_rows.clone()), None)?,
-                            part(&n("ffn_up.weight"), [f, h], Some(ffn_rows.clone()), None)?,
-                            if_present(&n("ffn_gate.bias"), f, ffn_rows.clone())?,
-                            if_present(&n("ffn_up.bias"), f, ffn_rows.clone())?,
-                        )
+            let mixer = match config.variant.linear.as_ref().filter(|l| l.is_linear(i)) {
+                Some(linear) => {
+                    let heads = match &split {
+                        Some(s) => LinearSplit::for_key_heads(linear, s.linear_keys.clone()),
+                        None => LinearSplit::whole(linear),
                     };
-                    Mlp::Dense {
-                        w_gate,
-                        w_up,
-                        w_down: part(&n("ffn_down.weight"), [h, f], None, cols(&ffn_rows))?,
-                        gate_bias,
-                        up_bias,
-                        down_bias: if_present(&n("ffn_down.bias"), h, 0..h)?,
-                    }
+                    let net = GatedDeltaNet::load(source, i, linear, h, config.norm_eps, &heads)?;
+                    let state_offset = state_len;
+                    state_len += net.state_len();
+                    Mixer::Linear { net, state_offset }
+                }
+                None => {
+                    kv_layers += 1;
+                    Mixer::Attention(load_attention(source, &config, i, kv_layers - 1, &rows)?)
                 }
             };
             let (pre, post) = (!config.variant.no_pre_norms, config.variant.post_norms);
-            let whole = config.variant.qk_norm_whole;
-            let (q_norm, k_norm) = if whole {
-                (
-                    sliced_vector(&n("attn_q_norm.weight"), q, &q_rows, config.qk_norm)?,
-                    sliced_vector(&n("attn_k_norm.weight"), kv, &kv_rows, config.qk_norm)?,
-                )
+            // The hybrid families' GGUFs name the norm before the MLP as
+            // Hugging Face does.
+            let ffn_norm = if config.variant.linear.is_some() {
+                "post_attention_norm.weight"
             } else {
-                let hd = config.head_dim;
-                (
-                    optional(&n("attn_q_norm.weight"), hd, config.qk_norm)?,
-                    optional(&n("attn_k_norm.weight"), hd, config.qk_norm)?,
-                )
+                "ffn_norm.weight"
             };
             loaded.push(Layer {
-                attn_norm: optional(&n("attn_norm.weight"), h, pre)?,
-                attn_post_norm: optional(&n("post_attention_norm.weight"), h, post)?,
-                ffn_post_norm: optional(&n("post_ffw_norm.weight"), h, post)?,
-                window: config.layer_window(i),
-                rope: config.layer_rope(i),
-                qk_norm_widths: (whole && config.qk_norm).then_some((q, kv)),
-                wq,
-                wk,
-                wv,
-                wo: part(&n("attn_output.weight"), [h, q], None, cols(&q_rows))?,
-                q_bias: sliced_vector(&n("attn_q.bias"), q, &q_rows, config.qkv_bias)?,
-                k_bias: sliced_vector(&n("attn_k.bias"), kv, &kv_rows, config.qkv_bias)?,
-                v_bias: sliced_vector(&n("attn_v.bias"), kv, &kv_rows, config.qkv_bias)?,
-                o_bias: if_present(&n("attn_output.bias"), h, 0..h)?,
-                q_norm,
-                k_norm,
-                ffn_norm: optional(&n("ffn_norm.weight"), h, pre)?,
-                mlp,
+                attn_norm: optional(source, &n("attn_norm.weight"), h, pre)?,
+                attn_post_norm: optional(source, &n("post_attention_norm.weight"), h, post)?,
+                ffn_post_norm: optional(source, &n("post_ffw_norm.weight"), h, post)?,
+                ffn_norm: optional(source, &n(ffn_norm), h, pre)?,
+                mixer,
+                mlp: load_mlp(source, &config, i, &rows)?,
             });
             progress(2 + i - layers.start, total);
         }
@@ -627,12 +647,15 @@ impl Transformer {
             config.ffn = split.ffn_rows.len();
             if let Some(moe) = &mut config.moe {
                 moe.expert_ffn = split.expert_rows.len();
+                moe.shared_ffn = moe.shared_ffn.map(|_| split.shared_rows.len());
             }
         }
         Ok(Self {
             config,
             layer_range: layers,
             embeddings,
+            kv_layers,
+            state_len,
             layers: loaded,
             final_norm,
             output,
@@ -656,27 +679,24 @@ impl Transformer {
 
     /// A KV cache for this shard's layers.
     pub fn new_cache(&self) -> KvCache {
-        KvCache::new(&self.config, self.layers.len())
+        KvCache::with_pool(self.new_pool())
+    }
+
+    /// An empty pool of keys and values for this shard's attention layers,
+    /// and of recurrent state for its linear ones.
+    pub fn new_pool(&self) -> KvPool {
+        KvPool::new(self.kv_layers, self.config.kv_dim()).with_state(self.state_len)
+    }
+
+    /// Whether the model (any shard of it) keeps recurrent state, which
+    /// cannot be shared between sequences, cut back or rewound.
+    pub fn has_recurrent_state(&self) -> bool {
+        self.config.has_recurrent_state()
     }
 
     /// Bytes of weights this shard holds.
     pub fn weight_bytes(&self) -> usize {
-        let layers: usize = self
-            .layers
-            .iter()
-            .map(|l| {
-                [&l.wq, &l.wk, &l.wv, &l.wo]
-                    .iter()
-                    .map(|m| m.size_bytes())
-                    .sum::<usize>()
-                    + l.mlp.size_bytes()
-                    + l.norm_bytes()
-                    + [&l.q_bias, &l.k_bias, &l.v_bias, &l.o_bias]
-                        .into_iter()
-                        .map(|b| b.as_ref().map_or(0, Vec::len) * 4)
-                        .sum::<usize>()
-            })
-            .sum();
+        let layers: usize = self.layers.iter().map(Layer::size_bytes).sum();
         layers
             + self.embeddings.as_ref().map_or(0, Matrix::size_bytes)
             + self.output.as_ref().map_or(0, Matrix::size_bytes)
@@ -725,6 +745,7 @@ impl Transformer {
             len: tokens,
             table: &cache.table,
             logits: usize::from(want_logits),
+            state: 0,
         };
         let out = self.forward_batch(input, &[span], &mut cache.pool, ws, pool, group)?;
         cache.len = start + tokens;
@@ -757,6 +778,15 @@ impl Transformer {
             return Err(ForwardError::Empty);
         }
         let context = self.check_spans(spans, tokens, kv)?;
+        if self.state_len > 0 {
+            for span in spans {
+                kv.ensure_state_slot(span.state)
+                    .map_err(|reason| ForwardError::StateSlot {
+                        slot: span.state,
+                        reason,
+                    })?;
+            }
+        }
         ws.ensure(cfg, tokens, context, pool.threads());
         ws.index_tokens(spans);
         self.embed_input(input, tokens, ws)?;
@@ -795,8 +825,8 @@ impl Transformer {
                 *v *= attention_factor;
             }
         }
-        for (index, layer) in self.layers.iter().enumerate() {
-            self.layer_forward(layer, index, tokens, spans, kv, ws, pool, group)?;
+        for layer in &self.layers {
+            self.layer_forward(layer, tokens, spans, kv, ws, pool, group)?;
         }
         let wanted: usize = spans.iter().map(|s| s.logits).sum();
         if !self.is_last_stage() || wanted == 0 {
@@ -963,7 +993,6 @@ impl Transformer {
     fn layer_forward(
         &self,
         layer: &Layer,
-        index: usize,
         tokens: usize,
         spans: &[SeqSpan<'_>],
         kv: &mut KvPool,
@@ -972,92 +1001,40 @@ impl Transformer {
         group: &mut dyn Group,
     ) -> Result<(), ForwardError> {
         let cfg = &self.config;
-        let (h, qd, kvd, hd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+        let h = cfg.hidden;
         let n = tokens;
 
-        // Attention block.
+        // Attention (or linear attention) block.
         pre_norm(
             &ws.x[..n * h],
             layer.attn_norm.as_deref(),
             cfg.norm_eps,
             &mut ws.normed[..n * h],
         );
-        ws.acts.set(&ws.normed[..n * h], n, h);
-        Matrix::matmul_many(
-            [&layer.wq, &layer.wk, &layer.wv],
-            &mut ws.acts,
-            n,
-            &ws.normed,
-            [
-                &mut ws.q[..n * qd],
-                &mut ws.k[..n * kvd],
-                &mut ws.v[..n * kvd],
-            ],
-            pool,
-        )?;
-        add_bias(&mut ws.q[..n * qd], layer.q_bias.as_deref());
-        add_bias(&mut ws.k[..n * kvd], layer.k_bias.as_deref());
-        add_bias(&mut ws.v[..n * kvd], layer.v_bias.as_deref());
-        self.qk_norms(layer, n, ws, group)?;
-        let pairs = cfg.rotary_dims / 2;
-        let angles = match layer.rope {
-            LayerRope::Global => Some((&ws.cos, &ws.sin)),
-            LayerRope::Local => Some((&ws.cos_local, &ws.sin_local)),
-            LayerRope::None => None,
-        };
-        if let Some((cos, sin)) = angles {
-            for t in 0..n {
-                let (cos, sin) = (
-                    &cos[t * pairs..(t + 1) * pairs],
-                    &sin[t * pairs..(t + 1) * pairs],
-                );
-                ops::apply_rope(
-                    &mut ws.q[t * qd..(t + 1) * qd],
-                    hd,
-                    cfg.rope_style,
-                    cos,
-                    sin,
-                );
-                ops::apply_rope(
-                    &mut ws.k[t * kvd..(t + 1) * kvd],
-                    hd,
-                    cfg.rope_style,
-                    cos,
-                    sin,
-                );
+        let o_bias = match &layer.mixer {
+            Mixer::Attention(attn) => {
+                self.attention_block(attn, n, spans, kv, ws, pool, group)?;
+                attn.o_bias.as_deref()
             }
-        }
-        store_kv(kv, index, spans, &ws.k[..n * kvd], &ws.v[..n * kvd]);
-        let scoring = Scoring {
-            window: layer.window,
-            scale: cfg
-                .variant
-                .attention_scale
-                .unwrap_or(1.0 / (hd as f32).sqrt()),
-            softcap: cfg.variant.attn_softcap,
+            Mixer::Linear { net, state_offset } => {
+                net.forward(
+                    n,
+                    h,
+                    spans,
+                    kv,
+                    *state_offset,
+                    &ws.normed[..n * h],
+                    &mut ws.proj[..n * h],
+                    &mut ws.linear,
+                    pool,
+                )?;
+                None
+            }
         };
-        attention(
-            cfg,
-            scoring,
-            &ws.q[..n * qd],
-            kv,
-            index,
-            spans,
-            &ws.token_span[..n],
-            &ws.positions[..n],
-            &mut ws.attn[..n * qd],
-            &mut ws.scores,
-            ws.scores_stride,
-            pool,
-        );
-        ws.acts.set(&ws.attn[..n * qd], n, qd);
-        layer
-            .wo
-            .matmul(&mut ws.acts, n, &ws.attn, &mut ws.proj[..n * h], pool)?;
         if self.tensor.is_some() {
             group.all_reduce_sum(&mut ws.proj[..n * h])?;
         }
-        add_bias(&mut ws.proj[..n * h], layer.o_bias.as_deref());
+        add_bias(&mut ws.proj[..n * h], o_bias);
         if let Some(norm) = &layer.attn_post_norm {
             ops::rms_norm_in_place(&mut ws.proj[..n * h], norm, cfg.norm_eps);
         }
@@ -1111,22 +1088,126 @@ impl Transformer {
         Ok(())
     }
 
+    /// Attention over `ws.normed` into `ws.proj`, before o_proj's bias and
+    /// the reduction.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_block(
+        &self,
+        attn: &Attention,
+        n: usize,
+        spans: &[SeqSpan<'_>],
+        kv: &mut KvPool,
+        ws: &mut Workspace,
+        pool: &ThreadPool,
+        group: &mut dyn Group,
+    ) -> Result<(), ForwardError> {
+        let cfg = &self.config;
+        let (h, qd, kvd, hd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+        ws.acts.set(&ws.normed[..n * h], n, h);
+        let q_out = if attn.output_gate {
+            &mut ws.q_gated[..2 * n * qd]
+        } else {
+            &mut ws.q[..n * qd]
+        };
+        Matrix::matmul_many(
+            [&attn.wq, &attn.wk, &attn.wv],
+            &mut ws.acts,
+            n,
+            &ws.normed,
+            [q_out, &mut ws.k[..n * kvd], &mut ws.v[..n * kvd]],
+            pool,
+        )?;
+        if attn.output_gate {
+            // Each head's q, then its gate.
+            let heads = n * qd / hd;
+            for head in 0..heads {
+                let from = &ws.q_gated[2 * head * hd..2 * (head + 1) * hd];
+                ws.q[head * hd..(head + 1) * hd].copy_from_slice(&from[..hd]);
+                ws.attn_gate[head * hd..(head + 1) * hd].copy_from_slice(&from[hd..]);
+            }
+        }
+        add_bias(&mut ws.q[..n * qd], attn.q_bias.as_deref());
+        add_bias(&mut ws.k[..n * kvd], attn.k_bias.as_deref());
+        add_bias(&mut ws.v[..n * kvd], attn.v_bias.as_deref());
+        self.qk_norms(attn, n, ws, group)?;
+        let pairs = cfg.rotary_dims / 2;
+        let angles = match attn.rope {
+            LayerRope::Global => Some((&ws.cos, &ws.sin)),
+            LayerRope::Local => Some((&ws.cos_local, &ws.sin_local)),
+            LayerRope::None => None,
+        };
+        if let Some((cos, sin)) = angles {
+            for t in 0..n {
+                let (cos, sin) = (
+                    &cos[t * pairs..(t + 1) * pairs],
+                    &sin[t * pairs..(t + 1) * pairs],
+                );
+                ops::apply_rope(
+                    &mut ws.q[t * qd..(t + 1) * qd],
+                    hd,
+                    cfg.rope_style,
+                    cos,
+                    sin,
+                );
+                ops::apply_rope(
+                    &mut ws.k[t * kvd..(t + 1) * kvd],
+                    hd,
+                    cfg.rope_style,
+                    cos,
+                    sin,
+                );
+            }
+        }
+        store_kv(kv, attn.kv_layer, spans, &ws.k[..n * kvd], &ws.v[..n * kvd]);
+        let scoring = Scoring {
+            window: attn.window,
+            scale: cfg
+                .variant
+                .attention_scale
+                .unwrap_or(1.0 / (hd as f32).sqrt()),
+            softcap: cfg.variant.attn_softcap,
+        };
+        attention(
+            cfg,
+            scoring,
+            &ws.q[..n * qd],
+            kv,
+            attn.kv_layer,
+            spans,
+            &ws.token_span[..n],
+            &ws.positions[..n],
+            &mut ws.attn[..n * qd],
+            &mut ws.scores,
+            ws.scores_stride,
+            pool,
+        );
+        if attn.output_gate {
+            for (o, g) in ws.attn[..n * qd].iter_mut().zip(&ws.attn_gate[..n * qd]) {
+                *o *= ops::sigmoid(*g);
+            }
+        }
+        ws.acts.set(&ws.attn[..n * qd], n, qd);
+        attn.wo
+            .matmul(&mut ws.acts, n, &ws.attn, &mut ws.proj[..n * h], pool)?;
+        Ok(())
+    }
+
     /// The q and k norms: head by head (Qwen3, Gemma 3), or across all
     /// heads (OLMo 2), where a tensor-parallel rank adds its sums of
     /// squares to the others' first.
     fn qk_norms(
         &self,
-        layer: &Layer,
+        attn: &Attention,
         n: usize,
         ws: &mut Workspace,
         group: &mut dyn Group,
     ) -> Result<(), ForwardError> {
         let cfg = &self.config;
         let (qd, kvd) = (cfg.q_dim(), cfg.kv_dim());
-        let (Some(q_norm), Some(k_norm)) = (&layer.q_norm, &layer.k_norm) else {
+        let (Some(q_norm), Some(k_norm)) = (&attn.q_norm, &attn.k_norm) else {
             return Ok(());
         };
-        let Some((q_width, k_width)) = layer.qk_norm_widths else {
+        let Some((q_width, k_width)) = attn.qk_norm_widths else {
             ops::rms_norm_in_place(&mut ws.q[..n * qd], q_norm, cfg.norm_eps);
             ops::rms_norm_in_place(&mut ws.k[..n * kvd], k_norm, cfg.norm_eps);
             return Ok(());
@@ -1142,6 +1223,207 @@ impl Transformer {
         ops::rms_norm_by_sums(&mut ws.k[..n * kvd], k_norm, k_sums, k_width, cfg.norm_eps);
         Ok(())
     }
+}
+
+/// The rows a shard owns of each split dimension (all of them unless
+/// `sliced`, a tensor-parallel rank).
+struct ShardRows {
+    q: Range<usize>,
+    kv: Range<usize>,
+    ffn: Range<usize>,
+    expert: Range<usize>,
+    shared: Range<usize>,
+    sliced: bool,
+}
+
+fn load_part(
+    source: &dyn TensorSource,
+    name: &str,
+    shape: [usize; 2],
+    rows: Option<Range<usize>>,
+    cols: Option<Range<usize>>,
+) -> Result<Matrix, LoadError> {
+    source.expect_shape(name, &shape)?;
+    source.matrix_part(name, rows, cols)
+}
+
+fn load_vector(source: &dyn TensorSource, name: &str, len: usize) -> Result<Vec<f32>, LoadError> {
+    source.expect_shape(name, &[len])?;
+    source.vector(name)
+}
+
+/// `rows` of a vector, if the family has it.
+fn sliced_vector(
+    source: &dyn TensorSource,
+    name: &str,
+    len: usize,
+    rows: &Range<usize>,
+    wanted: bool,
+) -> Result<Option<Vec<f32>>, LoadError> {
+    if wanted {
+        load_vector(source, name, len).map(|v| Some(v[rows.clone()].to_vec()))
+    } else {
+        Ok(None)
+    }
+}
+
+fn optional(
+    source: &dyn TensorSource,
+    name: &str,
+    len: usize,
+    wanted: bool,
+) -> Result<Option<Vec<f32>>, LoadError> {
+    if wanted {
+        load_vector(source, name, len).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+/// Biases llama.cpp also loads when the file has them (o_proj and the
+/// MLP's): present means used, never silently dropped.
+fn if_present(
+    source: &dyn TensorSource,
+    name: &str,
+    len: usize,
+    rows: Range<usize>,
+) -> Result<Option<Vec<f32>>, LoadError> {
+    if source.contains(name) {
+        load_vector(source, name, len).map(|v| Some(v[rows].to_vec()))
+    } else {
+        Ok(None)
+    }
+}
+
+fn shifted(r: &Range<usize>, by: usize) -> Range<usize> {
+    r.start + by..r.end + by
+}
+
+/// Layer `i`'s attention, this shard's heads of it.
+fn load_attention(
+    source: &dyn TensorSource,
+    config: &ModelConfig,
+    i: usize,
+    kv_layer: usize,
+    rows: &ShardRows,
+) -> Result<Attention, LoadError> {
+    let n = |part: &str| format!("blk.{i}.{part}");
+    let (h, q, kv) = (config.hidden, config.q_dim(), config.kv_dim());
+    let (q_rows, kv_rows) = (&rows.q, &rows.kv);
+    let part = |name: &str, shape, rows, cols| load_part(source, name, shape, rows, cols);
+    let output_gate = config.variant.attn_output_gate;
+    // Fused projections (one tensor for q, k and v) are split section by
+    // section.
+    let (wq, wk, wv) =
+        if !source.contains(&n("attn_q.weight")) && source.contains(&n("attn_qkv.weight")) {
+            let fused = n("attn_qkv.weight");
+            let shape = [q + 2 * kv, h];
+            (
+                part(&fused, shape, Some(q_rows.clone()), None)?,
+                part(&fused, shape, Some(shifted(kv_rows, q)), None)?,
+                part(&fused, shape, Some(shifted(kv_rows, q + kv)), None)?,
+            )
+        } else {
+            // A gated head's rows are its q's then its gate's.
+            let (q_shape, q_part) = if output_gate {
+                ([2 * q, h], 2 * q_rows.start..2 * q_rows.end)
+            } else {
+                ([q, h], q_rows.clone())
+            };
+            (
+                part(&n("attn_q.weight"), q_shape, Some(q_part), None)?,
+                part(&n("attn_k.weight"), [kv, h], Some(kv_rows.clone()), None)?,
+                part(&n("attn_v.weight"), [kv, h], Some(kv_rows.clone()), None)?,
+            )
+        };
+    let whole = config.variant.qk_norm_whole;
+    let (q_norm, k_norm) = if whole {
+        (
+            sliced_vector(source, &n("attn_q_norm.weight"), q, q_rows, config.qk_norm)?,
+            sliced_vector(
+                source,
+                &n("attn_k_norm.weight"),
+                kv,
+                kv_rows,
+                config.qk_norm,
+            )?,
+        )
+    } else {
+        let hd = config.head_dim;
+        (
+            optional(source, &n("attn_q_norm.weight"), hd, config.qk_norm)?,
+            optional(source, &n("attn_k_norm.weight"), hd, config.qk_norm)?,
+        )
+    };
+    let cols = rows.sliced.then(|| q_rows.clone());
+    Ok(Attention {
+        kv_layer,
+        window: config.layer_window(i),
+        rope: config.layer_rope(i),
+        qk_norm_widths: (whole && config.qk_norm).then_some((q, kv)),
+        wq,
+        wk,
+        wv,
+        wo: part(&n("attn_output.weight"), [h, q], None, cols)?,
+        q_bias: sliced_vector(source, &n("attn_q.bias"), q, q_rows, config.qkv_bias)?,
+        k_bias: sliced_vector(source, &n("attn_k.bias"), kv, kv_rows, config.qkv_bias)?,
+        v_bias: sliced_vector(source, &n("attn_v.bias"), kv, kv_rows, config.qkv_bias)?,
+        o_bias: if_present(source, &n("attn_output.bias"), h, 0..h)?,
+        q_norm,
+        k_norm,
+        output_gate,
+    })
+}
+
+/// Layer `i`'s MLP: experts where the file has a router, else dense (gate
+/// and up fused in one tensor for Phi-3).
+fn load_mlp(
+    source: &dyn TensorSource,
+    config: &ModelConfig,
+    i: usize,
+    rows: &ShardRows,
+) -> Result<Mlp, LoadError> {
+    let n = |part: &str| format!("blk.{i}.{part}");
+    let (h, f) = (config.hidden, config.ffn);
+    let part = |name: &str, shape, rows, cols| load_part(source, name, shape, rows, cols);
+    if let Some(moe) = config
+        .moe
+        .as_ref()
+        .filter(|_| source.contains(&n("ffn_gate_inp.weight")))
+    {
+        let experts = Experts::load(source, i, moe, h, [&rows.expert, &rows.shared], rows.sliced)?;
+        return Ok(Mlp::Experts(experts));
+    }
+    let ffn_rows = &rows.ffn;
+    let fused_gate_up = !source.contains(&n("ffn_gate.weight"))
+        && source.shape(&n("ffn_up.weight")) == Some(vec![2 * f, h]);
+    let (w_gate, w_up, gate_bias, up_bias) = if fused_gate_up {
+        let fused = n("ffn_up.weight");
+        let shape = [2 * f, h];
+        let bias = n("ffn_up.bias");
+        (
+            part(&fused, shape, Some(ffn_rows.clone()), None)?,
+            part(&fused, shape, Some(shifted(ffn_rows, f)), None)?,
+            if_present(source, &bias, 2 * f, ffn_rows.clone())?,
+            if_present(source, &bias, 2 * f, shifted(ffn_rows, f))?,
+        )
+    } else {
+        (
+            part(&n("ffn_gate.weight"), [f, h], Some(ffn_rows.clone()), None)?,
+            part(&n("ffn_up.weight"), [f, h], Some(ffn_rows.clone()), None)?,
+            if_present(source, &n("ffn_gate.bias"), f, ffn_rows.clone())?,
+            if_present(source, &n("ffn_up.bias"), f, ffn_rows.clone())?,
+        )
+    };
+    let cols = rows.sliced.then(|| ffn_rows.clone());
+    Ok(Mlp::Dense {
+        w_gate,
+        w_up,
+        w_down: part(&n("ffn_down.weight"), [h, f], None, cols)?,
+        gate_bias,
+        up_bias,
+        down_bias: if_present(source, &n("ffn_down.bias"), h, 0..h)?,
+    })
 }
 
 /// `out = norm(x)`, or `x` itself for a family without this norm.

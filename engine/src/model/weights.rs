@@ -50,7 +50,10 @@ pub enum LoadError {
         key: String,
         problem: String,
     },
-    #[error("{path}: unsupported architecture `{name}` (supported: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe)")]
+    #[error(
+        "{path}: unsupported architecture `{name}` (supported: {})",
+        super::config::Architecture::KNOWN
+    )]
     UnsupportedArchitecture { path: String, name: String },
     #[error("{path}: {source}")]
     Config {

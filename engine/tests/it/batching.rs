@@ -137,8 +137,14 @@ fn config(max_sequences: usize, step_tokens: usize, kv_blocks: usize) -> BatchCo
 /// Alone, then all eight at once with staggered arrivals and a small step
 /// budget, so prompt chunks share steps with other sequences' decoding.
 fn check_invariance(model: &LoadedModel, executor: Executor<'_>) {
+    check_invariance_with(model, executor, 8);
+}
+
+/// [`check_invariance`] with at most `max_sequences` running at once (the
+/// others wait, and take the blocks and state slots of those that end).
+fn check_invariance_with(model: &LoadedModel, executor: Executor<'_>, max_sequences: usize) {
     let requests = requests(16);
-    let mut batch = Batch::new(model, executor, config(8, 24, 256));
+    let mut batch = Batch::new(model, executor, config(max_sequences, 24, 256));
     let expected = alone(&mut batch, &requests);
     batch.clear_cache();
     let arrivals = [0, 0, 0, 2, 3, 3, 7, 12];
@@ -183,6 +189,41 @@ fn a_mixture_of_experts_is_batch_invariant_alone_and_split() {
     for sharding in [Sharding::Tensor, Sharding::Pipeline] {
         on_ranks(&path, sharding, 2, check_invariance);
     }
+}
+
+/// A hybrid model (the random Qwen3.5 of the transformers references, as
+/// llama.cpp converted it): each sequence's Gated DeltaNet state lives in a
+/// slot of its own, reset when the sequence starts and handed to the next
+/// one when it ends (three slots for eight requests here).
+#[test]
+fn a_hybrid_model_keeps_each_sequences_recurrent_state_apart() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/hf-reference/qwen3-5/model.gguf");
+    let model = LoadedModel::load(&path, |_, _| {}).expect("the hybrid fixture loads");
+    assert!(model.transformer.has_recurrent_state());
+    check_invariance(&model, Executor::single(&model.transformer, 2));
+    check_invariance_with(&model, Executor::single(&model.transformer, 2), 3);
+    for sharding in [Sharding::Tensor, Sharding::Pipeline] {
+        on_ranks(&path, sharding, 2, |model, executor| {
+            check_invariance_with(model, executor, 3)
+        });
+    }
+    // The same prompt again takes nothing from the cache: the state of a
+    // prefix is not kept in blocks.
+    let mut batch = Batch::new(
+        &model,
+        Executor::single(&model.transformer, 2),
+        config(2, 24, 256),
+    );
+    let request = requests(8).remove(0);
+    let first = run_all(&mut batch, std::slice::from_ref(&request), &[0], None);
+    let second = run_all(&mut batch, std::slice::from_ref(&request), &[0], None);
+    let stats = &second[&0].stats;
+    assert_eq!(
+        stats.prefilled_tokens, stats.prompt_tokens,
+        "nothing cached"
+    );
+    assert_eq!(first[&0].tokens, second[&0].tokens);
 }
 
 /// About 600 tokens of system prompt.

@@ -326,6 +326,9 @@ reference_cases! {
     olmo2_post_norms, olmo2_post_norms_gguf => "olmo2";
     gemma2, gemma2_gguf => "gemma2";
     gemma3, gemma3_gguf => "gemma3";
+    qwen3_5_hybrid_attention, qwen3_5_hybrid_attention_gguf => "qwen3-5";
+    qwen3_5_moe, qwen3_5_moe_gguf => "qwen3-5-moe";
+    qwen3_next, qwen3_next_gguf => "qwen3-next";
 }
 
 /// Mistral v0.1's sliding window (8 positions here, so every prompt
