@@ -316,12 +316,19 @@ impl OutputParser {
                     };
                     let body = &self.pending[..start];
                     let raw = format!("{open}{body}{close}");
-                    match serde_json::from_str::<Value>(body.trim()) {
-                        Ok(value) => tool_calls_from_value(&value, &raw, out),
-                        Err(error) => out.push(ParsedChunk::InvalidToolCall {
-                            raw,
-                            reason: format!("tool call is not valid JSON: {error}"),
-                        }),
+                    if body.trim_start().starts_with(XML_FUNCTION_OPEN) {
+                        out.push(match xml_function_call(body) {
+                            Ok(call) => ParsedChunk::ToolCall(call),
+                            Err(reason) => ParsedChunk::InvalidToolCall { raw, reason },
+                        });
+                    } else {
+                        match serde_json::from_str::<Value>(body.trim()) {
+                            Ok(value) => tool_calls_from_value(&value, &raw, out),
+                            Err(error) => out.push(ParsedChunk::InvalidToolCall {
+                                raw,
+                                reason: format!("tool call is not valid JSON: {error}"),
+                            }),
+                        }
                     }
                     self.pending.replace_range(..start + close.len(), "");
                     self.mode = Mode::Content;
@@ -473,6 +480,59 @@ fn tool_calls_from_value(value: &Value, raw: &str, out: &mut Vec<ParsedChunk>) {
             },
         }),
     }
+}
+
+const XML_FUNCTION_OPEN: &str = "<function=";
+
+/// Qwen3-Coder's and Qwen3.5's call inside `<tool_call>`: `<function=NAME>`,
+/// any number of `<parameter=KEY>VALUE</parameter>`, `</function>`. A value
+/// that reads as JSON other than a string (a number, `true`, an object) is
+/// that value, any other is the text itself; one newline either side of it
+/// is the template's layout, not the value's.
+fn xml_function_call(body: &str) -> Result<ParsedToolCall, String> {
+    let rest = body.trim_start();
+    let rest = rest
+        .strip_prefix(XML_FUNCTION_OPEN)
+        .ok_or("expected <function=NAME>")?;
+    let (name, mut rest) = rest.split_once('>').ok_or("unterminated <function=NAME>")?;
+    let name = name.trim();
+    if name.is_empty() {
+        return Err("tool call has an empty function name".to_owned());
+    }
+    let mut arguments = serde_json::Map::new();
+    loop {
+        rest = rest.trim_start();
+        if rest.is_empty() {
+            break;
+        }
+        if let Some(after) = rest.strip_prefix("</function>") {
+            if !after.trim().is_empty() {
+                return Err(format!("text after </function>: {:?}", after.trim()));
+            }
+            break;
+        }
+        let parameter = rest
+            .strip_prefix("<parameter=")
+            .ok_or_else(|| format!("expected <parameter=KEY> or </function>, found {rest:?}"))?;
+        let (key, after) = parameter
+            .split_once('>')
+            .ok_or("unterminated <parameter=KEY>")?;
+        let (value, after) = after
+            .split_once("</parameter>")
+            .ok_or_else(|| format!("parameter {key:?} has no </parameter>"))?;
+        let value = value.strip_prefix('\n').unwrap_or(value);
+        let value = value.strip_suffix('\n').unwrap_or(value);
+        let parsed = serde_json::from_str::<Value>(value)
+            .ok()
+            .filter(|v| !v.is_string())
+            .unwrap_or_else(|| Value::String(value.to_owned()));
+        arguments.insert(key.trim().to_owned(), parsed);
+        rest = after;
+    }
+    Ok(ParsedToolCall {
+        name: name.to_owned(),
+        arguments: Value::Object(arguments),
+    })
 }
 
 /// Reads `{"name": ..., "arguments"|"parameters": ...}`. Missing arguments
@@ -658,6 +718,20 @@ mod tests {
                 text("\nDone."),
             ]
         );
+        let xml = "<tool_call>\n<function=weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+        assert_eq!(
+            parse_all_ways(OutputFormat::hermes(), xml),
+            [ParsedChunk::ToolCall(ParsedToolCall {
+                name: "weather".into(),
+                arguments: serde_json::json!({"city": "Paris", "days": 3}),
+            })],
+            "Qwen3.5's XML calls"
+        );
+        let broken = "<tool_call><function=f><parameter=x>1</function></tool_call>";
+        assert!(matches!(
+            &parse_all_ways(OutputFormat::hermes(), broken)[..],
+            [ParsedChunk::InvalidToolCall { reason, .. }] if reason.contains("</parameter>")
+        ));
         let think_then_call = "<think>need tool</think><tool_call>{\"name\":\"f\"}</tool_call>";
         assert_eq!(
             parse_all_ways(OutputFormat::hermes(), think_then_call),
