@@ -57,6 +57,29 @@ fn sliding_layers(hf: &HfConfig, hybrid: bool) -> Result<Option<Vec<bool>>, Conf
         .map(Some)
 }
 
+/// The dimensions of each head RoPE rotates: `partial_rotary_factor` (in
+/// `rope_parameters` for transformers 5, else top level; `default` if
+/// neither) of `head_dim`, rounded down to whole pairs as transformers does.
+pub(crate) fn partial_rotary_dims(
+    hf: &HfConfig,
+    head_dim: usize,
+    default: f64,
+) -> Result<usize, ConfigError> {
+    let factor = hf
+        .rope_parameters
+        .as_ref()
+        .and_then(|p| p.get("partial_rotary_factor"))
+        .and_then(serde_json::Value::as_f64)
+        .or(hf.partial_rotary_factor)
+        .unwrap_or(default);
+    if !(factor > 0.0 && factor <= 1.0) {
+        return Err(ConfigError(format!(
+            "partial_rotary_factor {factor} must be in (0, 1]"
+        )));
+    }
+    Ok(((head_dim as f64 * factor) as usize) & !1)
+}
+
 /// The fields every family here shares; each family adds its own on top.
 pub(crate) fn base_config(
     hf: &HfConfig,

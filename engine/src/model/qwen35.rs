@@ -21,7 +21,7 @@
 use crate::hf_dir::HfConfig;
 
 use super::config::{Architecture, ConfigError, LinearAttention, ModelConfig, ValueHeadOrder};
-use super::llama::{base_config, require_silu};
+use super::llama::{base_config, partial_rotary_dims, require_silu};
 use super::moe;
 
 /// transformers' default: one full-attention layer in four.
@@ -37,19 +37,7 @@ pub fn config_from_hf(
     let mut config = base_config(hf, architecture)?;
     config.qk_norm = true;
     config.qkv_bias = hf.attention_bias.unwrap_or(false);
-    let factor = hf
-        .rope_parameters
-        .as_ref()
-        .and_then(|p| p.get("partial_rotary_factor"))
-        .and_then(serde_json::Value::as_f64)
-        .or(hf.partial_rotary_factor)
-        .unwrap_or(0.25);
-    if !(factor > 0.0 && factor <= 1.0) {
-        return Err(ConfigError(format!(
-            "partial_rotary_factor {factor} must be in (0, 1]"
-        )));
-    }
-    config.rotary_dims = ((config.head_dim as f64 * factor) as usize) & !1;
+    config.rotary_dims = partial_rotary_dims(hf, config.head_dim, 0.25)?;
     config.variant.attn_output_gate = true;
     config.variant.sliding_layers = None;
     config.variant.linear = Some(linear_from_hf(hf)?);

@@ -1031,14 +1031,7 @@ impl Transformer {
                 None
             }
         };
-        if self.tensor.is_some() {
-            group.all_reduce_sum(&mut ws.proj[..n * h])?;
-        }
-        add_bias(&mut ws.proj[..n * h], o_bias);
-        if let Some(norm) = &layer.attn_post_norm {
-            ops::rms_norm_in_place(&mut ws.proj[..n * h], norm, cfg.norm_eps);
-        }
-        ops::add_in_place(&mut ws.x[..n * h], &ws.proj[..n * h]);
+        self.add_block_output(n, o_bias, layer.attn_post_norm.as_deref(), ws, group)?;
 
         // MLP block.
         pre_norm(
@@ -1077,12 +1070,26 @@ impl Transformer {
                 None
             }
         };
+        self.add_block_output(n, down_bias, layer.ffn_post_norm.as_deref(), ws, group)
+    }
+
+    /// The end of a block: a tensor rank's partial `ws.proj` summed with the
+    /// others', the bias, the post-norm, then the residual add into `ws.x`.
+    fn add_block_output(
+        &self,
+        n: usize,
+        bias: Option<&[f32]>,
+        post_norm: Option<&[f32]>,
+        ws: &mut Workspace,
+        group: &mut dyn Group,
+    ) -> Result<(), ForwardError> {
+        let h = self.config.hidden;
         if self.tensor.is_some() {
             group.all_reduce_sum(&mut ws.proj[..n * h])?;
         }
-        add_bias(&mut ws.proj[..n * h], down_bias);
-        if let Some(norm) = &layer.ffn_post_norm {
-            ops::rms_norm_in_place(&mut ws.proj[..n * h], norm, cfg.norm_eps);
+        add_bias(&mut ws.proj[..n * h], bias);
+        if let Some(norm) = post_norm {
+            ops::rms_norm_in_place(&mut ws.proj[..n * h], norm, self.config.norm_eps);
         }
         ops::add_in_place(&mut ws.x[..n * h], &ws.proj[..n * h]);
         Ok(())
