@@ -578,7 +578,7 @@ impl<'m> Batch<'m> {
                     continue;
                 }
             };
-            let decoder = Decoder::new(self.model, &waiting.request, sampler);
+            let decoder = Decoder::new(self.model, &waiting.request, sampler, &waiting.prompt);
             self.running.push(Running {
                 id: waiting.id,
                 prompt_len: waiting.prompt.len(),

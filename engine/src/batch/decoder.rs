@@ -7,7 +7,7 @@ use std::ops::ControlFlow;
 use std::time::Instant;
 
 use crate::generate::{FinishReason, GenerateRequest, GenerationEvent, LoadedModel, TokenLogprob};
-use crate::output_parser::{OutputParser, ParsedChunk};
+use crate::output_parser::{OutputFormat, OutputParser, ParsedChunk};
 use crate::sampler::{Sampled, Sampler};
 use crate::stop::StopMatcher;
 use crate::utf8_stream::Utf8Stream;
@@ -41,11 +41,35 @@ pub struct Decoded {
     pub first_token_at: Option<Instant>,
 }
 
+/// Whether `prompt` ends inside an open think block: a template that writes
+/// the opening tag into the generation prompt (Qwen3.5 and the thinking
+/// Qwen3s by default, DeepSeek-R1) has the output start in reasoning, with
+/// only the closing tag to come.
+pub fn prompt_opens_reasoning(model: &LoadedModel, format: &OutputFormat, prompt: &[u32]) -> bool {
+    let Some((open, _)) = &format.think else {
+        return false;
+    };
+    // A few tokens hold the tag and the whitespace after it.
+    let tail = &prompt[prompt.len().saturating_sub(8)..];
+    model
+        .tokenizer
+        .decode(tail, false)
+        .is_ok_and(|text| text.trim_end().ends_with(open.as_str()))
+}
+
 /// Where a sequence's events go; `Break` cancels it.
 pub type Emit<'s> = dyn FnMut(GenerationEvent<'_>) -> ControlFlow<()> + 's;
 
 impl Decoder {
-    pub fn new(model: &LoadedModel, request: &GenerateRequest, sampler: Sampler) -> Self {
+    /// The decoder of one request whose prompt is `prompt`.
+    pub fn new(
+        model: &LoadedModel,
+        request: &GenerateRequest,
+        sampler: Sampler,
+        prompt: &[u32],
+    ) -> Self {
+        let mut format = model.output_format.clone();
+        format.starts_in_reasoning = prompt_opens_reasoning(model, &format, prompt);
         Self {
             max_tokens: request.max_tokens,
             stop_token_ids: request.stop_token_ids.clone(),
@@ -58,7 +82,7 @@ impl Decoder {
             chunks: Vec::new(),
             utf8: Utf8Stream::new(),
             stops: StopMatcher::new(request.stop.clone()),
-            parser: OutputParser::new(model.output_format.clone()),
+            parser: OutputParser::new(format),
             piece: String::new(),
             first_token_at: None,
             reason: FinishReason::Length,
@@ -172,5 +196,30 @@ impl Decoder {
             reason: self.reason,
             first_token_at: self.first_token_at,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prompt_ending_in_an_open_think_tag_starts_in_reasoning() {
+        let model = LoadedModel::load(&crate::testing::default_model_path(), |_, _| {})
+            .expect("the default model loads");
+        let format = model.output_format.clone();
+        let opens = |text: &str| {
+            let ids = model.tokenizer.encode(text, true).expect("encodes");
+            prompt_opens_reasoning(&model, &format, &ids)
+        };
+        assert!(opens("<|im_start|>assistant\n<think>\n"));
+        // Thinking switched off writes an empty block: the output is text.
+        assert!(!opens("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+        assert!(!opens("<|im_start|>assistant\n"));
+        assert!(!prompt_opens_reasoning(
+            &model,
+            &OutputFormat::plain(),
+            &[1, 2]
+        ));
     }
 }
