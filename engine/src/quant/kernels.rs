@@ -13,19 +13,23 @@ pub(super) fn read_f16(bytes: &[u8], at: usize) -> f32 {
 /// `dot(weight row bytes, quantized activation row)`.
 pub type DotFn<B = BlockQ8> = fn(&[u8], &[B]) -> f32;
 
-/// `dot` of one weight row with four activation rows at once (prefill and
-/// batches): the weights are unpacked once for all four.
-pub type Dot4Fn<B = BlockQ8> = fn(&[u8], [&[B]; 4], &mut [f32; 4]);
+/// `dot` of consecutive weight rows (`out.len()` of them, from the first)
+/// with four activation rows at once (prefill and batches): each weight
+/// block is unpacked once for all four, and the loop over rows runs inside
+/// the kernel, so a row costs no call of its own.
+pub type Dot4Fn<B = BlockQ8> = fn(&[u8], [&[B]; 4], &mut [[f32; 4]]);
 
-/// Four weight rows against one activation row (decode).
-pub type Rows4Fn<B = BlockQ8> = fn([&[u8]; 4], &[B], &mut [f32; 4]);
+/// `out.len()` consecutive weight rows (`rows`, from the first) against one
+/// activation row (decode), in one call: the loop over rows runs inside the
+/// kernel, so each row costs no call and no bounds checks of its own.
+pub type RowsFn<B = BlockQ8> = fn(&[u8], &[B], &mut [f32]);
 
 /// The kernels of one weight format on this CPU. Every kernel gives results
 /// bit-identical to `dot`'s, so how tokens are grouped never changes one.
 pub struct Kernels<B> {
     pub dot: DotFn<B>,
     pub dot4: Option<Dot4Fn<B>>,
-    pub rows4: Option<Rows4Fn<B>>,
+    pub rows: Option<RowsFn<B>>,
 }
 
 impl<B> Clone for Kernels<B> {
@@ -62,7 +66,7 @@ pub fn select(format: WeightFormat) -> Kernels<BlockQ8> {
         return Kernels {
             dot,
             dot4: None,
-            rows4: None,
+            rows: None,
         };
     }
     #[allow(unreachable_code)]
@@ -81,15 +85,15 @@ pub(super) fn x86_kernels<const VNNI: bool>(format: WeightFormat) -> Kernels<Blo
         WeightFormat::Q8_0 => (avx2::dot_q8_0::<VNNI>, avx2::dot4_q8_0::<VNNI>),
         _ => return scalar_kernels(format),
     };
-    let rows4 = match format {
-        WeightFormat::Q4_1 => Some(avx2::rows4_q4_1::<VNNI> as Rows4Fn),
-        WeightFormat::Q8_0 => Some(avx2::rows4_q8_0::<VNNI> as Rows4Fn),
+    let rows = match format {
+        WeightFormat::Q4_1 => Some(avx2::rows_q4_1::<VNNI> as RowsFn),
+        WeightFormat::Q8_0 => Some(avx2::rows_q8_0::<VNNI> as RowsFn),
         _ => None,
     };
     Kernels {
         dot,
         dot4: Some(dot4),
-        rows4,
+        rows,
     }
 }
 
@@ -111,7 +115,7 @@ pub(super) fn scalar_kernels(format: WeightFormat) -> Kernels<BlockQ8> {
     Kernels {
         dot,
         dot4: None,
-        rows4: None,
+        rows: None,
     }
 }
 
@@ -124,18 +128,48 @@ fn unreachable_dot(_: &[u8], _: &[BlockQ8]) -> f32 {
 /// Dot product of an f32/f16 weight row with f32 activations.
 pub fn dot_float(format: WeightFormat, row: &[u8], x: &[f32]) -> f32 {
     match format {
-        WeightFormat::F32 => row
-            .chunks_exact(4)
-            .zip(x)
-            .map(|(b, v)| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) * v)
-            .sum(),
-        WeightFormat::F16 => row
-            .chunks_exact(2)
-            .zip(x)
-            .map(|(b, v)| f16::from_le_bytes([b[0], b[1]]).to_f32() * v)
-            .sum(),
+        WeightFormat::F32 => {
+            dot_lanes::<4>(row, x, |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        }
+        WeightFormat::F16 => dot_lanes::<2>(row, x, |b| f16::from_le_bytes([b[0], b[1]]).to_f32()),
         _ => f32::NAN,
     }
+}
+
+/// Running sums kept side by side in [`FLOAT_LANES`] lanes.
+const FLOAT_LANES: usize = 16;
+
+/// `dot(row, x)` over weights of `SIZE` bytes each: sixteen running sums
+/// side by side (one sum in a chain waits on each add: a 1024-wide MoE
+/// router row took 4x longer), each a multiply then an add, never fused, so
+/// every CPU and compiler gets the same bits; then the lanes pairwise and
+/// the tail in order.
+fn dot_lanes<const SIZE: usize>(row: &[u8], x: &[f32], weight: impl Fn(&[u8]) -> f32) -> f32 {
+    let n = x.len().min(row.len() / SIZE);
+    let (row, x) = (&row[..n * SIZE], &x[..n]);
+    let mut lanes = [0.0f32; FLOAT_LANES];
+    let mut w = [0.0f32; FLOAT_LANES];
+    let chunks = row
+        .chunks_exact(SIZE * FLOAT_LANES)
+        .zip(x.chunks_exact(FLOAT_LANES));
+    for (bytes, xs) in chunks {
+        for (value, b) in w.iter_mut().zip(bytes.chunks_exact(SIZE)) {
+            *value = weight(b);
+        }
+        for ((sum, w), v) in lanes.iter_mut().zip(&w).zip(xs) {
+            *sum += w * v;
+        }
+    }
+    let mut width = FLOAT_LANES;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            lanes[i] += lanes[i + width];
+        }
+    }
+    let done = n / FLOAT_LANES * FLOAT_LANES;
+    let tail = row[done * SIZE..].chunks_exact(SIZE).zip(&x[done..]);
+    tail.fold(lanes[0], |sum, (b, v)| sum + weight(b) * v)
 }
 
 /// Rounds one activation row to 8-bit blocks (llama.cpp's AVX2 rounding:
@@ -459,6 +493,39 @@ mod avx2 {
         };
     }
 
+    /// A four-token kernel over consecutive rows (a [`super::Dot4Fn`]) from
+    /// the one-row body `$body`, for both ISAs.
+    macro_rules! dot4_rows {
+        ($public:ident, $avx2:ident, $vnni:ident, $body:ident $(<$g:tt>)?, $bytes:expr) => {
+            pub fn $public<const V: bool>(rows: &[u8], x: [&[BlockQ8]; 4], out: &mut [[f32; 4]]) {
+                let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
+                assert!(rows.len() >= out.len() * n * $bytes);
+                // SAFETY: `select` hands out `V` only where the CPU has it; bounds by the assert.
+                unsafe {
+                    if V {
+                        $vnni(rows, x, n, out)
+                    } else {
+                        $avx2(rows, x, n, out)
+                    }
+                }
+            }
+
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn $avx2(rows: &[u8], x: [&[BlockQ8]; 4], n: usize, out: &mut [[f32; 4]]) {
+                for (r, o) in out.iter_mut().enumerate() {
+                    $body::<false $(, $g)?>(rows.get_unchecked(r * n * $bytes..), x, n, o);
+                }
+            }
+
+            #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+            unsafe fn $vnni(rows: &[u8], x: [&[BlockQ8]; 4], n: usize, out: &mut [[f32; 4]]) {
+                for (r, o) in out.iter_mut().enumerate() {
+                    $body::<true $(, $g)?>(rows.get_unchecked(r * n * $bytes..), x, n, o);
+                }
+            }
+        };
+    }
+
     #[inline(always)]
     unsafe fn hsum(v: __m256) -> f32 {
         let lo = _mm256_castps256_ps128(v);
@@ -529,23 +596,16 @@ mod avx2 {
         hsum(acc) + mins
     }
 
-    /// One Q4_1 row against four activation rows (prefill): the weights are
-    /// unpacked once per block for all four. Same arithmetic, in the same
-    /// order, as [`dot_q4_1`], so batching never changes a result.
-    pub fn dot4_q4_1<const V: bool>(row: &[u8], x: [&[BlockQ8]; 4], out: &mut [f32; 4]) {
-        let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
-        assert!(row.len() >= n * 20);
-        // SAFETY: `select` hands out `V` only where the CPU has it; bounds by the assert.
-        unsafe {
-            if V {
-                dot4_q4_1_vnni(row, x, n, out)
-            } else {
-                dot4_q4_1_avx2(row, x, n, out)
-            }
-        }
-    }
-
-    two_isas!(dot4_q4_1_avx2, dot4_q4_1_vnni, dot4_q4_1_body, (row: &[u8], x: [&[BlockQ8]; 4], n: usize, out: &mut [f32; 4]));
+    // Q4_1 rows against four activation rows (prefill): the weights are
+    // unpacked once per block for all four. Same arithmetic, in the same
+    // order, as `dot_q4_1`, so batching never changes a result.
+    dot4_rows!(
+        dot4_q4_1,
+        dot4_q4_1_avx2,
+        dot4_q4_1_vnni,
+        dot4_q4_1_body,
+        20
+    );
 
     #[inline(always)]
     unsafe fn dot4_q4_1_body<const V: bool>(
@@ -573,33 +633,60 @@ mod avx2 {
         }
     }
 
-    /// Four Q4_1 rows against one activation row (decode): four
-    /// independent accumulators keep the FMA units busy, and each row's
-    /// arithmetic is exactly [`dot_q4_1`]'s.
-    pub fn rows4_q4_1<const V: bool>(rows: [&[u8]; 4], x: &[BlockQ8], out: &mut [f32; 4]) {
-        assert!(rows.iter().all(|r| r.len() >= x.len() * 20));
+    /// Consecutive Q4_1 rows against one activation row (decode), four at
+    /// a time: four independent accumulators keep the FMA units busy (the
+    /// unpacking makes Q4_1 compute-bound here), and each row's arithmetic
+    /// is exactly [`dot_q4_1`]'s.
+    pub fn rows_q4_1<const V: bool>(rows: &[u8], x: &[BlockQ8], out: &mut [f32]) {
+        assert!(rows.len() >= out.len() * x.len() * 20);
         // SAFETY: `select` hands out `V` only where the CPU has it; bounds by the assert.
         unsafe {
             if V {
-                rows4_q4_1_vnni(rows, x, out)
+                rows_q4_1_vnni(rows, x, out)
             } else {
-                rows4_q4_1_avx2(rows, x, out)
+                rows_q4_1_avx2(rows, x, out)
             }
         }
     }
 
-    two_isas!(rows4_q4_1_avx2, rows4_q4_1_vnni, rows4_q4_1_body, (rows: [&[u8]; 4], x: &[BlockQ8], out: &mut [f32; 4]));
+    two_isas!(rows_q4_1_avx2, rows_q4_1_vnni, rows_q4_1_body, (rows: &[u8], x: &[BlockQ8], out: &mut [f32]));
 
     #[inline(always)]
-    unsafe fn rows4_q4_1_body<const V: bool>(rows: [&[u8]; 4], x: &[BlockQ8], out: &mut [f32; 4]) {
+    unsafe fn rows_q4_1_body<const V: bool>(rows: &[u8], x: &[BlockQ8], out: &mut [f32]) {
+        let width = x.len() * 20;
+        let mut quads = out.chunks_exact_mut(4);
+        let mut w = rows.as_ptr();
+        for quad in &mut quads {
+            let mut four = [0.0f32; 4];
+            rows4_q4_1_body::<V>(w, width, x, &mut four);
+            quad.copy_from_slice(&four);
+            w = w.add(4 * width);
+        }
+        for o in quads.into_remainder() {
+            *o = dot_q4_1_body::<V>(std::slice::from_raw_parts(w, width), x);
+            w = w.add(width);
+        }
+    }
+
+    /// Rows `w`, `w + width`, `w + 2 width`, `w + 3 width`.
+    #[inline(always)]
+    unsafe fn rows4_q4_1_body<const V: bool>(
+        w: *const u8,
+        width: usize,
+        x: &[BlockQ8],
+        out: &mut [f32; 4],
+    ) {
         let mut acc = [_mm256_setzero_ps(); 4];
         let mut mins = [0.0f32; 4];
-        // The next four rows, as in `rows4_q8_0_body`.
-        let ahead = 4 * x.len() * 20;
+        // The next four rows (the next call's) lie just after these: asking
+        // for them block by block keeps the loads ahead of four short
+        // streams, which the hardware prefetcher picks up too late. The
+        // address may lie past the matrix: a prefetch never faults.
+        let ahead = 4 * width;
         for (i, a) in x.iter().enumerate() {
             let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
             for k in 0..4 {
-                let wb = rows[k].as_ptr().add(i * 20);
+                let wb = w.add(k * width + i * 20);
                 _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(ahead) as *const i8);
                 mins[k] += load_f16(wb.add(2)) * a.s;
                 let d = _mm256_set1_ps(load_f16(wb) * a.d);
@@ -611,61 +698,41 @@ mod avx2 {
         }
     }
 
-    /// Four Q8_0 weight rows against one activation row (decode): each
-    /// activation block is loaded once for the four rows, and each row's sum
-    /// runs in [`dot_q8_0`]'s order, so the results are its bits.
-    pub fn rows4_q8_0<const V: bool>(rows: [&[u8]; 4], x: &[BlockQ8], out: &mut [f32; 4]) {
-        assert!(rows.iter().all(|r| r.len() >= x.len() * 34));
+    /// Consecutive Q8_0 rows against one activation row (decode), one row
+    /// after the other: the weights stream through in file order, one
+    /// sequential read the hardware prefetcher follows (four rows side by
+    /// side were four short streams, 10-20% slower on a 1024-column MoE
+    /// expert), and each result is [`dot_q8_0`]'s bits.
+    pub fn rows_q8_0<const V: bool>(rows: &[u8], x: &[BlockQ8], out: &mut [f32]) {
+        assert!(rows.len() >= out.len() * x.len() * 34);
         // SAFETY: `select` hands out `V` only where the CPU has it; bounds by the assert.
         unsafe {
             if V {
-                rows4_q8_0_vnni(rows, x, out)
+                rows_q8_0_vnni(rows, x, out)
             } else {
-                rows4_q8_0_avx2(rows, x, out)
+                rows_q8_0_avx2(rows, x, out)
             }
         }
     }
 
-    two_isas!(rows4_q8_0_avx2, rows4_q8_0_vnni, rows4_q8_0_body, (rows: [&[u8]; 4], x: &[BlockQ8], out: &mut [f32; 4]));
+    two_isas!(rows_q8_0_avx2, rows_q8_0_vnni, rows_q8_0_body, (rows: &[u8], x: &[BlockQ8], out: &mut [f32]));
 
     #[inline(always)]
-    unsafe fn rows4_q8_0_body<const V: bool>(rows: [&[u8]; 4], x: &[BlockQ8], out: &mut [f32; 4]) {
-        let mut acc = [_mm256_setzero_ps(); 4];
-        // The next four rows (the caller's next call) lie just after these:
-        // asking for them block by block keeps the loads ahead of the short
-        // streams of a narrow matrix (an expert's 1024 columns are 17 cache
-        // lines a row), which the hardware prefetcher picks up too late.
-        let ahead = 4 * x.len() * 34;
-        for (i, a) in x.iter().enumerate() {
-            let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
-            for k in 0..4 {
-                let wb = rows[k].as_ptr().add(i * 34);
-                _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(ahead) as *const i8);
-                let d = _mm256_set1_ps(load_f16(wb) * a.d);
-                let q = _mm256_loadu_si256(wb.add(2) as *const __m256i);
-                acc[k] = _mm256_fmadd_ps(d, mul_sum_i8::<V>(q, y), acc[k]);
-            }
-        }
-        for k in 0..4 {
-            out[k] = hsum(acc[k]);
+    unsafe fn rows_q8_0_body<const V: bool>(rows: &[u8], x: &[BlockQ8], out: &mut [f32]) {
+        let width = x.len() * 34;
+        for (r, o) in out.iter_mut().enumerate() {
+            *o = dot_q8_0_body::<V>(rows.get_unchecked(r * width..(r + 1) * width), x);
         }
     }
 
-    /// Q4_0 against four activation rows; see [`dot4_q4_1`].
-    pub fn dot4_q4_0<const V: bool>(row: &[u8], x: [&[BlockQ8]; 4], out: &mut [f32; 4]) {
-        let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
-        assert!(row.len() >= n * 18);
-        // SAFETY: `select` hands out `V` only where the CPU has it; bounds by the assert.
-        unsafe {
-            if V {
-                dot4_q4_0_vnni(row, x, n, out)
-            } else {
-                dot4_q4_0_avx2(row, x, n, out)
-            }
-        }
-    }
-
-    two_isas!(dot4_q4_0_avx2, dot4_q4_0_vnni, dot4_q4_0_body, (row: &[u8], x: [&[BlockQ8]; 4], n: usize, out: &mut [f32; 4]));
+    // Q4_0 against four activation rows; see `dot4_q4_1`.
+    dot4_rows!(
+        dot4_q4_0,
+        dot4_q4_0_avx2,
+        dot4_q4_0_vnni,
+        dot4_q4_0_body,
+        18
+    );
 
     #[inline(always)]
     unsafe fn dot4_q4_0_body<const V: bool>(
@@ -723,23 +790,16 @@ mod avx2 {
         hsum(acc)
     }
 
-    /// Q8_0 against four activation rows (a batch's LM head): each weight
-    /// block is loaded and its signs taken once for all four. Same
-    /// arithmetic, in the same order, as [`dot_q8_0`].
-    pub fn dot4_q8_0<const V: bool>(row: &[u8], x: [&[BlockQ8]; 4], out: &mut [f32; 4]) {
-        let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
-        assert!(row.len() >= n * 34);
-        // SAFETY: `select` hands out `V` only where the CPU has it; bounds by the assert.
-        unsafe {
-            if V {
-                dot4_q8_0_vnni(row, x, n, out)
-            } else {
-                dot4_q8_0_avx2(row, x, n, out)
-            }
-        }
-    }
-
-    two_isas!(dot4_q8_0_avx2, dot4_q8_0_vnni, dot4_q8_0_body, (row: &[u8], x: [&[BlockQ8]; 4], n: usize, out: &mut [f32; 4]));
+    // Q8_0 against four activation rows (a batch's LM head): each weight
+    // block is loaded and its signs taken once for all four. Same
+    // arithmetic, in the same order, as `dot_q8_0`.
+    dot4_rows!(
+        dot4_q8_0,
+        dot4_q8_0_avx2,
+        dot4_q8_0_vnni,
+        dot4_q8_0_body,
+        34
+    );
 
     #[inline(always)]
     unsafe fn dot4_q8_0_body<const V: bool>(
@@ -816,9 +876,13 @@ mod avx2 {
         out[0]
     }
 
-    pub fn dot4_q5_0<const V: bool>(row: &[u8], x: [&[BlockQ8]; 4], out: &mut [f32; 4]) {
-        dotn_q5_0::<V, 4>(row, x, out)
-    }
+    dot4_rows!(
+        dot4_q5_0,
+        dot4_q5_0_avx2,
+        dot4_q5_0_vnni,
+        dotn_q5_0_body<4>,
+        22
+    );
 
     /// Q5_0 against `N` activation rows; one body for every `N`, so the
     /// four-row kernel gives the one-row kernel's bits.
@@ -873,9 +937,13 @@ mod avx2 {
         out[0]
     }
 
-    pub fn dot4_q5_1<const V: bool>(row: &[u8], x: [&[BlockQ8]; 4], out: &mut [f32; 4]) {
-        dotn_q5_1::<V, 4>(row, x, out)
-    }
+    dot4_rows!(
+        dot4_q5_1,
+        dot4_q5_1_avx2,
+        dot4_q5_1_vnni,
+        dotn_q5_1_body<4>,
+        24
+    );
 
     /// Q5_1 against `N` activation rows; see [`dotn_q5_0`].
     fn dotn_q5_1<const V: bool, const N: usize>(
@@ -1064,5 +1132,41 @@ mod neon {
             sum += acc as f32 * (read_f16(w, 0) * a.d);
         }
         sum
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn float_dots_match_a_wide_sum_at_every_length() {
+        for n in (0..40).chain([576, 1024, 1031]) {
+            let x: Vec<f32> = (0..n)
+                .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
+                .collect();
+            let w: Vec<f32> = (0..n).map(|i| ((i * 13 % 17) as f32 - 8.0) / 5.0).collect();
+            let exact: f64 = w.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
+            let f32_bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let f16_bytes: Vec<u8> = w
+                .iter()
+                .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+                .collect();
+            let f16_exact: f64 = w
+                .iter()
+                .zip(&x)
+                .map(|(a, b)| f16::from_f32(*a).to_f64() * *b as f64)
+                .sum();
+            let got = dot_float(WeightFormat::F32, &f32_bytes, &x) as f64;
+            assert!(
+                (got - exact).abs() <= 1e-4 * (1.0 + exact.abs()),
+                "f32, n {n}: {got} vs {exact}"
+            );
+            let got = dot_float(WeightFormat::F16, &f16_bytes, &x) as f64;
+            assert!(
+                (got - f16_exact).abs() <= 1e-4 * (1.0 + f16_exact.abs()),
+                "f16, n {n}: {got} vs {f16_exact}"
+            );
+        }
     }
 }

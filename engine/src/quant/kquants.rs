@@ -77,7 +77,7 @@ pub fn select(format: WeightFormat) -> Kernels<BlockQ8K> {
         return Kernels {
             dot,
             dot4: Some(dot4),
-            rows4: None,
+            rows: None,
         };
     }
     scalar_kernels(format)
@@ -93,7 +93,7 @@ fn scalar_kernels(format: WeightFormat) -> Kernels<BlockQ8K> {
     Kernels {
         dot,
         dot4: None,
-        rows4: None,
+        rows: None,
     }
 }
 
@@ -375,8 +375,11 @@ mod avx2 {
                 out[0]
             }
 
-            pub fn $dot4(row: &[u8], x: [&[BlockQ8K]; 4], out: &mut [f32; 4]) {
-                $dotn(row, x, out)
+            pub fn $dot4(rows: &[u8], x: [&[BlockQ8K]; 4], out: &mut [[f32; 4]]) {
+                let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
+                for (r, o) in out.iter_mut().enumerate() {
+                    $dotn(&rows[r * n * $width..], x, o);
+                }
             }
 
             /// One body for every token count, so four tokens give one

@@ -226,6 +226,12 @@ impl QMatrix {
         &self.data[r * width..(r + 1) * width]
     }
 
+    /// The bytes of rows `range`, one after the other.
+    fn rows_bytes(&self, range: std::ops::Range<usize>) -> &[u8] {
+        let width = self.format.row_bytes(self.cols);
+        &self.data[range.start * width..range.end * width]
+    }
+
     /// The rows `range`, as a new matrix of the same format (no requantizing).
     pub fn slice_rows(&self, range: std::ops::Range<usize>) -> Self {
         let width = self.format.row_bytes(self.cols);
@@ -556,16 +562,18 @@ impl RowJob<'_> {
                 // or three left over go the same way, the last repeated: one
                 // pass costs less than two or three single dots, and each
                 // lane's result is the single dot's bit for bit.
-                let mut results = [0.0f32; 4];
+                let mut results = [[0.0f32; 4]; ROW_TILE];
+                let results = &mut results[..tile.len()];
                 while first_single + 2 <= end {
                     let t = first_single;
                     let n = (end - t).min(4);
                     let lane = |k: usize| row_of(t + k.min(n - 1));
                     let xs = [lane(0), lane(1), lane(2), lane(3)];
-                    for r in tile.clone() {
-                        dot4(w.row(r), xs, &mut results);
-                        for (k, value) in results[..n].iter().enumerate() {
-                            self.out_row(t + k, r..r + 1)[0] = *value;
+                    dot4(w.rows_bytes(tile.clone()), xs, results);
+                    for k in 0..n {
+                        let out_row = self.out_row(t + k, tile.clone());
+                        for (o, lanes) in out_row.iter_mut().zip(results.iter()) {
+                            *o = lanes[k];
                         }
                     }
                     first_single += n;
@@ -573,10 +581,10 @@ impl RowJob<'_> {
             }
             for t in first_single..end {
                 let out_row = self.out_row(t, tile.clone());
-                match kernels.rows4 {
-                    // Decode: four weight rows share each activation block load.
-                    Some(rows4) if end - first_single == 1 => {
-                        self.four_rows_at_once(rows4, kernels.dot, row_of(t), &tile, out_row)
+                match kernels.rows {
+                    // Decode: the tile's rows in one kernel call.
+                    Some(rows) if end - first_single == 1 => {
+                        rows(w.rows_bytes(tile.clone()), row_of(t), out_row)
                     }
                     _ => {
                         for (o, r) in out_row.iter_mut().zip(tile.clone()) {
@@ -586,31 +594,6 @@ impl RowJob<'_> {
                 }
             }
             tile_start = tile.end;
-        }
-    }
-
-    fn four_rows_at_once<B>(
-        &self,
-        rows4: kernels::Rows4Fn<B>,
-        dot: kernels::DotFn<B>,
-        xs: &[B],
-        tile: &std::ops::Range<usize>,
-        out_row: &mut [f32],
-    ) {
-        let w = self.w;
-        let mut r = tile.start;
-        let mut results = [0.0f32; 4];
-        while r + 4 <= tile.end {
-            rows4(
-                [w.row(r), w.row(r + 1), w.row(r + 2), w.row(r + 3)],
-                xs,
-                &mut results,
-            );
-            out_row[r - tile.start..r - tile.start + 4].copy_from_slice(&results);
-            r += 4;
-        }
-        for (o, r) in out_row[r - tile.start..].iter_mut().zip(r..tile.end) {
-            *o = dot(w.row(r), xs);
         }
     }
 }
@@ -794,7 +777,7 @@ mod tests {
         }
         for format in BLOCK32_FORMATS {
             let cols = 576;
-            let rows: Vec<Vec<u8>> = (0..4)
+            let rows: Vec<Vec<u8>> = (0..7)
                 .map(|k| random_blocks(format, 1, cols, 50 + k))
                 .collect();
             let acts: Vec<Vec<BlockQ8>> = (0..4)
@@ -815,19 +798,41 @@ mod tests {
                 "{format:?} dot"
             );
             let xs = [&acts[0][..], &acts[1], &acts[2], &acts[3]];
-            let (mut a, mut b) = ([0.0; 4], [0.0; 4]);
-            (plain.dot4.unwrap())(&rows[0], xs, &mut a);
-            (fast.dot4.unwrap())(&rows[0], xs, &mut b);
-            assert_eq!(bits(&a), bits(&b), "{format:?} dot4");
-            if let (Some(p), Some(f)) = (plain.rows4, fast.rows4) {
-                let ws = [&rows[0][..], &rows[1], &rows[2], &rows[3]];
-                p(ws, &acts[0], &mut a);
-                f(ws, &acts[0], &mut b);
-                assert_eq!(bits(&a), bits(&b), "{format:?} rows4");
-                // Each row's result is the single-row product's, bit for bit.
-                for k in 0..4 {
-                    let alone = (fast.dot)(ws[k], &acts[0]).to_bits();
-                    assert_eq!(b[k].to_bits(), alone, "{format:?} rows4 row {k}");
+            let (dot4_plain, dot4_fast) = (plain.dot4.unwrap(), fast.dot4.unwrap());
+            for n in 1..=rows.len() {
+                let ws: Vec<u8> = rows[..n].concat();
+                let (mut a, mut b) = (vec![[0.0; 4]; n], vec![[0.0; 4]; n]);
+                dot4_plain(&ws, xs, &mut a);
+                dot4_fast(&ws, xs, &mut b);
+                assert_eq!(
+                    bits(a.as_flattened()),
+                    bits(b.as_flattened()),
+                    "{format:?} dot4, {n} rows"
+                );
+                for (r, row) in rows[..n].iter().enumerate() {
+                    for (k, x) in xs.iter().enumerate() {
+                        let alone = (fast.dot)(row, x).to_bits();
+                        assert_eq!(
+                            b[r][k].to_bits(),
+                            alone,
+                            "{format:?} dot4 row {r} token {k}"
+                        );
+                    }
+                }
+            }
+            if let (Some(p), Some(f)) = (plain.rows, fast.rows) {
+                // 1 to 7 rows: whole groups of four and what is left over.
+                for n in 1..=rows.len() {
+                    let ws: Vec<u8> = rows[..n].concat();
+                    let (mut a, mut b) = (vec![0.0; n], vec![0.0; n]);
+                    p(&ws, &acts[0], &mut a);
+                    f(&ws, &acts[0], &mut b);
+                    assert_eq!(bits(&a), bits(&b), "{format:?} rows, {n} rows");
+                    // Each row's result is the single-row product's, bit for bit.
+                    for (k, row) in rows[..n].iter().enumerate() {
+                        let alone = (fast.dot)(row, &acts[0]).to_bits();
+                        assert_eq!(b[k].to_bits(), alone, "{format:?} rows, row {k} of {n}");
+                    }
                 }
             }
         }
