@@ -648,8 +648,10 @@ fn needed_files(
         .ok()
         .and_then(|bytes| serde_json::from_slice(&bytes).ok())
         .ok_or_else(|| "config.json".to_string())?;
+    // A multimodal config may say it beside or inside its text_config.
     let tied = config
         .get("tie_word_embeddings")
+        .or_else(|| config.get("text_config")?.get("tie_word_embeddings"))
         .and_then(|v| v.as_bool())
         .unwrap_or(false);
     let has_index = files.iter().any(|f| f.path == INDEX_FILE);

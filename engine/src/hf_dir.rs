@@ -23,6 +23,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io::Read;
+use std::ops::Range;
 use std::path::{Component, Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
@@ -382,7 +383,7 @@ impl HfModelDir {
     /// are allowed (a pipeline stage has only its own): their tensors fail
     /// when read.
     pub fn open(dir: &Path) -> Result<Self, HfDirError> {
-        let config = read_config(dir)?;
+        let (config, multimodal) = read_config(dir)?;
         let single = dir.join(SINGLE_FILE);
         let index = dir.join(INDEX_FILE);
         let mut files = Vec::new();
@@ -440,6 +441,10 @@ impl HfModelDir {
             return Err(HfDirError::NoWeights {
                 dir: dir.to_path_buf(),
             });
+        }
+        if multimodal {
+            tensors = rename_keys(tensors);
+            missing = rename_keys(missing);
         }
         Ok(Self {
             dir: dir.to_path_buf(),
@@ -548,6 +553,47 @@ impl HfModelDir {
             .map_err(|err| self.decode_error(name, e, err))
     }
 
+    /// Reads rows `rows` and columns `cols` of a tensor of rank >= 2 seen
+    /// as a matrix as wide as its last dimension (a `[experts, rows, cols]`
+    /// tensor has `experts * rows` rows): one expert's part of a layer's
+    /// fused experts, touching only those rows' bytes.
+    pub fn load_f32_window(
+        &self,
+        name: &str,
+        rows: Range<usize>,
+        cols: Range<usize>,
+    ) -> Result<Vec<f32>, HfDirError> {
+        let e = self.entry(name)?;
+        let width = self.float_dtype(name, e)?.size_in_bytes();
+        let (row_len, total_rows) = match e.shape.split_last() {
+            Some((&len, leading)) if !leading.is_empty() && len > 0 => {
+                (len, leading.iter().product::<usize>())
+            }
+            _ => {
+                return Err(self.bad_slice(name, e, "a window needs a 2-D or wider tensor".into()))
+            }
+        };
+        check_range(rows.start, rows.end, total_rows)
+            .map_err(|m| self.bad_slice(name, e, format!("rows {m}")))?;
+        check_range(cols.start, cols.end, row_len)
+            .map_err(|m| self.bad_slice(name, e, format!("columns {m}")))?;
+        let row_bytes = row_len * width;
+        let bytes = &self.files[e.file].map
+            [e.start + rows.start * row_bytes..e.start + rows.end * row_bytes];
+        let values = self
+            .widen(name, e, bytes)?
+            .to_vec1::<f32>()
+            .map_err(|err| self.decode_error(name, e, err))?;
+        if cols == (0..row_len) {
+            return Ok(values);
+        }
+        Ok(values
+            .chunks_exact(row_len)
+            .flat_map(|row| &row[cols.clone()])
+            .copied()
+            .collect())
+    }
+
     /// The weight files holding the given tensors, as paths relative to
     /// [`dir`](Self::dir) (exactly the names in the index, hence also the
     /// names to request from the Hub when downloading only some shards).
@@ -640,7 +686,31 @@ fn read_to_string(path: &Path) -> Result<String, HfDirError> {
     })
 }
 
-fn read_config(dir: &Path) -> Result<HfConfig, HfDirError> {
+/// Where image-text checkpoints keep their language model's tensors, and
+/// the names a text-only checkpoint gives them: transformers 5 writes
+/// `model.language_model.*` (Qwen3.5, Gemma 3), transformers 4
+/// `language_model.model.*` (Gemma 3, LLaVA).
+const LANGUAGE_MODEL_PREFIXES: [(&str, &str); 4] = [
+    ("model.language_model.", "model."),
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+    ("model.lm_head.", "lm_head."),
+];
+
+/// Fields of a multimodal config that sit beside `text_config` and that the
+/// language model needs when `text_config` does not repeat them.
+const SHARED_TOP_LEVEL_FIELDS: [&str; 4] = [
+    "tie_word_embeddings",
+    "bos_token_id",
+    "eos_token_id",
+    "torch_dtype",
+];
+
+/// The parsed `config.json`, and whether it was an image-text checkpoint's
+/// (whose language model's config is its `text_config`: the tensors of such
+/// a folder are renamed as a text-only checkpoint names them, and the vision
+/// tower's are left unread).
+fn read_config(dir: &Path) -> Result<(HfConfig, bool), HfDirError> {
     let path = dir.join(CONFIG_FILE);
     if !path.is_file() {
         return Err(HfDirError::MissingConfig { path });
@@ -650,16 +720,55 @@ fn read_config(dir: &Path) -> Result<HfConfig, HfDirError> {
         path: path.clone(),
         message,
     };
-    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
-    if value.get("text_config").is_some() && value.get("hidden_size").is_none() {
-        // Gemma 3, Qwen2.5-VL and other image-text checkpoints nest the
-        // language model and name its tensors under another prefix.
-        return Err(bad(format!(
-            "a multimodal checkpoint (model_type {}, the language model in text_config) is not supported; use its text-only or GGUF version",
-            value.get("model_type").unwrap_or(&serde_json::Value::Null)
-        )));
+    let mut value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let multimodal = value.get("text_config").is_some() && value.get("hidden_size").is_none();
+    if multimodal {
+        value = language_model_config(&value).map_err(bad)?;
     }
-    serde_json::from_value(value).map_err(|e| bad(e.to_string()))
+    let config = serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
+    Ok((config, multimodal))
+}
+
+/// A multimodal config's `text_config`, with the fields it shares with the
+/// outer config filled in from there.
+fn language_model_config(outer: &serde_json::Value) -> Result<serde_json::Value, String> {
+    let Some(mut text) = outer
+        .get("text_config")
+        .and_then(|t| t.as_object())
+        .cloned()
+    else {
+        return Err("text_config is not an object".into());
+    };
+    for field in SHARED_TOP_LEVEL_FIELDS {
+        if let Some(v) = outer.get(field).filter(|_| !text.contains_key(field)) {
+            text.insert(field.to_string(), v.clone());
+        }
+    }
+    if !text.contains_key("model_type") {
+        return Err(format!(
+            "text_config has no model_type (the outer model_type is {})",
+            outer.get("model_type").unwrap_or(&serde_json::Value::Null)
+        ));
+    }
+    Ok(serde_json::Value::Object(text))
+}
+
+/// The text-only name of a multimodal checkpoint's language-model tensor;
+/// other names (the vision tower's, multi-token prediction's) unchanged.
+fn language_model_name(name: String) -> String {
+    for (prefix, plain) in LANGUAGE_MODEL_PREFIXES {
+        if let Some(rest) = name.strip_prefix(prefix) {
+            return format!("{plain}{rest}");
+        }
+    }
+    name
+}
+
+fn rename_keys<V>(map: BTreeMap<String, V>) -> BTreeMap<String, V> {
+    map.into_iter()
+        .map(|(name, v)| (language_model_name(name), v))
+        .collect()
 }
 
 /// Refuses index entries that would escape the model folder (`../x`,
@@ -919,21 +1028,133 @@ mod tests {
         );
     }
 
-    /// An image-text checkpoint is refused by name, not as a missing field.
+    /// An image-text checkpoint opens as its language model: the config is
+    /// `text_config` (with the fields it shares from the outer config), the
+    /// tensors take a text-only checkpoint's names, the vision tower's and
+    /// multi-token prediction's keep theirs (nothing asks for them).
     #[test]
-    fn a_multimodal_config_is_refused_by_name() {
+    fn a_multimodal_checkpoint_opens_as_its_language_model() {
         let tmp = tempfile::tempdir().unwrap();
         let config = serde_json::json!({
-            "model_type": "gemma3",
-            "text_config": {"model_type": "gemma3_text", "hidden_size": 3840},
-            "vision_config": {"model_type": "siglip_vision_model"}
+            "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+            "model_type": "qwen3_5_moe",
+            "tie_word_embeddings": true,
+            "eos_token_id": 7,
+            "text_config": {
+                "model_type": "qwen3_5_moe_text", "hidden_size": 4, "num_hidden_layers": 1,
+                "num_attention_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 3,
+                "eos_token_id": 5
+            },
+            "vision_config": {"model_type": "qwen3_5_moe_vision"}
         });
         std::fs::write(tmp.path().join(CONFIG_FILE), config.to_string()).unwrap();
-        let message = read_config(tmp.path()).unwrap_err().to_string();
-        assert!(
-            message.contains("multimodal") && message.contains("gemma3"),
-            "{message}"
+        let t = f32_tensor(&[3, 4], &iota(12));
+        write_st(
+            &tmp.path().join(SINGLE_FILE),
+            &[
+                ("model.language_model.embed_tokens.weight", &t),
+                ("model.language_model.layers.0.mlp.experts.down_proj", &t),
+                ("model.lm_head.weight", &t),
+                ("model.visual.patch_embed.proj.weight", &t),
+                ("mtp.fc.weight", &t),
+            ],
         );
+        let m = HfModelDir::open(tmp.path()).unwrap();
+        let c = m.config();
+        assert_eq!(
+            (c.model_type.as_str(), c.hidden_size),
+            ("qwen3_5_moe_text", 4)
+        );
+        assert_eq!(c.tie_word_embeddings, Some(true), "from the outer config");
+        assert_eq!(
+            c.eos_token_id,
+            Some(serde_json::json!(5)),
+            "text_config's own wins"
+        );
+        assert_eq!(
+            m.tensor_names().collect::<Vec<_>>(),
+            [
+                "lm_head.weight",
+                "model.embed_tokens.weight",
+                "model.layers.0.mlp.experts.down_proj",
+                "model.visual.patch_embed.proj.weight",
+                "mtp.fc.weight"
+            ]
+        );
+        assert_eq!(m.load_f32("lm_head.weight").unwrap(), iota(12));
+        assert_eq!(
+            language_model_name("language_model.model.layers.0.x".into()),
+            "model.layers.0.x"
+        );
+        assert_eq!(
+            language_model_name("language_model.lm_head.weight".into()),
+            "lm_head.weight"
+        );
+    }
+
+    /// A text-only checkpoint's names are never rewritten, even where they
+    /// look like a multimodal one's.
+    #[test]
+    fn a_text_only_checkpoint_keeps_its_names() {
+        let tmp = single_file_dir();
+        let t = f32_tensor(&[2], &iota(2));
+        write_st(
+            &tmp.path().join(SINGLE_FILE),
+            &[("model.lm_head.weight", &t)],
+        );
+        let m = HfModelDir::open(tmp.path()).unwrap();
+        assert_eq!(
+            m.tensor_names().collect::<Vec<_>>(),
+            ["model.lm_head.weight"]
+        );
+    }
+
+    #[test]
+    fn a_malformed_text_config_is_refused_by_name() {
+        let tmp = tempfile::tempdir().unwrap();
+        for (config, needle) in [
+            (
+                serde_json::json!({"model_type": "gemma3", "text_config": 3}),
+                "not an object",
+            ),
+            (
+                serde_json::json!({"model_type": "gemma3", "text_config": {"hidden_size": 8}}),
+                "no model_type",
+            ),
+            (
+                serde_json::json!({"model_type": "gemma3", "text_config": {"model_type": "gemma3_text"}}),
+                "hidden_size",
+            ),
+        ] {
+            std::fs::write(tmp.path().join(CONFIG_FILE), config.to_string()).unwrap();
+            let message = read_config(tmp.path()).unwrap_err().to_string();
+            assert!(message.contains(needle), "{message}");
+        }
+    }
+
+    /// A `[2, 3, 4]` tensor as 6 rows of 4: any rows, any columns, only
+    /// those.
+    #[test]
+    fn windows_of_a_three_dimensional_tensor() {
+        let tmp = tempfile::tempdir().unwrap();
+        write_config(tmp.path());
+        write_st(
+            &tmp.path().join(SINGLE_FILE),
+            &[
+                ("experts", &bf16_tensor(&[2, 3, 4], &iota(24))),
+                ("vector", &f32_tensor(&[4], &iota(4))),
+            ],
+        );
+        let m = HfModelDir::open(tmp.path()).unwrap();
+        assert_eq!(m.load_f32_window("experts", 0..6, 0..4).unwrap(), iota(24));
+        assert_eq!(
+            m.load_f32_window("experts", 3..5, 1..3).unwrap(),
+            [13.0, 14.0, 17.0, 18.0]
+        );
+        assert!(m.load_f32_window("experts", 5..7, 0..4).is_err());
+        assert!(m.load_f32_window("experts", 0..1, 2..5).is_err());
+        let (_, message) = err_text(m.load_f32_window("vector", 0..1, 0..1));
+        assert!(message.contains("2-D"), "{message}");
     }
 
     #[test]

@@ -217,6 +217,69 @@ impl HfSource {
         Some((name, rows))
     }
 
+    /// transformers 5's fused experts (the Qwen3.5-MoE releases): a layer's
+    /// `mlp.experts.gate_up_proj` `[experts, 2 * ffn, hidden]` (each
+    /// expert's gate rows, then its up rows) and `mlp.experts.down_proj`
+    /// `[experts, hidden, ffn]`. For expert `e`'s canonical gate, up or
+    /// down: the tensor, the rows of it (seen as a matrix as wide as its
+    /// last dimension) that make up that matrix, and its width.
+    fn fused_expert(&self, canonical: &str) -> Option<(String, Range<usize>, usize)> {
+        let (layer, part) = canonical.strip_prefix("blk.")?.split_once('.')?;
+        let (kind, rest) = part.split_once('.')?;
+        let expert: usize = rest.strip_suffix(".weight")?.parse().ok()?;
+        let fused = match kind {
+            "ffn_gate" | "ffn_up" => "gate_up_proj",
+            "ffn_down" => "down_proj",
+            _ => return None,
+        };
+        let name = format!("model.layers.{layer}.mlp.experts.{fused}");
+        let shape = self.dir.shape(&name).ok()?;
+        let &[experts, rows, cols] = shape.as_slice() else {
+            return None;
+        };
+        if expert >= experts {
+            return None;
+        }
+        let first = expert * rows;
+        let window = match kind {
+            "ffn_gate" => first..first + rows / 2,
+            "ffn_up" => first + rows / 2..first + rows / 2 * 2,
+            _ => first..first + rows,
+        };
+        Some((name, window, cols))
+    }
+
+    /// Rows `rows` and columns `cols` (`None`: all) of the matrix that rows
+    /// `window` of `hf` make up (a [`HfSource::fused_expert`]).
+    fn windowed(
+        &self,
+        hf: &str,
+        window: Range<usize>,
+        width: usize,
+        rows: Option<Range<usize>>,
+        cols: Option<Range<usize>>,
+    ) -> Result<Matrix, LoadError> {
+        let rows = rows.unwrap_or(0..window.len());
+        let cols = cols.unwrap_or(0..width);
+        if rows.end > window.len() || rows.is_empty() || cols.is_empty() {
+            return Err(self.bad(
+                hf,
+                format!("rows {rows:?} or columns {cols:?} out of range"),
+            ));
+        }
+        let values = self
+            .dir
+            .load_f32_window(
+                hf,
+                window.start + rows.start..window.start + rows.end,
+                cols.clone(),
+            )
+            .map_err(|e| self.error(hf, e))?;
+        QMatrix::from_f32(rows.len(), cols.len(), &values)
+            .map(Matrix::Native)
+            .map_err(|e| self.bad(hf, e.to_string()))
+    }
+
     /// Rows `rows` of a [`HfSource::fused_qkvz`] tensor (all of them for
     /// `None`), columns `cols`.
     fn gathered_rows(
@@ -280,6 +343,9 @@ impl TensorSource for HfSource {
     }
 
     fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        if let Some((_, window, width)) = self.fused_expert(name) {
+            return Some(vec![window.len(), width]);
+        }
         if let Some((hf, rows)) = self.fused_qkvz(name) {
             let width = self.dir.shape(&hf).ok()?.get(1).copied()?;
             return Some(vec![rows.len(), width]);
@@ -296,6 +362,9 @@ impl TensorSource for HfSource {
     ) -> Result<Matrix, LoadError> {
         if let Some((hf, order)) = self.fused_qkvz(name) {
             return self.gathered_rows(&hf, &order, rows, cols);
+        }
+        if let Some((hf, window, width)) = self.fused_expert(name) {
+            return self.windowed(&hf, window, width, rows, cols);
         }
         let hf = self.resolve(name)?;
         let shape = self.dir.shape(&hf).map_err(|e| self.error(&hf, e))?;

@@ -62,10 +62,26 @@ fn layer_of(tensor: &str) -> Option<u32> {
     rest.split('.').next()?.parse().ok()
 }
 
+/// Tensors the engine never reads, so no stage downloads them: an
+/// image-text checkpoint's vision tower and projector (Qwen3.5, Gemma 3,
+/// LLaVA) and a multi-token-prediction head (Qwen3.5, Qwen3-Next).
+const UNREAD_PREFIXES: [&str; 7] = [
+    "mtp.",
+    "model.visual.",
+    "visual.",
+    "vision_tower.",
+    "model.vision_tower.",
+    "multi_modal_projector.",
+    "model.multi_modal_projector.",
+];
+
 /// Whether `stage` loads the (non-layer) tensor `tensor`: the embedding on
 /// the first stage (and on the last when the LM head is tied to it), the
 /// final norm and LM head on the last; unknown non-layer tensors always.
 fn stage_needs(tensor: &str, stage: &Stage, tied_embeddings: bool) -> bool {
+    if UNREAD_PREFIXES.iter().any(|p| tensor.starts_with(p)) {
+        return false;
+    }
     let (first, last) = match stage {
         Stage::Whole => return true,
         Stage::Layers { layers, n_layers } => (layers.start == 0, layers.end >= *n_layers),
@@ -186,6 +202,37 @@ mod tests {
             names(files_for_stage(&m, &stage(1, 2), false)),
             ["s2", "s3"]
         );
+    }
+
+    /// A multimodal release (Qwen3.5's layout): the language model under
+    /// `model.language_model.`, a vision tower and a multi-token-prediction
+    /// head in files of their own that no stage downloads; the stages
+    /// split the language model's layers as usual.
+    #[test]
+    fn vision_and_prediction_heads_are_never_downloaded() {
+        let mut m = BTreeMap::new();
+        for (t, f) in [
+            ("model.language_model.embed_tokens.weight", "a"),
+            (
+                "model.language_model.layers.0.mlp.experts.gate_up_proj",
+                "a",
+            ),
+            ("model.language_model.layers.1.mlp.experts.down_proj", "b"),
+            ("model.language_model.norm.weight", "b"),
+            ("lm_head.weight", "b"),
+            ("model.visual.blocks.0.attn.qkv.weight", "v"),
+            ("mtp.layers.0.mlp.experts.down_proj", "v"),
+            ("mtp.fc.weight", "v"),
+        ] {
+            m.insert(t.to_string(), f.to_string());
+        }
+        let stage = |start, end| Stage::Layers {
+            layers: start..end,
+            n_layers: 2,
+        };
+        assert_eq!(names(files_for_stage(&m, &Stage::Whole, false)), ["a", "b"]);
+        assert_eq!(names(files_for_stage(&m, &stage(0, 1), false)), ["a"]);
+        assert_eq!(names(files_for_stage(&m, &stage(1, 2), false)), ["b"]);
     }
 
     #[test]

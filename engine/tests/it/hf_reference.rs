@@ -390,3 +390,144 @@ fn every_case_folder_is_checked() {
     }
     assert_eq!(folders.len(), known.len(), "{folders:?} vs {known:?}");
 }
+
+/// The Qwen3.5-MoE case laid out as the Qwen team's release is
+/// (`Qwen3_5MoeForConditionalGeneration`): the config nested in
+/// `text_config`, the language model's tensors under
+/// `model.language_model.`, each layer's experts fused into
+/// `mlp.experts.gate_up_proj` and `mlp.experts.down_proj`, and a second
+/// shard with the vision tower and the multi-token prediction head that
+/// the index names but that is not downloaded (nothing reads it). The same
+/// weights, so transformers' answers for the text model are the reference.
+#[test]
+fn qwen3_5_moe_as_released_multimodal() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    release_layout(&case_dir("qwen3-5-moe"), tmp.path());
+    every_split("qwen3-5-moe", tmp.path());
+}
+
+/// Writes `case`'s checkpoint into `out` in the multimodal release layout
+/// of [`qwen3_5_moe_as_released_multimodal`].
+fn release_layout(case: &Path, out: &Path) {
+    release_weights(case, out);
+    let text: Value =
+        serde_json::from_str(&std::fs::read_to_string(case.join("config.json")).expect("config"))
+            .expect("config JSON");
+    let mut text = text.as_object().expect("config object").clone();
+    // Beside text_config, as the release has it.
+    let tied = text
+        .remove("tie_word_embeddings")
+        .unwrap_or(Value::Bool(false));
+    text.remove("architectures");
+    let config = serde_json::json!({
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+        "model_type": "qwen3_5_moe",
+        "tie_word_embeddings": tied,
+        "text_config": text,
+        "vision_config": {"model_type": "qwen3_5_moe", "depth": 1},
+    });
+    std::fs::write(out.join("config.json"), config.to_string()).expect("config");
+    for file in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "generation_config.json",
+    ] {
+        if case.join(file).is_file() {
+            std::fs::copy(case.join(file), out.join(file)).expect("copy");
+        }
+    }
+}
+
+/// One tensor to write: name, dtype, shape, bytes.
+type Owned = (String, ::safetensors::Dtype, Vec<usize>, Vec<u8>);
+
+/// The first shard (the language model, experts fused) and an index that
+/// also names an absent second one (vision tower, MTP head).
+fn release_weights(case: &Path, out: &Path) {
+    use ::safetensors::tensor::TensorView;
+    use std::collections::BTreeMap;
+
+    let bytes = std::fs::read(case.join("model.safetensors")).expect("weights");
+    let st = ::safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    // "layer.kind" -> each expert's bytes in expert order (kind: gate, up, down).
+    let mut experts: BTreeMap<String, BTreeMap<usize, Vec<u8>>> = BTreeMap::new();
+    let mut shapes: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    let mut owned: Vec<Owned> = Vec::new();
+    for (name, view) in st.tensors() {
+        let parts: Vec<&str> = name.split('.').collect();
+        if let ["model", "layers", layer, "mlp", "experts", e, kind, "weight"] = parts[..] {
+            let e: usize = e.parse().expect("expert index");
+            let key = format!("{layer}.{kind}");
+            experts
+                .entry(key)
+                .or_default()
+                .insert(e, view.data().to_vec());
+            shapes.insert(kind.to_string(), view.shape().to_vec());
+            continue;
+        }
+        let renamed = match name.strip_prefix("model.") {
+            Some(rest) => format!("model.language_model.{rest}"),
+            None => name.clone(),
+        };
+        owned.push((
+            renamed,
+            view.dtype(),
+            view.shape().to_vec(),
+            view.data().to_vec(),
+        ));
+    }
+    let dtype = owned.first().expect("some tensor").1;
+    let layers: std::collections::BTreeSet<&str> = experts
+        .keys()
+        .filter_map(|key| key.split_once('.').map(|(layer, _)| layer))
+        .collect();
+    assert!(!layers.is_empty(), "the case has experts");
+    let (ffn, hidden) = (shapes["gate_proj"][0], shapes["gate_proj"][1]);
+    for layer in layers {
+        let kind = |k: &str| &experts[&format!("{layer}.{k}_proj")];
+        let (gate, up, down) = (kind("gate"), kind("up"), kind("down"));
+        let gate_up: Vec<u8> = gate
+            .iter()
+            .flat_map(|(e, g)| [g.as_slice(), up[e].as_slice()].concat())
+            .collect();
+        let down_bytes: Vec<u8> = down.values().flatten().copied().collect();
+        let (n, prefix) = (
+            gate.len(),
+            format!("model.language_model.layers.{layer}.mlp.experts"),
+        );
+        owned.push((
+            format!("{prefix}.gate_up_proj"),
+            dtype,
+            vec![n, 2 * ffn, hidden],
+            gate_up,
+        ));
+        owned.push((
+            format!("{prefix}.down_proj"),
+            dtype,
+            vec![n, hidden, ffn],
+            down_bytes,
+        ));
+    }
+    let views: Vec<(&str, TensorView<'_>)> = owned
+        .iter()
+        .map(|(name, dtype, shape, data)| {
+            let view = TensorView::new(*dtype, shape.clone(), data).expect("view");
+            (name.as_str(), view)
+        })
+        .collect();
+    let language = "model.safetensors-00001-of-00002.safetensors";
+    ::safetensors::serialize_to_file(views, None, &out.join(language)).expect("write weights");
+    let mut weight_map: BTreeMap<String, &str> = owned
+        .iter()
+        .map(|(name, ..)| (name.clone(), language))
+        .collect();
+    for name in ["model.visual.blocks.0.attn.qkv.weight", "mtp.fc.weight"] {
+        weight_map.insert(
+            name.to_string(),
+            "model.safetensors-00002-of-00002.safetensors",
+        );
+    }
+    let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
+    std::fs::write(out.join("model.safetensors.index.json"), index.to_string()).expect("index");
+}
