@@ -230,24 +230,50 @@ def top(logprobs: torch.Tensor, k: int) -> list[tuple[int, float]]:
 def reset_rope(model) -> None:
     """transformers' dynamic RoPE is stateful: it keeps the frequencies of the
     longest sequence seen until one shorter than the original context comes.
-    Reset before every forward, each step is a function of its sequence alone:
-    the whole sequence with the scaling for its length."""
+    Reset before every generation, so that each prompt's answer is a function
+    of that prompt alone."""
     for module in model.modules():
         if hasattr(module, "original_inv_freq") and hasattr(module, "original_max_seq_len"):
             module.register_buffer("inv_freq", module.original_inv_freq.clone(), persistent=False)
             module.max_seq_len_cached = module.original_max_seq_len
 
 
+def uses_dynamic_rope(model) -> bool:
+    params = getattr(model.config, "rope_parameters", None) or {}
+    return params.get("rope_type") == "dynamic"
+
+
+def next_logprobs(model, seq: list[int], cache) -> tuple[torch.Tensor, object]:
+    """The log-softmax after `seq`, in float64. Without a cache the whole
+    sequence is run again. With one (dynamic RoPE), only the tokens it lacks
+    are run, as `generate` does: the prompt in one pass rotated with the base
+    for its length, then each new token with the base for the sequence's
+    length at that step, while the keys already cached keep their rotation.
+    (A recompute would rotate every earlier key with each step's base, which
+    no KV cache can reproduce; `generate` is what transformers' users get.)"""
+    if cache is None:
+        reset_rope(model)
+        logits = model(torch.tensor([seq])).logits[0, -1]
+        return torch.log_softmax(logits.to(torch.float64), dim=-1), None
+    if cache is True:
+        reset_rope(model)
+        out = model(torch.tensor([seq]), use_cache=True)
+    else:
+        out = model(torch.tensor([seq[-1:]]), cache=cache, use_cache=True)
+    logits = out.logits[0, -1].to(torch.float64)
+    return torch.log_softmax(logits, dim=-1), out.cache
+
+
 def run_prompt(model, ids: list[int]) -> dict:
-    """Greedy continuation (whole sequence each step, no cache), per-step
-    top-1/top-2 margins, first step's top-5 log-softmax; in float64."""
+    """Greedy continuation, per-step top-1/top-2 margins, first step's top-5
+    log-softmax; in float64. Each step reruns the whole sequence (no cache),
+    except with dynamic RoPE (see `next_logprobs`)."""
     seq = list(ids)
     out, margins, first = [], [], None
+    cache = True if uses_dynamic_rope(model) else None
     with torch.no_grad():
         for step in range(GREEDY_STEPS):
-            reset_rope(model)
-            logits = model(torch.tensor([seq])).logits[0, -1].to(torch.float64)
-            logprobs = torch.log_softmax(logits, dim=-1)
+            logprobs, cache = next_logprobs(model, seq, cache)
             best = top(logprobs, TOP_LOGPROBS)
             if step == 0:
                 first = best
@@ -312,8 +338,11 @@ def cases() -> dict:
         "llama-rope-linear": (LlamaConfig, "llama", dict(
             **small, rope_parameters={"rope_type": "linear", "rope_theta": 10000.0,
                                       "factor": 4.0}), False, True),
+        # Prompts of 9-22 tokens cross max_position_embeddings while they
+        # generate, the 103-token one starts beyond it; factor x 32 = 128
+        # positions hold the longest.
         "llama-rope-dynamic": (LlamaConfig, "llama", dict(
-            **small | {"max_position_embeddings": 16}, rope_parameters={
+            **small | {"max_position_embeddings": 32}, rope_parameters={
                 "rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0}), False, False),
         "llama-rope-yarn": (LlamaConfig, "llama", dict(
             **small, rope_parameters={

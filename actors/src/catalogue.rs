@@ -2,6 +2,7 @@
 //! compiled in), as the wire type placement uses.
 
 use serde::Deserialize;
+use tessera_engine::model::llama::served_context;
 use tessera_engine::model::Architecture;
 use tessera_protos::v1::{self, AdminErrorKind, ModelCard, ModelSource};
 
@@ -334,7 +335,7 @@ pub fn card_from_config(
         hidden_size: as_u32(need("hidden_size")?)?,
         num_attention_heads: as_u32(heads)?,
         num_key_value_heads: as_u32(kv_heads)?,
-        context_length: as_u32(number("max_position_embeddings").unwrap_or(4096))?,
+        context_length: as_u32(served_context(text).map_or(4096, |c| c as u64))?,
         supports_tensor: kv_heads >= 2,
         tasks: vec![v1::ModelTask::TextGeneration as i32],
         capabilities: Vec::new(),
@@ -393,6 +394,7 @@ mod tests {
         assert_eq!((card.n_layers, card.num_key_value_heads), (24, 2));
         assert_eq!(card.storage_size_bytes, 150);
         assert_eq!(card.quantization, "bf16");
+        assert_eq!(card.context_length, 32768);
         let source = card.source.expect("source");
         assert_eq!(source.revision, "abc");
         assert_eq!(source.files.len(), 3, "README is not a model file");
@@ -403,6 +405,12 @@ mod tests {
             error.to_string().contains("not one this engine runs"),
             "{error}"
         );
+        // Dynamic RoPE serves its factor times the trained context.
+        let dynamic = br#"{"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+            "num_attention_heads": 4, "max_position_embeddings": 4096,
+            "rope_scaling": {"type": "dynamic", "factor": 2.0}}"#;
+        let card = card_from_config("acme/m", &listing, dynamic).expect("card");
+        assert_eq!(card.context_length, 8192);
         let missing = br#"{"model_type": "llama"}"#;
         assert!(card_from_config("acme/m", &listing, missing).is_err());
     }

@@ -432,6 +432,7 @@ impl<'m> Batch<'m> {
                     start: seq.computed,
                     len: p.len,
                     table: &seq.table,
+                    prompt: seq.prompt_len,
                     logits: p.logits,
                     state: seq.state,
                 }
@@ -537,8 +538,10 @@ impl<'m> Batch<'m> {
             let Some(next) = self.waiting.front() else {
                 return;
             };
-            // A hybrid model's recurrent state is not in blocks to share.
-            let shareable = !self.model.transformer.has_recurrent_state();
+            // A hybrid model's recurrent state is not in blocks to share;
+            // with dynamic RoPE a block's keys depend on its prompt's length.
+            let model = &self.model.transformer;
+            let shareable = !model.has_recurrent_state() && !model.config.rope_depends_on_length();
             let reuse_limit = if next.request.reuse_prefix && shareable {
                 next.prompt.len() - 1
             } else {
@@ -799,6 +802,7 @@ impl<'m> Batch<'m> {
             start: 0,
             len: tokens.len(),
             table: &admitted.table,
+            prompt: tokens.len(),
             logits: 1,
             state: self.config.max_sequences,
         };

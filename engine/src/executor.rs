@@ -35,6 +35,8 @@ pub struct WireSpan {
     pub logits: usize,
     /// The sequence's blocks, for every position up to `start + len`.
     pub table: Vec<BlockId>,
+    /// Tokens in the sequence's prompt (dynamic RoPE's base).
+    pub prompt: usize,
     /// Its slot of recurrent state (hybrid models).
     pub state: usize,
 }
@@ -45,6 +47,7 @@ impl WireSpan {
             start: self.start,
             len: self.len,
             table: &self.table,
+            prompt: self.prompt,
             logits: self.logits,
             state: self.state,
         }
@@ -63,6 +66,7 @@ fn encode_batch(spans: &[SeqSpan<'_>], tokens: &[u32], out: &mut Vec<u8>) {
         word(span.len as u32);
         word(span.logits as u32);
         word(span.state as u32);
+        word(span.prompt as u32);
         word(span.table.len() as u32);
         for &block in span.table {
             word(block);
@@ -91,7 +95,8 @@ const SHUTDOWN: u32 = 2;
 
 impl Step {
     /// Little-endian u32 words: kind, span count, then per span start, len,
-    /// logits, state slot, table length and table, then the tokens.
+    /// logits, state slot, prompt length, table length and table, then the
+    /// tokens.
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.clear();
         let mut word = |w: u32| out.extend_from_slice(&w.to_le_bytes());
@@ -124,7 +129,7 @@ impl Step {
         let mut spans = Vec::with_capacity(count.min(words.len()));
         let mut total = 0usize;
         for _ in 0..count {
-            let [start, len, logits, state, blocks, ref rest @ ..] = words[..] else {
+            let [start, len, logits, state, prompt, blocks, ref rest @ ..] = words[..] else {
                 return Err(truncated());
             };
             let table = rest.get(..blocks as usize).ok_or_else(truncated)?;
@@ -136,6 +141,7 @@ impl Step {
                 len: len as usize,
                 logits: logits as usize,
                 table: table.to_vec(),
+                prompt: prompt as usize,
                 state: state as usize,
             });
             total += len as usize;
@@ -497,6 +503,7 @@ mod tests {
                         len: 2,
                         logits: 2,
                         table: vec![4, 9],
+                        prompt: 5,
                         state: 3,
                     },
                     WireSpan {
@@ -504,6 +511,7 @@ mod tests {
                         len: 1,
                         logits: 0,
                         table: vec![0],
+                        prompt: 1,
                         state: 0,
                     },
                 ],
@@ -518,12 +526,12 @@ mod tests {
         assert!(Step::decode(&[9, 0, 0, 0]).is_err());
         let words = |ws: &[u32]| ws.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
         // More logits rows than tokens.
-        // Words: start, len, logits, state slot, table length, table.
-        assert!(Step::decode(&words(&[BATCH, 1, 0, 1, 2, 0, 1, 0, 5])).is_err());
+        // Words: start, len, logits, state slot, prompt, table length, table.
+        assert!(Step::decode(&words(&[BATCH, 1, 0, 1, 2, 0, 0, 1, 0, 5])).is_err());
         // Spans of 3 tokens followed by 1 token; a table longer than what follows.
-        assert!(Step::decode(&words(&[BATCH, 1, 0, 3, 1, 0, 1, 0, 5])).is_err());
-        assert!(Step::decode(&words(&[BATCH, 1, 0, 1, 1, 0, 9, 0])).is_err());
+        assert!(Step::decode(&words(&[BATCH, 1, 0, 3, 1, 0, 0, 1, 0, 5])).is_err());
+        assert!(Step::decode(&words(&[BATCH, 1, 0, 1, 1, 0, 0, 9, 0])).is_err());
         assert!(Step::decode(&words(&[BATCH, 0])).is_err());
-        assert!(Step::decode(&words(&[BATCH, 1, 0, 1, 1, 0, 1, 0, 5])).is_ok());
+        assert!(Step::decode(&words(&[BATCH, 1, 0, 1, 1, 0, 0, 1, 0, 5])).is_ok());
     }
 }

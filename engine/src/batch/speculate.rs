@@ -340,10 +340,12 @@ impl SpecState {
                 .filter_map(|&(i, start, until)| {
                     let len = until - end;
                     end = until;
+                    let slot = wants[i].draft.model.as_ref()?;
                     Some(SeqSpan {
                         start,
                         len,
-                        table: &wants[i].draft.model.as_ref()?.table,
+                        table: &slot.table,
+                        prompt: wants[i].prompt_len.saturating_sub(slot.offset),
                         logits: 1,
                         // Draft models are never hybrid (refused on load).
                         state: 0,
@@ -402,7 +404,10 @@ impl DraftModel {
             return false;
         }
         let start = &want.tokens[offset..want.prompt_len.max(offset)];
-        let reuse = if want.reuse_prefix && offset == 0 {
+        let reuse = if want.reuse_prefix
+            && offset == 0
+            && !self.model.transformer.config.rope_depends_on_length()
+        {
             want.prompt_len.saturating_sub(1)
         } else {
             0

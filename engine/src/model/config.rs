@@ -112,6 +112,16 @@ pub enum RopeScaling {
         beta_slow: f32,
         attention_factor: f32,
     },
+    /// Dynamic NTK scaling: once a sequence of length L outgrows
+    /// `original_context`, the base becomes
+    /// theta (factor L / original - (factor - 1))^(d / (d - 2)) for the d
+    /// rotated dimensions. Each token keeps the base of the length its
+    /// sequence had when it was appended (a prompt token: the whole
+    /// prompt's), as transformers' `generate` with its KV cache does.
+    Dynamic {
+        factor: f32,
+        original_context: usize,
+    },
     /// LongRoPE (Phi-3.5, Phi-4-mini): per-pair divisors, `long` when the
     /// context served is beyond `original_context` and `short` otherwise
     /// (llama.cpp's choice: chosen once for the context, so that every key
@@ -400,6 +410,18 @@ impl ModelConfig {
                 self.variant
             ));
         }
+        if let RopeScaling::Dynamic {
+            factor,
+            original_context,
+        } = self.rope_scaling
+        {
+            if !(factor.is_finite() && factor >= 1.0) || original_context == 0 {
+                return fail(format!(
+                    "dynamic RoPE needs a factor of at least 1 and max_position_embeddings, \
+                     found {factor} and {original_context}"
+                ));
+            }
+        }
         if let RopeScaling::LongRope { long, short, .. } = &self.rope_scaling {
             let pairs = self.rotary_dims / 2;
             if long.len() != pairs
@@ -587,6 +609,32 @@ impl ModelConfig {
             } => attention_factor,
             _ => 1.0,
         }
+    }
+
+    /// The RoPE base for a token appended when its sequence was `length`
+    /// long (only dynamic scaling makes it depend on the length).
+    pub fn rope_base_at(&self, length: usize) -> f32 {
+        let RopeScaling::Dynamic {
+            factor,
+            original_context,
+        } = self.rope_scaling
+        else {
+            return self.rope_theta;
+        };
+        if length <= original_context || self.rotary_dims <= 2 {
+            return self.rope_theta;
+        }
+        // In f32, as transformers computes it.
+        let d = self.rotary_dims as f32;
+        let stretch = factor * length as f32 / original_context as f32 - (factor - 1.0);
+        self.rope_theta * stretch.powf(d / (d - 2.0))
+    }
+
+    /// Whether a token's rotation depends on its sequence's prompt length
+    /// (dynamic scaling), so that cached blocks of one prompt cannot serve
+    /// another.
+    pub fn rope_depends_on_length(&self) -> bool {
+        matches!(self.rope_scaling, RopeScaling::Dynamic { .. })
     }
 
     /// The multiplier on every angle (linear scaling).

@@ -1,7 +1,7 @@
 //! The Llama family: Llama 2/3, SmolLM/SmolLM2, Mistral, and Mixtral (the
 //! same decoder with a mixture of experts for the MLP, renormalised top-k).
-//! Grouped-query attention, SwiGLU MLP, RMS norms, RoPE (plain, linear or
-//! Llama 3 scaling), embeddings optionally tied to the LM head.
+//! Grouped-query attention, SwiGLU MLP, RMS norms, RoPE (plain, or linear, dynamic,
+//! Llama 3 or YaRN scaling), embeddings optionally tied to the LM head.
 
 use crate::hf_dir::HfConfig;
 use crate::ops::RopeStyle;
@@ -91,6 +91,8 @@ pub(crate) fn base_config(
     }
     let head_dim = hf.head_dim.unwrap_or(hf.hidden_size / heads);
     let rope = hf.rope();
+    let rope_scaling = rope_scaling(rope.scaling, hf.max_position_embeddings)
+        .and_then(|scaling| with_original_context(scaling, hf))?;
     let config = ModelConfig {
         architecture,
         layers: hf.num_hidden_layers,
@@ -100,13 +102,15 @@ pub(crate) fn base_config(
         kv_heads: hf.num_key_value_heads.unwrap_or(heads),
         head_dim,
         vocab: hf.vocab_size,
-        context_length: hf.max_position_embeddings.unwrap_or(2048),
+        context_length: stretched_context(
+            hf.max_position_embeddings.unwrap_or(2048),
+            &rope_scaling,
+        ),
         norm_eps: hf.rms_norm_eps as f32,
         rope_theta: rope.theta.unwrap_or(10_000.0) as f32,
         // Hugging Face checkpoints rotate halves (`rotate_half`).
         rope_style: RopeStyle::Halves,
-        rope_scaling: rope_scaling(rope.scaling, hf.max_position_embeddings)
-            .and_then(|scaling| with_original_context(scaling, hf))?,
+        rope_scaling,
         rotary_dims: head_dim,
         qkv_bias: hf.attention_bias.unwrap_or(false),
         qk_norm: false,
@@ -122,6 +126,31 @@ pub(crate) fn base_config(
     };
     config.validate()?;
     Ok(config)
+}
+
+/// The context a Hugging Face config's model serves, from its JSON alone
+/// (model cards are made before any weights are read): as
+/// [`base_config`] sets it.
+pub fn served_context(config: &serde_json::Value) -> Option<usize> {
+    let max_position = usize::try_from(config.get("max_position_embeddings")?.as_u64()?).ok()?;
+    let scaling = config
+        .get("rope_parameters")
+        .filter(|p| p.is_object())
+        .or_else(|| config.get("rope_scaling"));
+    let scaling = rope_scaling(scaling, Some(max_position)).unwrap_or(RopeScaling::None);
+    Some(stretched_context(max_position, &scaling))
+}
+
+/// The context served: dynamic scaling stretches the trained one by its
+/// factor (the length it was made for; other scalings give the stretched
+/// length as `max_position_embeddings` already).
+fn stretched_context(max_position: usize, scaling: &RopeScaling) -> usize {
+    match scaling {
+        RopeScaling::Dynamic { factor, .. } if *factor > 1.0 => {
+            (max_position as f64 * *factor as f64) as usize
+        }
+        _ => max_position,
+    }
 }
 
 /// LongRoPE's original context and default attention factor from the
@@ -188,6 +217,12 @@ pub(crate) fn rope_scaling(
             high_freq_factor: number("high_freq_factor", 4.0) as f32,
             original_context: number("original_max_position_embeddings", 8192.0) as usize,
         }),
+        "dynamic" => Ok(RopeScaling::Dynamic {
+            factor: number("factor", 1.0) as f32,
+            original_context: max_position.ok_or_else(|| {
+                ConfigError("rope_scaling dynamic needs max_position_embeddings".into())
+            })?,
+        }),
         "yarn" => {
             if value.get("mscale").is_some() || value.get("mscale_all_dim").is_some() {
                 // DeepSeek's variant of the attention factor.
@@ -250,7 +285,8 @@ pub(crate) fn rope_scaling(
             })
         }
         other => Err(ConfigError(format!(
-            "rope_scaling type `{other}` is not supported (default, linear, llama3, yarn, longrope)"
+            "rope_scaling type `{other}` is not supported \
+             (default, linear, dynamic, llama3, yarn, longrope)"
         ))),
     }
 }
@@ -328,10 +364,40 @@ mod tests {
     #[test]
     fn an_unknown_rope_type_is_an_error() {
         let error = config(serde_json::json!({"rope_parameters": {
-            "rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0,
+            "rope_type": "ntk-by-parts", "rope_theta": 10000.0, "factor": 2.0,
         }}));
         let message = error.err().map(|e| e.0).unwrap_or_default();
-        assert!(message.contains("`dynamic`"), "{message}");
+        assert!(message.contains("`ntk-by-parts`"), "{message}");
+    }
+
+    /// Dynamic NTK: the trained base up to max_position_embeddings, then
+    /// theta (factor L / max - (factor - 1))^(d / (d - 2)); the context
+    /// served is stretched by the factor.
+    #[test]
+    fn dynamic_rope_grows_the_base_beyond_the_trained_context() -> Result<(), ConfigError> {
+        let c = config(serde_json::json!({
+            "max_position_embeddings": 32,
+            "rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0},
+        }))?;
+        assert_eq!(c.context_length, 128);
+        assert!(c.rope_depends_on_length());
+        assert_eq!(c.rope_base_at(1), 10_000.0);
+        assert_eq!(c.rope_base_at(32), 10_000.0);
+        // head_dim 16: exponent 16 / 14; at L = 64, 4 * 2 - 3 = 5.
+        let expected = 10_000.0 * 5f64.powf(16.0 / 14.0);
+        assert!((c.rope_base_at(64) as f64 / expected - 1.0).abs() < 1e-5);
+        assert!(c.rope_base_at(65) > c.rope_base_at(64));
+        let json = serde_json::json!({"max_position_embeddings": 32,
+            "rope_scaling": {"type": "dynamic", "factor": 4.0}});
+        assert_eq!(served_context(&json), Some(128));
+        let plain = serde_json::json!({"max_position_embeddings": 32});
+        assert_eq!(served_context(&plain), Some(32));
+        // A factor below 1 would shrink the base: refused.
+        let shrink = config(serde_json::json!({
+            "rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 0.5},
+        }));
+        assert!(shrink.is_err());
+        Ok(())
     }
 
     /// LongRoPE: the long factors when the context is stretched beyond the

@@ -185,6 +185,8 @@ pub struct KvCache {
     pool: KvPool,
     table: Vec<BlockId>,
     len: usize,
+    /// Positions the first forward from empty appended: the prompt.
+    prompt: usize,
 }
 
 impl KvCache {
@@ -194,6 +196,7 @@ impl KvCache {
             pool,
             table: Vec::new(),
             len: 0,
+            prompt: 0,
         }
     }
 
@@ -245,6 +248,9 @@ pub struct SeqSpan<'a> {
     pub start: usize,
     pub len: usize,
     pub table: &'a [BlockId],
+    /// Tokens in the sequence's prompt: dynamic RoPE rotates each prompt
+    /// token with the base for the whole prompt's length.
+    pub prompt: usize,
     /// Rows of logits the step returns for the span's last tokens: 0, 1
     /// (the next token), or more (a speculative step checks each draft).
     pub logits: usize,
@@ -740,10 +746,14 @@ impl Transformer {
         };
         let start = cache.len;
         cache.reserve(start + tokens);
+        if start == 0 {
+            cache.prompt = tokens;
+        }
         let span = SeqSpan {
             start,
             len: tokens,
             table: &cache.table,
+            prompt: cache.prompt,
             logits: usize::from(want_logits),
             state: 0,
         };
@@ -792,11 +802,20 @@ impl Transformer {
         self.embed_input(input, tokens, ws)?;
 
         let pairs = cfg.rotary_dims / 2;
+        let by_length = cfg.rope_depends_on_length();
         for t in 0..tokens {
+            let position = ws.positions[t];
+            let base = if by_length {
+                // The sequence's length when this token was appended.
+                let prompt = spans[ws.token_span[t] as usize].prompt;
+                cfg.rope_base_at((position + 1).max(prompt))
+            } else {
+                cfg.rope_theta
+            };
             ops::rope_angles(
-                ws.positions[t],
+                position,
                 cfg.rotary_dims,
-                cfg.rope_theta,
+                base,
                 cfg.rope_freq_scale(),
                 self.rope_freq_factors.as_deref(),
                 &mut ws.cos[t * pairs..(t + 1) * pairs],

@@ -7,10 +7,6 @@
 //! safetensors on one machine, through tensor parallel world 2 (3 where the
 //! KV heads allow) and pipeline world 2 (3 where the layers allow), and from
 //! the same checkpoint converted to GGUF by llama.cpp's convert_hf_to_gguf.py.
-//!
-//! Cases whose config asks for arithmetic the engine lacks (dynamic RoPE)
-//! carry references too; until then they must
-//! fail to load with an error naming what they ask for.
 
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
@@ -276,21 +272,6 @@ fn gguf_case(name: &str) {
     every_split(name, &path);
 }
 
-/// A case the engine cannot run yet: its load error names the field.
-fn refused(name: &str, needle: &str) {
-    let dir = case_dir(name);
-    assert!(
-        dir.join("reference.json").is_file(),
-        "{name} has a reference"
-    );
-    let error = match LoadedModel::load(&dir, |_, _| {}) {
-        Ok(_) => panic!("{name} loads, but the engine does not implement {needle}"),
-        Err(e) => e.to_string(),
-    };
-    eprintln!("{name}: {error}");
-    assert!(error.contains(needle), "{name}: {error}");
-}
-
 macro_rules! reference_cases {
     ($($test:ident, $gguf:ident => $name:literal;)*) => {
         $(
@@ -360,13 +341,45 @@ fn llama_llama3_rope_old_config_layout() {
     safetensors_case("llama-rope-llama3-old-config");
 }
 
-const REFUSED: &[(&str, &str)] = &[("llama-rope-dynamic", "`dynamic`")];
-
+/// Dynamic NTK RoPE (max_position_embeddings 32, factor 4): prompts that
+/// outgrow the trained context while they generate, and one of 103 tokens
+/// that starts beyond it, prefilled in chunks of 32. transformers' reference
+/// is its `generate` with a KV cache: each token keeps the base of the
+/// length its sequence had when it came. No GGUF: llama.cpp's conversion
+/// does not carry dynamic scaling.
 #[test]
-fn cases_the_engine_lacks_are_refused_by_name() {
-    for (name, needle) in REFUSED {
-        refused(name, needle);
-    }
+fn llama_dynamic_rope() {
+    let dir = case_dir("llama-rope-dynamic");
+    let config = model_config(&dir).expect("config");
+    assert_eq!(config.context_length, 128);
+    safetensors_case("llama-rope-dynamic");
+}
+
+/// With dynamic RoPE a prompt's keys depend on its length, so a longer
+/// prompt never reuses a shorter one's cached blocks: it answers the same
+/// after the shorter one as in a fresh session (the shorter one crosses
+/// the trained context, the longer one starts beyond it).
+#[test]
+fn dynamic_rope_never_reuses_a_shorter_prompts_blocks() {
+    let dir = case_dir("llama-rope-dynamic");
+    let model = LoadedModel::load(&dir, |_, _| {}).expect("load");
+    let short: Vec<u32> = (0..20).map(|i| 40 + i).collect();
+    let long: Vec<u32> = short.iter().copied().chain(60..100).collect();
+    let run = |session: &mut Session<'_>, ids: &[u32]| {
+        let mut request = GenerateRequest::new(Prompt::Tokens(ids.to_vec()));
+        request.max_tokens = 16;
+        request.ignore_eos = true;
+        let out = session
+            .generate(&request, |_| ControlFlow::Continue(()))
+            .expect("generate");
+        (out.tokens, out.stats.prefilled_tokens)
+    };
+    let (fresh, _) = run(&mut Session::new(&model, 2), &long);
+    let mut session = Session::new(&model, 2);
+    run(&mut session, &short);
+    let (after, prefilled) = run(&mut session, &long);
+    assert_eq!(prefilled, long.len(), "no cached prefix reused");
+    assert_eq!(after, fresh);
 }
 
 /// Every folder is checked by one of the tests above.
@@ -377,7 +390,7 @@ fn every_case_folder_is_checked() {
     known.push("llama-rope-llama3-old-config");
     known.push("qwen3-moe-dense-layer");
     known.push("mistral-sliding-window");
-    known.extend(REFUSED.iter().map(|(name, _)| *name));
+    known.push("llama-rope-dynamic");
     let mut folders: Vec<String> = std::fs::read_dir(&root)
         .expect("hf-reference folder")
         .filter_map(|entry| entry.ok())
