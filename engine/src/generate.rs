@@ -116,6 +116,13 @@ pub struct GenerateRequest {
     pub speculative: bool,
 }
 
+/// Prompt tokens per forward pass unless a request says otherwise. The
+/// forward pass's scratch grows with it (about 25 KB a token for the default
+/// model, beside the KV cache); past a couple of hundred tokens prefill is
+/// no faster, since each chunk streams the weights once and its quantized
+/// activations stay in the L2 cache.
+pub const DEFAULT_PREFILL_CHUNK: usize = 256;
+
 impl GenerateRequest {
     pub fn new(prompt: Prompt) -> Self {
         Self {
@@ -125,7 +132,7 @@ impl GenerateRequest {
             stop: Vec::new(),
             stop_token_ids: Vec::new(),
             ignore_eos: false,
-            prefill_chunk: 512,
+            prefill_chunk: DEFAULT_PREFILL_CHUNK,
             reuse_prefix: true,
             logprobs: false,
             speculative: true,

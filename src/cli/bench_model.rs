@@ -31,7 +31,8 @@ pub struct ModelBenchArgs {
     /// Tokens generated in the decode measurement.
     #[arg(long, default_value_t = 128)]
     pub n_gen: usize,
-    /// Prompt tokens in the prefill measurement.
+    /// Prompt tokens in the prefill measurement (prefilled in the engine's
+    /// default chunks, as a request is).
     #[arg(long, default_value_t = 512)]
     pub n_prefill: usize,
     /// Print JSON only.
@@ -258,7 +259,6 @@ fn measure<'m>(
     let mut prefill = GenerateRequest::new(Prompt::Tokens(prefill_tokens));
     prefill.max_tokens = 1;
     prefill.reuse_prefix = false;
-    prefill.prefill_chunk = args.n_prefill;
 
     let quiet = args.json;
     let mut measure = |request: &GenerateRequest| {
