@@ -354,6 +354,38 @@ pub fn round_to_f16(x: f32) -> f32 {
     half::f16::from_f32(x).to_f32()
 }
 
+/// `dst[i] = round_to_f16(src[i])`.
+pub fn round_to_f16_slice(dst: &mut [f32], src: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if f16_simd::available() {
+        // SAFETY: features checked at run time.
+        unsafe { f16_simd::round_slice(dst, src) };
+        return;
+    }
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = round_to_f16(*s);
+    }
+}
+
+/// `x[i] = round_to_f16(x[i])`.
+pub fn round_to_f16_in_place(x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if f16_simd::available() {
+        // SAFETY: features checked at run time.
+        unsafe { f16_simd::round_in_place(x) };
+        return;
+    }
+    for v in x {
+        *v = round_to_f16(*v);
+    }
+}
+
+/// Whether the AVX2 + FMA + F16C kernels of [`f16_simd`] run on this CPU.
+#[cfg(target_arch = "x86_64")]
+pub fn f16_simd_available() -> bool {
+    f16_simd::available()
+}
+
 /// `dot(a, b)` with `b` in f16.
 #[inline]
 pub fn dot_f16(a: &[f32], b: &[half::f16]) -> f32 {
@@ -379,8 +411,11 @@ pub fn axpy_f16(out: &mut [f32], scale: f32, x: &[half::f16]) {
     }
 }
 
+/// AVX2 kernels over f16 data. The `_many` kernels are `#[inline(always)]`
+/// without features of their own: they are for callers compiled with AVX2,
+/// FMA and F16C, into which they inline.
 #[cfg(target_arch = "x86_64")]
-mod f16_simd {
+pub(crate) mod f16_simd {
     use std::arch::x86_64::*;
     use std::sync::OnceLock;
 
@@ -393,6 +428,27 @@ mod f16_simd {
         })
     }
 
+    /// The sum of the eight lanes, in one fixed order.
+    #[inline(always)]
+    unsafe fn hsum(acc: __m256) -> f32 {
+        let lo = _mm256_castps256_ps128(acc);
+        let hi = _mm256_extractf128_ps(acc, 1);
+        let s = _mm_add_ps(lo, hi);
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    #[inline(always)]
+    unsafe fn load_f16x8(p: *const half::f16) -> __m256 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
+
+    #[inline(always)]
+    unsafe fn round8(x: __m256) -> __m256 {
+        _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+    }
+
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot(a: &[f32], b: &[half::f16]) -> f32 {
         let n = a.len().min(b.len());
@@ -400,21 +456,40 @@ mod f16_simd {
         let mut i = 0;
         while i + 8 <= n {
             let x = _mm256_loadu_ps(a.as_ptr().add(i));
-            let y = _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr().add(i) as *const __m128i));
-            acc = _mm256_fmadd_ps(x, y, acc);
+            acc = _mm256_fmadd_ps(x, load_f16x8(b.as_ptr().add(i)), acc);
             i += 8;
         }
-        let lo = _mm256_castps256_ps128(acc);
-        let hi = _mm256_extractf128_ps(acc, 1);
-        let s = _mm_add_ps(lo, hi);
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        let mut sum = _mm_cvtss_f32(s);
+        let mut sum = hsum(acc);
         while i < n {
             sum += a[i] * b[i].to_f32();
             i += 1;
         }
         sum
+    }
+
+    /// `out[g] = dot(queries[g * n..(g + 1) * n], key)` for `G` rows, with
+    /// `n = key.len()`: each [`dot`]'s bits, the key converted once.
+    #[inline(always)]
+    pub unsafe fn dot_many<const G: usize>(queries: &[f32], key: &[half::f16], out: &mut [f32; G]) {
+        let n = key.len();
+        assert!(queries.len() >= G * n);
+        let q = queries.as_ptr();
+        let mut acc = [_mm256_setzero_ps(); G];
+        let mut i = 0;
+        while i + 8 <= n {
+            let y = load_f16x8(key.as_ptr().add(i));
+            for (g, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm256_fmadd_ps(_mm256_loadu_ps(q.add(g * n + i)), y, *acc);
+            }
+            i += 8;
+        }
+        for (g, out) in out.iter_mut().enumerate() {
+            let mut sum = hsum(acc[g]);
+            for j in i..n {
+                sum += queries[g * n + j] * key[j].to_f32();
+            }
+            *out = sum;
+        }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -424,7 +499,7 @@ mod f16_simd {
         let mut i = 0;
         while i + 8 <= n {
             let o = _mm256_loadu_ps(out.as_ptr().add(i));
-            let v = _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(i) as *const __m128i));
+            let v = load_f16x8(x.as_ptr().add(i));
             _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_fmadd_ps(s, v, o));
             i += 8;
         }
@@ -433,11 +508,130 @@ mod f16_simd {
             i += 1;
         }
     }
+
+    /// `rows[(g * 8 + lane) * n..][..n] += weights[g] * value` for `G`
+    /// groups of eight rows, with `n = value.len()`: each [`axpy`]'s bits,
+    /// the value converted once.
+    #[inline(always)]
+    pub unsafe fn axpy_many<const G: usize>(
+        rows: &mut [f32],
+        lane: usize,
+        weights: &[f32; G],
+        value: &[half::f16],
+    ) {
+        let n = value.len();
+        assert!(lane < 8 && rows.len() >= G * 8 * n);
+        let s: [__m256; G] = std::array::from_fn(|g| _mm256_set1_ps(weights[g]));
+        let base = rows.as_mut_ptr();
+        let mut i = 0;
+        while i + 8 <= n {
+            let v = load_f16x8(value.as_ptr().add(i));
+            for (g, s) in s.iter().enumerate() {
+                let p = base.add((g * 8 + lane) * n + i);
+                _mm256_storeu_ps(p, _mm256_fmadd_ps(*s, v, _mm256_loadu_ps(p)));
+            }
+            i += 8;
+        }
+        while i < n {
+            for (g, weight) in weights.iter().enumerate() {
+                rows[(g * 8 + lane) * n + i] += weight * value[i].to_f32();
+            }
+            i += 1;
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn round_slice(dst: &mut [f32], src: &[f32]) {
+        let n = dst.len().min(src.len());
+        let mut i = 0;
+        while i + 8 <= n {
+            let x = _mm256_loadu_ps(src.as_ptr().add(i));
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), round8(x));
+            i += 8;
+        }
+        for j in i..n {
+            dst[j] = super::round_to_f16(src[j]);
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn round_in_place(x: &mut [f32]) {
+        let n = x.len();
+        let mut i = 0;
+        while i + 8 <= n {
+            let p = x.as_mut_ptr().add(i);
+            _mm256_storeu_ps(p, round8(_mm256_loadu_ps(p)));
+            i += 8;
+        }
+        for v in &mut x[i..] {
+            *v = super::round_to_f16(*v);
+        }
+    }
 }
 
 #[cfg(test)]
 mod f16_tests {
     use super::*;
+
+    /// The shared-conversion kernels give each single kernel's bits, at
+    /// head sizes with and without a tail past the last 8 lanes.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn many_head_kernels_are_each_heads_single_kernel_bit_for_bit() {
+        if !f16_simd::available() {
+            return;
+        }
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn many<const G: usize>(
+            q: &[f32],
+            k: &[half::f16],
+            rows: &mut [f32],
+            w: &[f32; G],
+        ) -> [f32; G] {
+            let mut dots = [0.0; G];
+            f16_simd::dot_many::<G>(q, k, &mut dots);
+            f16_simd::axpy_many::<G>(rows, 5, w, k);
+            dots
+        }
+        for n in [64, 67, 8, 3] {
+            let q: Vec<f32> = (0..3 * n).map(|i| (i as f32 * 0.37).sin()).collect();
+            let k: Vec<half::f16> = (0..n)
+                .map(|i| half::f16::from_f32((i as f32 * 0.11).cos()))
+                .collect();
+            let w = [0.25f32, -1.5, 0.7];
+            let mut rows: Vec<f32> = (0..3 * 8 * n).map(|i| (i as f32 * 0.05).cos()).collect();
+            let mut want = rows.clone();
+            // SAFETY: features checked above.
+            let dots = unsafe { many::<3>(&q, &k, &mut rows, &w) };
+            for g in 0..3 {
+                assert_eq!(
+                    dots[g].to_bits(),
+                    dot_f16(&q[g * n..(g + 1) * n], &k).to_bits()
+                );
+                let at = (g * 8 + 5) * n;
+                axpy_f16(&mut want[at..at + n], w[g], &k);
+            }
+            assert_eq!(
+                rows.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
+        }
+    }
+
+    #[test]
+    fn slice_rounding_is_round_to_f16() {
+        let x: Vec<f32> = (0..37)
+            .map(|i| (i as f32 * 0.731).sin() * 10f32.powi(i % 9 - 6))
+            .collect();
+        let mut slice = vec![0.0; x.len()];
+        round_to_f16_slice(&mut slice, &x);
+        let mut in_place = x.clone();
+        round_to_f16_in_place(&mut in_place);
+        for ((a, b), v) in slice.iter().zip(&in_place).zip(&x) {
+            assert_eq!(a.to_bits(), round_to_f16(*v).to_bits());
+            assert_eq!(b.to_bits(), round_to_f16(*v).to_bits());
+        }
+    }
 
     #[test]
     fn f16_kernels_match_scalar() {

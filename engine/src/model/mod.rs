@@ -7,6 +7,7 @@
 //! experts); they share one decoder ([`transformer`]) built from
 //! [`crate::ops`], with the mixture-of-experts MLP in [`moe`].
 
+mod attention;
 pub mod config;
 pub mod deltanet;
 pub mod gemma;

@@ -7,13 +7,14 @@ use std::ops::Range;
 
 use half::f16;
 
+use super::attention::{self, Scoring};
 use super::config::{Activation, LayerRope, ModelConfig};
 use super::deltanet::{GatedDeltaNet, LinearSplit, LinearWorkspace};
 use super::moe::{Experts, MoeWorkspace};
 use super::weights::{LoadError, Matrix, TensorSource};
 use crate::collectives::{CollectiveError, Group, SingleRank};
 use crate::ops;
-use crate::paged::{blocks_for, BlockId, KvPool, BLOCK_TOKENS};
+use crate::paged::{blocks_for, BlockId, KvPool};
 use crate::quant::Activations;
 use crate::shard::{split_evenly, ShardError, ShardSpec};
 use crate::threadpool::{split_range, DisjointSlice, ThreadPool};
@@ -331,7 +332,7 @@ impl Workspace {
         if self.logits.len() < config.vocab {
             self.logits.resize(config.vocab, 0.0);
         }
-        let stride = 9 * MAX_HEAD_DIM + context.next_multiple_of(64);
+        let stride = attention::scratch_per_thread(context);
         if stride > self.scores_stride || self.scores.len() < stride * threads {
             self.scores_stride = stride.max(self.scores_stride);
             self.scores.resize(self.scores_stride * threads, 0.0);
@@ -351,9 +352,6 @@ impl Workspace {
         }
     }
 }
-
-/// Room for one query head at the start of each thread's scores buffer.
-const MAX_HEAD_DIM: usize = 512;
 
 /// An error in the forward pass (bad input, or a candle fallback failing).
 #[derive(Debug, thiserror::Error)]
@@ -1193,7 +1191,7 @@ impl Transformer {
                 .unwrap_or(1.0 / (hd as f32).sqrt()),
             softcap: cfg.variant.attn_softcap,
         };
-        attention(
+        attention::attention(
             cfg,
             scoring,
             &ws.q[..n * qd],
@@ -1460,15 +1458,6 @@ fn pre_norm(x: &[f32], norm: Option<&[f32]>, eps: f32, out: &mut [f32]) {
     }
 }
 
-/// How a layer scores positions: its window, the scale of q·k, and the
-/// soft cap on the scores.
-#[derive(Clone, Copy)]
-struct Scoring {
-    window: Option<usize>,
-    scale: f32,
-    softcap: Option<f32>,
-}
-
 /// The dense gated MLP (SwiGLU or GeGLU) over `ws.normed` (`n x h`) into
 /// `ws.proj`, before the down bias and the reduction.
 #[allow(clippy::too_many_arguments)]
@@ -1564,106 +1553,6 @@ fn store_kv(kv: &mut KvPool, layer: usize, spans: &[SeqSpan<'_>], k: &[f32], v: 
             }
             t += 1;
         }
-    }
-}
-
-/// Causal attention of every token of the step over its own sequence's
-/// blocks, parallel over (token, head) pairs.
-#[allow(clippy::too_many_arguments)]
-fn attention(
-    cfg: &ModelConfig,
-    scoring: Scoring,
-    q: &[f32],
-    kv: &KvPool,
-    layer: usize,
-    spans: &[SeqSpan<'_>],
-    token_span: &[u32],
-    positions: &[usize],
-    out: &mut [f32],
-    scores: &mut [f32],
-    stride: usize,
-    pool: &ThreadPool,
-) {
-    let (heads, hd, kvd) = (cfg.heads, cfg.head_dim, cfg.kv_dim());
-    let group = cfg.heads / cfg.kv_heads;
-    let scale = scoring.scale;
-    let (keys, values) = kv.layer(layer);
-    let out_view = DisjointSlice::new(out);
-    let scores_view = DisjointSlice::new(scores);
-    let items = heads * positions.len();
-    pool.run(|thread, threads| {
-        // SAFETY: each thread owns its own stride of the scores buffer.
-        let scores = unsafe { scores_view.part(thread * stride..(thread + 1) * stride) };
-        for item in split_range(items, thread, threads, 1) {
-            let (t, head) = (item / heads, item % heads);
-            let table = spans[token_span[t] as usize].table;
-            let kv_head = head / group;
-            let seen = positions[t] + 1;
-            // A sliding window sees its last `window` positions; skipping the
-            // rest adds the exact zeros a mask would, so the sums are alike.
-            let first = scoring.window.map_or(0, |w| seen.saturating_sub(w));
-            // The query is rounded to f16 as llama.cpp converts it for K.
-            let (query, rest) = scores.split_at_mut(MAX_HEAD_DIM);
-            let (lanes, scores) = rest.split_at_mut(8 * MAX_HEAD_DIM);
-            let query = &mut query[..hd];
-            for (r, v) in query.iter_mut().zip(&q[t * heads * hd + head * hd..][..hd]) {
-                *r = ops::round_to_f16(*v);
-            }
-            let scores = &mut scores[..seen];
-            for_each_position(table, first..seen, kvd, kv_head * hd, |p, at| {
-                scores[p] = ops::dot_f16(query, &keys[at..at + hd]) * scale;
-            });
-            if let Some(cap) = scoring.softcap {
-                ops::softcap(&mut scores[first..], cap);
-            }
-            ops::softmax(&mut scores[first..]);
-            // Attention weights meet V in f16 too.
-            for weight in scores[first..].iter_mut() {
-                *weight = ops::round_to_f16(*weight);
-            }
-            // SAFETY: (t, head) pairs are disjoint across threads.
-            let o = unsafe {
-                out_view.part(t * heads * hd + head * hd..t * heads * hd + (head + 1) * hd)
-            };
-            // Eight partial sums by position mod 8, folded pairwise at the
-            // end: the order of an 8-lane SIMD dot over positions, which is
-            // how llama.cpp sums `softmax(QK) V`. Same rounding, same tokens.
-            let lanes = &mut lanes[..8 * hd];
-            lanes.fill(0.0);
-            for_each_position(table, first..seen, kvd, kv_head * hd, |p, at| {
-                let lane = &mut lanes[(p % 8) * hd..(p % 8 + 1) * hd];
-                ops::axpy_f16(lane, scores[p], &values[at..at + hd]);
-            });
-            for (d, out) in o.iter_mut().enumerate() {
-                let l = |i: usize| lanes[i * hd + d];
-                *out = ((l(0) + l(4)) + (l(2) + l(6))) + ((l(1) + l(5)) + (l(3) + l(7)));
-            }
-        }
-    });
-}
-
-/// Calls `f(position, offset)` for positions `0..count` of a sequence, in
-/// order, with the offset of its `head_offset`'th value in a layer's keys
-/// or values: block by block, with no division per position.
-#[inline(always)]
-fn for_each_position(
-    table: &[BlockId],
-    positions: Range<usize>,
-    kv_dim: usize,
-    head_offset: usize,
-    mut f: impl FnMut(usize, usize),
-) {
-    let mut position = positions.start;
-    for &block in table.iter().skip(positions.start / BLOCK_TOKENS) {
-        if position >= positions.end {
-            break;
-        }
-        let base = block as usize * BLOCK_TOKENS * kv_dim + head_offset;
-        let end = ((position / BLOCK_TOKENS + 1) * BLOCK_TOKENS).min(positions.end);
-        for p in position..end {
-            f(p, base + (p % BLOCK_TOKENS) * kv_dim);
-        }
-        position = end;
     }
 }
 

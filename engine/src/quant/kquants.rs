@@ -41,6 +41,27 @@ impl Default for BlockQ8K {
 /// llama.cpp's `quantize_row_q8_K_ref`, which its x86 build also uses: the
 /// value of largest magnitude maps to -127, the others round half to even.
 pub fn quantize_row_q8k(x: &[f32], out: &mut [BlockQ8K]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::kernels::avx2_available() {
+        // SAFETY: AVX2 checked at run time.
+        unsafe { quantize_row_q8k_avx2(x, out) };
+        return;
+    }
+    quantize_row_q8k_body(x, out)
+}
+
+/// The same arithmetic compiled for AVX2, where rounding half to even is
+/// one vector instruction (`vroundps`) rather than a call to `rintf` per
+/// value; the results are the same bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize_row_q8k_avx2(x: &[f32], out: &mut [BlockQ8K]) {
+    quantize_row_q8k_body(x, out)
+}
+
+/// The portable body, for tests to compare the AVX2 build with.
+#[inline(always)]
+pub(super) fn quantize_row_q8k_body(x: &[f32], out: &mut [BlockQ8K]) {
     for (values, block) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
         let (mut amax, mut max) = (0.0f32, 0.0f32);
         for &v in values {

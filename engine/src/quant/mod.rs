@@ -880,6 +880,22 @@ mod tests {
     }
 
     #[test]
+    fn q8_k_quantization_is_the_portable_bodys_on_every_path() {
+        for seed in 0..8 {
+            let x = random(4 * QK_K, 90 + seed);
+            let (mut fast, mut portable) =
+                (vec![BlockQ8K::default(); 4], vec![BlockQ8K::default(); 4]);
+            kquants::quantize_row_q8k(&x, &mut fast);
+            kquants::quantize_row_q8k_body(&x, &mut portable);
+            for (f, p) in fast.iter().zip(&portable) {
+                assert_eq!(f.d.to_bits(), p.d.to_bits());
+                assert_eq!(f.qs, p.qs);
+                assert_eq!(f.bsums, p.bsums);
+            }
+        }
+    }
+
+    #[test]
     fn grouped_products_are_each_groups_plain_product_bit_for_bit() {
         // Three "experts" over uneven runs of 11 token rows (one of them
         // empty, one a single token): every output row equals the plain

@@ -1,0 +1,296 @@
+//! Attention over the paged KV cache: every query head of a batch against
+//! its own sequence's cached keys and values.
+//!
+//! The arithmetic of one (query, position) pair is fixed, whatever else is
+//! computed beside it, so a token's output never depends on its batch:
+//! the query rounded to f16 (as llama.cpp converts it for K), an 8-lane
+//! dot with the f16 key, softmax, weights rounded to f16, and `softmax(QK) V`
+//! summed in eight partial sums by position mod 8, folded pairwise (the
+//! order of llama.cpp's 8-lane SIMD dot over positions).
+//!
+//! What batching changes is only how much is shared: the query heads of one
+//! KV head (grouped-query attention) are attended together, up to
+//! [`HEADS_AT_ONCE`], so each key and value is converted from f16 once for
+//! all of them rather than once per head.
+
+use std::ops::Range;
+
+use half::f16;
+
+use super::config::ModelConfig;
+use super::transformer::SeqSpan;
+use crate::ops;
+use crate::paged::{BlockId, KvPool, BLOCK_TOKENS};
+use crate::threadpool::{split_range, DisjointSlice, ThreadPool};
+
+/// The largest head dimension the scratch has room for.
+pub(super) const MAX_HEAD_DIM: usize = 512;
+
+/// Query heads of one KV head attended together at most: enough to cover
+/// the usual groups (3 to 8 heads per KV head, in chunks) while their
+/// accumulators still fit in registers.
+const HEADS_AT_ONCE: usize = 4;
+
+/// Each thread's attention scratch for sequences of up to `context`
+/// positions: per head attended at once, its query, eight lanes of
+/// partial sums and a row of scores.
+pub(super) fn scratch_per_thread(context: usize) -> usize {
+    HEADS_AT_ONCE * (9 * MAX_HEAD_DIM + context.next_multiple_of(64))
+}
+
+/// How a layer scores positions: its window, the scale of q·k, and the
+/// soft cap on the scores.
+#[derive(Clone, Copy)]
+pub(super) struct Scoring {
+    pub window: Option<usize>,
+    pub scale: f32,
+    pub softcap: Option<f32>,
+}
+
+/// One layer's attention: `out[t, head] = softmax(q[t, head] · K) V` over
+/// the positions token `t`'s sequence (`spans[token_span[t]]`) has seen,
+/// for `positions.len()` tokens. `scratch` holds `stride` floats per thread.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn attention(
+    cfg: &ModelConfig,
+    scoring: Scoring,
+    q: &[f32],
+    kv: &KvPool,
+    layer: usize,
+    spans: &[SeqSpan<'_>],
+    token_span: &[u32],
+    positions: &[usize],
+    out: &mut [f32],
+    scratch: &mut [f32],
+    stride: usize,
+    pool: &ThreadPool,
+) {
+    let group = cfg.heads / cfg.kv_heads;
+    // Sharing conversions across heads leaves fewer, larger work items:
+    // worth it once there are enough of them to keep every thread busy.
+    let at_once = if positions.len() * cfg.kv_heads >= 4 * pool.threads() {
+        group.clamp(1, HEADS_AT_ONCE)
+    } else {
+        1
+    };
+    let chunks = group.div_ceil(at_once);
+    let (keys, values) = kv.layer(layer);
+    let job = Job {
+        heads: cfg.heads,
+        hd: cfg.head_dim,
+        kvd: cfg.kv_dim(),
+        group,
+        scoring,
+        q,
+        keys,
+        values,
+    };
+    let out_view = DisjointSlice::new(out);
+    let scratch_view = DisjointSlice::new(scratch);
+    let items = positions.len() * cfg.kv_heads * chunks;
+    pool.run(|thread, threads| {
+        // SAFETY: each thread owns its own stride of the scratch buffer.
+        let scratch = unsafe { scratch_view.part(thread * stride..(thread + 1) * stride) };
+        for item in split_range(items, thread, threads, 1) {
+            let t = item / (cfg.kv_heads * chunks);
+            let kv_head = item / chunks % cfg.kv_heads;
+            let first = kv_head * group + item % chunks * at_once;
+            let heads = first..(first + at_once).min((kv_head + 1) * group);
+            let row = t * job.heads * job.hd;
+            // SAFETY: (t, head) pairs are disjoint across threads.
+            let o = unsafe { out_view.part(row + heads.start * job.hd..row + heads.end * job.hd) };
+            let table = spans[token_span[t] as usize].table;
+            job.attend(t, kv_head, heads, table, positions[t] + 1, o, scratch);
+        }
+    });
+}
+
+/// What every work item of one layer's attention reads.
+struct Job<'a> {
+    heads: usize,
+    hd: usize,
+    kvd: usize,
+    group: usize,
+    scoring: Scoring,
+    q: &'a [f32],
+    keys: &'a [f16],
+    values: &'a [f16],
+}
+
+impl Job<'_> {
+    /// Query heads `heads` (all of KV head `kv_head`) of token `t`, whose
+    /// sequence has seen `seen` positions through `table`, into `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        t: usize,
+        kv_head: usize,
+        heads: Range<usize>,
+        table: &[BlockId],
+        seen: usize,
+        out: &mut [f32],
+        scratch: &mut [f32],
+    ) {
+        debug_assert!(heads.end <= (kv_head + 1) * self.group);
+        let item = Item {
+            t,
+            kv_head,
+            heads,
+            table,
+            seen,
+        };
+        match item.heads.len() {
+            1 => self.attend_heads::<1>(&item, out, scratch),
+            2 => self.attend_heads::<2>(&item, out, scratch),
+            3 => self.attend_heads::<3>(&item, out, scratch),
+            _ => self.attend_heads::<4>(&item, out, scratch),
+        }
+    }
+
+    fn attend_heads<const G: usize>(&self, item: &Item, out: &mut [f32], scratch: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if ops::f16_simd_available() {
+            // SAFETY: the features are checked at run time.
+            unsafe { self.attend_heads_avx2::<G>(item, out, scratch) };
+            return;
+        }
+        self.attend_heads_body::<G, false>(item, out, scratch)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn attend_heads_avx2<const G: usize>(
+        &self,
+        item: &Item,
+        out: &mut [f32],
+        scratch: &mut [f32],
+    ) {
+        self.attend_heads_body::<G, true>(item, out, scratch)
+    }
+
+    /// The `G` heads of `item`; `SIMD`: inlined AVX2 kernels (the caller
+    /// has the features), else the portable ones.
+    #[inline(always)]
+    fn attend_heads_body<const G: usize, const SIMD: bool>(
+        &self,
+        item: &Item,
+        out: &mut [f32],
+        scratch: &mut [f32],
+    ) {
+        let hd = self.hd;
+        let (queries, rest) = scratch.split_at_mut(G * MAX_HEAD_DIM);
+        let (lanes, scores) = rest.split_at_mut(G * 8 * MAX_HEAD_DIM);
+        let row_len = scores.len() / G;
+        let seen = item.seen;
+        // A sliding window sees its last `window` positions; skipping the
+        // rest adds the exact zeros a mask would, so the sums are alike.
+        let first = self.scoring.window.map_or(0, |w| seen.saturating_sub(w));
+        let queries = &mut queries[..G * hd];
+        let from = (item.t * self.heads + item.heads.start) * hd;
+        ops::round_to_f16_slice(queries, &self.q[from..from + G * hd]);
+        let head_offset = item.kv_head * hd;
+        let mut dots = [0.0f32; G];
+        for_each_position(item.table, first..seen, self.kvd, head_offset, |p, at| {
+            dot_heads::<G, SIMD>(queries, &self.keys[at..at + hd], &mut dots);
+            for (g, dot) in dots.iter().enumerate() {
+                scores[g * row_len + p] = dot * self.scoring.scale;
+            }
+        });
+        for g in 0..G {
+            let row = &mut scores[g * row_len + first..g * row_len + seen];
+            if let Some(cap) = self.scoring.softcap {
+                ops::softcap(row, cap);
+            }
+            ops::softmax(row);
+            // Attention weights meet V in f16 too.
+            ops::round_to_f16_in_place(row);
+        }
+        let lanes = &mut lanes[..G * 8 * hd];
+        lanes.fill(0.0);
+        for_each_position(item.table, first..seen, self.kvd, head_offset, |p, at| {
+            let weights = std::array::from_fn(|g| scores[g * row_len + p]);
+            axpy_heads::<G, SIMD>(lanes, p % 8, &weights, &self.values[at..at + hd]);
+        });
+        for g in 0..G {
+            let lanes = &lanes[g * 8 * hd..(g + 1) * 8 * hd];
+            for (d, out) in out[g * hd..(g + 1) * hd].iter_mut().enumerate() {
+                let l = |i: usize| lanes[i * hd + d];
+                *out = ((l(0) + l(4)) + (l(2) + l(6))) + ((l(1) + l(5)) + (l(3) + l(7)));
+            }
+        }
+    }
+}
+
+/// One work item: some query heads of one token.
+struct Item<'a> {
+    t: usize,
+    kv_head: usize,
+    heads: Range<usize>,
+    table: &'a [BlockId],
+    seen: usize,
+}
+
+/// `dots[g] = queries[g] · key`, each exactly [`ops::dot_f16`]'s bits; the
+/// key is converted once for all `G`.
+#[inline(always)]
+fn dot_heads<const G: usize, const SIMD: bool>(queries: &[f32], key: &[f16], dots: &mut [f32; G]) {
+    let hd = key.len();
+    #[cfg(target_arch = "x86_64")]
+    if SIMD {
+        // SAFETY: `SIMD` only where the caller has AVX2, FMA and F16C;
+        // `queries` holds `G` rows of `hd`.
+        unsafe { ops::f16_simd::dot_many::<G>(queries, key, dots) };
+        return;
+    }
+    for (g, dot) in dots.iter_mut().enumerate() {
+        *dot = ops::dot_f16(&queries[g * hd..(g + 1) * hd], key);
+    }
+}
+
+/// `lanes[g][lane] += weights[g] * value` for each head `g`, each exactly
+/// [`ops::axpy_f16`]'s bits; the value is converted once for all `G`.
+#[inline(always)]
+fn axpy_heads<const G: usize, const SIMD: bool>(
+    lanes: &mut [f32],
+    lane: usize,
+    weights: &[f32; G],
+    value: &[f16],
+) {
+    let hd = value.len();
+    #[cfg(target_arch = "x86_64")]
+    if SIMD {
+        // SAFETY: `SIMD` only where the caller has AVX2, FMA and F16C;
+        // `lanes` holds `G` groups of eight rows of `hd`.
+        unsafe { ops::f16_simd::axpy_many::<G>(lanes, lane, weights, value) };
+        return;
+    }
+    for (g, weight) in weights.iter().enumerate() {
+        let at = (g * 8 + lane) * hd;
+        ops::axpy_f16(&mut lanes[at..at + hd], *weight, value);
+    }
+}
+
+/// Calls `f(position, offset)` for positions `0..count` of a sequence, in
+/// order, with the offset of its `head_offset`'th value in a layer's keys
+/// or values: block by block, with no division per position.
+#[inline(always)]
+fn for_each_position(
+    table: &[BlockId],
+    positions: Range<usize>,
+    kv_dim: usize,
+    head_offset: usize,
+    mut f: impl FnMut(usize, usize),
+) {
+    let mut position = positions.start;
+    for &block in table.iter().skip(positions.start / BLOCK_TOKENS) {
+        if position >= positions.end {
+            break;
+        }
+        let base = block as usize * BLOCK_TOKENS * kv_dim + head_offset;
+        let end = ((position / BLOCK_TOKENS + 1) * BLOCK_TOKENS).min(positions.end);
+        for p in position..end {
+            f(p, base + (p % BLOCK_TOKENS) * kv_dim);
+        }
+        position = end;
+    }
+}
