@@ -24,11 +24,15 @@ pub type Dot4Fn<B = BlockQ8> = fn(&[u8], [&[B]; 4], &mut [[f32; 4]]);
 /// kernel, so each row costs no call and no bounds checks of its own.
 pub type RowsFn<B = BlockQ8> = fn(&[u8], &[B], &mut [f32]);
 
+/// [`Dot4Fn`] for eight activation rows (AVX-512: two tokens per register).
+pub type Dot8Fn<B = BlockQ8> = fn(&[u8], [&[B]; 8], &mut [[f32; 8]]);
+
 /// The kernels of one weight format on this CPU. Every kernel gives results
 /// bit-identical to `dot`'s, so how tokens are grouped never changes one.
 pub struct Kernels<B> {
     pub dot: DotFn<B>,
     pub dot4: Option<Dot4Fn<B>>,
+    pub dot8: Option<Dot8Fn<B>>,
     pub rows: Option<RowsFn<B>>,
 }
 
@@ -66,6 +70,7 @@ pub fn select(format: WeightFormat) -> Kernels<BlockQ8> {
         return Kernels {
             dot,
             dot4: None,
+            dot8: None,
             rows: None,
         };
     }
@@ -90,9 +95,18 @@ pub(super) fn x86_kernels<const VNNI: bool>(format: WeightFormat) -> Kernels<Blo
         WeightFormat::Q8_0 => Some(avx2::rows_q8_0::<VNNI> as RowsFn),
         _ => None,
     };
+    // The AVX-512 kernels give the same bits as these (and exist only
+    // where VNNI does).
+    let dot8 = match format {
+        WeightFormat::Q4_0 if VNNI && avx512::available() => Some(avx512::dot8_q4_0 as Dot8Fn),
+        WeightFormat::Q5_0 if VNNI && avx512::available() => Some(avx512::dot8_q5_0 as Dot8Fn),
+        WeightFormat::Q8_0 if VNNI && avx512::available() => Some(avx512::dot8_q8_0 as Dot8Fn),
+        _ => None,
+    };
     Kernels {
         dot,
         dot4: Some(dot4),
+        dot8,
         rows,
     }
 }
@@ -115,6 +129,7 @@ pub(super) fn scalar_kernels(format: WeightFormat) -> Kernels<BlockQ8> {
     Kernels {
         dot,
         dot4: None,
+        dot8: None,
         rows: None,
     }
 }
@@ -451,6 +466,9 @@ pub mod scalar {
 }
 
 #[cfg(target_arch = "x86_64")]
+mod avx512;
+
+#[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
     use std::sync::OnceLock;
@@ -527,7 +545,7 @@ mod avx2 {
     }
 
     #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
+    pub(super) unsafe fn hsum(v: __m256) -> f32 {
         let lo = _mm256_castps256_ps128(v);
         let hi = _mm256_extractf128_ps(v, 1);
         let s = _mm_add_ps(lo, hi);
@@ -537,14 +555,23 @@ mod avx2 {
     }
 
     #[inline(always)]
-    unsafe fn load_f16(p: *const u8) -> f32 {
+    pub(super) unsafe fn load_f16(p: *const u8) -> f32 {
         let bits = std::ptr::read_unaligned(p as *const u16);
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
     }
 
+    /// `dw * d` in every lane, `dw` already broadcast: the product of the
+    /// two f32 scales, rounded once, as a scalar product would be, but with
+    /// `d` broadcast from memory (a load) rather than from a register (a
+    /// shuffle) per block and token.
+    #[inline(always)]
+    unsafe fn scale(dw: __m256, d: &f32) -> __m256 {
+        _mm256_mul_ps(dw, _mm256_broadcast_ss(d))
+    }
+
     /// 32 nibbles → 32 bytes: low nibbles first (values 0..16), then high.
     #[inline(always)]
-    unsafe fn nibbles(p: *const u8) -> __m256i {
+    pub(super) unsafe fn nibbles(p: *const u8) -> __m256i {
         let q = _mm_loadu_si128(p as *const __m128i);
         let both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
         _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
@@ -858,7 +885,7 @@ mod avx2 {
 
     /// A Q5_0 block's 32 values as signed bytes (-16..16).
     #[inline(always)]
-    unsafe fn q5_0_values(wb: *const u8) -> __m256i {
+    pub(super) unsafe fn q5_0_values(wb: *const u8) -> __m256i {
         let high = _mm256_andnot_si256(bytes_from_bits(wb.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
         _mm256_or_si256(nibbles(wb.add(6)), high)
     }
@@ -916,14 +943,14 @@ mod avx2 {
         let w = row.as_ptr();
         for i in 0..n {
             let wb = w.add(i * 22);
-            let dw = load_f16(wb);
+            let dw = _mm256_set1_ps(load_f16(wb));
             let q = q5_0_values(wb);
             let q_abs = _mm256_sign_epi8(q, q);
             for k in 0..N {
                 let a = x[k].get_unchecked(i);
                 let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
                 let prod = mul_sum_us8::<V>(q_abs, _mm256_sign_epi8(y, q));
-                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), prod, acc[k]);
+                acc[k] = _mm256_fmadd_ps(scale(dw, &a.d), prod, acc[k]);
             }
         }
         for k in 0..N {

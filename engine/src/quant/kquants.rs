@@ -98,6 +98,7 @@ pub fn select(format: WeightFormat) -> Kernels<BlockQ8K> {
         return Kernels {
             dot,
             dot4: Some(dot4),
+            dot8: None,
             rows: None,
         };
     }
@@ -114,6 +115,7 @@ fn scalar_kernels(format: WeightFormat) -> Kernels<BlockQ8K> {
     Kernels {
         dot,
         dot4: None,
+        dot8: None,
         rows: None,
     }
 }

@@ -557,6 +557,24 @@ impl RowJob<'_> {
             let tile = tile_start..(tile_start + ROW_TILE).min(self.range.end);
             let end = self.tokens.end;
             let mut first_single = self.tokens.start;
+            if let Some(dot8) = kernels.dot8 {
+                // Five to eight tokens go eight at a time, the last repeated.
+                let mut results = [[0.0f32; 8]; ROW_TILE];
+                let results = &mut results[..tile.len()];
+                while first_single + 5 <= end {
+                    let t = first_single;
+                    let n = (end - t).min(8);
+                    let xs = std::array::from_fn(|k| row_of(t + k.min(n - 1)));
+                    dot8(w.rows_bytes(tile.clone()), xs, results);
+                    for k in 0..n {
+                        let out_row = self.out_row(t + k, tile.clone());
+                        for (o, lanes) in out_row.iter_mut().zip(results.iter()) {
+                            *o = lanes[k];
+                        }
+                    }
+                    first_single += n;
+                }
+            }
             if let Some(dot4) = kernels.dot4 {
                 // Four tokens at a time share each unpacked weight block. Two
                 // or three left over go the same way, the last repeated: one
@@ -780,7 +798,7 @@ mod tests {
             let rows: Vec<Vec<u8>> = (0..7)
                 .map(|k| random_blocks(format, 1, cols, 50 + k))
                 .collect();
-            let acts: Vec<Vec<BlockQ8>> = (0..4)
+            let acts: Vec<Vec<BlockQ8>> = (0..8)
                 .map(|k| {
                     let mut blocks = vec![BlockQ8::default(); cols / BLOCK];
                     kernels::quantize_row_q8(&random(cols, 60 + k), &mut blocks, true);
@@ -817,6 +835,26 @@ mod tests {
                             alone,
                             "{format:?} dot4 row {r} token {k}"
                         );
+                    }
+                }
+            }
+            if let Some(dot8) = fast.dot8 {
+                // AVX-512, two tokens per register: each lane still the
+                // single product's bits.
+                let xs: [&[BlockQ8]; 8] = std::array::from_fn(|k| &acts[k][..]);
+                for n in 1..=rows.len() {
+                    let ws: Vec<u8> = rows[..n].concat();
+                    let mut out = vec![[0.0; 8]; n];
+                    dot8(&ws, xs, &mut out);
+                    for (r, row) in rows[..n].iter().enumerate() {
+                        for (k, x) in xs.iter().enumerate() {
+                            let alone = (plain.dot)(row, x).to_bits();
+                            assert_eq!(
+                                out[r][k].to_bits(),
+                                alone,
+                                "{format:?} dot8 row {r} token {k}"
+                            );
+                        }
                     }
                 }
             }

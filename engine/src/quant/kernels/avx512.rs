@@ -1,0 +1,145 @@
+//! AVX-512 kernels for eight activation rows at once (prefill and batches).
+//!
+//! Each 512-bit register holds two tokens' eight lanes side by side: the
+//! weight block is unpacked once (256 bits) and broadcast to both halves,
+//! so one `vpdpbusd`, one conversion and one FMA do what the AVX2 kernels do
+//! in two. Every lane holds exactly the integers and takes exactly the
+//! roundings of the AVX2 kernels' lane (the same 4 bytes summed, the same
+//! `dw * d` scale, the same FMA, the same final fold), so a token's result is
+//! [`super::avx2`]'s `dot`, bit for bit, whatever it is batched with.
+
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+use std::sync::OnceLock;
+
+use super::avx2::{hsum, load_f16, q5_0_values};
+use crate::quant::BlockQ8;
+
+/// Whether AVX-512 (F, BW, VL) with VNNI runs here.
+pub fn available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        super::avx2::vnni_available()
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+    })
+}
+
+/// Lane `l` of `products[p]` picks lane `2p + l / 8`: two tokens' scales,
+/// each in eight lanes.
+#[inline(always)]
+unsafe fn pair_picks() -> [__m512i; 4] {
+    std::array::from_fn(|p| {
+        let (k, k1) = (2 * p as i32, 2 * p as i32 + 1);
+        _mm512_set_epi32(k1, k1, k1, k1, k1, k1, k1, k1, k, k, k, k, k, k, k, k)
+    })
+}
+
+/// The two tokens' 32 activation bytes of one block, side by side.
+#[inline(always)]
+unsafe fn pair_activations(a: &BlockQ8, b: &BlockQ8) -> __m512i {
+    let low = _mm512_castsi256_si512(_mm256_load_si256(a.qs.as_ptr() as *const __m256i));
+    _mm512_inserti64x4(low, _mm256_load_si256(b.qs.as_ptr() as *const __m256i), 1)
+}
+
+/// Signed weights (`unpack` gives a block's 32 values as signed bytes and
+/// its scale) against eight activation rows, row after row: `|w|` times
+/// `y` with `w`'s sign, as the AVX2 kernels' `vpsignb` pair computes it.
+/// `scales[i]` holds the eight rows' activation scales of block `i`.
+#[inline(always)]
+unsafe fn dot8_signed(
+    rows: &[u8],
+    bytes: usize,
+    x: [&[BlockQ8]; 8],
+    scales: &[[f32; 8]],
+    out: &mut [[f32; 8]],
+    unpack: impl Fn(*const u8) -> (__m256i, f32),
+) {
+    let n = scales.len();
+    let zero = _mm512_setzero_si512();
+    let picks = pair_picks();
+    for (r, o) in out.iter_mut().enumerate() {
+        let w = rows.as_ptr().add(r * n * bytes);
+        let mut acc = [_mm512_setzero_ps(); 4];
+        for (i, scales) in scales.iter().enumerate() {
+            let (q, dw) = unpack(w.add(i * bytes));
+            let q = _mm512_broadcast_i64x4(q);
+            let magnitude = _mm512_abs_epi8(q);
+            let negative = _mm512_movepi8_mask(q);
+            // `dw * d_k` for the eight tokens, each rounded once as the
+            // AVX2 kernels' scalar product is.
+            let products = _mm256_mul_ps(_mm256_set1_ps(dw), _mm256_loadu_ps(scales.as_ptr()));
+            let products = _mm512_castps256_ps512(products);
+            for (p, acc) in acc.iter_mut().enumerate() {
+                let (a, b) = (x[2 * p].get_unchecked(i), x[2 * p + 1].get_unchecked(i));
+                let y = pair_activations(a, b);
+                // `vpsignb` zeroes where w is 0; negating instead changes
+                // nothing there, as |w| is 0 too.
+                let y = _mm512_mask_sub_epi8(y, negative, zero, y);
+                let prod = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, magnitude, y));
+                let scale = _mm512_permutexvar_ps(picks[p], products);
+                *acc = _mm512_fmadd_ps(scale, prod, *acc);
+            }
+        }
+        for (p, acc) in acc.iter().enumerate() {
+            o[2 * p] = hsum(_mm512_castps512_ps256(*acc));
+            o[2 * p + 1] = hsum(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                _mm512_castps_pd(*acc),
+            )));
+        }
+    }
+}
+
+thread_local! {
+    /// The eight rows' scales block by block, gathered once per call.
+    static SCALES: RefCell<Vec<[f32; 8]>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `f` with the eight activation rows' scales of each of `n` blocks side
+/// by side (one load per block in the kernel rather than eight).
+fn with_scales<R>(x: [&[BlockQ8]; 8], n: usize, f: impl FnOnce(&[[f32; 8]]) -> R) -> R {
+    SCALES.with_borrow_mut(|scales| {
+        scales.clear();
+        scales.extend((0..n).map(|i| std::array::from_fn(|k| x[k][i].d)));
+        f(scales)
+    })
+}
+
+macro_rules! dot8_entry {
+    ($public:ident, $inner:ident, $bytes:expr, $unpack:expr) => {
+        /// Consecutive rows against eight activation rows (a
+        /// [`super::Dot8Fn`]); each result is the format's `dot`, bit for bit.
+        pub fn $public(rows: &[u8], x: [&[BlockQ8]; 8], out: &mut [[f32; 8]]) {
+            let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
+            assert!(available() && rows.len() >= out.len() * n * $bytes);
+            // SAFETY: features checked just above; bounds by the assert.
+            with_scales(x, n, |scales| unsafe { $inner(rows, x, scales, out) })
+        }
+
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        unsafe fn $inner(
+            rows: &[u8],
+            x: [&[BlockQ8]; 8],
+            scales: &[[f32; 8]],
+            out: &mut [[f32; 8]],
+        ) {
+            dot8_signed(rows, $bytes, x, scales, out, $unpack)
+        }
+    };
+}
+
+dot8_entry!(dot8_q4_0, dot8_q4_0_inner, 18, |wb: *const u8| unsafe {
+    let q = _mm256_sub_epi8(super::avx2::nibbles(wb.add(2)), _mm256_set1_epi8(8));
+    (q, load_f16(wb))
+});
+
+dot8_entry!(dot8_q5_0, dot8_q5_0_inner, 22, |wb: *const u8| unsafe {
+    (q5_0_values(wb), load_f16(wb))
+});
+
+dot8_entry!(dot8_q8_0, dot8_q8_0_inner, 34, |wb: *const u8| unsafe {
+    (
+        _mm256_loadu_si256(wb.add(2) as *const __m256i),
+        load_f16(wb),
+    )
+});
