@@ -49,6 +49,12 @@ pub fn avx2_available() -> bool {
     avx2::available()
 }
 
+/// Whether the AVX-512 (F, BW, VL, VNNI) eight-token kernels run here.
+#[cfg(target_arch = "x86_64")]
+pub fn avx512_available() -> bool {
+    avx512::available()
+}
+
 /// The fastest kernels for a 32-value `format` on this CPU.
 pub fn select(format: WeightFormat) -> Kernels<BlockQ8> {
     #[cfg(target_arch = "x86_64")]
@@ -466,7 +472,7 @@ pub mod scalar {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512;
+pub(super) mod avx512;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {

@@ -98,11 +98,25 @@ pub fn select(format: WeightFormat) -> Kernels<BlockQ8K> {
         return Kernels {
             dot,
             dot4: Some(dot4),
-            dot8: None,
+            dot8: avx512_dot8(format),
             rows: None,
         };
     }
     scalar_kernels(format)
+}
+
+/// The AVX-512 eight-token kernel of `format`, where this CPU has one.
+#[cfg(target_arch = "x86_64")]
+fn avx512_dot8(format: WeightFormat) -> Option<super::kernels::Dot8Fn<BlockQ8K>> {
+    if !super::kernels::avx512_available() {
+        return None;
+    }
+    match format {
+        WeightFormat::Q4_K => Some(avx512::dot8_q4_k),
+        WeightFormat::Q5_K => Some(avx512::dot8_q5_k),
+        WeightFormat::Q6_K => Some(avx512::dot8_q6_k),
+        _ => None,
+    }
 }
 
 fn scalar_kernels(format: WeightFormat) -> Kernels<BlockQ8K> {
@@ -359,20 +373,23 @@ pub mod scalar {
 }
 
 #[cfg(target_arch = "x86_64")]
+mod avx512;
+
+#[cfg(target_arch = "x86_64")]
 mod avx2 {
     use std::arch::x86_64::*;
 
     use super::{k4_scales, mins_dot, BlockQ8K};
 
     #[inline(always)]
-    unsafe fn load_f16(p: *const u8) -> f32 {
+    pub(super) unsafe fn load_f16(p: *const u8) -> f32 {
         let bits = std::ptr::read_unaligned(p as *const u16);
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
     }
 
     /// The exact sum of eight i32 lanes.
     #[inline(always)]
-    unsafe fn hsum_i32(v: __m256i) -> i32 {
+    pub(super) unsafe fn hsum_i32(v: __m256i) -> i32 {
         let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
         let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
         let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01));
@@ -380,7 +397,7 @@ mod avx2 {
     }
 
     #[inline(always)]
-    unsafe fn load(p: *const u8) -> __m256i {
+    pub(super) unsafe fn load(p: *const u8) -> __m256i {
         _mm256_loadu_si256(p as *const __m256i)
     }
 
@@ -495,7 +512,7 @@ mod avx2 {
 
     /// Byte-shuffles that spread i8 scale `2s` over lanes 0..8 and `2s + 1`
     /// over lanes 8..16 (one 128-bit half of a 32-value product).
-    static SCALE_PAIRS: [[u8; 16]; 8] = {
+    pub(super) static SCALE_PAIRS: [[u8; 16]; 8] = {
         let mut table = [[0u8; 16]; 8];
         let mut s = 0;
         while s < 8 {

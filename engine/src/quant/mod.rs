@@ -480,6 +480,9 @@ pub fn matmul_grouped<'w, const N: usize>(
 /// Rows of the weight tile that stay in L1 while all tokens stream past.
 const ROW_TILE: usize = 16;
 
+/// Rows per call of an eight-token kernel.
+const EIGHT_TOKEN_ROWS: usize = 64;
+
 fn matmul_rows(
     w: &QMatrix,
     x: &Activations,
@@ -552,29 +555,38 @@ impl RowJob<'_> {
             let a = self.x_row(t);
             &blocks[a * per_row..(a + 1) * per_row]
         };
-        let mut tile_start = self.range.start;
-        while tile_start < self.range.end {
-            let tile = tile_start..(tile_start + ROW_TILE).min(self.range.end);
-            let end = self.tokens.end;
-            let mut first_single = self.tokens.start;
-            if let Some(dot8) = kernels.dot8 {
-                // Five to eight tokens go eight at a time, the last repeated.
-                let mut results = [[0.0f32; 8]; ROW_TILE];
-                let results = &mut results[..tile.len()];
-                while first_single + 5 <= end {
-                    let t = first_single;
-                    let n = (end - t).min(8);
-                    let xs = std::array::from_fn(|k| row_of(t + k.min(n - 1)));
-                    dot8(w.rows_bytes(tile.clone()), xs, results);
+        let end = self.tokens.end;
+        let mut first_after_eights = self.tokens.start;
+        if let Some(dot8) = kernels.dot8 {
+            // Five to eight tokens go eight at a time, the last repeated,
+            // over many rows per call: the eight tokens' activations stay in
+            // L1 while the weights stream from L2, and each call's set-up
+            // (gathering the tokens' scales) is paid once per 64 rows.
+            let mut results = [[0.0f32; 8]; EIGHT_TOKEN_ROWS];
+            while first_after_eights + 5 <= end {
+                let t = first_after_eights;
+                let n = (end - t).min(8);
+                let xs = std::array::from_fn(|k| row_of(t + k.min(n - 1)));
+                let mut start = self.range.start;
+                while start < self.range.end {
+                    let rows = start..(start + EIGHT_TOKEN_ROWS).min(self.range.end);
+                    let results = &mut results[..rows.len()];
+                    dot8(w.rows_bytes(rows.clone()), xs, results);
                     for k in 0..n {
-                        let out_row = self.out_row(t + k, tile.clone());
+                        let out_row = self.out_row(t + k, rows.clone());
                         for (o, lanes) in out_row.iter_mut().zip(results.iter()) {
                             *o = lanes[k];
                         }
                     }
-                    first_single += n;
+                    start = rows.end;
                 }
+                first_after_eights += n;
             }
+        }
+        let mut tile_start = self.range.start;
+        while tile_start < self.range.end {
+            let tile = tile_start..(tile_start + ROW_TILE).min(self.range.end);
+            let mut first_single = first_after_eights;
             if let Some(dot4) = kernels.dot4 {
                 // Four tokens at a time share each unpacked weight block. Two
                 // or three left over go the same way, the last repeated: one
@@ -895,6 +907,52 @@ mod tests {
                     slow.to_bits(),
                     "{format:?}: {fast} vs {slow}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn k_quant_many_token_kernels_give_each_tokens_bits() {
+        for format in [WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K] {
+            let (rows, cols) = (5, 768);
+            let w = random_blocks(format, rows, cols, 70);
+            let row_bytes = w.len() / rows;
+            let acts: Vec<Vec<BlockQ8K>> = (0..8)
+                .map(|k| {
+                    let mut blocks = vec![BlockQ8K::default(); cols / QK_K];
+                    kquants::quantize_row_q8k(&random(cols, 80 + k), &mut blocks);
+                    blocks
+                })
+                .collect();
+            let kernels = kquants::select(format);
+            let alone = |r: usize, k: usize| {
+                (kernels.dot)(&w[r * row_bytes..(r + 1) * row_bytes], &acts[k]).to_bits()
+            };
+            if let Some(dot4) = kernels.dot4 {
+                let mut out = vec![[0.0; 4]; rows];
+                dot4(&w, std::array::from_fn(|k| &acts[k][..]), &mut out);
+                for (r, lanes) in out.iter().enumerate() {
+                    for (k, v) in lanes.iter().enumerate() {
+                        assert_eq!(
+                            v.to_bits(),
+                            alone(r, k),
+                            "{format:?} dot4 row {r} token {k}"
+                        );
+                    }
+                }
+            }
+            if let Some(dot8) = kernels.dot8 {
+                let mut out = vec![[0.0; 8]; rows];
+                dot8(&w, std::array::from_fn(|k| &acts[k][..]), &mut out);
+                for (r, lanes) in out.iter().enumerate() {
+                    for (k, v) in lanes.iter().enumerate() {
+                        assert_eq!(
+                            v.to_bits(),
+                            alone(r, k),
+                            "{format:?} dot8 row {r} token {k}"
+                        );
+                    }
+                }
             }
         }
     }

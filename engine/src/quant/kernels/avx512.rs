@@ -95,12 +95,25 @@ thread_local! {
     static SCALES: RefCell<Vec<[f32; 8]>> = const { RefCell::new(Vec::new()) };
 }
 
-/// `f` with the eight activation rows' scales of each of `n` blocks side
-/// by side (one load per block in the kernel rather than eight).
-fn with_scales<R>(x: [&[BlockQ8]; 8], n: usize, f: impl FnOnce(&[[f32; 8]]) -> R) -> R {
+/// `f` with the eight activation rows' scales (`scale_of` each block) of
+/// each of `n` blocks side by side: one load per block in the kernel
+/// rather than eight.
+pub(crate) fn with_scales<B, R>(
+    x: [&[B]; 8],
+    n: usize,
+    scale_of: impl Fn(&B) -> f32,
+    f: impl FnOnce(&[[f32; 8]]) -> R,
+) -> R {
     SCALES.with_borrow_mut(|scales| {
-        scales.clear();
-        scales.extend((0..n).map(|i| std::array::from_fn(|k| x[k][i].d)));
+        if scales.len() < n {
+            scales.resize(n, [0.0; 8]);
+        }
+        let scales = &mut scales[..n];
+        for (k, row) in x.iter().enumerate() {
+            for (to, block) in scales.iter_mut().zip(&row[..n]) {
+                to[k] = scale_of(block);
+            }
+        }
         f(scales)
     })
 }
@@ -113,7 +126,12 @@ macro_rules! dot8_entry {
             let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
             assert!(available() && rows.len() >= out.len() * n * $bytes);
             // SAFETY: features checked just above; bounds by the assert.
-            with_scales(x, n, |scales| unsafe { $inner(rows, x, scales, out) })
+            with_scales(
+                x,
+                n,
+                |b| b.d,
+                |scales| unsafe { $inner(rows, x, scales, out) },
+            )
         }
 
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
