@@ -123,11 +123,23 @@ fn silu_mul_portable(gate: &mut [f32], up: &[f32]) {
     }
 }
 
-/// The same loop compiled with FMA, so `mul_add` is one instruction.
+/// [`silu_mul_portable`] eight values at a time, bit for bit.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn silu_mul_fma(gate: &mut [f32], up: &[f32]) {
-    silu_mul_portable(gate, up)
+    use std::arch::x86_64::*;
+    let n = gate.len().min(up.len());
+    let (sign, one) = (_mm256_set1_ps(-0.0), _mm256_set1_ps(1.0));
+    let mut i = 0;
+    while i + 8 <= n {
+        let p = gate.as_mut_ptr().add(i);
+        let g = _mm256_loadu_ps(p);
+        let e = exp_poly_x8(_mm256_xor_ps(g, sign));
+        let silu = _mm256_div_ps(g, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(p, _mm256_mul_ps(silu, _mm256_loadu_ps(up.as_ptr().add(i))));
+        i += 8;
+    }
+    silu_mul_portable(&mut gate[i..n], &up[i..n])
 }
 
 /// The logistic function.
@@ -253,10 +265,89 @@ pub fn softmax(x: &mut [f32]) {
     softmax_portable(x)
 }
 
+/// [`softmax_portable`] eight values at a time: [`exp_poly`] lane by lane
+/// (every branch computed, the right one kept) and each block's fold in the
+/// same order, so the bits are the portable function's.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn softmax_fma(x: &mut [f32]) {
-    softmax_portable(x)
+    use std::arch::x86_64::*;
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let max8 = _mm256_set1_ps(max);
+    let mut sum = 0.0f64;
+    let mut blocks = x.chunks_exact_mut(8);
+    for block in &mut blocks {
+        let p = block.as_mut_ptr();
+        let e = exp_poly_x8(_mm256_sub_ps(_mm256_loadu_ps(p), max8));
+        _mm256_storeu_ps(p, e);
+        let s = _mm_add_ps(_mm256_castps256_ps128(e), _mm256_extractf128_ps::<1>(e));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        sum += _mm_cvtss_f32(s) as f64;
+    }
+    let tail = blocks.into_remainder();
+    if !tail.is_empty() {
+        let mut lanes = [0.0f32; 8];
+        for (lane, v) in lanes.iter_mut().zip(tail.iter_mut()) {
+            *v = exp_poly(*v - max);
+            *lane = *v;
+        }
+        let folded = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6]))
+            + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+        sum += folded as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// [`exp_poly`] of eight values, bit for bit.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn exp_poly_x8(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let c = |bits: u32| _mm256_set1_ps(f32::from_bits(bits));
+    let shift = c(0x4b40_0000);
+    let z = _mm256_fmadd_ps(x, c(0x3fb8_aa3b), shift);
+    let n = _mm256_sub_ps(z, shift);
+    let minus_n = _mm256_xor_ps(n, _mm256_set1_ps(-0.0));
+    let b = _mm256_fmadd_ps(
+        minus_n,
+        c(0x35bf_be8e),
+        _mm256_fmadd_ps(minus_n, c(0x3f31_7200), x),
+    );
+    let e = _mm256_slli_epi32::<23>(_mm256_castps_si256(z));
+    let k = _mm256_castsi256_ps(_mm256_add_epi32(
+        e,
+        _mm256_set1_epi32(1.0f32.to_bits() as i32),
+    ));
+    let u = _mm256_mul_ps(b, b);
+    let j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(
+            _mm256_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+            u,
+            _mm256_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
+        ),
+        u,
+        _mm256_mul_ps(c(0x3f7f_fff6), b),
+    );
+    let normal = _mm256_fmadd_ps(j, k, k);
+    let abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+    let in_range = _mm256_cmp_ps::<_CMP_LE_OQ>(abs_n, _mm256_set1_ps(126.0));
+    if _mm256_movemask_ps(in_range) == 0xFF {
+        return normal;
+    }
+    // Outside the normal range: scale in two steps, or saturate.
+    let non_positive = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps()));
+    let g = _mm256_and_si256(non_positive, _mm256_set1_epi32(0x8200_0000u32 as i32));
+    let s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f00_0000)));
+    let s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+    let saturated = _mm256_mul_ps(s1, s1);
+    let scaled = _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1);
+    let beyond = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(192.0));
+    let outside = _mm256_blendv_ps(scaled, saturated, beyond);
+    _mm256_blendv_ps(outside, normal, in_range)
 }
 
 #[inline(always)]
@@ -335,6 +426,46 @@ mod tests {
             }
         }
         assert_eq!(exp_poly(f32::NEG_INFINITY), 0.0);
+    }
+
+    #[test]
+    fn softmax_is_the_portable_bits_on_every_path() {
+        for len in [1, 7, 8, 9, 64, 131] {
+            let x: Vec<f32> = (0..len)
+                .map(|i| match i % 11 {
+                    0 => f32::NEG_INFINITY,
+                    1 => -150.0 - i as f32,
+                    2 => -95.0 + 0.3 * i as f32,
+                    _ => (i as f32 * 0.731).sin() * 8.0,
+                })
+                .collect();
+            let (mut fast, mut portable) = (x.clone(), x.clone());
+            softmax(&mut fast);
+            softmax_portable(&mut portable);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&fast), bits(&portable), "{len} values");
+        }
+    }
+
+    #[test]
+    fn swiglu_is_the_portable_bits_on_every_path() {
+        for len in [3, 8, 67] {
+            let gate: Vec<f32> = (0..len)
+                .map(|i| match i % 7 {
+                    0 => 0.0,
+                    1 => -0.0,
+                    2 => -120.0 + i as f32,
+                    3 => 95.0,
+                    _ => (i as f32 * 0.731).sin() * 6.0,
+                })
+                .collect();
+            let up: Vec<f32> = (0..len).map(|i| (i as f32 * 0.37).cos()).collect();
+            let (mut fast, mut portable) = (gate.clone(), gate);
+            silu_mul(&mut fast, &up);
+            silu_mul_portable(&mut portable, &up);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&fast), bits(&portable), "{len} values");
+        }
     }
 
     #[test]
