@@ -107,6 +107,8 @@ pub(super) fn x86_kernels<const VNNI: bool>(format: WeightFormat) -> Kernels<Blo
         WeightFormat::Q4_0 if VNNI && avx512::available() => Some(avx512::dot8_q4_0 as Dot8Fn),
         WeightFormat::Q5_0 if VNNI && avx512::available() => Some(avx512::dot8_q5_0 as Dot8Fn),
         WeightFormat::Q8_0 if VNNI && avx512::available() => Some(avx512::dot8_q8_0 as Dot8Fn),
+        WeightFormat::Q4_1 if VNNI && avx512::available() => Some(avx512::dot8_q4_1 as Dot8Fn),
+        WeightFormat::Q5_1 if VNNI && avx512::available() => Some(avx512::dot8_q5_1 as Dot8Fn),
         _ => None,
     };
     Kernels {
@@ -898,7 +900,7 @@ mod avx2 {
 
     /// A Q5_1 block's 32 values as unsigned bytes (0..32).
     #[inline(always)]
-    unsafe fn q5_1_values(wb: *const u8) -> __m256i {
+    pub(super) unsafe fn q5_1_values(wb: *const u8) -> __m256i {
         let high = _mm256_and_si256(bytes_from_bits(wb.add(4)), _mm256_set1_epi8(0x10));
         _mm256_or_si256(nibbles(wb.add(8)), high)
     }

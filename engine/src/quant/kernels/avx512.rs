@@ -95,27 +95,77 @@ thread_local! {
     static SCALES: RefCell<Vec<[f32; 8]>> = const { RefCell::new(Vec::new()) };
 }
 
-/// `f` with the eight activation rows' scales (`scale_of` each block) of
-/// each of `n` blocks side by side: one load per block in the kernel
-/// rather than eight.
-pub(crate) fn with_scales<B, R>(
+/// `f` with the eight activation rows' `M` per-block figures (`fields` of
+/// each block: its scale, and its scaled sum where a kernel needs it) side
+/// by side, figure `m` of block `i` at `i * M + m`: one load per block in
+/// the kernel rather than eight.
+pub(crate) fn with_scales<B, R, const M: usize>(
     x: [&[B]; 8],
     n: usize,
-    scale_of: impl Fn(&B) -> f32,
+    fields: impl Fn(&B) -> [f32; M],
     f: impl FnOnce(&[[f32; 8]]) -> R,
 ) -> R {
     SCALES.with_borrow_mut(|scales| {
-        if scales.len() < n {
-            scales.resize(n, [0.0; 8]);
+        if scales.len() < n * M {
+            scales.resize(n * M, [0.0; 8]);
         }
-        let scales = &mut scales[..n];
+        let scales = &mut scales[..n * M];
         for (k, row) in x.iter().enumerate() {
-            for (to, block) in scales.iter_mut().zip(&row[..n]) {
-                to[k] = scale_of(block);
+            for (to, block) in scales.chunks_exact_mut(M).zip(&row[..n]) {
+                for (to, value) in to.iter_mut().zip(fields(block)) {
+                    to[k] = value;
+                }
             }
         }
         f(scales)
     })
+}
+
+/// Unsigned weights (`unpack` gives a block's 32 values as unsigned bytes,
+/// its scale and its minimum) against eight activation rows, row after
+/// row; `figures` holds each block's eight scales, then their scaled sums.
+/// The minimums' products are summed apart and added last, as in the AVX2
+/// kernels.
+#[inline(always)]
+unsafe fn dot8_unsigned(
+    rows: &[u8],
+    bytes: usize,
+    x: [&[BlockQ8]; 8],
+    figures: &[[f32; 8]],
+    out: &mut [[f32; 8]],
+    unpack: impl Fn(*const u8) -> (__m256i, f32, f32),
+) {
+    let n = figures.len() / 2;
+    let zero = _mm512_setzero_si512();
+    let picks = pair_picks();
+    for (r, o) in out.iter_mut().enumerate() {
+        let w = rows.as_ptr().add(r * n * bytes);
+        let mut acc = [_mm512_setzero_ps(); 4];
+        let mut mins = _mm256_setzero_ps();
+        for (i, figures) in figures.chunks_exact(2).enumerate() {
+            let (q, dw, mw) = unpack(w.add(i * bytes));
+            let q = _mm512_broadcast_i64x4(q);
+            let products = _mm256_mul_ps(_mm256_set1_ps(dw), _mm256_loadu_ps(figures[0].as_ptr()));
+            let products = _mm512_castps256_ps512(products);
+            let sums = _mm256_loadu_ps(figures[1].as_ptr());
+            mins = _mm256_add_ps(mins, _mm256_mul_ps(_mm256_set1_ps(mw), sums));
+            for (p, acc) in acc.iter_mut().enumerate() {
+                let (a, b) = (x[2 * p].get_unchecked(i), x[2 * p + 1].get_unchecked(i));
+                let y = pair_activations(a, b);
+                let prod = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, q, y));
+                let scale = _mm512_permutexvar_ps(picks[p], products);
+                *acc = _mm512_fmadd_ps(scale, prod, *acc);
+            }
+        }
+        let mut min_lanes = [0.0f32; 8];
+        _mm256_storeu_ps(min_lanes.as_mut_ptr(), mins);
+        for (p, acc) in acc.iter().enumerate() {
+            o[2 * p] = hsum(_mm512_castps512_ps256(*acc)) + min_lanes[2 * p];
+            o[2 * p + 1] = hsum(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+                _mm512_castps_pd(*acc),
+            ))) + min_lanes[2 * p + 1];
+        }
+    }
 }
 
 macro_rules! dot8_entry {
@@ -129,7 +179,7 @@ macro_rules! dot8_entry {
             with_scales(
                 x,
                 n,
-                |b| b.d,
+                |b| [b.d],
                 |scales| unsafe { $inner(rows, x, scales, out) },
             )
         }
@@ -159,5 +209,49 @@ dot8_entry!(dot8_q8_0, dot8_q8_0_inner, 34, |wb: *const u8| unsafe {
     (
         _mm256_loadu_si256(wb.add(2) as *const __m256i),
         load_f16(wb),
+    )
+});
+
+macro_rules! dot8_unsigned_entry {
+    ($public:ident, $inner:ident, $bytes:expr, $unpack:expr) => {
+        /// Consecutive rows against eight activation rows (a
+        /// [`super::Dot8Fn`]); each result is the format's `dot`, bit for bit.
+        pub fn $public(rows: &[u8], x: [&[BlockQ8]; 8], out: &mut [[f32; 8]]) {
+            let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
+            assert!(available() && rows.len() >= out.len() * n * $bytes);
+            // SAFETY: features checked just above; bounds by the assert.
+            with_scales(
+                x,
+                n,
+                |b| [b.d, b.s],
+                |figures| unsafe { $inner(rows, x, figures, out) },
+            )
+        }
+
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        unsafe fn $inner(
+            rows: &[u8],
+            x: [&[BlockQ8]; 8],
+            figures: &[[f32; 8]],
+            out: &mut [[f32; 8]],
+        ) {
+            dot8_unsigned(rows, $bytes, x, figures, out, $unpack)
+        }
+    };
+}
+
+dot8_unsigned_entry!(dot8_q4_1, dot8_q4_1_inner, 20, |wb: *const u8| unsafe {
+    (
+        super::avx2::nibbles(wb.add(4)),
+        load_f16(wb),
+        load_f16(wb.add(2)),
+    )
+});
+
+dot8_unsigned_entry!(dot8_q5_1, dot8_q5_1_inner, 24, |wb: *const u8| unsafe {
+    (
+        super::avx2::q5_1_values(wb),
+        load_f16(wb),
+        load_f16(wb.add(2)),
     )
 });

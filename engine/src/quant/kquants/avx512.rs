@@ -39,7 +39,7 @@ macro_rules! entry_points {
             with_scales(
                 x,
                 n,
-                |b| b.d,
+                |b| [b.d],
                 |scales| {
                     for (r, o) in out.iter_mut().enumerate() {
                         // SAFETY: features checked just above; bounds by the assert.
