@@ -102,7 +102,16 @@ pub(super) fn x86_kernels<const VNNI: bool>(format: WeightFormat) -> Kernels<Blo
         _ => None,
     };
     // The AVX-512 kernels give the same bits as these (and exist only
-    // where VNNI does).
+    // where VNNI does): two tokens per register, for four tokens too.
+    let wide = VNNI && avx512::available();
+    let dot4 = match format {
+        WeightFormat::Q4_0 if wide => avx512::dot4_q4_0 as Dot4Fn,
+        WeightFormat::Q5_0 if wide => avx512::dot4_q5_0,
+        WeightFormat::Q8_0 if wide => avx512::dot4_q8_0,
+        WeightFormat::Q4_1 if wide => avx512::dot4_q4_1,
+        WeightFormat::Q5_1 if wide => avx512::dot4_q5_1,
+        _ => dot4,
+    };
     let dot8 = match format {
         WeightFormat::Q4_0 if VNNI && avx512::available() => Some(avx512::dot8_q4_0 as Dot8Fn),
         WeightFormat::Q5_0 if VNNI && avx512::available() => Some(avx512::dot8_q5_0 as Dot8Fn),

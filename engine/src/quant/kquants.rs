@@ -95,26 +95,51 @@ pub fn select(format: WeightFormat) -> Kernels<BlockQ8K> {
             WeightFormat::Q6_K => (avx2::dot_q6_k, avx2::dot4_q6_k),
             _ => return scalar_kernels(format),
         };
+        let (dot4, dot8) = match avx512_kernels(format) {
+            Some((dot4, dot8)) => (dot4, Some(dot8)),
+            None => (dot4, None),
+        };
         return Kernels {
             dot,
             dot4: Some(dot4),
-            dot8: avx512_dot8(format),
+            dot8,
             rows: None,
         };
     }
     scalar_kernels(format)
 }
 
-/// The AVX-512 eight-token kernel of `format`, where this CPU has one.
+/// The AVX2 four-token kernel of `format` (selected only where AVX-512
+/// is not), for tests to check on every CPU.
+#[cfg(all(test, target_arch = "x86_64"))]
+pub(super) fn avx2_dot4(format: WeightFormat) -> Option<super::kernels::Dot4Fn<BlockQ8K>> {
+    if !super::kernels::avx2_available() {
+        return None;
+    }
+    match format {
+        WeightFormat::Q4_K => Some(avx2::dot4_q4_k),
+        WeightFormat::Q5_K => Some(avx2::dot4_q5_k),
+        WeightFormat::Q6_K => Some(avx2::dot4_q6_k),
+        _ => None,
+    }
+}
+
+/// The AVX-512 four- and eight-token kernels of `format`, where this CPU
+/// has them.
 #[cfg(target_arch = "x86_64")]
-fn avx512_dot8(format: WeightFormat) -> Option<super::kernels::Dot8Fn<BlockQ8K>> {
+fn avx512_kernels(
+    format: WeightFormat,
+) -> Option<(
+    super::kernels::Dot4Fn<BlockQ8K>,
+    super::kernels::Dot8Fn<BlockQ8K>,
+)> {
     if !super::kernels::avx512_available() {
         return None;
     }
     match format {
-        WeightFormat::Q4_K => Some(avx512::dot8_q4_k),
-        WeightFormat::Q5_K => Some(avx512::dot8_q5_k),
-        WeightFormat::Q6_K => Some(avx512::dot8_q6_k),
+        WeightFormat::Q4_K => Some((avx512::dot4_q4_k, avx512::dot8_q4_k)),
+        WeightFormat::Q5_K => Some((avx512::dot4_q5_k, avx512::dot8_q5_k)),
+        WeightFormat::Q6_K => Some((avx512::dot4_q6_k, avx512::dot8_q6_k)),
         _ => None,
     }
 }

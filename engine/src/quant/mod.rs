@@ -928,7 +928,11 @@ mod tests {
             let alone = |r: usize, k: usize| {
                 (kernels.dot)(&w[r * row_bytes..(r + 1) * row_bytes], &acts[k]).to_bits()
             };
-            if let Some(dot4) = kernels.dot4 {
+            #[cfg(target_arch = "x86_64")]
+            let avx2 = kquants::avx2_dot4(format);
+            #[cfg(not(target_arch = "x86_64"))]
+            let avx2 = None;
+            for dot4 in [kernels.dot4, avx2].into_iter().flatten() {
                 let mut out = vec![[0.0; 4]; rows];
                 dot4(&w, std::array::from_fn(|k| &acts[k][..]), &mut out);
                 for (r, lanes) in out.iter().enumerate() {

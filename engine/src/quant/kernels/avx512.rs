@@ -47,12 +47,12 @@ unsafe fn pair_activations(a: &BlockQ8, b: &BlockQ8) -> __m512i {
 /// `y` with `w`'s sign, as the AVX2 kernels' `vpsignb` pair computes it.
 /// `scales[i]` holds the eight rows' activation scales of block `i`.
 #[inline(always)]
-unsafe fn dot8_signed(
+unsafe fn dot8_signed<const T: usize>(
     rows: &[u8],
     bytes: usize,
-    x: [&[BlockQ8]; 8],
+    x: [&[BlockQ8]; T],
     scales: &[[f32; 8]],
-    out: &mut [[f32; 8]],
+    out: &mut [[f32; T]],
     unpack: impl Fn(*const u8) -> (__m256i, f32),
 ) {
     let n = scales.len();
@@ -70,7 +70,7 @@ unsafe fn dot8_signed(
             // AVX2 kernels' scalar product is.
             let products = _mm256_mul_ps(_mm256_set1_ps(dw), _mm256_loadu_ps(scales.as_ptr()));
             let products = _mm512_castps256_ps512(products);
-            for (p, acc) in acc.iter_mut().enumerate() {
+            for (p, acc) in acc.iter_mut().enumerate().take(T / 2) {
                 let (a, b) = (x[2 * p].get_unchecked(i), x[2 * p + 1].get_unchecked(i));
                 let y = pair_activations(a, b);
                 // `vpsignb` zeroes where w is 0; negating instead changes
@@ -81,7 +81,7 @@ unsafe fn dot8_signed(
                 *acc = _mm512_fmadd_ps(scale, prod, *acc);
             }
         }
-        for (p, acc) in acc.iter().enumerate() {
+        for (p, acc) in acc.iter().enumerate().take(T / 2) {
             o[2 * p] = hsum(_mm512_castps512_ps256(*acc));
             o[2 * p + 1] = hsum(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
                 _mm512_castps_pd(*acc),
@@ -99,8 +99,8 @@ thread_local! {
 /// each block: its scale, and its scaled sum where a kernel needs it) side
 /// by side, figure `m` of block `i` at `i * M + m`: one load per block in
 /// the kernel rather than eight.
-pub(crate) fn with_scales<B, R, const M: usize>(
-    x: [&[B]; 8],
+pub(crate) fn with_scales<B, R, const M: usize, const T: usize>(
+    x: [&[B]; T],
     n: usize,
     fields: impl Fn(&B) -> [f32; M],
     f: impl FnOnce(&[[f32; 8]]) -> R,
@@ -127,12 +127,12 @@ pub(crate) fn with_scales<B, R, const M: usize>(
 /// The minimums' products are summed apart and added last, as in the AVX2
 /// kernels.
 #[inline(always)]
-unsafe fn dot8_unsigned(
+unsafe fn dot8_unsigned<const T: usize>(
     rows: &[u8],
     bytes: usize,
-    x: [&[BlockQ8]; 8],
+    x: [&[BlockQ8]; T],
     figures: &[[f32; 8]],
-    out: &mut [[f32; 8]],
+    out: &mut [[f32; T]],
     unpack: impl Fn(*const u8) -> (__m256i, f32, f32),
 ) {
     let n = figures.len() / 2;
@@ -149,7 +149,7 @@ unsafe fn dot8_unsigned(
             let products = _mm512_castps256_ps512(products);
             let sums = _mm256_loadu_ps(figures[1].as_ptr());
             mins = _mm256_add_ps(mins, _mm256_mul_ps(_mm256_set1_ps(mw), sums));
-            for (p, acc) in acc.iter_mut().enumerate() {
+            for (p, acc) in acc.iter_mut().enumerate().take(T / 2) {
                 let (a, b) = (x[2 * p].get_unchecked(i), x[2 * p + 1].get_unchecked(i));
                 let y = pair_activations(a, b);
                 let prod = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, q, y));
@@ -159,7 +159,7 @@ unsafe fn dot8_unsigned(
         }
         let mut min_lanes = [0.0f32; 8];
         _mm256_storeu_ps(min_lanes.as_mut_ptr(), mins);
-        for (p, acc) in acc.iter().enumerate() {
+        for (p, acc) in acc.iter().enumerate().take(T / 2) {
             o[2 * p] = hsum(_mm512_castps512_ps256(*acc)) + min_lanes[2 * p];
             o[2 * p + 1] = hsum(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
                 _mm512_castps_pd(*acc),
@@ -169,10 +169,28 @@ unsafe fn dot8_unsigned(
 }
 
 macro_rules! dot8_entry {
-    ($public:ident, $inner:ident, $bytes:expr, $unpack:expr) => {
+    ($dot8:ident, $dot4:ident, $inner:ident, $bytes:expr, $unpack:expr) => {
         /// Consecutive rows against eight activation rows (a
         /// [`super::Dot8Fn`]); each result is the format's `dot`, bit for bit.
-        pub fn $public(rows: &[u8], x: [&[BlockQ8]; 8], out: &mut [[f32; 8]]) {
+        pub fn $dot8(rows: &[u8], x: [&[BlockQ8]; 8], out: &mut [[f32; 8]]) {
+            $inner::<8>(rows, x, out)
+        }
+
+        /// The same against four activation rows (a [`super::Dot4Fn`]).
+        pub fn $dot4(rows: &[u8], x: [&[BlockQ8]; 4], out: &mut [[f32; 4]]) {
+            $inner::<4>(rows, x, out)
+        }
+
+        fn $inner<const T: usize>(rows: &[u8], x: [&[BlockQ8]; T], out: &mut [[f32; T]]) {
+            #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+            unsafe fn run<const T: usize>(
+                rows: &[u8],
+                x: [&[BlockQ8]; T],
+                figures: &[[f32; 8]],
+                out: &mut [[f32; T]],
+            ) {
+                dot8_signed(rows, $bytes, x, figures, out, $unpack)
+            }
             let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
             assert!(available() && rows.len() >= out.len() * n * $bytes);
             // SAFETY: features checked just above; bounds by the assert.
@@ -180,43 +198,67 @@ macro_rules! dot8_entry {
                 x,
                 n,
                 |b| [b.d],
-                |scales| unsafe { $inner(rows, x, scales, out) },
+                |figures| unsafe { run(rows, x, figures, out) },
             )
-        }
-
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        unsafe fn $inner(
-            rows: &[u8],
-            x: [&[BlockQ8]; 8],
-            scales: &[[f32; 8]],
-            out: &mut [[f32; 8]],
-        ) {
-            dot8_signed(rows, $bytes, x, scales, out, $unpack)
         }
     };
 }
 
-dot8_entry!(dot8_q4_0, dot8_q4_0_inner, 18, |wb: *const u8| unsafe {
-    let q = _mm256_sub_epi8(super::avx2::nibbles(wb.add(2)), _mm256_set1_epi8(8));
-    (q, load_f16(wb))
-});
+dot8_entry!(
+    dot8_q4_0,
+    dot4_q4_0,
+    dotn_q4_0,
+    18,
+    |wb: *const u8| unsafe {
+        let q = _mm256_sub_epi8(super::avx2::nibbles(wb.add(2)), _mm256_set1_epi8(8));
+        (q, load_f16(wb))
+    }
+);
 
-dot8_entry!(dot8_q5_0, dot8_q5_0_inner, 22, |wb: *const u8| unsafe {
-    (q5_0_values(wb), load_f16(wb))
-});
+dot8_entry!(
+    dot8_q5_0,
+    dot4_q5_0,
+    dotn_q5_0,
+    22,
+    |wb: *const u8| unsafe { (q5_0_values(wb), load_f16(wb)) }
+);
 
-dot8_entry!(dot8_q8_0, dot8_q8_0_inner, 34, |wb: *const u8| unsafe {
-    (
-        _mm256_loadu_si256(wb.add(2) as *const __m256i),
-        load_f16(wb),
-    )
-});
+dot8_entry!(
+    dot8_q8_0,
+    dot4_q8_0,
+    dotn_q8_0,
+    34,
+    |wb: *const u8| unsafe {
+        (
+            _mm256_loadu_si256(wb.add(2) as *const __m256i),
+            load_f16(wb),
+        )
+    }
+);
 
 macro_rules! dot8_unsigned_entry {
-    ($public:ident, $inner:ident, $bytes:expr, $unpack:expr) => {
+    ($dot8:ident, $dot4:ident, $inner:ident, $bytes:expr, $unpack:expr) => {
         /// Consecutive rows against eight activation rows (a
         /// [`super::Dot8Fn`]); each result is the format's `dot`, bit for bit.
-        pub fn $public(rows: &[u8], x: [&[BlockQ8]; 8], out: &mut [[f32; 8]]) {
+        pub fn $dot8(rows: &[u8], x: [&[BlockQ8]; 8], out: &mut [[f32; 8]]) {
+            $inner::<8>(rows, x, out)
+        }
+
+        /// The same against four activation rows (a [`super::Dot4Fn`]).
+        pub fn $dot4(rows: &[u8], x: [&[BlockQ8]; 4], out: &mut [[f32; 4]]) {
+            $inner::<4>(rows, x, out)
+        }
+
+        fn $inner<const T: usize>(rows: &[u8], x: [&[BlockQ8]; T], out: &mut [[f32; T]]) {
+            #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+            unsafe fn run<const T: usize>(
+                rows: &[u8],
+                x: [&[BlockQ8]; T],
+                figures: &[[f32; 8]],
+                out: &mut [[f32; T]],
+            ) {
+                dot8_unsigned(rows, $bytes, x, figures, out, $unpack)
+            }
             let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
             assert!(available() && rows.len() >= out.len() * n * $bytes);
             // SAFETY: features checked just above; bounds by the assert.
@@ -224,34 +266,36 @@ macro_rules! dot8_unsigned_entry {
                 x,
                 n,
                 |b| [b.d, b.s],
-                |figures| unsafe { $inner(rows, x, figures, out) },
+                |figures| unsafe { run(rows, x, figures, out) },
             )
-        }
-
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        unsafe fn $inner(
-            rows: &[u8],
-            x: [&[BlockQ8]; 8],
-            figures: &[[f32; 8]],
-            out: &mut [[f32; 8]],
-        ) {
-            dot8_unsigned(rows, $bytes, x, figures, out, $unpack)
         }
     };
 }
 
-dot8_unsigned_entry!(dot8_q4_1, dot8_q4_1_inner, 20, |wb: *const u8| unsafe {
-    (
-        super::avx2::nibbles(wb.add(4)),
-        load_f16(wb),
-        load_f16(wb.add(2)),
-    )
-});
+dot8_unsigned_entry!(
+    dot8_q4_1,
+    dot4_q4_1,
+    dotn_q4_1,
+    20,
+    |wb: *const u8| unsafe {
+        (
+            super::avx2::nibbles(wb.add(4)),
+            load_f16(wb),
+            load_f16(wb.add(2)),
+        )
+    }
+);
 
-dot8_unsigned_entry!(dot8_q5_1, dot8_q5_1_inner, 24, |wb: *const u8| unsafe {
-    (
-        super::avx2::q5_1_values(wb),
-        load_f16(wb),
-        load_f16(wb.add(2)),
-    )
-});
+dot8_unsigned_entry!(
+    dot8_q5_1,
+    dot4_q5_1,
+    dotn_q5_1,
+    24,
+    |wb: *const u8| unsafe {
+        (
+            super::avx2::q5_1_values(wb),
+            load_f16(wb),
+            load_f16(wb.add(2)),
+        )
+    }
+);

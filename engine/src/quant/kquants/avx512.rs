@@ -27,11 +27,29 @@ unsafe fn scaled_dot(values: __m512i, activations: __m512i, scale: __m512i) -> _
 }
 
 macro_rules! entry_points {
-    ($public:ident, $inner:ident, $body:path, $width:expr) => {
+    ($dot8:ident, $dot4:ident, $inner:ident, $body:path, $width:expr) => {
         /// Consecutive rows against eight activation rows (a
         /// [`crate::quant::kernels::Dot8Fn`]); each result is the format's
         /// `dot`, bit for bit.
-        pub fn $public(rows: &[u8], x: [&[BlockQ8K]; 8], out: &mut [[f32; 8]]) {
+        pub fn $dot8(rows: &[u8], x: [&[BlockQ8K]; 8], out: &mut [[f32; 8]]) {
+            $inner::<8>(rows, x, out)
+        }
+
+        /// The same against four activation rows.
+        pub fn $dot4(rows: &[u8], x: [&[BlockQ8K]; 4], out: &mut [[f32; 4]]) {
+            $inner::<4>(rows, x, out)
+        }
+
+        fn $inner<const T: usize>(rows: &[u8], x: [&[BlockQ8K]; T], out: &mut [[f32; T]]) {
+            #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+            unsafe fn run<const T: usize>(
+                row: *const u8,
+                x: [&[BlockQ8K]; T],
+                scales: &[[f32; 8]],
+                out: &mut [f32; T],
+            ) {
+                $body(row, x, scales, out)
+            }
             let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
             assert!(
                 crate::quant::kernels::avx512_available() && rows.len() >= out.len() * n * $width
@@ -43,27 +61,17 @@ macro_rules! entry_points {
                 |scales| {
                     for (r, o) in out.iter_mut().enumerate() {
                         // SAFETY: features checked just above; bounds by the assert.
-                        unsafe { $inner(rows.as_ptr().add(r * n * $width), x, scales, o) }
+                        unsafe { run(rows.as_ptr().add(r * n * $width), x, scales, o) }
                     }
                 },
             )
         }
-
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-        unsafe fn $inner(
-            row: *const u8,
-            x: [&[BlockQ8K]; 8],
-            scales: &[[f32; 8]],
-            out: &mut [f32; 8],
-        ) {
-            $body(row, x, scales, out)
-        }
     };
 }
 
-entry_points!(dot8_q4_k, dot8_q4_k_inner, dot8_k4::<false>, 144);
-entry_points!(dot8_q5_k, dot8_q5_k_inner, dot8_k4::<true>, 176);
-entry_points!(dot8_q6_k, dot8_q6_k_inner, dot8_q6_k_body, 210);
+entry_points!(dot8_q4_k, dot4_q4_k, dotn_q4_k, dot8_k4::<false, T>, 144);
+entry_points!(dot8_q5_k, dot4_q5_k, dotn_q5_k, dot8_k4::<true, T>, 176);
+entry_points!(dot8_q6_k, dot4_q6_k, dotn_q6_k, dot8_q6_k_body::<T>, 210);
 
 /// The exact sum of each token's eight lanes, in token order, from four
 /// registers of two tokens each (token `2p` in the low half of `v[p]`).
@@ -91,6 +99,14 @@ unsafe fn token_sums(v: &[__m512i; 4]) -> __m256i {
     _mm256_set_m128i(_mm_unpackhi_epi32(even, odd), _mm_unpacklo_epi32(even, odd))
 }
 
+/// The first `T` lanes of `v` into `out`.
+#[inline(always)]
+unsafe fn store_first<const T: usize>(out: &mut [f32; T], v: __m256) {
+    let mut lanes = [0.0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+    out.copy_from_slice(&lanes[..T]);
+}
+
 /// `total += (d * dw) * sums`, lane by lane: the f32 products and sums of
 /// the single-token kernel, rounded in the same order.
 #[inline(always)]
@@ -101,11 +117,11 @@ unsafe fn accumulate(total: __m256, d: __m256, dw: f32, sums: __m256i) -> __m256
 
 /// Q4_K (or Q5_K with `FIFTH`), one row against eight tokens.
 #[inline(always)]
-unsafe fn dot8_k4<const FIFTH: bool>(
+unsafe fn dot8_k4<const FIFTH: bool, const T: usize>(
     row: *const u8,
-    x: [&[BlockQ8K]; 8],
+    x: [&[BlockQ8K]; T],
     scales8: &[[f32; 8]],
-    out: &mut [f32; 8],
+    out: &mut [f32; T],
 ) {
     let width = if FIFTH { 176 } else { 144 };
     let nibble_mask = _mm256_set1_epi8(0x0F);
@@ -134,7 +150,7 @@ unsafe fn dot8_k4<const FIFTH: bool>(
             let (low, upper) = (_mm512_broadcast_i64x4(low), _mm512_broadcast_i64x4(upper));
             let scale_low = _mm512_set1_epi16(scales[2 * chunk] as i16);
             let scale_high = _mm512_set1_epi16(scales[2 * chunk + 1] as i16);
-            for (p, sum) in sums.iter_mut().enumerate() {
+            for (p, sum) in sums.iter_mut().enumerate().take(T / 2) {
                 let (a, b) = (x[2 * p].get_unchecked(i), x[2 * p + 1].get_unchecked(i));
                 let lo = scaled_dot(low, pair_load(a, b, 64 * chunk), scale_low);
                 let hi = scaled_dot(upper, pair_load(a, b, 64 * chunk + 32), scale_high);
@@ -148,6 +164,9 @@ unsafe fn dot8_k4<const FIFTH: bool>(
             _mm_unpacklo_epi16(m, m),
         ));
         let min_sums: [__m512i; 4] = std::array::from_fn(|p| {
+            if p >= T / 2 {
+                return _mm512_setzero_si512();
+            }
             let (a, b) = (x[2 * p].get_unchecked(i), x[2 * p + 1].get_unchecked(i));
             let bsums = _mm512_inserti64x4(
                 _mm512_castsi256_si512(load(a.bsums.as_ptr() as *const u8)),
@@ -160,17 +179,17 @@ unsafe fn dot8_k4<const FIFTH: bool>(
         total = accumulate(total, d, load_f16(w), token_sums(&sums));
         mins = accumulate(mins, d, load_f16(w.add(2)), token_sums(&min_sums));
     }
-    _mm256_storeu_ps(out.as_mut_ptr(), _mm256_sub_ps(total, mins));
+    store_first(out, _mm256_sub_ps(total, mins));
 }
 
 /// Q6_K, one row against eight tokens: the unsigned 6-bit values times the
 /// activations, less 32 times the scaled activation sums.
 #[inline(always)]
-unsafe fn dot8_q6_k_body(
+unsafe fn dot8_q6_k_body<const T: usize>(
     row: *const u8,
-    x: [&[BlockQ8K]; 8],
+    x: [&[BlockQ8K]; T],
     scales8: &[[f32; 8]],
-    out: &mut [f32; 8],
+    out: &mut [f32; T],
 ) {
     let low_mask = _mm256_set1_epi8(0x0F);
     let mut total = _mm256_setzero_ps();
@@ -179,6 +198,9 @@ unsafe fn dot8_q6_k_body(
         let scales = _mm_loadu_si128(w.add(192) as *const __m128i);
         let scales16 = _mm512_broadcast_i64x4(_mm256_cvtepi8_epi16(scales));
         let mut sums: [__m512i; 4] = std::array::from_fn(|p| {
+            if p >= T / 2 {
+                return _mm512_setzero_si512();
+            }
             let (a, b) = (x[2 * p].get_unchecked(i), x[2 * p + 1].get_unchecked(i));
             let bsums = _mm512_inserti64x4(
                 _mm512_castsi256_si512(load(a.bsums.as_ptr() as *const u8)),
@@ -219,7 +241,7 @@ unsafe fn dot8_q6_k_body(
                 let shuffle = _mm_loadu_si128(pair.as_ptr() as *const __m128i);
                 let scale = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, shuffle));
                 let (v, scale) = (_mm512_broadcast_i64x4(*v), _mm512_broadcast_i64x4(scale));
-                for (p, sum) in sums.iter_mut().enumerate() {
+                for (p, sum) in sums.iter_mut().enumerate().take(T / 2) {
                     let (a, b) = (x[2 * p].get_unchecked(i), x[2 * p + 1].get_unchecked(i));
                     let y = pair_load(a, b, 128 * half + 32 * quarter);
                     *sum = _mm512_add_epi32(*sum, scaled_dot(v, y, scale));
@@ -229,5 +251,5 @@ unsafe fn dot8_q6_k_body(
         let d = _mm256_loadu_ps(d.as_ptr());
         total = accumulate(total, d, load_f16(w.add(208)), token_sums(&sums));
     }
-    _mm256_storeu_ps(out.as_mut_ptr(), total);
+    store_first(out, total);
 }
