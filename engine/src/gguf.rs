@@ -666,6 +666,8 @@ fn native_format(dtype: GgmlDType) -> Option<WeightFormat> {
         GgmlDType::Q4K => Some(WeightFormat::Q4_K),
         GgmlDType::Q5K => Some(WeightFormat::Q5_K),
         GgmlDType::Q6K => Some(WeightFormat::Q6_K),
+        GgmlDType::Q2K => Some(WeightFormat::Q2_K),
+        GgmlDType::Q3K => Some(WeightFormat::Q3_K),
         _ => None,
     }
 }

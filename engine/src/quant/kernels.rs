@@ -274,9 +274,11 @@ pub fn dequantize_row(format: WeightFormat, row: &[u8], out: &mut [f32]) {
                 }
             }
         }
-        WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q6_K => {
-            super::kquants::dequantize_row(format, row, out)
-        }
+        WeightFormat::Q4_K
+        | WeightFormat::Q5_K
+        | WeightFormat::Q6_K
+        | WeightFormat::Q2_K
+        | WeightFormat::Q3_K => super::kquants::dequantize_row(format, row, out),
     }
 }
 
@@ -375,9 +377,11 @@ pub fn quantize_reference(format: WeightFormat, values: &[f32]) -> Vec<u8> {
                 out.extend(block.iter().map(|v| (v * id).round() as i8 as u8));
             }
         }
-        WeightFormat::Q4_K | WeightFormat::Q5_K | WeightFormat::Q6_K => {
-            super::kquants::quantize_simple(format, values, &mut out)
-        }
+        WeightFormat::Q4_K
+        | WeightFormat::Q5_K
+        | WeightFormat::Q6_K
+        | WeightFormat::Q2_K
+        | WeightFormat::Q3_K => super::kquants::quantize_simple(format, values, &mut out),
     }
     out
 }

@@ -93,6 +93,8 @@ pub fn select(format: WeightFormat) -> Kernels<BlockQ8K> {
             WeightFormat::Q4_K => (avx2::dot_q4_k, avx2::dot4_q4_k),
             WeightFormat::Q5_K => (avx2::dot_q5_k, avx2::dot4_q5_k),
             WeightFormat::Q6_K => (avx2::dot_q6_k, avx2::dot4_q6_k),
+            WeightFormat::Q2_K => (avx2::dot_q2_k, avx2::dot4_q2_k),
+            WeightFormat::Q3_K => (avx2::dot_q3_k, avx2::dot4_q3_k),
             _ => return scalar_kernels(format),
         };
         let (dot4, dot8) = match avx512_kernels(format) {
@@ -120,6 +122,8 @@ pub(super) fn avx2_dot4(format: WeightFormat) -> Option<super::kernels::Dot4Fn<B
         WeightFormat::Q4_K => Some(avx2::dot4_q4_k),
         WeightFormat::Q5_K => Some(avx2::dot4_q5_k),
         WeightFormat::Q6_K => Some(avx2::dot4_q6_k),
+        WeightFormat::Q2_K => Some(avx2::dot4_q2_k),
+        WeightFormat::Q3_K => Some(avx2::dot4_q3_k),
         _ => None,
     }
 }
@@ -149,6 +153,8 @@ fn scalar_kernels(format: WeightFormat) -> Kernels<BlockQ8K> {
         WeightFormat::Q4_K => scalar::dot_q4_k,
         WeightFormat::Q5_K => scalar::dot_q5_k,
         WeightFormat::Q6_K => scalar::dot_q6_k,
+        WeightFormat::Q2_K => scalar::dot_q2_k,
+        WeightFormat::Q3_K => scalar::dot_q3_k,
         _ => |_, _| f32::NAN,
     };
     Kernels {
@@ -219,6 +225,71 @@ fn q6_values(block: &[u8]) -> [i8; QK_K] {
     })
 }
 
+/// Value `128h + 32j + l` of a Q2_K/Q3_K super-block: bits `2j..2j+2` of
+/// byte `32h + l` of its packed 2-bit values.
+#[inline(always)]
+fn low_pair(packed: &[u8], i: usize) -> u8 {
+    let (h, j, l) = (i / 128, (i / 32) % 4, i % 32);
+    (packed[32 * h + l] >> (2 * j)) & 3
+}
+
+/// The 256 values of a Q2_K super-block (0..4).
+fn q2_values(block: &[u8]) -> [u8; QK_K] {
+    std::array::from_fn(|i| low_pair(&block[16..80], i))
+}
+
+/// The 256 values of a Q3_K super-block offset by 4 (0..8): the 2-bit
+/// value, plus 4 where its high bit (bit `4h + j` of `hmask[l]`) is set.
+fn q3_values(block: &[u8]) -> [u8; QK_K] {
+    let (hmask, packed) = (&block[..32], &block[32..96]);
+    std::array::from_fn(|i| {
+        let (h, j, l) = (i / 128, (i / 32) % 4, i % 32);
+        low_pair(packed, i) | (((hmask[l] >> (4 * h + j)) & 1) << 2)
+    })
+}
+
+/// The sixteen 6-bit scales of a Q3_K super-block, less 32, from their 12
+/// packed bytes: scale `k`'s low nibble is byte `k` (`k < 8`, low nibble)
+/// or `k - 8` (high nibble), its high two bits are bits `2(k / 4)` of byte
+/// `8 + k % 4`.
+fn q3_scales(packed: &[u8]) -> [i8; 16] {
+    std::array::from_fn(|k| {
+        let low = if k < 8 {
+            packed[k] & 0x0F
+        } else {
+            packed[k - 8] >> 4
+        };
+        let high = (packed[8 + k % 4] >> (2 * (k / 4))) & 3;
+        ((low | (high << 4)) as i32 - 32) as i8
+    })
+}
+
+/// The inverse of [`q3_scales`] (scales in -32..32).
+fn pack_q3_scales(scales: &[i8; 16]) -> [u8; 12] {
+    let mut packed = [0u8; 12];
+    for (k, scale) in scales.iter().enumerate() {
+        let unsigned = (*scale as i32 + 32) as u8;
+        let low = unsigned & 0x0F;
+        if k < 8 {
+            packed[k] |= low;
+        } else {
+            packed[k - 8] |= low << 4;
+        }
+        packed[8 + k % 4] |= (unsigned >> 4) << (2 * (k / 4));
+    }
+    packed
+}
+
+/// Packs 256 values of 2 bits as [`low_pair`] reads them.
+fn pack_low_pairs(values: &[u8; QK_K]) -> [u8; 64] {
+    let mut packed = [0u8; 64];
+    for (i, v) in values.iter().enumerate() {
+        let (h, j, l) = (i / 128, (i / 32) % 4, i % 32);
+        packed[32 * h + l] |= (v & 3) << (2 * j);
+    }
+    packed
+}
+
 /// Dequantizes one row of a K-quant format.
 pub fn dequantize_row(format: WeightFormat, row: &[u8], out: &mut [f32]) {
     let width = format.block_bytes();
@@ -243,6 +314,22 @@ pub fn dequantize_row(format: WeightFormat, row: &[u8], out: &mut [f32]) {
                     *o = d * (block[192 + i / 16] as i8) as f32 * q as f32;
                 }
             }
+            WeightFormat::Q2_K => {
+                let (d, dmin) = (read_f16(block, 80), read_f16(block, 82));
+                for (i, (o, q)) in out.iter_mut().zip(q2_values(block)).enumerate() {
+                    // llama.cpp's order: scale and minimum per sub-block first.
+                    let scale = block[i / 16];
+                    let (unit, min) = (d * (scale & 0x0F) as f32, dmin * (scale >> 4) as f32);
+                    *o = unit * q as f32 - min;
+                }
+            }
+            WeightFormat::Q3_K => {
+                let d = read_f16(block, 108);
+                let scales = q3_scales(&block[96..108]);
+                for (i, (o, q)) in out.iter_mut().zip(q3_values(block)).enumerate() {
+                    *o = d * scales[i / 16] as f32 * (q as i32 - 4) as f32;
+                }
+            }
             _ => out.fill(f32::NAN),
         }
     }
@@ -256,6 +343,8 @@ pub fn quantize_simple(format: WeightFormat, values: &[f32], out: &mut Vec<u8>) 
             WeightFormat::Q4_K => quantize_k4(block, 15, out),
             WeightFormat::Q5_K => quantize_k4(block, 31, out),
             WeightFormat::Q6_K => quantize_q6(block, out),
+            WeightFormat::Q2_K => quantize_q2(block, out),
+            WeightFormat::Q3_K => quantize_q3(block, out),
             _ => {}
         }
     }
@@ -297,6 +386,67 @@ fn quantize_k4(block: &[f32], levels: u8, out: &mut Vec<u8>) {
             (0..32).map(|l| (q[64 * chunk + l] & 0x0F) | ((q[64 * chunk + 32 + l] & 0x0F) << 4)),
         );
     }
+}
+
+fn quantize_q2(block: &[f32], out: &mut Vec<u8>) {
+    let ranges: Vec<(f32, f32)> = block
+        .chunks_exact(16)
+        .map(|sub| {
+            let min = sub.iter().copied().fold(0.0f32, f32::min);
+            let max = sub.iter().copied().fold(0.0f32, f32::max);
+            ((max - min) / 3.0, -min)
+        })
+        .collect();
+    let d = super::round_f16(ranges.iter().map(|r| r.0).fold(0.0, f32::max) / 15.0);
+    let dmin = super::round_f16(ranges.iter().map(|r| r.1).fold(0.0, f32::max) / 15.0);
+    let step = |v: f32, unit: f32| if unit > 0.0 { v / unit } else { 0.0 };
+    let scales: [u8; 16] =
+        std::array::from_fn(|s| step(ranges[s].0, d).round().clamp(0.0, 15.0) as u8);
+    let mins: [u8; 16] =
+        std::array::from_fn(|s| step(ranges[s].1, dmin).round().clamp(0.0, 15.0) as u8);
+    let q: [u8; QK_K] = std::array::from_fn(|i| {
+        let s = i / 16;
+        let shifted = block[i] + dmin * mins[s] as f32;
+        step(shifted, d * scales[s] as f32).round().clamp(0.0, 3.0) as u8
+    });
+    out.extend((0..16).map(|s| scales[s] | (mins[s] << 4)));
+    out.extend(pack_low_pairs(&q));
+    out.extend(f16::from_f32(d).to_le_bytes());
+    out.extend(f16::from_f32(dmin).to_le_bytes());
+}
+
+fn quantize_q3(block: &[f32], out: &mut Vec<u8>) {
+    // Signed scales: the value of largest magnitude maps to -4, the end
+    // of the range with the extra level.
+    let group_scales: Vec<f32> = block
+        .chunks_exact(16)
+        .map(|g| {
+            -g.iter()
+                .copied()
+                .fold(0.0f32, |m, v| if v.abs() > m.abs() { v } else { m })
+                / 4.0
+        })
+        .collect();
+    let d = super::round_f16(group_scales.iter().fold(0.0f32, |m, v| m.max(v.abs())) / 31.0);
+    let scales: [i8; 16] = std::array::from_fn(|s| {
+        let v = if d > 0.0 { group_scales[s] / d } else { 0.0 };
+        v.round().clamp(-32.0, 31.0) as i8
+    });
+    // Values offset by 4 (0..8): two low bits packed, the third in hmask.
+    let q: [u8; QK_K] = std::array::from_fn(|i| {
+        let unit = d * scales[i / 16] as f32;
+        let v = if unit != 0.0 { block[i] / unit } else { 0.0 };
+        (v.round().clamp(-4.0, 3.0) as i32 + 4) as u8
+    });
+    let mut hmask = [0u8; 32];
+    for (i, v) in q.iter().enumerate() {
+        let (h, j, l) = (i / 128, (i / 32) % 4, i % 32);
+        hmask[l] |= (v >> 2) << (4 * h + j);
+    }
+    out.extend(hmask);
+    out.extend(pack_low_pairs(&q));
+    out.extend(pack_q3_scales(&scales));
+    out.extend(f16::from_f32(d).to_le_bytes());
 }
 
 fn quantize_q6(block: &[f32], out: &mut Vec<u8>) {
@@ -377,6 +527,45 @@ pub mod scalar {
 
     pub fn dot_q5_k(row: &[u8], x: &[BlockQ8K]) -> f32 {
         dot_k4(row, x, true)
+    }
+
+    pub fn dot_q2_k(row: &[u8], x: &[BlockQ8K]) -> f32 {
+        let (mut total, mut mins) = (0.0f32, 0.0f32);
+        for (w, a) in row.chunks_exact(84).zip(x) {
+            let values = q2_values(w);
+            let sum: i32 = (0..16)
+                .map(|s| {
+                    let part: i32 = (16 * s..16 * s + 16)
+                        .map(|i| values[i] as i32 * a.qs[i] as i32)
+                        .sum();
+                    (w[s] & 0x0F) as i32 * part
+                })
+                .sum();
+            let min_sum: i32 = (0..16)
+                .map(|s| (w[s] >> 4) as i32 * a.bsums[s] as i32)
+                .sum();
+            let (d, dmin) = (a.d * read_f16(w, 80), a.d * read_f16(w, 82));
+            combine(&mut total, &mut mins, d, sum, dmin, min_sum);
+        }
+        total - mins
+    }
+
+    pub fn dot_q3_k(row: &[u8], x: &[BlockQ8K]) -> f32 {
+        let mut total = 0.0f32;
+        for (w, a) in row.chunks_exact(110).zip(x) {
+            let values = q3_values(w);
+            let scales = q3_scales(&w[96..108]);
+            let sum: i32 = (0..16)
+                .map(|s| {
+                    let part: i32 = (16 * s..16 * s + 16)
+                        .map(|i| (values[i] as i32 - 4) * a.qs[i] as i32)
+                        .sum();
+                    scales[s] as i32 * part
+                })
+                .sum();
+            total += (a.d * read_f16(w, 108)) * sum as f32;
+        }
+        total
     }
 
     pub fn dot_q6_k(row: &[u8], x: &[BlockQ8K]) -> f32 {
@@ -461,6 +650,113 @@ mod avx2 {
     entry_points!(dot_q4_k, dot4_q4_k, dotn_q4_k, dotn_k4_impl_q4, 144);
     entry_points!(dot_q5_k, dot4_q5_k, dotn_q5_k, dotn_k4_impl_q5, 176);
     entry_points!(dot_q6_k, dot4_q6_k, dotn_q6_k, dotn_q6_k_impl, 210);
+    entry_points!(dot_q2_k, dot4_q2_k, dotn_q2_k, dotn_q2_k_impl, 84);
+    entry_points!(dot_q3_k, dot4_q3_k, dotn_q3_k, dotn_q3_k_impl, 110);
+
+    /// Quarter `quarter` of the 2-bit values packed in `bits` (32 bytes).
+    #[inline(always)]
+    unsafe fn low_pairs(bits: __m256i, quarter: usize) -> __m256i {
+        let shifted = _mm256_srl_epi16(bits, _mm_cvtsi32_si128(2 * quarter as i32));
+        _mm256_and_si256(shifted, _mm256_set1_epi8(3))
+    }
+
+    /// The i16 scales of the two sub-blocks of 16 that 32 values starting
+    /// at `32 * pair` span, spread over eight lanes each.
+    #[inline(always)]
+    unsafe fn scale_pair(scales: __m128i, pair: usize) -> __m256i {
+        let shuffle = _mm_loadu_si128(SCALE_PAIRS[pair].as_ptr() as *const __m128i);
+        _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, shuffle))
+    }
+
+    /// Q2_K against `N` activation rows: 2-bit values times the activations
+    /// by sub-block scale, the minimums from the activations' sums by 16.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dotn_q2_k_impl<const N: usize>(
+        row: &[u8],
+        x: [&[BlockQ8K]; N],
+        n: usize,
+        out: &mut [f32; N],
+    ) {
+        let nibble = _mm_set1_epi8(0x0F);
+        let mut total = [0.0f32; N];
+        let mut mins = [0.0f32; N];
+        for i in 0..n {
+            let w = row.as_ptr().add(i * 84);
+            let packed = _mm_loadu_si128(w as *const __m128i);
+            let scales = _mm_and_si128(packed, nibble);
+            let min_scales = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), nibble));
+            let mut sums = [_mm256_setzero_si256(); N];
+            for half in 0..2 {
+                let bits = load(w.add(16 + 32 * half));
+                for quarter in 0..4 {
+                    let v = low_pairs(bits, quarter);
+                    let scale = scale_pair(scales, 4 * half + quarter);
+                    for k in 0..N {
+                        let q8 = x[k].get_unchecked(i).qs.as_ptr() as *const u8;
+                        let y = load(q8.add(128 * half + 32 * quarter));
+                        sums[k] = _mm256_add_epi32(sums[k], scaled_dot(v, y, scale));
+                    }
+                }
+            }
+            let (dw, dminw) = (load_f16(w.add(80)), load_f16(w.add(82)));
+            for k in 0..N {
+                let a = x[k].get_unchecked(i);
+                let bsums = load(a.bsums.as_ptr() as *const u8);
+                let min_sum = hsum_i32(_mm256_madd_epi16(bsums, min_scales));
+                total[k] += (a.d * dw) * hsum_i32(sums[k]) as f32;
+                mins[k] += (a.d * dminw) * min_sum as f32;
+            }
+        }
+        for k in 0..N {
+            out[k] = total[k] - mins[k];
+        }
+    }
+
+    /// Q3_K against `N` activation rows: the values offset by 4 (0..8)
+    /// times the activations, less 4 times the scaled activation sums.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dotn_q3_k_impl<const N: usize>(
+        row: &[u8],
+        x: [&[BlockQ8K]; N],
+        n: usize,
+        out: &mut [f32; N],
+    ) {
+        let one = _mm256_set1_epi8(1);
+        let mut total = [0.0f32; N];
+        for i in 0..n {
+            let w = row.as_ptr().add(i * 110);
+            let unpacked = super::q3_scales(std::slice::from_raw_parts(w.add(96), 12));
+            let scales = _mm_loadu_si128(unpacked.as_ptr() as *const __m128i);
+            let scales16 = _mm256_cvtepi8_epi16(scales);
+            let mut sums = [_mm256_setzero_si256(); N];
+            for k in 0..N {
+                // The offset of 4: sum_s scale_s * bsum_s * 4, exact.
+                let bsums = load(x[k].get_unchecked(i).bsums.as_ptr() as *const u8);
+                let offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, scales16), 2);
+                sums[k] = _mm256_sub_epi32(sums[k], offset);
+            }
+            let hmask = load(w);
+            for half in 0..2 {
+                let bits = load(w.add(32 + 32 * half));
+                for quarter in 0..4 {
+                    let shift = _mm_cvtsi32_si128((4 * half + quarter) as i32);
+                    let high = _mm256_and_si256(_mm256_srl_epi16(hmask, shift), one);
+                    let v = _mm256_or_si256(low_pairs(bits, quarter), _mm256_slli_epi16(high, 2));
+                    let scale = scale_pair(scales, 4 * half + quarter);
+                    for k in 0..N {
+                        let q8 = x[k].get_unchecked(i).qs.as_ptr() as *const u8;
+                        let y = load(q8.add(128 * half + 32 * quarter));
+                        sums[k] = _mm256_add_epi32(sums[k], scaled_dot(v, y, scale));
+                    }
+                }
+            }
+            let dw = load_f16(w.add(108));
+            for k in 0..N {
+                total[k] += (x[k].get_unchecked(i).d * dw) * hsum_i32(sums[k]) as f32;
+            }
+        }
+        out.copy_from_slice(&total);
+    }
 
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dotn_k4_impl_q4<const N: usize>(

@@ -10,9 +10,9 @@
 //!
 //! K-quants (`Q4_K`, `Q5_K`, `Q6_K`: super-blocks of 256 values) take
 //! llama.cpp's `Q8_K` activations (an f32 scale, 256 i8 values and their sums
-//! by 16) and are exact integers within a super-block ([`kquants`]). Formats
-//! without a native kernel here (`Q2_K`, `Q3_K`, the i-quants) go through
-//! candle's quantized matmul: correct, not tuned.
+//! by 16) and are exact integers within a super-block ([`kquants`]), as are
+//! `Q2_K` and `Q3_K`. Formats without a native kernel here (the i-quants)
+//! go through candle's quantized matmul: correct, not tuned.
 
 mod kernels;
 mod kquants;
@@ -51,6 +51,12 @@ pub enum WeightFormat {
     /// 210 bytes a super-block: 256 6-bit values offset by 32, 16 i8 scales,
     /// an f16 scale.
     Q6_K,
+    /// 84 bytes a super-block: 16 4-bit scales and 4-bit minimums, 256
+    /// 2-bit values, f16 scale and minimum scale.
+    Q2_K,
+    /// 110 bytes a super-block: 256 high bits, 256 2-bit values (3-bit
+    /// values offset by 4), 16 6-bit scales offset by 32, an f16 scale.
+    Q3_K,
 }
 
 impl WeightFormat {
@@ -59,7 +65,7 @@ impl WeightFormat {
         match self {
             Self::F32 | Self::F16 => 1,
             Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 => BLOCK,
-            Self::Q4_K | Self::Q5_K | Self::Q6_K => QK_K,
+            Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::Q2_K | Self::Q3_K => QK_K,
         }
     }
 
@@ -76,6 +82,8 @@ impl WeightFormat {
             Self::Q4_K => 144,
             Self::Q5_K => 176,
             Self::Q6_K => 210,
+            Self::Q2_K => 84,
+            Self::Q3_K => 110,
         }
     }
 
@@ -93,7 +101,7 @@ impl WeightFormat {
         match self {
             Self::Q4_1 | Self::Q5_1 => ActivationKind::Q8_1,
             Self::Q4_0 | Self::Q5_0 | Self::Q8_0 => ActivationKind::Q8_0,
-            Self::Q4_K | Self::Q5_K | Self::Q6_K => ActivationKind::Q8K,
+            Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::Q2_K | Self::Q3_K => ActivationKind::Q8K,
             Self::F32 | Self::F16 => ActivationKind::F32,
         }
     }
@@ -664,7 +672,7 @@ mod tests {
         out
     }
 
-    const ALL: [WeightFormat; 10] = [
+    const ALL: [WeightFormat; 12] = [
         WeightFormat::F32,
         WeightFormat::F16,
         WeightFormat::Q4_0,
@@ -675,6 +683,16 @@ mod tests {
         WeightFormat::Q4_K,
         WeightFormat::Q5_K,
         WeightFormat::Q6_K,
+        WeightFormat::Q2_K,
+        WeightFormat::Q3_K,
+    ];
+
+    const K_QUANTS: [WeightFormat; 5] = [
+        WeightFormat::Q4_K,
+        WeightFormat::Q5_K,
+        WeightFormat::Q6_K,
+        WeightFormat::Q2_K,
+        WeightFormat::Q3_K,
     ];
 
     /// The quantized formats of 32-value blocks (`Q8_0`/`Q8_1` activations).
@@ -699,6 +717,8 @@ mod tests {
                 &[0, 2]
             }
             WeightFormat::Q6_K => &[208],
+            WeightFormat::Q2_K => &[80, 82],
+            WeightFormat::Q3_K => &[108],
             WeightFormat::F32 | WeightFormat::F16 => {
                 return quantize(format, &random(rows * cols, seed))
             }
@@ -742,7 +762,16 @@ mod tests {
                 .zip(&values[5 * cols..6 * cols])
                 .map(|(a, b)| (a - b).abs())
                 .fold(0.0, f32::max);
-            assert!(worst < 0.35, "{format:?} round trip off by {worst}");
+            // Q2_K has four levels per sub-block of 16 (a step of a third of
+            // its range, 4 here: up to 0.67 off); Q3_K eight, -4..3 times its
+            // scale, so a value of the other sign than the largest one can
+            // sit a quarter of that magnitude (up to 0.5) from the nearest.
+            let limit = match format {
+                WeightFormat::Q2_K => 0.7,
+                WeightFormat::Q3_K => 0.55,
+                _ => 0.35,
+            };
+            assert!(worst < limit, "{format:?} round trip off by {worst}");
         }
     }
 
@@ -890,7 +919,7 @@ mod tests {
 
     #[test]
     fn k_quant_kernels_equal_the_scalar_reference_bit_for_bit() {
-        for format in [WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K] {
+        for format in K_QUANTS {
             let cols = 1024;
             for seed in 0..8 {
                 let w = random_blocks(format, 1, cols, 30 + seed);
@@ -900,6 +929,8 @@ mod tests {
                 let slow = match format {
                     WeightFormat::Q4_K => kquants::scalar::dot_q4_k(&w, &blocks),
                     WeightFormat::Q5_K => kquants::scalar::dot_q5_k(&w, &blocks),
+                    WeightFormat::Q2_K => kquants::scalar::dot_q2_k(&w, &blocks),
+                    WeightFormat::Q3_K => kquants::scalar::dot_q3_k(&w, &blocks),
                     _ => kquants::scalar::dot_q6_k(&w, &blocks),
                 };
                 assert_eq!(
@@ -913,7 +944,7 @@ mod tests {
 
     #[test]
     fn k_quant_many_token_kernels_give_each_tokens_bits() {
-        for format in [WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K] {
+        for format in K_QUANTS {
             let (rows, cols) = (5, 768);
             let w = random_blocks(format, rows, cols, 70);
             let row_bytes = w.len() / rows;
@@ -957,6 +988,37 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// Our reading of every K-quant layout is candle's (ggml's) to the bit,
+    /// on blocks of any bit pattern.
+    #[test]
+    fn k_quant_layouts_dequantize_as_candle_does() {
+        use candle_core::quantized::{ggml_file::qtensor_from_ggml, GgmlDType};
+        for format in K_QUANTS {
+            let dtype = match format {
+                WeightFormat::Q4_K => GgmlDType::Q4K,
+                WeightFormat::Q5_K => GgmlDType::Q5K,
+                WeightFormat::Q6_K => GgmlDType::Q6K,
+                WeightFormat::Q2_K => GgmlDType::Q2K,
+                _ => GgmlDType::Q3K,
+            };
+            let (rows, cols) = (3, 512);
+            let bytes = random_blocks(format, rows, cols, 95);
+            let theirs =
+                qtensor_from_ggml(dtype, &bytes, vec![rows * cols], &candle_core::Device::Cpu)
+                    .and_then(|t| t.dequantize(&candle_core::Device::Cpu))
+                    .and_then(|t| t.to_vec1::<f32>())
+                    .unwrap();
+            let w = QMatrix::from_bytes(format, rows, cols, bytes).unwrap();
+            let mut ours = vec![0.0; rows * cols];
+            for (r, out) in ours.chunks_exact_mut(cols).enumerate() {
+                w.dequantize_row(r, out);
+            }
+            for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "{format:?} value {i}: {a} vs {b}");
             }
         }
     }
