@@ -778,6 +778,33 @@ mod avx2 {
         dotn_k4::<N, true>(row, x, n, out)
     }
 
+    /// Chunk `chunk` of a Q4_K (Q5_K with `FIFTH`) super-block: 32 values
+    /// from the low nibbles of its 32 bytes, 32 from the high ones, with
+    /// their fifth bits (bits `2 chunk` and `2 chunk + 1` of `high`).
+    #[inline(always)]
+    pub(super) unsafe fn k4_chunk<const FIFTH: bool>(
+        nibbles: *const u8,
+        high: __m256i,
+        chunk: usize,
+    ) -> (__m256i, __m256i) {
+        let (nibble_mask, one) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(1));
+        let bits = load(nibbles.add(32 * chunk));
+        let low = _mm256_and_si256(bits, nibble_mask);
+        let upper = _mm256_and_si256(_mm256_srli_epi16(bits, 4), nibble_mask);
+        if !FIFTH {
+            return (low, upper);
+        }
+        let fifth = |shift: usize| {
+            let bit =
+                _mm256_and_si256(_mm256_srl_epi16(high, _mm_cvtsi32_si128(shift as i32)), one);
+            _mm256_slli_epi16(bit, 4)
+        };
+        (
+            _mm256_or_si256(low, fifth(2 * chunk)),
+            _mm256_or_si256(upper, fifth(2 * chunk + 1)),
+        )
+    }
+
     /// Q4_K (or Q5_K with `FIFTH`) against `N` activation rows.
     #[inline(always)]
     unsafe fn dotn_k4<const N: usize, const FIFTH: bool>(
@@ -787,7 +814,6 @@ mod avx2 {
         out: &mut [f32; N],
     ) {
         let width = if FIFTH { 176 } else { 144 };
-        let nibble_mask = _mm256_set1_epi8(0x0F);
         let one = _mm256_set1_epi8(1);
         let mut total = [0.0f32; N];
         let mut mins = [0.0f32; N];
@@ -798,18 +824,7 @@ mod avx2 {
             let high = if FIFTH { load(w.as_ptr().add(16)) } else { one };
             let mut sums = [_mm256_setzero_si256(); N];
             for chunk in 0..4 {
-                let bits = load(nibbles.add(32 * chunk));
-                let mut low = _mm256_and_si256(bits, nibble_mask);
-                let mut upper = _mm256_and_si256(_mm256_srli_epi16(bits, 4), nibble_mask);
-                if FIFTH {
-                    let fifth = |shift: i32| {
-                        let bit =
-                            _mm256_and_si256(_mm256_srl_epi16(high, _mm_cvtsi32_si128(shift)), one);
-                        _mm256_slli_epi16(bit, 4)
-                    };
-                    low = _mm256_or_si256(low, fifth(2 * chunk as i32));
-                    upper = _mm256_or_si256(upper, fifth(2 * chunk as i32 + 1));
-                }
+                let (low, upper) = k4_chunk::<FIFTH>(nibbles, high, chunk);
                 let scale_low = _mm256_set1_epi16(scales[2 * chunk] as i16);
                 let scale_high = _mm256_set1_epi16(scales[2 * chunk + 1] as i16);
                 for k in 0..N {
@@ -847,6 +862,36 @@ mod avx2 {
         table
     };
 
+    /// One half of a Q6_K super-block as four quarters of 32 unsigned 6-bit
+    /// values: the low nibbles of `bits_a` and `bits_b` (then their high
+    /// nibbles), with two high bits each from `qh`.
+    #[inline(always)]
+    pub(super) unsafe fn q6_quarters(
+        bits_a: __m256i,
+        bits_b: __m256i,
+        qh: __m256i,
+    ) -> [__m256i; 4] {
+        let low_mask = _mm256_set1_epi8(0x0F);
+        [
+            _mm256_or_si256(
+                _mm256_and_si256(bits_a, low_mask),
+                _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(3)), 4),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(bits_b, low_mask),
+                _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(12)), 2),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(bits_a, 4), low_mask),
+                _mm256_and_si256(qh, _mm256_set1_epi8(48)),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(bits_b, 4), low_mask),
+                _mm256_srli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(-64)), 2),
+            ),
+        ]
+    }
+
     /// Q6_K against `N` activation rows: the unsigned 6-bit values times the
     /// activations, less 32 times the scaled activation sums.
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -856,7 +901,6 @@ mod avx2 {
         n: usize,
         out: &mut [f32; N],
     ) {
-        let low_mask = _mm256_set1_epi8(0x0F);
         let mut total = [0.0f32; N];
         for i in 0..n {
             let w = row.as_ptr().add(i * 210);
@@ -874,24 +918,7 @@ mod avx2 {
                 let qh = load(w.add(128 + 32 * half));
                 let bits_a = load(ql);
                 let bits_b = load(ql.add(32));
-                let values = [
-                    _mm256_or_si256(
-                        _mm256_and_si256(bits_a, low_mask),
-                        _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(3)), 4),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(bits_b, low_mask),
-                        _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(12)), 2),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16(bits_a, 4), low_mask),
-                        _mm256_and_si256(qh, _mm256_set1_epi8(48)),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16(bits_b, 4), low_mask),
-                        _mm256_srli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(-64)), 2),
-                    ),
-                ];
+                let values = q6_quarters(bits_a, bits_b, qh);
                 for (quarter, v) in values.iter().enumerate() {
                     let pair = &SCALE_PAIRS[4 * half + quarter];
                     let shuffle = _mm_loadu_si128(pair.as_ptr() as *const __m128i);

@@ -168,8 +168,11 @@ unsafe fn dot8_unsigned<const T: usize>(
     }
 }
 
+/// Four- and eight-token entry points of one format: `$body` is
+/// [`dot8_signed`] or [`dot8_unsigned`], `$fields` the per-block figures
+/// it reads (see [`with_scales`]).
 macro_rules! dot8_entry {
-    ($dot8:ident, $dot4:ident, $inner:ident, $bytes:expr, $unpack:expr) => {
+    ($dot8:ident, $dot4:ident, $inner:ident, $body:ident, $fields:expr, $bytes:expr, $unpack:expr) => {
         /// Consecutive rows against eight activation rows (a
         /// [`super::Dot8Fn`]); each result is the format's `dot`, bit for bit.
         pub fn $dot8(rows: &[u8], x: [&[BlockQ8]; 8], out: &mut [[f32; 8]]) {
@@ -189,17 +192,14 @@ macro_rules! dot8_entry {
                 figures: &[[f32; 8]],
                 out: &mut [[f32; T]],
             ) {
-                dot8_signed(rows, $bytes, x, figures, out, $unpack)
+                $body(rows, $bytes, x, figures, out, $unpack)
             }
             let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
             assert!(available() && rows.len() >= out.len() * n * $bytes);
             // SAFETY: features checked just above; bounds by the assert.
-            with_scales(
-                x,
-                n,
-                |b| [b.d],
-                |figures| unsafe { run(rows, x, figures, out) },
-            )
+            with_scales(x, n, $fields, |figures| unsafe {
+                run(rows, x, figures, out)
+            })
         }
     };
 }
@@ -208,6 +208,8 @@ dot8_entry!(
     dot8_q4_0,
     dot4_q4_0,
     dotn_q4_0,
+    dot8_signed,
+    |b| [b.d],
     18,
     |wb: *const u8| unsafe {
         let q = _mm256_sub_epi8(super::avx2::nibbles(wb.add(2)), _mm256_set1_epi8(8));
@@ -219,6 +221,8 @@ dot8_entry!(
     dot8_q5_0,
     dot4_q5_0,
     dotn_q5_0,
+    dot8_signed,
+    |b| [b.d],
     22,
     |wb: *const u8| unsafe { (q5_0_values(wb), load_f16(wb)) }
 );
@@ -227,6 +231,8 @@ dot8_entry!(
     dot8_q8_0,
     dot4_q8_0,
     dotn_q8_0,
+    dot8_signed,
+    |b| [b.d],
     34,
     |wb: *const u8| unsafe {
         (
@@ -236,46 +242,12 @@ dot8_entry!(
     }
 );
 
-macro_rules! dot8_unsigned_entry {
-    ($dot8:ident, $dot4:ident, $inner:ident, $bytes:expr, $unpack:expr) => {
-        /// Consecutive rows against eight activation rows (a
-        /// [`super::Dot8Fn`]); each result is the format's `dot`, bit for bit.
-        pub fn $dot8(rows: &[u8], x: [&[BlockQ8]; 8], out: &mut [[f32; 8]]) {
-            $inner::<8>(rows, x, out)
-        }
-
-        /// The same against four activation rows (a [`super::Dot4Fn`]).
-        pub fn $dot4(rows: &[u8], x: [&[BlockQ8]; 4], out: &mut [[f32; 4]]) {
-            $inner::<4>(rows, x, out)
-        }
-
-        fn $inner<const T: usize>(rows: &[u8], x: [&[BlockQ8]; T], out: &mut [[f32; T]]) {
-            #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-            unsafe fn run<const T: usize>(
-                rows: &[u8],
-                x: [&[BlockQ8]; T],
-                figures: &[[f32; 8]],
-                out: &mut [[f32; T]],
-            ) {
-                dot8_unsigned(rows, $bytes, x, figures, out, $unpack)
-            }
-            let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
-            assert!(available() && rows.len() >= out.len() * n * $bytes);
-            // SAFETY: features checked just above; bounds by the assert.
-            with_scales(
-                x,
-                n,
-                |b| [b.d, b.s],
-                |figures| unsafe { run(rows, x, figures, out) },
-            )
-        }
-    };
-}
-
-dot8_unsigned_entry!(
+dot8_entry!(
     dot8_q4_1,
     dot4_q4_1,
     dotn_q4_1,
+    dot8_unsigned,
+    |b| [b.d, b.s],
     20,
     |wb: *const u8| unsafe {
         (
@@ -286,10 +258,12 @@ dot8_unsigned_entry!(
     }
 );
 
-dot8_unsigned_entry!(
+dot8_entry!(
     dot8_q5_1,
     dot4_q5_1,
     dotn_q5_1,
+    dot8_unsigned,
+    |b| [b.d, b.s],
     24,
     |wb: *const u8| unsafe {
         (

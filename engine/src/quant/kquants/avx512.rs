@@ -9,9 +9,16 @@
 
 use std::arch::x86_64::*;
 
-use super::avx2::{load, load_f16, SCALE_PAIRS};
+use super::avx2::{k4_chunk, load, load_f16, q6_quarters, SCALE_PAIRS};
 use super::{k4_scales, BlockQ8K};
 use crate::quant::kernels::avx512::with_scales;
+
+/// The two tokens' sixteen activation sums by 16, side by side.
+#[inline(always)]
+unsafe fn pair_bsums(a: &BlockQ8K, b: &BlockQ8K) -> __m512i {
+    let low = _mm512_castsi256_si512(load(a.bsums.as_ptr() as *const u8));
+    _mm512_inserti64x4(low, load(b.bsums.as_ptr() as *const u8), 1)
+}
 
 /// The two tokens' 32 activation bytes at `offset` of a super-block.
 #[inline(always)]
@@ -124,7 +131,6 @@ unsafe fn dot8_k4<const FIFTH: bool, const T: usize>(
     out: &mut [f32; T],
 ) {
     let width = if FIFTH { 176 } else { 144 };
-    let nibble_mask = _mm256_set1_epi8(0x0F);
     let one = _mm256_set1_epi8(1);
     let mut total = _mm256_setzero_ps();
     let mut mins = _mm256_setzero_ps();
@@ -135,18 +141,7 @@ unsafe fn dot8_k4<const FIFTH: bool, const T: usize>(
         let high = if FIFTH { load(w.add(16)) } else { one };
         let mut sums = [_mm512_setzero_si512(); 4];
         for chunk in 0..4 {
-            let bits = load(nibbles.add(32 * chunk));
-            let mut low = _mm256_and_si256(bits, nibble_mask);
-            let mut upper = _mm256_and_si256(_mm256_srli_epi16(bits, 4), nibble_mask);
-            if FIFTH {
-                let fifth = |shift: i32| {
-                    let bit =
-                        _mm256_and_si256(_mm256_srl_epi16(high, _mm_cvtsi32_si128(shift)), one);
-                    _mm256_slli_epi16(bit, 4)
-                };
-                low = _mm256_or_si256(low, fifth(2 * chunk as i32));
-                upper = _mm256_or_si256(upper, fifth(2 * chunk as i32 + 1));
-            }
+            let (low, upper) = k4_chunk::<FIFTH>(nibbles, high, chunk);
             let (low, upper) = (_mm512_broadcast_i64x4(low), _mm512_broadcast_i64x4(upper));
             let scale_low = _mm512_set1_epi16(scales[2 * chunk] as i16);
             let scale_high = _mm512_set1_epi16(scales[2 * chunk + 1] as i16);
@@ -168,11 +163,7 @@ unsafe fn dot8_k4<const FIFTH: bool, const T: usize>(
                 return _mm512_setzero_si512();
             }
             let (a, b) = (x[2 * p].get_unchecked(i), x[2 * p + 1].get_unchecked(i));
-            let bsums = _mm512_inserti64x4(
-                _mm512_castsi256_si512(load(a.bsums.as_ptr() as *const u8)),
-                load(b.bsums.as_ptr() as *const u8),
-                1,
-            );
+            let bsums = pair_bsums(a, b);
             _mm512_madd_epi16(bsums, m)
         });
         let d = _mm256_loadu_ps(d.as_ptr());
@@ -191,7 +182,6 @@ unsafe fn dot8_q6_k_body<const T: usize>(
     scales8: &[[f32; 8]],
     out: &mut [f32; T],
 ) {
-    let low_mask = _mm256_set1_epi8(0x0F);
     let mut total = _mm256_setzero_ps();
     for (i, d) in scales8.iter().enumerate() {
         let w = row.add(i * 210);
@@ -202,11 +192,7 @@ unsafe fn dot8_q6_k_body<const T: usize>(
                 return _mm512_setzero_si512();
             }
             let (a, b) = (x[2 * p].get_unchecked(i), x[2 * p + 1].get_unchecked(i));
-            let bsums = _mm512_inserti64x4(
-                _mm512_castsi256_si512(load(a.bsums.as_ptr() as *const u8)),
-                load(b.bsums.as_ptr() as *const u8),
-                1,
-            );
+            let bsums = pair_bsums(a, b);
             // The offset of 32: sum_s scale_s * bsum_s * 32, exact.
             _mm512_sub_epi32(
                 _mm512_setzero_si512(),
@@ -218,24 +204,7 @@ unsafe fn dot8_q6_k_body<const T: usize>(
             let qh = load(w.add(128 + 32 * half));
             let bits_a = load(ql);
             let bits_b = load(ql.add(32));
-            let values = [
-                _mm256_or_si256(
-                    _mm256_and_si256(bits_a, low_mask),
-                    _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(3)), 4),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(bits_b, low_mask),
-                    _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(12)), 2),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(bits_a, 4), low_mask),
-                    _mm256_and_si256(qh, _mm256_set1_epi8(48)),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(bits_b, 4), low_mask),
-                    _mm256_srli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(-64)), 2),
-                ),
-            ];
+            let values = q6_quarters(bits_a, bits_b, qh);
             for (quarter, v) in values.iter().enumerate() {
                 let pair = &SCALE_PAIRS[4 * half + quarter];
                 let shuffle = _mm_loadu_si128(pair.as_ptr() as *const __m128i);
