@@ -190,7 +190,13 @@ impl Job<'_> {
         ops::round_to_f16_slice(queries, &self.q[from..from + G * hd]);
         let head_offset = item.kv_head * hd;
         let mut dots = [0.0f32; G];
-        for_each_position(item.table, first..seen, self.kvd, head_offset, |p, at| {
+        let rows = Rows {
+            kv_dim: self.kvd,
+            head_offset,
+            hd,
+            data: self.keys,
+        };
+        for_each_position(item.table, first..seen, rows, |p, at| {
             dot_heads::<G, SIMD>(queries, &self.keys[at..at + hd], &mut dots);
             for (g, dot) in dots.iter().enumerate() {
                 scores[g * row_len + p] = dot * self.scoring.scale;
@@ -207,7 +213,13 @@ impl Job<'_> {
         }
         let lanes = &mut lanes[..G * 8 * hd];
         lanes.fill(0.0);
-        for_each_position(item.table, first..seen, self.kvd, head_offset, |p, at| {
+        let rows = Rows {
+            kv_dim: self.kvd,
+            head_offset,
+            hd,
+            data: self.values,
+        };
+        for_each_position(item.table, first..seen, rows, |p, at| {
             let weights = std::array::from_fn(|g| scores[g * row_len + p]);
             axpy_heads::<G, SIMD>(lanes, p % 8, &weights, &self.values[at..at + hd]);
         });
@@ -270,26 +282,72 @@ fn axpy_heads<const G: usize, const SIMD: bool>(
     }
 }
 
-/// Calls `f(position, offset)` for positions `0..count` of a sequence, in
-/// order, with the offset of its `head_offset`'th value in a layer's keys
-/// or values: block by block, with no division per position.
+/// One head's rows in a layer's keys or values: `hd` values at
+/// `head_offset` in every position's `kv_dim`.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    kv_dim: usize,
+    head_offset: usize,
+    hd: usize,
+    data: &'a [f16],
+}
+
+impl Rows<'_> {
+    /// Asks the CPU to fetch block `block`'s rows of this head. A
+    /// sequence's blocks lie anywhere in the pool, so the hardware
+    /// prefetchers lose the stream at each block; without this, every
+    /// block start waits on memory.
+    #[inline(always)]
+    fn prefetch_block(&self, block: BlockId) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            let base = block as usize * BLOCK_TOKENS * self.kv_dim + self.head_offset;
+            let row_bytes = self.hd * std::mem::size_of::<f16>();
+            for slot in 0..BLOCK_TOKENS {
+                let start = base + slot * self.kv_dim;
+                let Some(row) = self.data.get(start..start + self.hd) else {
+                    return;
+                };
+                let first = row.as_ptr() as *const i8;
+                for line in (0..row_bytes).step_by(64) {
+                    // SAFETY: a prefetch never faults; the address is within `row`.
+                    unsafe { _mm_prefetch::<_MM_HINT_T0>(first.add(line)) };
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = block;
+    }
+}
+
+/// Calls `f(position, offset)` for positions `positions` of a sequence, in
+/// order, with the offset of its head's row in `rows.data`: block by block,
+/// with no division per position, fetching each next block ahead.
 #[inline(always)]
 fn for_each_position(
     table: &[BlockId],
     positions: Range<usize>,
-    kv_dim: usize,
-    head_offset: usize,
+    rows: Rows<'_>,
     mut f: impl FnMut(usize, usize),
 ) {
     let mut position = positions.start;
-    for &block in table.iter().skip(positions.start / BLOCK_TOKENS) {
+    let first = positions.start / BLOCK_TOKENS;
+    let last = positions.end.div_ceil(BLOCK_TOKENS).min(table.len());
+    if let Some(&block) = table.get(first) {
+        rows.prefetch_block(block);
+    }
+    for index in first..last {
         if position >= positions.end {
             break;
         }
-        let base = block as usize * BLOCK_TOKENS * kv_dim + head_offset;
+        if index + 1 < last {
+            rows.prefetch_block(table[index + 1]);
+        }
+        let base = table[index] as usize * BLOCK_TOKENS * rows.kv_dim + rows.head_offset;
         let end = ((position / BLOCK_TOKENS + 1) * BLOCK_TOKENS).min(positions.end);
         for p in position..end {
-            f(p, base + (p % BLOCK_TOKENS) * kv_dim);
+            f(p, base + (p % BLOCK_TOKENS) * rows.kv_dim);
         }
         position = end;
     }
