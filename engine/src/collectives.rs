@@ -174,8 +174,8 @@ const MAX_MESSAGE: usize = 256 << 20;
 /// small hidden-size vectors need. Larger ones use reduce-scatter.
 const GATHER_REDUCE_BYTES: usize = 64 * 1024;
 /// Messages up to this size are written before reading (the kernel buffers
-/// them); larger ones are written from a second thread so two ranks sending
-/// to each other at once cannot deadlock.
+/// them); larger ones are written and read in turns, without blocking on
+/// either, so two ranks sending to each other at once cannot deadlock.
 const INLINE_WRITE: usize = 16 * 1024;
 
 /// The hello `rank` of ring `ring_id` sends its successor.
@@ -331,6 +331,9 @@ pub struct TcpRing {
     /// previous one (a secured cluster's rings).
     seal_next: Option<Seal>,
     open_prev: Option<Seal>,
+    /// The longest a wait may take (the sockets' own timeouts), for the
+    /// exchanges that poll both sockets.
+    timeout: Option<Duration>,
 }
 
 impl TcpRing {
@@ -496,6 +499,7 @@ impl TcpRing {
             next,
             prev,
             sequence: 0,
+            timeout: Some(op_timeout),
             send_buffer: Vec::new(),
             recv_buffer: Vec::new(),
             scratch: Vec::new(),
@@ -582,14 +586,7 @@ impl TcpRing {
     fn exchange(&mut self, send: &[f32], recv_len: usize) -> Result<(), CollectiveError> {
         self.sequence = self.sequence.wrapping_add(1);
         let sequence = self.sequence;
-        self.send_buffer.clear();
-        self.send_buffer.extend_from_slice(&MAGIC.to_le_bytes());
-        self.send_buffer.extend_from_slice(&sequence.to_le_bytes());
-        self.send_buffer
-            .extend_from_slice(&((send.len() * 4) as u32).to_le_bytes());
-        for value in send {
-            self.send_buffer.extend_from_slice(&value.to_le_bytes());
-        }
+        frame_floats(&mut self.send_buffer, sequence, send);
         self.seal_outgoing(0)?;
         let (next_rank, prev_rank) = (self.next_rank(), self.prev_rank());
         let wire = self.wire_len(HEADER + recv_len * 4);
@@ -606,14 +603,7 @@ impl TcpRing {
             };
             (written, read)
         } else {
-            std::thread::scope(|scope| {
-                let writer = scope.spawn(|| next.write_all(send_buffer));
-                let read = read_full(prev, recv_buffer);
-                let written = writer
-                    .join()
-                    .unwrap_or_else(|_| Err(std::io::Error::other("writer thread panicked")));
-                (written, read)
-            })
+            write_while_reading(next, send_buffer, prev, recv_buffer, self.timeout)
         };
         write_result.map_err(|e| self.map_io(next_rank, e))?;
         read_result.map_err(|e| self.map_io(prev_rank, e))?;
@@ -648,6 +638,20 @@ impl TcpRing {
     /// the results agree bit for bit.
     fn gather_reduce(&mut self, data: &mut [f32]) -> Result<(), CollectiveError> {
         let (n, len) = (self.size, data.len());
+        if n == 2 {
+            // One addition per value, the same on both ranks (a sum of two
+            // is the same either way round): no gathered copy needed.
+            let mut scratch = std::mem::take(&mut self.scratch);
+            scratch.clear();
+            scratch.extend_from_slice(data);
+            let result = self.exchange(&scratch, len);
+            self.scratch = scratch;
+            result?;
+            for (value, got) in data.iter_mut().zip(self.received()) {
+                *value += got;
+            }
+            return Ok(());
+        }
         let mut gathered = std::mem::take(&mut self.gathered);
         gathered.resize(n * len, 0.0);
         gathered[self.rank * len..(self.rank + 1) * len].copy_from_slice(data);
@@ -659,11 +663,9 @@ impl TcpRing {
             if result.is_err() {
                 break;
             }
-            for (i, value) in gathered[recv_rank * len..(recv_rank + 1) * len]
-                .iter_mut()
-                .enumerate()
-            {
-                *value = self.received(i);
+            let into = &mut gathered[recv_rank * len..(recv_rank + 1) * len];
+            for (value, got) in into.iter_mut().zip(self.received()) {
+                *value = got;
             }
         }
         if result.is_ok() {
@@ -721,10 +723,24 @@ impl TcpRing {
         Ok(())
     }
 
-    fn received(&self, index: usize) -> f32 {
-        let at = HEADER + index * 4;
-        let b = &self.recv_buffer[at..at + 4];
-        f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+    /// The floats of the last frame received, in order.
+    fn received(&self) -> impl Iterator<Item = f32> + '_ {
+        self.recv_buffer[HEADER..]
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+}
+
+/// Writes a frame of `values` (header, then little-endian floats) into
+/// `buffer`.
+fn frame_floats(buffer: &mut Vec<u8>, sequence: u32, values: &[f32]) {
+    buffer.clear();
+    buffer.extend_from_slice(&MAGIC.to_le_bytes());
+    buffer.extend_from_slice(&sequence.to_le_bytes());
+    buffer.extend_from_slice(&((values.len() * 4) as u32).to_le_bytes());
+    buffer.resize(HEADER + values.len() * 4, 0);
+    for (bytes, value) in buffer[HEADER..].chunks_exact_mut(4).zip(values) {
+        bytes.copy_from_slice(&value.to_le_bytes());
     }
 }
 
@@ -766,6 +782,72 @@ fn read_full(stream: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Writes `send` to `next` while filling `recv` from `prev`, in turns and
+/// without blocking on either while both are unfinished: two ranks sending
+/// each other more than the kernel buffers cannot deadlock, and no thread
+/// is spawned per exchange. Once one side is done the other blocks as a
+/// lone read or write would (the peer has finished writing to us, or we
+/// to it, so it is reading or about to). `timeout` bounds every wait
+/// without progress. Returns the write's and the read's results.
+fn write_while_reading(
+    next: &mut TcpStream,
+    send: &[u8],
+    prev: &mut TcpStream,
+    recv: &mut [u8],
+    timeout: Option<Duration>,
+) -> (std::io::Result<()>, std::io::Result<()>) {
+    if let Err(error) = next.set_nonblocking(true) {
+        return (Err(error), Ok(()));
+    }
+    let (mut written, mut filled) = (0, 0);
+    let mut last_progress = Instant::now();
+    let result = loop {
+        if written == send.len() {
+            break (Ok(()), read_full(prev, &mut recv[filled..]));
+        }
+        if filled == recv.len() {
+            let write = next
+                .set_nonblocking(false)
+                .and_then(|()| next.write_all(&send[written..]));
+            break (write, Ok(()));
+        }
+        let mut progressed = false;
+        match next.write(&send[written..]) {
+            Ok(0) => break (Err(ErrorKind::WriteZero.into()), Ok(())),
+            Ok(n) => (written, progressed) = (written + n, true),
+            Err(e) if is_retry(&e) => {}
+            Err(e) => break (Err(e), Ok(())),
+        }
+        match prev.read(&mut recv[filled..]) {
+            Ok(0) => break (Ok(()), Err(ErrorKind::UnexpectedEof.into())),
+            Ok(n) => (filled, progressed) = (filled + n, true),
+            Err(e) if is_retry(&e) => {}
+            Err(e) => break (Ok(()), Err(e)),
+        }
+        if progressed {
+            last_progress = Instant::now();
+            continue;
+        }
+        let idle = last_progress.elapsed();
+        if timeout.is_some_and(|limit| idle >= limit) {
+            break (Ok(()), Err(ErrorKind::TimedOut.into()));
+        }
+        if idle < POLL_BEFORE_BLOCKING {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    };
+    match next.set_nonblocking(false) {
+        Ok(()) => result,
+        Err(error) => (Err(error), result.1),
+    }
+}
+
+fn is_retry(error: &std::io::Error) -> bool {
+    matches!(error.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted)
+}
+
 /// Chunk `index` of `len` values split into `parts` (the first ones larger).
 fn chunk(len: usize, parts: usize, index: usize) -> std::ops::Range<usize> {
     let start = len * index / parts;
@@ -799,8 +881,8 @@ impl Group for TcpRing {
             let result = self.exchange(&scratch, recv_chunk.len());
             self.scratch = scratch;
             result?;
-            for (i, value) in data[recv_chunk].iter_mut().enumerate() {
-                *value += self.received(i);
+            for (value, got) in data[recv_chunk].iter_mut().zip(self.received()) {
+                *value += got;
             }
         }
         for step in 0..n - 1 {
@@ -812,8 +894,8 @@ impl Group for TcpRing {
             let result = self.exchange(&scratch, recv_chunk.len());
             self.scratch = scratch;
             result?;
-            for (i, value) in data[recv_chunk].iter_mut().enumerate() {
-                *value = self.received(i);
+            for (value, got) in data[recv_chunk].iter_mut().zip(self.received()) {
+                *value = got;
             }
         }
         Ok(())
@@ -841,8 +923,9 @@ impl Group for TcpRing {
             self.scratch = scratch;
             result?;
             let at = offset(recv_rank);
-            for i in 0..counts[recv_rank] {
-                out[at + i] = self.received(i);
+            let into = &mut out[at..at + counts[recv_rank]];
+            for (value, got) in into.iter_mut().zip(self.received()) {
+                *value = got;
             }
         }
         Ok(())
@@ -851,15 +934,7 @@ impl Group for TcpRing {
     fn send_next(&mut self, data: &[f32]) -> Result<(), CollectiveError> {
         // Point-to-point frames carry the current number without advancing
         // it: only the symmetric operations keep ranks' numbers in step.
-        self.send_buffer.clear();
-        self.send_buffer.extend_from_slice(&MAGIC.to_le_bytes());
-        self.send_buffer
-            .extend_from_slice(&self.sequence.to_le_bytes());
-        self.send_buffer
-            .extend_from_slice(&((data.len() * 4) as u32).to_le_bytes());
-        for value in data {
-            self.send_buffer.extend_from_slice(&value.to_le_bytes());
-        }
+        frame_floats(&mut self.send_buffer, self.sequence, data);
         self.seal_outgoing(0)?;
         let peer = self.next_rank();
         let result = self.next.write_all(&self.send_buffer);
@@ -894,8 +969,8 @@ impl Group for TcpRing {
                 ),
             });
         }
-        for (i, value) in out.iter_mut().enumerate() {
-            *value = self.received(i);
+        for (value, got) in out.iter_mut().zip(self.received()) {
+            *value = got;
         }
         Ok(())
     }
@@ -954,6 +1029,7 @@ impl Group for TcpRing {
         self.next
             .set_write_timeout(timeout)
             .map_err(io(next_rank))?;
+        self.timeout = timeout;
         Ok(())
     }
 }
@@ -1083,6 +1159,53 @@ mod tests {
                 "{error}"
             );
         }
+    }
+
+    /// Far more than loopback sockets buffer, sent both ways at once: the
+    /// exchange must interleave writing and reading rather than deadlock.
+    #[test]
+    fn exchanges_larger_than_the_socket_buffers_complete() {
+        let len = 4 << 20;
+        let results = on_ring(2, move |ring| {
+            let mut data = values(ring.rank(), len);
+            ring.all_reduce_sum(&mut data).expect("all-reduce");
+            let counts = [len, len];
+            let mut gathered = vec![0.0; 2 * len];
+            let local = values(ring.rank(), len);
+            ring.all_gather(&local, &counts, &mut gathered)
+                .expect("gather");
+            (data, gathered)
+        });
+        let (a, b) = (values(0, len), values(1, len));
+        for (data, gathered) in &results {
+            assert!(data.iter().enumerate().all(|(i, v)| *v == a[i] + b[i]));
+            assert_eq!(&gathered[..len], &a[..]);
+            assert_eq!(&gathered[len..], &b[..]);
+        }
+    }
+
+    /// A peer that stops reading and writing mid-exchange: the waiting
+    /// rank gets a timeout naming it, within the ring's timeout.
+    #[test]
+    fn a_large_exchange_with_a_stalled_peer_times_out() {
+        let started = Instant::now();
+        let results = on_ring(2, |ring| {
+            if ring.rank() == 1 {
+                // Stalls, connections open, past rank 0's timeout.
+                std::thread::sleep(Duration::from_secs(3));
+                return None;
+            }
+            ring.set_timeout(Some(Duration::from_secs(1)))
+                .expect("timeout");
+            let mut data = vec![1.0f32; 4 << 20];
+            Some(ring.all_reduce_sum(&mut data).map_err(|e| e.to_string()))
+        });
+        assert!(started.elapsed() < Duration::from_secs(8));
+        let error = results[0]
+            .clone()
+            .expect("rank 0 ran")
+            .expect_err("rank 1 never answered");
+        assert!(error.contains("timed out waiting for rank 1"), "{error}");
     }
 
     #[test]
