@@ -70,11 +70,20 @@ fn check_world_2(sharding: &str) {
         .iter()
         .position(|m| *m < 0.05)
         .unwrap_or(reference.len());
-    assert_eq!(
-        ours[..compared],
-        reference[..compared],
-        "{sharding} world 2 against one machine (margins {margins:?})"
-    );
+    let diverged = (0..compared).find(|&step| ours[step] != reference[step]);
+    // Tensor ranks sum partial products in another order; the next layer's
+    // 8-bit activation rounding can make that a visible flip where the
+    // margin is small (below 0.25, as the engine's golden tests allow).
+    // Pipeline stages run one machine's arithmetic: no flip at all.
+    let tolerated = |step: usize| sharding == "tensor" && margins[step] < 0.25;
+    if let Some(step) = diverged {
+        assert!(
+            tolerated(step),
+            "{sharding} world 2 against one machine: step {step}, ours {:?}, one machine {:?} (margins {margins:?})",
+            ours,
+            reference
+        );
+    }
     let dist = &json["distributed"];
     assert_eq!(dist["world"], 2);
     assert_eq!(dist["sharding"], sharding);

@@ -18,7 +18,7 @@ use std::ops::Range;
 use half::f16;
 
 use super::config::ModelConfig;
-use super::transformer::SeqSpan;
+use super::transformer::{HeadLayout, SeqSpan};
 use crate::ops;
 use crate::paged::{BlockId, KvPool, BLOCK_TOKENS};
 use crate::threadpool::{split_range, DisjointSlice, ThreadPool};
@@ -49,10 +49,12 @@ pub(super) struct Scoring {
 
 /// One layer's attention: `out[t, head] = softmax(q[t, head] · K) V` over
 /// the positions token `t`'s sequence (`spans[token_span[t]]`) has seen,
-/// for `positions.len()` tokens. `scratch` holds `stride` floats per thread.
+/// for `positions.len()` tokens, each head against its KV head in
+/// `layout`. `scratch` holds `stride` floats per thread.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attention(
     cfg: &ModelConfig,
+    layout: HeadLayout,
     scoring: Scoring,
     q: &[f32],
     kv: &KvPool,
@@ -65,7 +67,7 @@ pub(super) fn attention(
     stride: usize,
     pool: &ThreadPool,
 ) {
-    let group = cfg.heads / cfg.kv_heads;
+    let group = layout.group;
     // Sharing conversions across heads leaves fewer, larger work items:
     // worth it once there are enough of them to keep every thread busy.
     let at_once = if positions.len() * cfg.kv_heads >= 4 * pool.threads() {
@@ -79,7 +81,6 @@ pub(super) fn attention(
         heads: cfg.heads,
         hd: cfg.head_dim,
         kvd: cfg.kv_dim(),
-        group,
         scoring,
         q,
         keys,
@@ -94,8 +95,14 @@ pub(super) fn attention(
         for item in split_range(items, thread, threads, 1) {
             let t = item / (cfg.kv_heads * chunks);
             let kv_head = item / chunks % cfg.kv_heads;
-            let first = kv_head * group + item % chunks * at_once;
-            let heads = first..(first + at_once).min((kv_head + 1) * group);
+            // A tensor rank may have only some of a KV head's query heads:
+            // then some chunks are empty.
+            let all = layout.heads_of(kv_head, cfg.heads);
+            let first = all.start + item % chunks * at_once;
+            let heads = first.min(all.end)..(first + at_once).min(all.end);
+            if heads.is_empty() {
+                continue;
+            }
             let row = t * job.heads * job.hd;
             // SAFETY: (t, head) pairs are disjoint across threads.
             let o = unsafe { out_view.part(row + heads.start * job.hd..row + heads.end * job.hd) };
@@ -110,7 +117,6 @@ struct Job<'a> {
     heads: usize,
     hd: usize,
     kvd: usize,
-    group: usize,
     scoring: Scoring,
     q: &'a [f32],
     keys: &'a [f16],
@@ -131,7 +137,6 @@ impl Job<'_> {
         out: &mut [f32],
         scratch: &mut [f32],
     ) {
-        debug_assert!(heads.end <= (kv_head + 1) * self.group);
         let item = Item {
             t,
             kv_head,

@@ -157,6 +157,8 @@ pub struct Transformer {
     rope_freq_factors: Option<Vec<f32>>,
     /// Set on a tensor-parallel rank.
     tensor: Option<TensorSlice>,
+    /// Which query heads this shard has and which KV head each reads.
+    heads: HeadLayout,
     /// Layers with keys and values (all but the linear-attention ones).
     kv_layers: usize,
     /// Floats of recurrent state a sequence needs across this shard's
@@ -433,7 +435,8 @@ fn ffn_share(ffn: usize, unit: usize, rank: u32, world: u32) -> Result<Range<usi
 }
 
 impl TensorSplit {
-    /// Attention by whole KV-head groups (with their query heads), the MLP
+    /// Attention by query heads, as evenly as they go, each rank with the
+    /// KV heads its query heads read (see [`attention_share`]); the MLP
     /// (and every expert) by intermediate rows (see [`ffn_share`]), the
     /// head by vocabulary rows. Uneven splits are allowed.
     pub fn new(
@@ -447,10 +450,8 @@ impl TensorSplit {
             rank,
             world_size: world,
         };
-        let groups = spec.kv_head_groups(config.kv_heads as u32)?;
-        let per_group = config.heads / config.kv_heads;
+        let (q_heads, kv_heads) = attention_share(config, &spec, rank, world)?;
         let hd = config.head_dim;
-        let (g0, g1) = (groups.start as usize, groups.end as usize);
         let expert_rows = match &config.moe {
             Some(moe) => ffn_share(moe.expert_ffn, expert_unit, rank, world)?,
             None => 0..0,
@@ -474,8 +475,8 @@ impl TensorSplit {
         let vocab_parts = split_evenly(config.vocab as u32, world as usize, "vocabulary rows")?;
         let vocab = &vocab_parts[rank as usize];
         Ok(Self {
-            q_rows: g0 * per_group * hd..g1 * per_group * hd,
-            kv_rows: g0 * hd..g1 * hd,
+            q_rows: q_heads.start * hd..q_heads.end * hd,
+            kv_rows: kv_heads.start * hd..kv_heads.end * hd,
             // No dense layers at all (every layer runs experts): nothing to split.
             ffn_rows: match config.ffn {
                 0 => 0..0,
@@ -487,6 +488,55 @@ impl TensorSplit {
             vocab_rows: vocab.start as usize..vocab.end as usize,
             vocab_counts: vocab_parts.iter().map(|r| r.len()).collect(),
         })
+    }
+}
+
+/// A tensor rank's query heads and KV heads. Whole KV-head groups when
+/// the ranks divide them evenly (or the q and k norms span all heads,
+/// whose sums must count each KV head once); else query heads as evenly
+/// as they go, a KV head whose group straddles two ranks computed and
+/// cached on both. Attention is then balanced: with 3 KV heads of 3 query
+/// heads on 2 ranks, 5 and 4 query heads rather than 6 and 3 (the whole
+/// groups' split made one rank's attention twice the other's, and the
+/// other wait at every layer's all-reduce).
+fn attention_share(
+    config: &ModelConfig,
+    spec: &ShardSpec,
+    rank: u32,
+    world: u32,
+) -> Result<(Range<usize>, Range<usize>), ShardError> {
+    // Also the check that there are enough KV heads for the world.
+    let groups = spec.kv_head_groups(config.kv_heads as u32)?;
+    let per_group = config.heads / config.kv_heads;
+    let (g0, g1) = (groups.start as usize, groups.end as usize);
+    if config.kv_heads.is_multiple_of(world as usize) || config.variant.qk_norm_whole {
+        return Ok((g0 * per_group..g1 * per_group, g0..g1));
+    }
+    let parts = split_evenly(config.heads as u32, world as usize, "query heads")?;
+    let part = &parts[rank as usize];
+    let q = part.start as usize..part.end as usize;
+    let kv = q.start / per_group..q.end.div_ceil(per_group);
+    Ok((q, kv))
+}
+
+/// Which query heads a shard has, and so which of its KV heads each one
+/// reads: query head `q_first + h` (global numbering) reads global KV head
+/// `(q_first + h) / group`, the shard's `- kv_first`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct HeadLayout {
+    pub group: usize,
+    pub q_first: usize,
+    pub kv_first: usize,
+}
+
+impl HeadLayout {
+    /// The shard's query heads (its own numbering) that read its KV head
+    /// `kv`.
+    pub fn heads_of(&self, kv: usize, heads: usize) -> Range<usize> {
+        let global = (self.kv_first + kv) * self.group..(self.kv_first + kv + 1) * self.group;
+        let start = global.start.max(self.q_first).min(self.q_first + heads);
+        let end = global.end.clamp(start, self.q_first + heads);
+        start - self.q_first..end - self.q_first
     }
 }
 
@@ -645,6 +695,15 @@ impl Transformer {
             None => config.rope_freq_factors(),
         };
         let mut config = config;
+        let heads = HeadLayout {
+            group: config.heads / config.kv_heads.max(1),
+            q_first: split
+                .as_ref()
+                .map_or(0, |s| s.q_rows.start / config.head_dim),
+            kv_first: split
+                .as_ref()
+                .map_or(0, |s| s.kv_rows.start / config.head_dim),
+        };
         if let Some(split) = &split {
             config.heads = split.q_rows.len() / config.head_dim;
             config.kv_heads = split.kv_rows.len() / config.head_dim;
@@ -665,6 +724,7 @@ impl Transformer {
             output,
             rope_freq_factors,
             tensor,
+            heads,
         })
     }
 
@@ -1193,6 +1253,7 @@ impl Transformer {
         };
         attention::attention(
             cfg,
+            self.heads,
             scoring,
             &ws.q[..n * qd],
             kv,
@@ -1588,45 +1649,64 @@ mod tests {
     }
 
     #[test]
+    fn a_shared_kv_head_serves_only_the_shards_own_query_heads() {
+        // Global heads 5..9 of groups of 3: KV heads 1 and 2.
+        let layout = HeadLayout {
+            group: 3,
+            q_first: 5,
+            kv_first: 1,
+        };
+        assert_eq!(layout.heads_of(0, 4), 0..1);
+        assert_eq!(layout.heads_of(1, 4), 1..4);
+        let whole = HeadLayout {
+            group: 3,
+            q_first: 0,
+            kv_first: 0,
+        };
+        assert_eq!(whole.heads_of(2, 9), 6..9);
+    }
+
+    #[test]
     fn tensor_splits_cover_every_dimension() -> Result<(), ShardError> {
         let config = smollm2();
         for world in 1..=3u32 {
             let splits: Vec<TensorSplit> = (0..world)
                 .map(|rank| TensorSplit::new(&config, rank, world, 32, 32))
                 .collect::<Result<_, _>>()?;
-            let mut next = (0, 0, 0, 0);
-            let mut work = Vec::new();
+            let mut next = (0, 0, 0);
             for split in &splits {
                 // Contiguous, in rank order, whole heads, whole blocks.
                 assert_eq!(split.q_rows.start, next.0);
-                assert_eq!(split.kv_rows.start, next.1);
-                assert_eq!(split.ffn_rows.start, next.2);
-                assert_eq!(split.vocab_rows.start, next.3);
-                assert_eq!(split.q_rows.len() % (3 * 64), 0, "whole KV groups");
+                assert_eq!(split.ffn_rows.start, next.1);
+                assert_eq!(split.vocab_rows.start, next.2);
+                assert_eq!(split.q_rows.len() % 64, 0, "whole heads");
                 assert_eq!(split.ffn_rows.len() % 32, 0, "whole Q4_1 blocks");
-                next = (
-                    split.q_rows.end,
-                    split.kv_rows.end,
-                    split.ffn_rows.end,
-                    split.vocab_rows.end,
-                );
-                let h = config.hidden;
-                work.push(
-                    2 * h * (split.q_rows.len() + split.kv_rows.len())
-                        + 3 * h * split.ffn_rows.len(),
-                );
+                // Exactly the KV heads its query heads read (3 per group).
+                let (q0, q1) = (split.q_rows.start / 64, split.q_rows.end / 64);
+                assert_eq!(split.kv_rows, q0 / 3 * 64..q1.div_ceil(3) * 64);
+                next = (split.q_rows.end, split.ffn_rows.end, split.vocab_rows.end);
             }
-            assert_eq!(next, (576, 192, 1536, 49152), "world {world} covers all");
-            let _ = work;
+            assert_eq!(next, (576, 1536, 49152), "world {world} covers all");
         }
-        // World 2: 2 + 1 KV groups; the MLP splits evenly (its phase ends in
-        // an all-reduce, so it is balanced on its own).
+        // World 2: 5 and 4 query heads, the middle KV head on both; the MLP
+        // splits evenly (its phase ends in an all-reduce, so it is balanced
+        // on its own).
         let (a, b) = (
             TensorSplit::new(&config, 0, 2, 32, 32)?,
             TensorSplit::new(&config, 1, 2, 32, 32)?,
         );
-        assert_eq!((a.kv_rows.len(), b.kv_rows.len()), (128, 64));
+        assert_eq!((a.q_rows.len(), b.q_rows.len()), (320, 256));
+        assert_eq!((a.kv_rows.clone(), b.kv_rows.clone()), (0..128, 64..192));
         assert_eq!((a.ffn_rows.len(), b.ffn_rows.len()), (768, 768));
+        // World 3 divides the KV heads: whole groups, nothing shared.
+        let c = TensorSplit::new(&config, 1, 3, 32, 32)?;
+        assert_eq!((c.q_rows, c.kv_rows), (192..384, 64..128));
+        // Norms over all heads at once keep whole groups (their sums
+        // would count a shared KV head twice).
+        let mut whole = config.clone();
+        whole.variant.qk_norm_whole = true;
+        let d = TensorSplit::new(&whole, 0, 2, 32, 32)?;
+        assert_eq!((d.q_rows, d.kv_rows), (0..384, 0..128));
         assert!(TensorSplit::new(&config, 0, 4, 32, 32).is_err());
         Ok(())
     }
