@@ -54,4 +54,4 @@ pub mod threadpool;
 pub mod tokenizer;
 pub mod utf8_stream;
 
-pub use shard::{split_evenly, split_proportionally, ShardError, ShardSpec};
+pub use shard::{pipeline_stages, split_evenly, split_proportionally, ShardError, ShardSpec};

@@ -131,6 +131,36 @@ pub fn split_evenly(
     split_proportionally(items, &vec![1; parts], what)
 }
 
+/// Consecutive layer ranges for `world` pipeline stages that balance work
+/// rather than layer counts: the last stage also runs the output head,
+/// worth `head_layers` layers, so it takes that many fewer (at least one);
+/// the other stages split the rest evenly.
+pub fn pipeline_stages(
+    n_layers: u32,
+    world: usize,
+    head_layers: f64,
+) -> Result<Vec<Range<u32>>, ShardError> {
+    if world < 2 || !head_layers.is_finite() || head_layers <= 0.0 {
+        return split_evenly(n_layers, world, "layers");
+    }
+    if (n_layers as usize) < world {
+        return Err(ShardError::TooManyParts {
+            items: n_layers,
+            parts: world,
+            what: "layers",
+        });
+    }
+    let per_stage = (f64::from(n_layers) + head_layers) / world as f64;
+    let most = n_layers - (world as u32 - 1);
+    // Rounded and clamped in f64: `head_layers` may exceed the stage.
+    let last = (per_stage - head_layers)
+        .round()
+        .clamp(1.0, f64::from(most)) as u32;
+    let mut stages = split_evenly(n_layers - last, world - 1, "layers")?;
+    stages.push(n_layers - last..n_layers);
+    Ok(stages)
+}
+
 /// Splits `items` into contiguous ranges in proportion to `weights` (free
 /// memory, for pipeline layers), each at least one item. Largest remainders
 /// get the leftover items, ties to the earlier part, so the split is
@@ -183,6 +213,28 @@ pub fn split_proportionally(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pipeline_stages_give_the_last_stage_fewer_layers_for_the_head() -> Result<(), ShardError> {
+        // SmolLM2-135M: 30 layers, the head worth 4.
+        assert_eq!(pipeline_stages(30, 2, 4.0)?, vec![0..17, 17..30]);
+        assert_eq!(pipeline_stages(30, 3, 4.0)?, vec![0..12, 12..23, 23..30]);
+        // A head worth more than a stage still leaves the last one a layer.
+        assert_eq!(pipeline_stages(4, 2, 50.0)?, vec![0..3, 3..4]);
+        // No head to weigh, or one stage: as even as possible.
+        assert_eq!(pipeline_stages(30, 2, 0.0)?, vec![0..15, 15..30]);
+        assert_eq!(pipeline_stages(30, 1, 4.0)?, vec![0..30]);
+        assert!(pipeline_stages(2, 3, 1.0).is_err());
+        for world in 2..=8 {
+            let stages = pipeline_stages(61, world, 2.7)?;
+            assert_eq!(stages.len(), world);
+            assert_eq!(stages[0].start, 0);
+            assert_eq!(stages[world - 1].end, 61);
+            assert!(stages.windows(2).all(|w| w[0].end == w[1].start));
+            assert!(stages.iter().all(|s| !s.is_empty()));
+        }
+        Ok(())
+    }
 
     #[test]
     fn kv_groups_split_unevenly_for_any_world_up_to_the_group_count() -> Result<(), ShardError> {

@@ -22,7 +22,7 @@ use serde::Serialize;
 use tessera_engine::collectives::{Group, TcpRing};
 use tessera_engine::executor::Executor;
 use tessera_engine::generate::{load_transformer, model_config};
-use tessera_engine::{split_evenly, ShardError, ShardSpec};
+use tessera_engine::{pipeline_stages, ShardError, ShardSpec};
 
 use super::model_args::resolve_model;
 
@@ -50,8 +50,8 @@ pub struct DistributedArgs {
     /// How to split the model across the ranks.
     #[arg(long, value_enum, default_value = "tensor")]
     pub sharding: Sharding,
-    /// Pipeline only: layers per rank, e.g. `20,10` (default: as even as
-    /// possible).
+    /// Pipeline only: layers per rank, e.g. `20,10` (default: balanced by
+    /// work, the last rank taking fewer for the output head it also runs).
     #[arg(long, value_delimiter = ',')]
     pub layers: Vec<u32>,
     /// Seconds one step may wait on a peer before the run fails.
@@ -97,7 +97,10 @@ pub fn shard_spec(
     }
     let spec = match sharding {
         Sharding::Tensor => tensor_spec(rank, world, layer_counts, config.kv_heads)?,
-        Sharding::Pipeline => pipeline_spec(rank, world, layer_counts, n_layers)?,
+        Sharding::Pipeline => {
+            let head = config.head_cost_in_layers();
+            pipeline_spec(rank, world, layer_counts, n_layers, head)?
+        }
     };
     spec.validate(n_layers)?;
     Ok(spec)
@@ -127,14 +130,17 @@ fn tensor_spec(
     }
 }
 
+/// Rank `rank`'s layers: `layer_counts` if given, else balanced with the
+/// last stage's head worth `head_layers` layers.
 fn pipeline_spec(
     rank: usize,
     world: usize,
     layer_counts: &[u32],
     n_layers: u32,
+    head_layers: f64,
 ) -> anyhow::Result<ShardSpec> {
     let ranges = if layer_counts.is_empty() {
-        split_evenly(n_layers, world, "layers")?
+        pipeline_stages(n_layers, world, head_layers)?
     } else {
         counted_ranges(layer_counts, world, n_layers)?
     };
@@ -516,12 +522,15 @@ mod tests {
     }
 
     #[test]
-    fn pipeline_splits_evenly_unless_counts_are_given() -> anyhow::Result<()> {
+    fn pipeline_splits_by_work_unless_counts_are_given() -> anyhow::Result<()> {
         let even: Vec<Range<u32>> = (0..4)
-            .map(|rank| pipeline_spec(rank, 4, &[], 30).map(|s| layers(&s)))
+            .map(|rank| pipeline_spec(rank, 4, &[], 30, 0.0).map(|s| layers(&s)))
             .collect::<Result<_, _>>()?;
         assert_eq!(even, vec![0..8, 8..16, 16..23, 23..30]);
-        let counted = pipeline_spec(1, 2, &[10, 20], 30)?;
+        // SmolLM2-135M's head is worth 4 layers.
+        let weighed = pipeline_spec(1, 2, &[], 30, 4.0)?;
+        assert_eq!(layers(&weighed), 17..30);
+        let counted = pipeline_spec(1, 2, &[10, 20], 30, 4.0)?;
         assert_eq!(layers(&counted), 10..30);
         Ok(())
     }
@@ -529,14 +538,14 @@ mod tests {
     #[test]
     fn impossible_splits_say_why() {
         let error = |r: anyhow::Result<ShardSpec>| r.map_err(|e| e.to_string()).err();
-        assert!(error(pipeline_spec(0, 31, &[], 30)).is_some_and(|e| e.contains("30 layers")));
+        assert!(error(pipeline_spec(0, 31, &[], 30, 4.0)).is_some_and(|e| e.contains("30 layers")));
+        assert!(error(pipeline_spec(0, 2, &[10, 10], 30, 4.0))
+            .is_some_and(|e| e.contains("adds up to 20")));
         assert!(
-            error(pipeline_spec(0, 2, &[10, 10], 30)).is_some_and(|e| e.contains("adds up to 20"))
+            error(pipeline_spec(0, 2, &[30, 0], 30, 4.0)).is_some_and(|e| e.contains("positive"))
         );
-        assert!(error(pipeline_spec(0, 2, &[30, 0], 30)).is_some_and(|e| e.contains("positive")));
-        assert!(
-            error(pipeline_spec(0, 2, &[u32::MAX, 2], 30)).is_some_and(|e| e.contains("adds up"))
-        );
+        assert!(error(pipeline_spec(0, 2, &[u32::MAX, 2], 30, 4.0))
+            .is_some_and(|e| e.contains("adds up")));
         assert!(error(tensor_spec(0, 4, &[], 3)).is_some_and(|e| e.contains("at most 3 ranks")));
         assert!(error(tensor_spec(0, 2, &[1, 1], 3)).is_some_and(|e| e.contains("--layers")));
     }

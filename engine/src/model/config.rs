@@ -500,6 +500,29 @@ impl ModelConfig {
         }
     }
 
+    /// Weights one token multiplies through in a layer's matrices: the
+    /// attention projections and the MLP (the experts a token runs).
+    pub fn layer_weights(&self) -> usize {
+        let h = self.hidden;
+        let attention = 2 * h * (self.q_dim() + self.kv_dim());
+        let mlp_rows = match &self.moe {
+            Some(moe) => moe.expert_ffn * moe.experts_per_token + moe.shared_ffn.unwrap_or(0),
+            None => self.ffn,
+        };
+        attention + 3 * h * mlp_rows
+    }
+
+    /// What the output head costs a pipeline's last stage, in layers: half
+    /// its weights' worth. It is one large matrix, which runs at about
+    /// 1.5 times a layer's multiply-adds per second (SmolLM2-135M at
+    /// 4-token micro-batches: 66 against 97 ps each; a layer also has
+    /// attention and norms), and the first stage has sampling and
+    /// scheduling of its own to weigh against the rest.
+    pub fn head_cost_in_layers(&self) -> f64 {
+        let layer = self.layer_weights().max(1) as f64;
+        0.5 * (self.vocab * self.hidden) as f64 / layer
+    }
+
     /// Width of the concatenated query heads.
     pub fn q_dim(&self) -> usize {
         self.heads * self.head_dim
