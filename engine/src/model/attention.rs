@@ -195,13 +195,13 @@ impl Job<'_> {
         ops::round_to_f16_slice(queries, &self.q[from..from + G * hd]);
         let head_offset = item.kv_head * hd;
         let mut dots = [0.0f32; G];
-        let rows = Rows {
+        let rows = |data| Rows {
             kv_dim: self.kvd,
             head_offset,
             hd,
-            data: self.keys,
+            data,
         };
-        for_each_position(item.table, first..seen, rows, |p, at| {
+        for_each_position(item.table, first..seen, rows(self.keys), |p, at| {
             dot_heads::<G, SIMD>(queries, &self.keys[at..at + hd], &mut dots);
             for (g, dot) in dots.iter().enumerate() {
                 scores[g * row_len + p] = dot * self.scoring.scale;
@@ -218,13 +218,7 @@ impl Job<'_> {
         }
         let lanes = &mut lanes[..G * 8 * hd];
         lanes.fill(0.0);
-        let rows = Rows {
-            kv_dim: self.kvd,
-            head_offset,
-            hd,
-            data: self.values,
-        };
-        for_each_position(item.table, first..seen, rows, |p, at| {
+        for_each_position(item.table, first..seen, rows(self.values), |p, at| {
             let weights = std::array::from_fn(|g| scores[g * row_len + p]);
             axpy_heads::<G, SIMD>(lanes, p % 8, &weights, &self.values[at..at + hd]);
         });
