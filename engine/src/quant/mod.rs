@@ -591,16 +591,25 @@ impl RowJob<'_> {
                 first_after_eights += n;
             }
         }
+        // With an eight-token kernel, at most four tokens are left: one
+        // four-token call per tile, whose set-up (pairing the tokens'
+        // blocks) is then paid once per 64 rows. Without one, groups of four
+        // stream past a tile small enough to stay in L1.
+        let tile_rows = if kernels.dot8.is_some() {
+            EIGHT_TOKEN_ROWS
+        } else {
+            ROW_TILE
+        };
         let mut tile_start = self.range.start;
         while tile_start < self.range.end {
-            let tile = tile_start..(tile_start + ROW_TILE).min(self.range.end);
+            let tile = tile_start..(tile_start + tile_rows).min(self.range.end);
             let mut first_single = first_after_eights;
             if let Some(dot4) = kernels.dot4 {
                 // Four tokens at a time share each unpacked weight block. Two
                 // or three left over go the same way, the last repeated: one
                 // pass costs less than two or three single dots, and each
                 // lane's result is the single dot's bit for bit.
-                let mut results = [[0.0f32; 4]; ROW_TILE];
+                let mut results = [[0.0f32; 4]; EIGHT_TOKEN_ROWS];
                 let results = &mut results[..tile.len()];
                 while first_single + 2 <= end {
                     let t = first_single;

@@ -1,18 +1,23 @@
 //! AVX-512 kernels for eight activation rows at once (prefill and batches).
 //!
 //! Each 512-bit register holds two tokens' eight lanes side by side: the
-//! weight block is unpacked once (256 bits) and broadcast to both halves,
-//! so one `vpdpbusd`, one conversion and one FMA do what the AVX2 kernels do
-//! in two. Every lane holds exactly the integers and takes exactly the
+//! weight block is unpacked once and broadcast to both halves, so one
+//! `vpdpbusd`, one conversion and one FMA do what the AVX2 kernels do in
+//! two. Every lane holds exactly the integers and takes exactly the
 //! roundings of the AVX2 kernels' lane (the same 4 bytes summed, the same
 //! `dw * d` scale, the same FMA, the same final fold), so a token's result is
 //! [`super::avx2`]'s `dot`, bit for bit, whatever it is batched with.
+//!
+//! A call's activations are laid out once per call (each pair of tokens'
+//! block in one aligned 64-byte line, each block's scales in one line), so
+//! the loop over weight blocks spends its instructions on the weights: at
+//! four tokens, unpacking a block costs as much as its two pairs' products.
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
-use super::avx2::{hsum, load_f16, q5_0_values};
+use super::avx2::{hsum, q5_0_values};
 use crate::quant::BlockQ8;
 
 /// Whether AVX-512 (F, BW, VL) with VNNI runs here.
@@ -35,44 +40,108 @@ unsafe fn pair_picks() -> [__m512i; 4] {
     })
 }
 
-/// The two tokens' 32 activation bytes of one block, side by side.
-#[inline(always)]
-unsafe fn pair_activations(a: &BlockQ8, b: &BlockQ8) -> __m512i {
-    let low = _mm512_castsi256_si512(_mm256_load_si256(a.qs.as_ptr() as *const __m256i));
-    _mm512_inserti64x4(low, _mm256_load_si256(b.qs.as_ptr() as *const __m256i), 1)
+/// Two tokens' 32 activation bytes of one block, side by side: one
+/// aligned load in the kernel (or a memory operand of `vpdpbusd`).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct Pair([i8; 64]);
+
+impl Pair {
+    #[inline(always)]
+    unsafe fn load(&self) -> __m512i {
+        _mm512_load_si512(self.0.as_ptr() as *const __m512i)
+    }
 }
 
-/// Signed weights (`unpack` gives a block's 32 values as signed bytes and
-/// its scale) against eight activation rows, row after row: `|w|` times
-/// `y` with `w`'s sign, as the AVX2 kernels' `vpsignb` pair computes it.
-/// `scales[i]` holds the eight rows' activation scales of block `i`.
+/// A block's f16 scale, converted and broadcast to eight lanes.
+#[inline(always)]
+unsafe fn broadcast_f16(p: *const u8) -> __m256 {
+    _mm256_cvtph_ps(_mm_set1_epi16(std::ptr::read_unaligned(p as *const i16)))
+}
+
+/// Two adjacent f16 scales (a block's `d` and `m`), each broadcast to
+/// eight lanes: one load and one conversion for both.
+#[inline(always)]
+unsafe fn broadcast_f16_pair(p: *const u8) -> (__m256, __m256) {
+    let both = _mm256_cvtph_ps(_mm_set1_epi32(std::ptr::read_unaligned(p as *const i32)));
+    (_mm256_moveldup_ps(both), _mm256_movehdup_ps(both))
+}
+
+/// A block's 16 bytes of nibbles as its 32 values, low nibbles first, in
+/// both halves of a register: `[low | high | low | high]` from one
+/// broadcast load, one shift and one mask.
+#[inline(always)]
+unsafe fn nibbles_x2(p: *const u8) -> __m512i {
+    let bytes = _mm512_broadcast_i32x4(_mm_loadu_si128(p as *const __m128i));
+    let shifts = _mm512_set_epi64(
+        0x0004_0004_0004_0004,
+        0x0004_0004_0004_0004,
+        0,
+        0,
+        0x0004_0004_0004_0004,
+        0x0004_0004_0004_0004,
+        0,
+        0,
+    );
+    _mm512_and_si512(_mm512_srlv_epi16(bytes, shifts), _mm512_set1_epi8(0x0F))
+}
+
+/// Signed weights (`unpack` gives a block's 32 values as signed bytes in
+/// both halves, and its scale broadcast) against `T` activation rows: `|w|`
+/// times `y` with `w`'s sign, as the AVX2 kernels' `vpsignb` pair computes
+/// it. `scales[i]` holds the rows' activation scales of block `i`;
+/// `pairs[i * T / 2 + p]` its pair `p` of rows. Weight rows go two at a
+/// time: each accumulator's FMAs wait on the one before (four cycles), so
+/// a second row's chains fill the wait; each row's sums keep their order.
 #[inline(always)]
 unsafe fn dot8_signed<const T: usize>(
     rows: &[u8],
     bytes: usize,
-    x: [&[BlockQ8]; T],
+    pairs: &[Pair],
     scales: &[[f32; 8]],
     out: &mut [[f32; T]],
-    unpack: impl Fn(*const u8) -> (__m256i, f32),
+    unpack: impl Fn(*const u8) -> (__m512i, __m256),
 ) {
-    let n = scales.len();
+    let stride = scales.len() * bytes;
+    let done = out.len() / 2 * 2;
+    let mut twos = out.chunks_exact_mut(2);
+    for (k, o) in (&mut twos).enumerate() {
+        let w = rows.as_ptr().add(2 * k * stride);
+        signed_rows::<T, 2>(w, stride, bytes, pairs, scales, o, &unpack);
+    }
+    for (k, o) in twos.into_remainder().chunks_exact_mut(1).enumerate() {
+        let w = rows.as_ptr().add((done + k) * stride);
+        signed_rows::<T, 1>(w, stride, bytes, pairs, scales, o, &unpack);
+    }
+}
+
+/// [`dot8_signed`] over `R` weight rows `stride` bytes apart from `w`.
+#[inline(always)]
+unsafe fn signed_rows<const T: usize, const R: usize>(
+    w: *const u8,
+    stride: usize,
+    bytes: usize,
+    pairs: &[Pair],
+    scales: &[[f32; 8]],
+    out: &mut [[f32; T]],
+    unpack: &impl Fn(*const u8) -> (__m512i, __m256),
+) {
     let zero = _mm512_setzero_si512();
     let picks = pair_picks();
-    for (r, o) in out.iter_mut().enumerate() {
-        let w = rows.as_ptr().add(r * n * bytes);
-        let mut acc = [_mm512_setzero_ps(); 4];
-        for (i, scales) in scales.iter().enumerate() {
-            let (q, dw) = unpack(w.add(i * bytes));
-            let q = _mm512_broadcast_i64x4(q);
+    let mut acc = [[_mm512_setzero_ps(); 4]; R];
+    for (i, (scales, pairs)) in scales.iter().zip(pairs.chunks_exact(T / 2)).enumerate() {
+        let scales = _mm256_loadu_ps(scales.as_ptr());
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let wb = w.add(j * stride + i * bytes);
+            _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH_AHEAD) as *const i8);
+            let (q, dw) = unpack(wb);
             let magnitude = _mm512_abs_epi8(q);
             let negative = _mm512_movepi8_mask(q);
             // `dw * d_k` for the eight tokens, each rounded once as the
             // AVX2 kernels' scalar product is.
-            let products = _mm256_mul_ps(_mm256_set1_ps(dw), _mm256_loadu_ps(scales.as_ptr()));
-            let products = _mm512_castps256_ps512(products);
+            let products = _mm512_castps256_ps512(_mm256_mul_ps(dw, scales));
             for (p, acc) in acc.iter_mut().enumerate().take(T / 2) {
-                let (a, b) = (x[2 * p].get_unchecked(i), x[2 * p + 1].get_unchecked(i));
-                let y = pair_activations(a, b);
+                let y = pairs.get_unchecked(p).load();
                 // `vpsignb` zeroes where w is 0; negating instead changes
                 // nothing there, as |w| is 0 too.
                 let y = _mm512_mask_sub_epi8(y, negative, zero, y);
@@ -81,18 +150,35 @@ unsafe fn dot8_signed<const T: usize>(
                 *acc = _mm512_fmadd_ps(scale, prod, *acc);
             }
         }
-        for (p, acc) in acc.iter().enumerate().take(T / 2) {
-            o[2 * p] = hsum(_mm512_castps512_ps256(*acc));
-            o[2 * p + 1] = hsum(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
-                _mm512_castps_pd(*acc),
-            )));
-        }
+    }
+    for (o, acc) in out.iter_mut().zip(&acc) {
+        fold_pairs(acc, o, [0.0; 8]);
     }
 }
 
+/// Each pair accumulator's two tokens' sums, plus `extra[k]` for token `k`.
+#[inline(always)]
+unsafe fn fold_pairs<const T: usize>(acc: &[__m512; 4], out: &mut [f32; T], extra: [f32; 8]) {
+    for (p, acc) in acc.iter().enumerate().take(T / 2) {
+        out[2 * p] = hsum(_mm512_castps512_ps256(*acc)) + extra[2 * p];
+        out[2 * p + 1] = hsum(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
+            _mm512_castps_pd(*acc),
+        ))) + extra[2 * p + 1];
+    }
+}
+
+/// How far ahead of the block being read the kernels ask for weights.
+/// Rows read two at a time are two interleaved streams the hardware
+/// prefetcher follows poorly (a 49152-row Q8_0 head read at a third of the
+/// speed of one row after the other); asking 8 KiB ahead keeps the reads
+/// streaming at any row width. A prefetch past the matrix never faults.
+const PREFETCH_AHEAD: usize = 8192;
+
 thread_local! {
-    /// The eight rows' scales block by block, gathered once per call.
+    /// The rows' scales block by block, gathered once per call.
     static SCALES: RefCell<Vec<[f32; 8]>> = const { RefCell::new(Vec::new()) };
+    /// The rows' activation bytes paired block by block, once per call.
+    static PAIRS: RefCell<Vec<Pair>> = const { RefCell::new(Vec::new()) };
 }
 
 /// `f` with the eight activation rows' `M` per-block figures (`fields` of
@@ -121,50 +207,90 @@ pub(crate) fn with_scales<B, R, const M: usize, const T: usize>(
     })
 }
 
-/// Unsigned weights (`unpack` gives a block's 32 values as unsigned bytes,
-/// its scale and its minimum) against eight activation rows, row after
-/// row; `figures` holds each block's eight scales, then their scaled sums.
-/// The minimums' products are summed apart and added last, as in the AVX2
-/// kernels.
+/// `f` with the `T` activation rows' first `n` blocks paired: tokens `2p`
+/// and `2p + 1` of block `i` at `i * T / 2 + p`.
+fn with_pairs<R, const T: usize>(x: [&[BlockQ8]; T], n: usize, f: impl FnOnce(&[Pair]) -> R) -> R {
+    PAIRS.with_borrow_mut(|pairs| {
+        let count = n * T / 2;
+        if pairs.len() < count {
+            pairs.resize(count, Pair([0; 64]));
+        }
+        let pairs = &mut pairs[..count];
+        for (i, blocks) in pairs.chunks_exact_mut(T / 2).enumerate() {
+            for (p, pair) in blocks.iter_mut().enumerate() {
+                pair.0[..32].copy_from_slice(&x[2 * p][i].qs);
+                pair.0[32..].copy_from_slice(&x[2 * p + 1][i].qs);
+            }
+        }
+        f(pairs)
+    })
+}
+
+/// Unsigned weights (`unpack` gives a block's 32 values as unsigned bytes
+/// in both halves, its scale and its minimum broadcast) against `T`
+/// activation rows; `figures` holds each block's eight scales, then their
+/// scaled sums, and `pairs` as in [`dot8_signed`], rows two at a time as
+/// there. The minimums' products are summed apart and added last, as in
+/// the AVX2 kernels.
 #[inline(always)]
 unsafe fn dot8_unsigned<const T: usize>(
     rows: &[u8],
     bytes: usize,
-    x: [&[BlockQ8]; T],
+    pairs: &[Pair],
     figures: &[[f32; 8]],
     out: &mut [[f32; T]],
-    unpack: impl Fn(*const u8) -> (__m256i, f32, f32),
+    unpack: impl Fn(*const u8) -> (__m512i, __m256, __m256),
 ) {
-    let n = figures.len() / 2;
+    let stride = figures.len() / 2 * bytes;
+    let done = out.len() / 2 * 2;
+    let mut twos = out.chunks_exact_mut(2);
+    for (k, o) in (&mut twos).enumerate() {
+        let w = rows.as_ptr().add(2 * k * stride);
+        unsigned_rows::<T, 2>(w, stride, bytes, pairs, figures, o, &unpack);
+    }
+    for (k, o) in twos.into_remainder().chunks_exact_mut(1).enumerate() {
+        let w = rows.as_ptr().add((done + k) * stride);
+        unsigned_rows::<T, 1>(w, stride, bytes, pairs, figures, o, &unpack);
+    }
+}
+
+/// [`dot8_unsigned`] over `R` weight rows `stride` bytes apart from `w`.
+#[inline(always)]
+unsafe fn unsigned_rows<const T: usize, const R: usize>(
+    w: *const u8,
+    stride: usize,
+    bytes: usize,
+    pairs: &[Pair],
+    figures: &[[f32; 8]],
+    out: &mut [[f32; T]],
+    unpack: &impl Fn(*const u8) -> (__m512i, __m256, __m256),
+) {
     let zero = _mm512_setzero_si512();
     let picks = pair_picks();
-    for (r, o) in out.iter_mut().enumerate() {
-        let w = rows.as_ptr().add(r * n * bytes);
-        let mut acc = [_mm512_setzero_ps(); 4];
-        let mut mins = _mm256_setzero_ps();
-        for (i, figures) in figures.chunks_exact(2).enumerate() {
-            let (q, dw, mw) = unpack(w.add(i * bytes));
-            let q = _mm512_broadcast_i64x4(q);
-            let products = _mm256_mul_ps(_mm256_set1_ps(dw), _mm256_loadu_ps(figures[0].as_ptr()));
-            let products = _mm512_castps256_ps512(products);
-            let sums = _mm256_loadu_ps(figures[1].as_ptr());
-            mins = _mm256_add_ps(mins, _mm256_mul_ps(_mm256_set1_ps(mw), sums));
+    let mut acc = [[_mm512_setzero_ps(); 4]; R];
+    let mut mins = [_mm256_setzero_ps(); R];
+    let blocks = figures.chunks_exact(2).zip(pairs.chunks_exact(T / 2));
+    for (i, (figures, pairs)) in blocks.enumerate() {
+        let scales = _mm256_loadu_ps(figures[0].as_ptr());
+        let sums = _mm256_loadu_ps(figures[1].as_ptr());
+        for (j, (acc, mins)) in acc.iter_mut().zip(&mut mins).enumerate() {
+            let wb = w.add(j * stride + i * bytes);
+            _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH_AHEAD) as *const i8);
+            let (q, dw, mw) = unpack(wb);
+            let products = _mm512_castps256_ps512(_mm256_mul_ps(dw, scales));
+            *mins = _mm256_add_ps(*mins, _mm256_mul_ps(mw, sums));
             for (p, acc) in acc.iter_mut().enumerate().take(T / 2) {
-                let (a, b) = (x[2 * p].get_unchecked(i), x[2 * p + 1].get_unchecked(i));
-                let y = pair_activations(a, b);
+                let y = pairs.get_unchecked(p).load();
                 let prod = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, q, y));
                 let scale = _mm512_permutexvar_ps(picks[p], products);
                 *acc = _mm512_fmadd_ps(scale, prod, *acc);
             }
         }
+    }
+    for ((o, acc), mins) in out.iter_mut().zip(&acc).zip(&mins) {
         let mut min_lanes = [0.0f32; 8];
-        _mm256_storeu_ps(min_lanes.as_mut_ptr(), mins);
-        for (p, acc) in acc.iter().enumerate().take(T / 2) {
-            o[2 * p] = hsum(_mm512_castps512_ps256(*acc)) + min_lanes[2 * p];
-            o[2 * p + 1] = hsum(_mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(
-                _mm512_castps_pd(*acc),
-            ))) + min_lanes[2 * p + 1];
-        }
+        _mm256_storeu_ps(min_lanes.as_mut_ptr(), *mins);
+        fold_pairs(acc, o, min_lanes);
     }
 }
 
@@ -188,17 +314,19 @@ macro_rules! dot8_entry {
             #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
             unsafe fn run<const T: usize>(
                 rows: &[u8],
-                x: [&[BlockQ8]; T],
+                pairs: &[Pair],
                 figures: &[[f32; 8]],
                 out: &mut [[f32; T]],
             ) {
-                $body(rows, $bytes, x, figures, out, $unpack)
+                $body(rows, $bytes, pairs, figures, out, $unpack)
             }
             let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
             assert!(available() && rows.len() >= out.len() * n * $bytes);
-            // SAFETY: features checked just above; bounds by the assert.
-            with_scales(x, n, $fields, |figures| unsafe {
-                run(rows, x, figures, out)
+            with_pairs(x, n, |pairs| {
+                // SAFETY: features checked just above; bounds by the assert.
+                with_scales(x, n, $fields, |figures| unsafe {
+                    run(rows, pairs, figures, out)
+                })
             })
         }
     };
@@ -212,8 +340,8 @@ dot8_entry!(
     |b| [b.d],
     18,
     |wb: *const u8| unsafe {
-        let q = _mm256_sub_epi8(super::avx2::nibbles(wb.add(2)), _mm256_set1_epi8(8));
-        (q, load_f16(wb))
+        let q = _mm512_sub_epi8(nibbles_x2(wb.add(2)), _mm512_set1_epi8(8));
+        (q, broadcast_f16(wb))
     }
 );
 
@@ -224,7 +352,7 @@ dot8_entry!(
     dot8_signed,
     |b| [b.d],
     22,
-    |wb: *const u8| unsafe { (q5_0_values(wb), load_f16(wb)) }
+    |wb: *const u8| unsafe { (_mm512_broadcast_i64x4(q5_0_values(wb)), broadcast_f16(wb),) }
 );
 
 dot8_entry!(
@@ -236,8 +364,8 @@ dot8_entry!(
     34,
     |wb: *const u8| unsafe {
         (
-            _mm256_loadu_si256(wb.add(2) as *const __m256i),
-            load_f16(wb),
+            _mm512_broadcast_i64x4(_mm256_loadu_si256(wb.add(2) as *const __m256i)),
+            broadcast_f16(wb),
         )
     }
 );
@@ -250,11 +378,8 @@ dot8_entry!(
     |b| [b.d, b.s],
     20,
     |wb: *const u8| unsafe {
-        (
-            super::avx2::nibbles(wb.add(4)),
-            load_f16(wb),
-            load_f16(wb.add(2)),
-        )
+        let (dw, mw) = broadcast_f16_pair(wb);
+        (nibbles_x2(wb.add(4)), dw, mw)
     }
 );
 
@@ -266,10 +391,7 @@ dot8_entry!(
     |b| [b.d, b.s],
     24,
     |wb: *const u8| unsafe {
-        (
-            super::avx2::q5_1_values(wb),
-            load_f16(wb),
-            load_f16(wb.add(2)),
-        )
+        let (dw, mw) = broadcast_f16_pair(wb);
+        (_mm512_broadcast_i64x4(super::avx2::q5_1_values(wb)), dw, mw)
     }
 );
