@@ -59,6 +59,36 @@ pub trait Group: Send {
         counts: &[usize],
         out: &mut [f32],
     ) -> Result<(), CollectiveError>;
+    /// Concatenates every rank's `local` (rank `r` contributes `counts[r]`
+    /// values) into `out` on rank 0 only: what only rank 0 reads (the
+    /// logits it samples) need not travel to every rank. Elsewhere `out` is
+    /// scratch space, left unspecified. Along the ring: rank `r` receives
+    /// ranks 1 to `r - 1`'s values from its predecessor and passes them on
+    /// with its own, the last rank to rank 0.
+    fn gather_to_first(
+        &mut self,
+        local: &[f32],
+        counts: &[usize],
+        out: &mut [f32],
+    ) -> Result<(), CollectiveError> {
+        let (rank, size) = (self.rank(), self.size());
+        check_gather(local, counts, out, rank, size)?;
+        let first = counts[0];
+        if rank == 0 {
+            out[..first].copy_from_slice(local);
+            return if size > 1 {
+                self.recv_prev(&mut out[first..])
+            } else {
+                Ok(())
+            };
+        }
+        let own = counts[..rank].iter().sum::<usize>();
+        if rank > 1 {
+            self.recv_prev(&mut out[first..own])?;
+        }
+        out[own..own + local.len()].copy_from_slice(local);
+        self.send_next(&out[first..own + local.len()])
+    }
     /// Sends to rank `rank + 1` (pipeline stages).
     fn send_next(&mut self, data: &[f32]) -> Result<(), CollectiveError>;
     /// Receives exactly `out.len()` values from rank `rank - 1`.
@@ -145,7 +175,7 @@ fn check_gather(
         || counts.iter().sum::<usize>() != out.len()
     {
         return Err(CollectiveError::Invalid(format!(
-            "all_gather: counts {counts:?} do not fit a group of {size}, local {} and out {}",
+            "gather: counts {counts:?} do not fit a group of {size}, local {} and out {}",
             local.len(),
             out.len()
         )));
@@ -1139,6 +1169,35 @@ mod tests {
             assert_eq!(data, &[4.0, 5.0]);
         }
         assert_eq!(results[2].2, vec![4.0, 8.0, 12.0]);
+    }
+
+    #[test]
+    fn gathering_to_the_first_rank_fills_only_its_output() {
+        for n in [2, 3, 4] {
+            let results = on_ring(n, move |ring| {
+                let counts: Vec<usize> = (0..n).map(|r| r + 1).collect();
+                let local: Vec<f32> = (0..counts[ring.rank()])
+                    .map(|i| (10 * ring.rank() + i) as f32)
+                    .collect();
+                let mut out = vec![-1.0; counts.iter().sum()];
+                ring.gather_to_first(&local, &counts, &mut out)
+                    .expect("gather");
+                // The ring still works in step afterwards.
+                ring.barrier().expect("barrier");
+                out
+            });
+            let expected: Vec<f32> = (0..n)
+                .flat_map(|r| (0..=r).map(move |i| (10 * r + i) as f32))
+                .collect();
+            assert_eq!(results[0], expected, "world {n}");
+        }
+        let mut out = vec![0.0; 2];
+        SingleRank
+            .gather_to_first(&[1.0, 2.0], &[2], &mut out)
+            .expect("a single rank gathers its own");
+        assert_eq!(out, [1.0, 2.0]);
+        let error = SingleRank.gather_to_first(&[1.0], &[2], &mut out);
+        assert!(matches!(error, Err(CollectiveError::Invalid(_))));
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! positions, tokens and block tables). Every rank then runs the same
 //! [`Executor::execute`]:
 //! - **tensor parallel**: all ranks run every layer on their slice and
-//!   all-reduce after attention and after the MLP; the logits are gathered;
+//!   all-reduce after attention and after the MLP; rank 0 gathers the
+//!   logits;
 //! - **pipeline**: the first rank embeds, hidden states go to the next rank,
 //!   the last rank's logits go round the ring back to rank 0. A prefill
 //!   chunk that needs no logits returns at once on rank 0, so the next chunk
@@ -402,7 +403,9 @@ impl<'m> Executor<'m> {
         let out = model.forward_batch(input, spans, kv, workspace, &self.pool, &mut SingleRank)?;
         match out {
             ForwardOutput::Logits(logits) => Ok(logits),
-            ForwardOutput::Hidden(_) => Err(ForwardError::NotLastStage.into()),
+            ForwardOutput::Hidden(_) | ForwardOutput::SentToFirst => {
+                Err(ForwardError::NotLastStage.into())
+            }
         }
     }
 
@@ -458,9 +461,9 @@ impl<'m> Executor<'m> {
                 self.logits.extend_from_slice(logits);
                 have_logits = true;
             }
-            // Tensor-parallel ranks other than 0 hold the same logits; only
-            // rank 0 samples.
-            ForwardOutput::Logits(_) if model.is_tensor_parallel() => {}
+            // Tensor-parallel ranks other than 0 sent their share of the
+            // logits to rank 0, which samples.
+            ForwardOutput::SentToFirst => {}
             // The last pipeline stage: the logits go round to rank 0.
             ForwardOutput::Logits(logits) => group.send_next(logits)?,
             ForwardOutput::Hidden(x) if !model.is_last_stage() => group.send_next(x)?,

@@ -179,6 +179,9 @@ pub enum ForwardOutput<'a> {
     Logits(&'a [f32]),
     /// Hidden states of all tokens, for the next stage.
     Hidden(&'a [f32]),
+    /// A tensor rank other than 0: its share of the logits went to rank 0,
+    /// the only rank that samples.
+    SentToFirst,
 }
 
 /// One sequence's keys and values, for callers that run one sequence at a
@@ -786,9 +789,11 @@ impl Transformer {
     }
 
     /// [`Transformer::forward`] as one rank of `group`: a tensor-parallel
-    /// rank sums its partial attention and MLP outputs with the others and
-    /// gathers the logits. Without `want_logits` (a prefill chunk before the
-    /// last) the head is skipped and the hidden states are returned.
+    /// rank sums its partial attention and MLP outputs with the others, and
+    /// rank 0 gathers the logits (the others return
+    /// [`ForwardOutput::SentToFirst`]). Without `want_logits` (a prefill
+    /// chunk before the last) the head is skipped and the hidden states are
+    /// returned.
     pub fn forward_in<'w>(
         &self,
         input: StageInput<'_>,
@@ -1035,7 +1040,7 @@ impl Transformer {
             cap_logits(&mut ws.logits[..wanted * vocab], cfg.variant.final_softcap);
             return Ok(ForwardOutput::Logits(&ws.logits[..wanted * vocab]));
         };
-        // Each rank computes its rows of the vocabulary; all gather.
+        // Each rank computes its rows of the vocabulary; rank 0 gathers.
         if slice.vocab_counts.len() != group.size() {
             return Err(ForwardError::GroupSize {
                 expected: slice.vocab_counts.len(),
@@ -1051,7 +1056,10 @@ impl Transformer {
         // sequence, which are then put in vocabulary order per sequence.
         let counts: Vec<usize> = slice.vocab_counts.iter().map(|c| c * wanted).collect();
         ws.gathered.resize(wanted * vocab, 0.0);
-        group.all_gather(&ws.local_logits, &counts, &mut ws.gathered)?;
+        group.gather_to_first(&ws.local_logits, &counts, &mut ws.gathered)?;
+        if group.rank() != 0 {
+            return Ok(ForwardOutput::SentToFirst);
+        }
         let mut at = 0;
         let mut column = 0;
         for &count in &slice.vocab_counts {
