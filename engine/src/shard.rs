@@ -216,9 +216,10 @@ mod tests {
 
     #[test]
     fn pipeline_stages_give_the_last_stage_fewer_layers_for_the_head() -> Result<(), ShardError> {
-        // SmolLM2-135M: 30 layers, the head worth 4.
+        // SmolLM2-135M: 30 layers, the head worth 6.
+        assert_eq!(pipeline_stages(30, 2, 6.0)?, vec![0..18, 18..30]);
+        assert_eq!(pipeline_stages(30, 3, 6.0)?, vec![0..12, 12..24, 24..30]);
         assert_eq!(pipeline_stages(30, 2, 4.0)?, vec![0..17, 17..30]);
-        assert_eq!(pipeline_stages(30, 3, 4.0)?, vec![0..12, 12..23, 23..30]);
         // A head worth more than a stage still leaves the last one a layer.
         assert_eq!(pipeline_stages(4, 2, 50.0)?, vec![0..3, 3..4]);
         // No head to weigh, or one stage: as even as possible.

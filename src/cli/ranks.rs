@@ -527,9 +527,9 @@ mod tests {
             .map(|rank| pipeline_spec(rank, 4, &[], 30, 0.0).map(|s| layers(&s)))
             .collect::<Result<_, _>>()?;
         assert_eq!(even, vec![0..8, 8..16, 16..23, 23..30]);
-        // SmolLM2-135M's head is worth 4 layers.
-        let weighed = pipeline_spec(1, 2, &[], 30, 4.0)?;
-        assert_eq!(layers(&weighed), 17..30);
+        // SmolLM2-135M's head is worth 6 layers.
+        let weighed = pipeline_spec(1, 2, &[], 30, 6.0)?;
+        assert_eq!(layers(&weighed), 18..30);
         let counted = pipeline_spec(1, 2, &[10, 20], 30, 4.0)?;
         assert_eq!(layers(&counted), 10..30);
         Ok(())

@@ -512,15 +512,17 @@ impl ModelConfig {
         attention + 3 * h * mlp_rows
     }
 
-    /// What the output head costs a pipeline's last stage, in layers: half
-    /// its weights' worth. It is one large matrix, which runs at about
-    /// 1.5 times a layer's multiply-adds per second (SmolLM2-135M at
-    /// 4-token micro-batches: 66 against 97 ps each; a layer also has
-    /// attention and norms), and the first stage has sampling and
-    /// scheduling of its own to weigh against the rest.
+    /// What the output head costs a pipeline's last stage, in layers: three
+    /// quarters of its weights' worth. Per weight the head takes about 7/8
+    /// of a layer's time (SmolLM2-135M Q4_1 with its Q8_0 head, 4-token
+    /// micro-batches, timed per stage: the head 2.0-2.3 ms, a layer
+    /// 0.28-0.31 ms, so 7 layers' time for 8 layers' weights; a layer also
+    /// has attention and norms), and the first stage spends about a layer's
+    /// time per micro-batch sampling and scheduling, which the rest weighs
+    /// against.
     pub fn head_cost_in_layers(&self) -> f64 {
         let layer = self.layer_weights().max(1) as f64;
-        0.5 * (self.vocab * self.hidden) as f64 / layer
+        0.75 * (self.vocab * self.hidden) as f64 / layer
     }
 
     /// Width of the concatenated query heads.
