@@ -496,9 +496,14 @@ pub fn run_rank(args: RankArgs) -> anyhow::Result<()> {
         .with_context(|| format!("rank {}: loading {}", args.rank, path.display()))?;
     let mut executor = Executor::new(&transformer, args.threads.max(1), Box::new(ring));
     RankZero::ready(&mut executor, ring_timeout)?;
-    executor
-        .serve(None, ring_timeout)
-        .with_context(|| format!("rank {}", args.rank))?;
+    if let Err(error) = executor.serve(None, ring_timeout) {
+        // Say why while this rank's connections are still open: rank 0
+        // stops every rank as soon as it sees one close, so a message
+        // printed after the ring drops (on the way out through `?`) could
+        // be cut off, and it is the one naming the rank that failed first.
+        eprintln!("error: rank {}: {error}", args.rank);
+        std::process::exit(1);
+    }
     drop(executor);
     report(args.rank, transformer.weight_bytes() as u64)
 }
