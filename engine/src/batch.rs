@@ -500,14 +500,13 @@ impl<'m> Batch<'m> {
             return Ok(());
         };
         let mut logits = std::mem::take(&mut self.logits);
-        logits.clear();
-        match self.executor.collect() {
-            Ok(rows) => logits.extend_from_slice(rows.unwrap_or_default()),
+        let len = match self.executor.collect_into(&mut logits) {
+            Ok(len) => len.unwrap_or(0),
             Err(error) => {
                 self.logits = logits;
                 return Err(self.fail(error, sink));
             }
-        }
+        };
         if let Some(spec) = self.speculation.as_mut() {
             // Overlapped steps wait on each other: their times say little.
             if !self.executor.overlaps_steps() && launch.wants_logits {
@@ -515,7 +514,7 @@ impl<'m> Batch<'m> {
                     .observe(launch.tokens, launch.started.elapsed().as_secs_f64());
             }
         }
-        self.after_step(&launch.parts, &mut logits, sink);
+        self.after_step(&launch.parts, &mut logits[..len], sink);
         self.logits = logits;
         Ok(())
     }

@@ -6,7 +6,7 @@
 //! on every rank, bit for bit (each chunk of an all-reduce is summed once, in
 //! a fixed order, then passed around), so ranks never diverge silently.
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -82,10 +82,12 @@ pub trait Group: Send {
                 Ok(())
             };
         }
-        let own = counts[..rank].iter().sum::<usize>();
-        if rank > 1 {
-            self.recv_prev(&mut out[first..own])?;
+        if rank == 1 {
+            // Nothing came before: its own values are the whole message.
+            return self.send_next(local);
         }
+        let own = counts[..rank].iter().sum::<usize>();
+        self.recv_prev(&mut out[first..own])?;
         out[own..own + local.len()].copy_from_slice(local);
         self.send_next(&out[first..own + local.len()])
     }
@@ -355,7 +357,6 @@ pub struct TcpRing {
     sequence: u32,
     send_buffer: Vec<u8>,
     recv_buffer: Vec<u8>,
-    scratch: Vec<f32>,
     gathered: Vec<f32>,
     /// Sealing of the frames sent to the next rank and read from the
     /// previous one (a secured cluster's rings).
@@ -532,7 +533,6 @@ impl TcpRing {
             timeout: Some(op_timeout),
             send_buffer: Vec::new(),
             recv_buffer: Vec::new(),
-            scratch: Vec::new(),
             gathered: Vec::new(),
             seal_next,
             open_prev,
@@ -547,6 +547,26 @@ impl TcpRing {
             } else {
                 0
             }
+    }
+
+    /// Readies the frame of `values` for sending; returns the bytes that go
+    /// after `send_buffer`. On an open ring of a little-endian machine,
+    /// `send_buffer` holds just the header and the values go from the
+    /// caller's slice as they are: their bytes are the wire's little-endian
+    /// floats, so a step's logits are not copied on their way out. Else
+    /// `send_buffer` holds the whole frame, sealed if the ring is.
+    fn prepare_frame<'v>(
+        &mut self,
+        sequence: u32,
+        values: &'v [f32],
+    ) -> Result<&'v [u8], CollectiveError> {
+        if self.seal_next.is_none() && cfg!(target_endian = "little") {
+            frame_header(&mut self.send_buffer, sequence, values.len() * 4);
+            return Ok(bytemuck::cast_slice(values));
+        }
+        frame_floats(&mut self.send_buffer, sequence, values);
+        self.seal_outgoing(0)?;
+        Ok(&[])
     }
 
     /// Seals `send_buffer[from..]` when frames are sealed.
@@ -616,16 +636,15 @@ impl TcpRing {
     fn exchange(&mut self, send: &[f32], recv_len: usize) -> Result<(), CollectiveError> {
         self.sequence = self.sequence.wrapping_add(1);
         let sequence = self.sequence;
-        frame_floats(&mut self.send_buffer, sequence, send);
-        self.seal_outgoing(0)?;
+        let body = self.prepare_frame(sequence, send)?;
         let (next_rank, prev_rank) = (self.next_rank(), self.prev_rank());
         let wire = self.wire_len(HEADER + recv_len * 4);
         self.recv_buffer.resize(wire, 0);
         let rank = self.rank;
         let (next, prev) = (&mut self.next, &mut self.prev);
-        let (send_buffer, recv_buffer) = (&self.send_buffer, &mut self.recv_buffer);
-        let (write_result, read_result) = if send_buffer.len() <= INLINE_WRITE {
-            let written = next.write_all(send_buffer);
+        let (head, recv_buffer) = (&self.send_buffer[..], &mut self.recv_buffer);
+        let (write_result, read_result) = if head.len() + body.len() <= INLINE_WRITE {
+            let written = write_parts(next, head, body);
             let read = if written.is_ok() {
                 read_full(prev, recv_buffer)
             } else {
@@ -633,7 +652,7 @@ impl TcpRing {
             };
             (written, read)
         } else {
-            write_while_reading(next, send_buffer, prev, recv_buffer, self.timeout)
+            write_while_reading(next, (head, body), prev, recv_buffer, self.timeout)
         };
         write_result.map_err(|e| self.map_io(next_rank, e))?;
         read_result.map_err(|e| self.map_io(prev_rank, e))?;
@@ -671,12 +690,7 @@ impl TcpRing {
         if n == 2 {
             // One addition per value, the same on both ranks (a sum of two
             // is the same either way round): no gathered copy needed.
-            let mut scratch = std::mem::take(&mut self.scratch);
-            scratch.clear();
-            scratch.extend_from_slice(data);
-            let result = self.exchange(&scratch, len);
-            self.scratch = scratch;
-            result?;
+            self.exchange(data, len)?;
             for (value, got) in data.iter_mut().zip(self.received()) {
                 *value += got;
             }
@@ -753,6 +767,29 @@ impl TcpRing {
         Ok(())
     }
 
+    /// Checks a point-to-point frame's header: the magic and `values`
+    /// floats.
+    fn check_values_header(
+        &self,
+        header: &[u8; HEADER],
+        values: usize,
+    ) -> Result<(), CollectiveError> {
+        let word =
+            |i: usize| u32::from_le_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
+        let (magic, bytes) = (word(0), word(8) as usize);
+        if magic == MAGIC && bytes == values * 4 {
+            return Ok(());
+        }
+        Err(CollectiveError::Protocol {
+            rank: self.rank,
+            peer: self.prev_rank(),
+            reason: format!(
+                "expected {} bytes, got magic {magic:#x} and {bytes} bytes",
+                values * 4
+            ),
+        })
+    }
+
     /// The floats of the last frame received, in order.
     fn received(&self) -> impl Iterator<Item = f32> + '_ {
         self.recv_buffer[HEADER..]
@@ -764,13 +801,45 @@ impl TcpRing {
 /// Writes a frame of `values` (header, then little-endian floats) into
 /// `buffer`.
 fn frame_floats(buffer: &mut Vec<u8>, sequence: u32, values: &[f32]) {
-    buffer.clear();
-    buffer.extend_from_slice(&MAGIC.to_le_bytes());
-    buffer.extend_from_slice(&sequence.to_le_bytes());
-    buffer.extend_from_slice(&((values.len() * 4) as u32).to_le_bytes());
+    frame_header(buffer, sequence, values.len() * 4);
     buffer.resize(HEADER + values.len() * 4, 0);
     for (bytes, value) in buffer[HEADER..].chunks_exact_mut(4).zip(values) {
         bytes.copy_from_slice(&value.to_le_bytes());
+    }
+}
+
+/// Writes a frame's header (magic, sequence number, payload bytes) into
+/// `buffer`, replacing what it held.
+fn frame_header(buffer: &mut Vec<u8>, sequence: u32, bytes: usize) {
+    buffer.clear();
+    buffer.extend_from_slice(&MAGIC.to_le_bytes());
+    buffer.extend_from_slice(&sequence.to_le_bytes());
+    buffer.extend_from_slice(&(bytes as u32).to_le_bytes());
+}
+
+/// Writes `head` then `body` to a blocking stream, both in one system call
+/// where the kernel takes them.
+fn write_parts<'a>(
+    stream: &mut TcpStream,
+    mut head: &'a [u8],
+    mut body: &'a [u8],
+) -> std::io::Result<()> {
+    while !head.is_empty() || !body.is_empty() {
+        match stream.write_vectored(&[IoSlice::new(head), IoSlice::new(body)]) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => (head, body) = advance_parts(head, body, n),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// What is left of `head` then `body` once `written` bytes of them are out.
+fn advance_parts<'a>(head: &'a [u8], body: &'a [u8], written: usize) -> (&'a [u8], &'a [u8]) {
+    match head.get(written..) {
+        Some(rest) => (rest, body),
+        None => (&[], body.get(written - head.len()..).unwrap_or_default()),
     }
 }
 
@@ -836,9 +905,9 @@ fn read_full(stream: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<()> {
 /// lone read or write would (the peer has finished writing to us, or we
 /// to it, so it is reading or about to). `timeout` bounds every wait
 /// without progress. Returns the write's and the read's results.
-fn write_while_reading(
+fn write_while_reading<'a>(
     next: &mut TcpStream,
-    send: &[u8],
+    send: (&'a [u8], &'a [u8]),
     prev: &mut TcpStream,
     recv: &mut [u8],
     timeout: Option<Duration>,
@@ -846,22 +915,22 @@ fn write_while_reading(
     if let Err(error) = next.set_nonblocking(true) {
         return (Err(error), Ok(()));
     }
-    let (mut written, mut filled) = (0, 0);
+    let ((mut head, mut body), mut filled) = (send, 0);
     let mut last_progress = Instant::now();
     let result = loop {
-        if written == send.len() {
+        if head.is_empty() && body.is_empty() {
             break (Ok(()), read_full(prev, &mut recv[filled..]));
         }
         if filled == recv.len() {
             let write = next
                 .set_nonblocking(false)
-                .and_then(|()| next.write_all(&send[written..]));
+                .and_then(|()| write_parts(next, head, body));
             break (write, Ok(()));
         }
         let mut progressed = false;
-        match next.write(&send[written..]) {
+        match next.write_vectored(&[IoSlice::new(head), IoSlice::new(body)]) {
             Ok(0) => break (Err(ErrorKind::WriteZero.into()), Ok(())),
-            Ok(n) => (written, progressed) = (written + n, true),
+            Ok(n) => ((head, body), progressed) = (advance_parts(head, body, n), true),
             Err(e) if is_retry(&e) => {}
             Err(e) => break (Err(e), Ok(())),
         }
@@ -922,12 +991,7 @@ impl Group for TcpRing {
         for step in 0..n - 1 {
             let send_chunk = chunk(len, n, (self.rank + n - step) % n);
             let recv_chunk = chunk(len, n, (self.rank + n - step - 1) % n);
-            let mut scratch = std::mem::take(&mut self.scratch);
-            scratch.clear();
-            scratch.extend_from_slice(&data[send_chunk]);
-            let result = self.exchange(&scratch, recv_chunk.len());
-            self.scratch = scratch;
-            result?;
+            self.exchange(&data[send_chunk], recv_chunk.len())?;
             for (value, got) in data[recv_chunk].iter_mut().zip(self.received()) {
                 *value += got;
             }
@@ -935,12 +999,7 @@ impl Group for TcpRing {
         for step in 0..n - 1 {
             let send_chunk = chunk(len, n, (self.rank + 1 + n - step) % n);
             let recv_chunk = chunk(len, n, (self.rank + n - step) % n);
-            let mut scratch = std::mem::take(&mut self.scratch);
-            scratch.clear();
-            scratch.extend_from_slice(&data[send_chunk]);
-            let result = self.exchange(&scratch, recv_chunk.len());
-            self.scratch = scratch;
-            result?;
+            self.exchange(&data[send_chunk], recv_chunk.len())?;
             for (value, got) in data[recv_chunk].iter_mut().zip(self.received()) {
                 *value = got;
             }
@@ -963,12 +1022,7 @@ impl Group for TcpRing {
             let send_rank = (self.rank + n - step) % n;
             let recv_rank = (self.rank + n - step - 1) % n;
             let send_range = offset(send_rank)..offset(send_rank) + counts[send_rank];
-            let mut scratch = std::mem::take(&mut self.scratch);
-            scratch.clear();
-            scratch.extend_from_slice(&out[send_range]);
-            let result = self.exchange(&scratch, counts[recv_rank]);
-            self.scratch = scratch;
-            result?;
+            self.exchange(&out[send_range], counts[recv_rank])?;
             let at = offset(recv_rank);
             let into = &mut out[at..at + counts[recv_rank]];
             for (value, got) in into.iter_mut().zip(self.received()) {
@@ -981,14 +1035,21 @@ impl Group for TcpRing {
     fn send_next(&mut self, data: &[f32]) -> Result<(), CollectiveError> {
         // Point-to-point frames carry the current number without advancing
         // it: only the symmetric operations keep ranks' numbers in step.
-        frame_floats(&mut self.send_buffer, self.sequence, data);
-        self.seal_outgoing(0)?;
+        let body = self.prepare_frame(self.sequence, data)?;
         let peer = self.next_rank();
-        let result = self.next.write_all(&self.send_buffer);
+        let result = write_parts(&mut self.next, &self.send_buffer, body);
         result.map_err(|e| self.map_io(peer, e))
     }
 
     fn recv_prev(&mut self, out: &mut [f32]) -> Result<(), CollectiveError> {
+        if self.open_prev.is_none() && cfg!(target_endian = "little") {
+            // Straight into `out`: the wire's little-endian floats are its
+            // bytes (see `prepare_frame`).
+            let mut header = [0u8; HEADER];
+            self.read_exact_from_prev(&mut header)?;
+            self.check_values_header(&header, out.len())?;
+            return self.read_exact_from_prev(bytemuck::cast_slice_mut(out));
+        }
         let mut recv = std::mem::take(&mut self.recv_buffer);
         recv.resize(self.wire_len(HEADER + out.len() * 4), 0);
         let result = self
@@ -996,26 +1057,9 @@ impl Group for TcpRing {
             .and_then(|()| self.open_incoming(&mut recv));
         self.recv_buffer = recv;
         result?;
-        let header = |i: usize| {
-            u32::from_le_bytes([
-                self.recv_buffer[i],
-                self.recv_buffer[i + 1],
-                self.recv_buffer[i + 2],
-                self.recv_buffer[i + 3],
-            ])
-        };
-        if header(0) != MAGIC || header(8) as usize != out.len() * 4 {
-            return Err(CollectiveError::Protocol {
-                rank: self.rank,
-                peer: self.prev_rank(),
-                reason: format!(
-                    "expected {} bytes, got magic {:#x} and {} bytes",
-                    out.len() * 4,
-                    header(0),
-                    header(8)
-                ),
-            });
-        }
+        let mut header = [0u8; HEADER];
+        header.copy_from_slice(&self.recv_buffer[..HEADER]);
+        self.check_values_header(&header, out.len())?;
         for (value, got) in out.iter_mut().zip(self.received()) {
             *value = got;
         }
@@ -1215,6 +1259,16 @@ mod tests {
         assert_eq!(out, [1.0, 2.0]);
         let error = SingleRank.gather_to_first(&[1.0], &[2], &mut out);
         assert!(matches!(error, Err(CollectiveError::Invalid(_))));
+    }
+
+    #[test]
+    fn advancing_parts_crosses_from_head_to_body() {
+        let (head, body) = ([1u8, 2, 3].as_slice(), [4u8, 5].as_slice());
+        assert_eq!(advance_parts(head, body, 0), (head, body));
+        assert_eq!(advance_parts(head, body, 2), (&[3u8][..], body));
+        assert_eq!(advance_parts(head, body, 3), (&[][..], body));
+        assert_eq!(advance_parts(head, body, 4), (&[][..], &[5u8][..]));
+        assert_eq!(advance_parts(head, body, 5), (&[][..], &[][..]));
     }
 
     #[test]

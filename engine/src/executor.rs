@@ -304,9 +304,8 @@ impl<'m> Executor<'m> {
         let wanted: usize = spans.iter().map(|s| s.logits).sum();
         let local = if self.execute(spans, tokens)? {
             // The rows move to the launch; `logits` gets a spare buffer.
-            let mut buffer = self.spare.pop().unwrap_or_default();
-            std::mem::swap(&mut buffer, &mut self.logits);
-            Some(buffer)
+            let buffer = self.spare.pop().unwrap_or_default();
+            Some(std::mem::replace(&mut self.logits, buffer))
         } else {
             None
         };
@@ -317,28 +316,39 @@ impl<'m> Executor<'m> {
     /// Rank 0: the logits of the oldest launched step (`None` when it
     /// asked for none), waiting for the last stage if need be.
     pub fn collect(&mut self) -> Result<Option<&[f32]>, ExecError> {
+        let mut logits = std::mem::take(&mut self.logits);
+        let collected = self.collect_into(&mut logits);
+        self.logits = logits;
+        Ok(collected?.map(|len| &self.logits[..len]))
+    }
+
+    /// Rank 0: [`Executor::collect`] into `out`, whose buffer is traded for
+    /// the one holding the logits rather than copied into; returns how many
+    /// values at its start are the step's logits.
+    pub fn collect_into(&mut self, out: &mut Vec<f32>) -> Result<Option<usize>, ExecError> {
         let Some(launched) = self.launched.pop_front() else {
             return Ok(None);
         };
-        let previous = std::mem::take(&mut self.logits);
-        self.spare.push(previous);
+        let len = launched.wanted * self.transformer.config.vocab;
         if let Some(local) = launched.local {
-            self.logits = local;
-            return Ok(Some(&self.logits[..]));
+            self.spare.push(std::mem::replace(out, local));
+            return Ok(Some(len));
         }
         if launched.wanted == 0 {
             return Ok(None);
         }
         let mut buffer = self.spare.pop().unwrap_or_default();
-        buffer.resize(launched.wanted * self.transformer.config.vocab, 0.0);
-        let received = self.group.recv_prev(&mut buffer);
-        self.logits = buffer;
+        if buffer.len() < len {
+            buffer.resize(len, 0.0);
+        }
+        let received = self.group.recv_prev(&mut buffer[..len]);
+        self.spare.push(std::mem::replace(out, buffer));
         if let Err(error) = received {
             // What else was launched will not come either.
             self.launched.clear();
             return Err(error.into());
         }
-        Ok(Some(&self.logits[..]))
+        Ok(Some(len))
     }
 
     /// Rank 0: tells the other ranks to leave [`Executor::serve`].
@@ -456,11 +466,7 @@ impl<'m> Executor<'m> {
         )?;
         let mut have_logits = false;
         match out {
-            ForwardOutput::Logits(logits) if rank == 0 => {
-                self.logits.clear();
-                self.logits.extend_from_slice(logits);
-                have_logits = true;
-            }
+            ForwardOutput::Logits(_) if rank == 0 => have_logits = true,
             // Tensor-parallel ranks other than 0 sent their share of the
             // logits to rank 0, which samples.
             ForwardOutput::SentToFirst => {}
@@ -468,6 +474,9 @@ impl<'m> Executor<'m> {
             ForwardOutput::Logits(logits) => group.send_next(logits)?,
             ForwardOutput::Hidden(x) if !model.is_last_stage() => group.send_next(x)?,
             ForwardOutput::Hidden(_) => {}
+        }
+        if have_logits {
+            self.workspace.swap_logits(&mut self.logits);
         }
         // Rank 0 of a pipeline collects the last stage's logits later.
         Ok(have_logits)

@@ -346,6 +346,13 @@ impl Workspace {
 }
 
 impl Workspace {
+    /// Trades the last forward pass's logits buffer (whole: its first rows
+    /// are the logits) for `other`, which the next pass writes into: rank 0
+    /// keeps a step's logits without copying them.
+    pub fn swap_logits(&mut self, other: &mut Vec<f32>) {
+        std::mem::swap(&mut self.logits, other);
+    }
+
     fn index_tokens(&mut self, spans: &[SeqSpan<'_>]) {
         let mut t = 0;
         for (index, span) in spans.iter().enumerate() {
