@@ -9,7 +9,10 @@
 //!   all-reduce after attention and after the MLP; rank 0 gathers the
 //!   logits;
 //! - **pipeline**: the first rank embeds, hidden states go to the next rank,
-//!   the last rank's logits go round the ring back to rank 0. A prefill
+//!   the last rank's final-normed rows that want logits go round the ring
+//!   back to rank 0, which holds the head (tied, its embeddings) and turns
+//!   them into logits: a row of hidden states, not a row of the vocabulary,
+//!   crosses the network. A prefill
 //!   chunk that needs no logits returns at once on rank 0, so the next chunk
 //!   starts while later stages still work on this one (stages overlap).
 //!
@@ -337,17 +340,24 @@ impl<'m> Executor<'m> {
         if launched.wanted == 0 {
             return Ok(None);
         }
-        let mut buffer = self.spare.pop().unwrap_or_default();
-        if buffer.len() < len {
-            buffer.resize(len, 0.0);
-        }
-        let received = self.group.recv_prev(&mut buffer[..len]);
-        self.spare.push(std::mem::replace(out, buffer));
-        if let Err(error) = received {
+        // The last stage sent the rows' final-normed hidden states; this
+        // first stage holds the head.
+        let model = self.transformer;
+        let rows = launched.wanted * model.config.hidden;
+        self.hidden.resize(rows, 0.0);
+        let logits = self
+            .group
+            .recv_prev(&mut self.hidden)
+            .map_err(ExecError::from)
+            .and_then(|()| {
+                Ok(model.head_of_normed(&self.hidden, &mut self.workspace, &self.pool)?)
+            });
+        if let Err(error) = logits {
             // What else was launched will not come either.
             self.launched.clear();
-            return Err(error.into());
+            return Err(error);
         }
+        self.workspace.swap_logits(out);
         Ok(Some(len))
     }
 
@@ -413,7 +423,7 @@ impl<'m> Executor<'m> {
         let out = model.forward_batch(input, spans, kv, workspace, &self.pool, &mut SingleRank)?;
         match out {
             ForwardOutput::Logits(logits) => Ok(logits),
-            ForwardOutput::Hidden(_) | ForwardOutput::SentToFirst => {
+            ForwardOutput::Hidden(_) | ForwardOutput::Normed(_) | ForwardOutput::SentToFirst => {
                 Err(ForwardError::NotLastStage.into())
             }
         }
@@ -470,8 +480,15 @@ impl<'m> Executor<'m> {
             // Tensor-parallel ranks other than 0 sent their share of the
             // logits to rank 0, which samples.
             ForwardOutput::SentToFirst => {}
-            // The last pipeline stage: the logits go round to rank 0.
-            ForwardOutput::Logits(logits) => group.send_next(logits)?,
+            // Only rank 0 holds a head whose logits are whole.
+            ForwardOutput::Logits(_) => {
+                return Err(ExecError::BadStep {
+                    rank,
+                    message: "a step that left whole logits on a rank other than 0".into(),
+                })
+            }
+            // The last pipeline stage: the rows go round to rank 0's head.
+            ForwardOutput::Normed(rows) => group.send_next(rows)?,
             ForwardOutput::Hidden(x) if !model.is_last_stage() => group.send_next(x)?,
             ForwardOutput::Hidden(_) => {}
         }

@@ -90,16 +90,11 @@ impl ShardSpec {
         }
     }
 
-    /// Whether this rank owns the final norm and the LM head (runs last).
+    /// Whether this rank owns the LM head: a pipeline's first stage, which
+    /// also embeds (tied, they are one matrix) and samples; the last stage
+    /// applies the final norm and sends it the rows that want logits.
     pub fn has_head(&self) -> bool {
-        match *self {
-            Self::Pipeline {
-                end_layer,
-                n_layers,
-                ..
-            } => end_layer == n_layers,
-            Self::Tensor { .. } => true,
-        }
+        self.embeds()
     }
 
     /// For tensor parallelism: the KV-head groups this rank owns, out of
@@ -132,9 +127,9 @@ pub fn split_evenly(
 }
 
 /// Consecutive layer ranges for `world` pipeline stages that balance work
-/// rather than layer counts: the last stage also runs the output head,
-/// worth `head_layers` layers, so it takes that many fewer (at least one);
-/// the other stages split the rest evenly.
+/// rather than layer counts: the first stage also runs the output head and
+/// samples, worth `head_layers` layers, so it takes that many fewer (at
+/// least one); the other stages split the rest evenly.
 pub fn pipeline_stages(
     n_layers: u32,
     world: usize,
@@ -153,12 +148,13 @@ pub fn pipeline_stages(
     let per_stage = (f64::from(n_layers) + head_layers) / world as f64;
     let most = n_layers - (world as u32 - 1);
     // Rounded and clamped in f64: `head_layers` may exceed the stage.
-    let last = (per_stage - head_layers)
+    let first = (per_stage - head_layers)
         .round()
         .clamp(1.0, f64::from(most)) as u32;
-    let mut stages = split_evenly(n_layers - last, world - 1, "layers")?;
-    stages.push(n_layers - last..n_layers);
-    Ok(stages)
+    let rest = split_evenly(n_layers - first, world - 1, "layers")?;
+    Ok(std::iter::once(0..first)
+        .chain(rest.into_iter().map(|r| r.start + first..r.end + first))
+        .collect())
 }
 
 /// Splits `items` into contiguous ranges in proportion to `weights` (free
@@ -215,13 +211,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pipeline_stages_give_the_last_stage_fewer_layers_for_the_head() -> Result<(), ShardError> {
-        // SmolLM2-135M: 30 layers, the head worth 6.
-        assert_eq!(pipeline_stages(30, 2, 6.0)?, vec![0..18, 18..30]);
-        assert_eq!(pipeline_stages(30, 3, 6.0)?, vec![0..12, 12..24, 24..30]);
-        assert_eq!(pipeline_stages(30, 2, 4.0)?, vec![0..17, 17..30]);
-        // A head worth more than a stage still leaves the last one a layer.
-        assert_eq!(pipeline_stages(4, 2, 50.0)?, vec![0..3, 3..4]);
+    fn pipeline_stages_give_the_first_stage_fewer_layers_for_the_head() -> Result<(), ShardError> {
+        // SmolLM2-135M: 30 layers, the head and sampling worth 8.
+        assert_eq!(pipeline_stages(30, 2, 8.0)?, vec![0..11, 11..30]);
+        assert_eq!(pipeline_stages(30, 3, 8.0)?, vec![0..5, 5..18, 18..30]);
+        assert_eq!(pipeline_stages(30, 2, 4.0)?, vec![0..13, 13..30]);
+        // A head worth more than a stage still leaves the first one a layer.
+        assert_eq!(pipeline_stages(4, 2, 50.0)?, vec![0..1, 1..4]);
         // No head to weigh, or one stage: as even as possible.
         assert_eq!(pipeline_stages(30, 2, 0.0)?, vec![0..15, 15..30]);
         assert_eq!(pipeline_stages(30, 1, 4.0)?, vec![0..30]);
@@ -296,7 +292,7 @@ mod tests {
     }
 
     #[test]
-    fn pipeline_ends_own_embedding_and_head() {
+    fn the_first_stage_owns_the_embedding_and_the_head() {
         let first = ShardSpec::Pipeline {
             start_layer: 0,
             end_layer: 10,
@@ -307,8 +303,8 @@ mod tests {
             end_layer: 30,
             n_layers: 30,
         };
-        assert!(first.embeds() && !first.has_head());
-        assert!(!last.embeds() && last.has_head());
+        assert!(first.embeds() && first.has_head());
+        assert!(!last.embeds() && !last.has_head());
         assert_eq!(last.layers(30), 10..30);
         assert!(ShardSpec::whole(30).embeds() && ShardSpec::whole(30).has_head());
         assert!(last.validate(30).is_ok());

@@ -131,7 +131,7 @@ fn tensor_spec(
 }
 
 /// Rank `rank`'s layers: `layer_counts` if given, else balanced with the
-/// last stage's head worth `head_layers` layers.
+/// first stage's head and sampling worth `head_layers` layers.
 fn pipeline_spec(
     rank: usize,
     world: usize,
@@ -532,9 +532,9 @@ mod tests {
             .map(|rank| pipeline_spec(rank, 4, &[], 30, 0.0).map(|s| layers(&s)))
             .collect::<Result<_, _>>()?;
         assert_eq!(even, vec![0..8, 8..16, 16..23, 23..30]);
-        // SmolLM2-135M's head is worth 6 layers.
-        let weighed = pipeline_spec(1, 2, &[], 30, 6.0)?;
-        assert_eq!(layers(&weighed), 18..30);
+        // SmolLM2-135M's head and sampling are worth 8 layers.
+        let weighed = pipeline_spec(1, 2, &[], 30, 8.0)?;
+        assert_eq!(layers(&weighed), 11..30);
         let counted = pipeline_spec(1, 2, &[10, 20], 30, 4.0)?;
         assert_eq!(layers(&counted), 10..30);
         Ok(())

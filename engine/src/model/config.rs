@@ -512,17 +512,16 @@ impl ModelConfig {
         attention + 3 * h * mlp_rows
     }
 
-    /// What the output head costs a pipeline's last stage, in layers: three
-    /// quarters of its weights' worth. Per weight the head takes about 7/8
-    /// of a layer's time (SmolLM2-135M Q4_1 with its Q8_0 head, 4-token
-    /// micro-batches, timed per stage: the head 2.0-2.3 ms, a layer
-    /// 0.28-0.31 ms, so 7 layers' time for 8 layers' weights; a layer also
-    /// has attention and norms), and the first stage spends about a layer's
-    /// time per micro-batch sampling and scheduling, which the rest weighs
-    /// against.
+    /// What the output head and sampling cost a pipeline's first stage, in
+    /// layers. Per weight the head takes about 7/8 of a layer's time
+    /// (SmolLM2-135M Q4_1 with its Q8_0 head, 4-token micro-batches, timed
+    /// per stage: the head 1.9-2.3 ms, a layer 0.27-0.31 ms, so 7 layers'
+    /// time for 8 layers' weights; a layer also has attention and norms),
+    /// and the first stage spends about a layer's time per micro-batch
+    /// sampling and scheduling.
     pub fn head_cost_in_layers(&self) -> f64 {
         let layer = self.layer_weights().max(1) as f64;
-        0.75 * (self.vocab * self.hidden) as f64 / layer
+        0.875 * (self.vocab * self.hidden) as f64 / layer + 1.0
     }
 
     /// Width of the concatenated query heads.

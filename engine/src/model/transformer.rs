@@ -179,6 +179,12 @@ pub enum ForwardOutput<'a> {
     Logits(&'a [f32]),
     /// Hidden states of all tokens, for the next stage.
     Hidden(&'a [f32]),
+    /// The last stage of a pipeline of several: the rows that want logits,
+    /// after the final norm, for the first stage, which holds the head
+    /// ([`Transformer::head_of_normed`]). A row of hidden states is
+    /// vocab/hidden times smaller than its logits (85 times for
+    /// SmolLM2-135M), and the first stage has the tied embeddings anyway.
+    Normed(&'a [f32]),
     /// A tensor rank other than 0: its share of the logits went to rank 0,
     /// the only rank that samples.
     SentToFirst,
@@ -376,6 +382,8 @@ pub enum ForwardError {
     NotFirstStage,
     #[error("this stage has no LM head: it hands hidden states on")]
     NotLastStage,
+    #[error("expected rows of {hidden} normed values, got {values} values")]
+    NormedShape { hidden: usize, values: usize },
     #[error("position {position} is beyond the context length {context}")]
     ContextOverflow { position: usize, context: usize },
     #[error("empty input")]
@@ -623,8 +631,9 @@ impl Transformer {
             load_part(source, name, shape, rows, cols)
         };
         let vector = |name: &str, len: usize| load_vector(source, name, len);
-        let needs_embeddings = first || (last && config.tied_embeddings);
-        let embeddings = if needs_embeddings {
+        // A pipeline's first stage runs the head too: tied, it is the
+        // embeddings (see `ForwardOutput::Normed`).
+        let embeddings = if first {
             Some(part("token_embd.weight", [config.vocab, h], None, None)?)
         } else {
             None
@@ -688,16 +697,19 @@ impl Transformer {
                     )?,
                 }),
             ),
-            (None, true) => {
-                let norm = vector("output_norm.weight", h)?;
-                let output = if config.tied_embeddings {
-                    None
+            (None, _) => {
+                let norm = if last {
+                    Some(vector("output_norm.weight", h)?)
                 } else {
-                    Some(part("output.weight", [config.vocab, h], None, None)?)
+                    None
                 };
-                (Some(norm), output, None)
+                let output = if first && !config.tied_embeddings {
+                    Some(part("output.weight", [config.vocab, h], None, None)?)
+                } else {
+                    None
+                };
+                (norm, output, None)
             }
-            (None, false) => (None, None, None),
         };
         progress(total, total);
         let rope_freq_factors = match source.shape("rope_freqs.weight") {
@@ -921,7 +933,51 @@ impl Transformer {
         if !self.is_last_stage() || wanted == 0 {
             return Ok(ForwardOutput::Hidden(&ws.x[..tokens * hidden]));
         }
-        self.head(spans, wanted, ws, pool, group)
+        self.final_norm_rows(spans, ws);
+        // A whole model or a tensor rank (which has every layer) has the head.
+        if self.is_first_stage() {
+            return self.head(wanted, ws, pool, group);
+        }
+        Ok(ForwardOutput::Normed(&ws.normed[..wanted * hidden]))
+    }
+
+    /// The first stage of a pipeline of several: the logits of rows the
+    /// last stage sent ([`ForwardOutput::Normed`]), one row of `vocab` per
+    /// row of `normed`.
+    pub fn head_of_normed<'w>(
+        &self,
+        normed: &[f32],
+        ws: &'w mut Workspace,
+        pool: &ThreadPool,
+    ) -> Result<&'w [f32], ForwardError> {
+        let (hidden, vocab) = (self.config.hidden, self.config.vocab);
+        if normed.is_empty() || !normed.len().is_multiple_of(hidden) {
+            return Err(ForwardError::NormedShape {
+                hidden,
+                values: normed.len(),
+            });
+        }
+        let wanted = normed.len() / hidden;
+        let head = self.whole_head()?;
+        ws.acts.set(normed, wanted, hidden);
+        if ws.logits.len() < wanted * vocab {
+            ws.logits.resize(wanted * vocab, 0.0);
+        }
+        head.matmul(&mut ws.acts, wanted, normed, &mut ws.logits, pool)?;
+        cap_logits(
+            &mut ws.logits[..wanted * vocab],
+            self.config.variant.final_softcap,
+        );
+        Ok(&ws.logits[..wanted * vocab])
+    }
+
+    /// The untied output matrix, or the embeddings it is tied to (a whole
+    /// model or a pipeline's first stage).
+    fn whole_head(&self) -> Result<&Matrix, ForwardError> {
+        self.output
+            .as_ref()
+            .or(self.embeddings.as_ref())
+            .ok_or(ForwardError::NotLastStage)
     }
 
     /// Checks the spans against the input and the pool; returns the longest
@@ -1008,18 +1064,11 @@ impl Transformer {
         Ok(())
     }
 
-    /// The final norm and the LM head over the last `logits` tokens of each
-    /// span: `wanted` rows of `vocab`.
-    fn head<'w>(
-        &self,
-        spans: &[SeqSpan<'_>],
-        wanted: usize,
-        ws: &'w mut Workspace,
-        pool: &ThreadPool,
-        group: &mut dyn Group,
-    ) -> Result<ForwardOutput<'w>, ForwardError> {
+    /// The final norm over the last `logits` tokens of each span, into
+    /// the first rows of `ws.normed`.
+    fn final_norm_rows(&self, spans: &[SeqSpan<'_>], ws: &mut Workspace) {
         let cfg = &self.config;
-        let (hidden, vocab) = (cfg.hidden, cfg.vocab);
+        let hidden = cfg.hidden;
         let norm = self.final_norm.as_deref().unwrap_or(&[]);
         let mut row = 0;
         let mut end = 0;
@@ -1032,17 +1081,26 @@ impl Transformer {
                 row += 1;
             }
         }
+    }
+
+    /// The LM head over the `wanted` rows [`Transformer::final_norm_rows`]
+    /// left: `wanted` rows of `vocab`.
+    fn head<'w>(
+        &self,
+        wanted: usize,
+        ws: &'w mut Workspace,
+        pool: &ThreadPool,
+        group: &mut dyn Group,
+    ) -> Result<ForwardOutput<'w>, ForwardError> {
+        let cfg = &self.config;
+        let (hidden, vocab) = (cfg.hidden, cfg.vocab);
         let normed = &ws.normed[..wanted * hidden];
         ws.acts.set(normed, wanted, hidden);
         if ws.logits.len() < wanted * vocab {
             ws.logits.resize(wanted * vocab, 0.0);
         }
         let Some(slice) = &self.tensor else {
-            let head = self
-                .output
-                .as_ref()
-                .or(self.embeddings.as_ref())
-                .ok_or(ForwardError::NotFirstStage)?;
+            let head = self.whole_head()?;
             head.matmul(&mut ws.acts, wanted, normed, &mut ws.logits, pool)?;
             cap_logits(&mut ws.logits[..wanted * vocab], cfg.variant.final_softcap);
             return Ok(ForwardOutput::Logits(&ws.logits[..wanted * vocab]));
