@@ -644,23 +644,18 @@ fn needed_files(
     if !files.iter().any(|f| f.path == "config.json") {
         return Err("config.json (the model's file list is unknown)".into());
     }
-    let config: serde_json::Value = std::fs::read(dir.join("config.json"))
+    // A config that does not parse fails here, before any weights come.
+    std::fs::read(dir.join("config.json"))
         .ok()
-        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
         .ok_or_else(|| "config.json".to_string())?;
-    // A multimodal config may say it beside or inside its text_config.
-    let tied = config
-        .get("tie_word_embeddings")
-        .or_else(|| config.get("text_config")?.get("tie_word_embeddings"))
-        .and_then(|v| v.as_bool())
-        .unwrap_or(false);
     let has_index = files.iter().any(|f| f.path == INDEX_FILE);
     let weights: BTreeSet<String> = if has_index {
         let index = std::fs::read(dir.join(INDEX_FILE)).map_err(|_| INDEX_FILE.to_string())?;
         let map = weights::parse_index(&index).map_err(|e| e.to_string())?;
         stages
             .iter()
-            .flat_map(|stage| weights::files_for_stage(&map, stage, tied))
+            .flat_map(|stage| weights::files_for_stage(&map, stage))
             .collect()
     } else {
         BTreeSet::from([SINGLE_FILE.to_string()])

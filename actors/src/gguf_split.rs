@@ -102,10 +102,9 @@ pub fn shards_for(
         .iter()
         .flat_map(|s| s.tensors.iter().map(|t| (t.name.clone(), s.path.clone())))
         .collect();
-    let tied = !map.contains_key("output.weight");
     let mut needed: BTreeSet<String> = stages
         .iter()
-        .flat_map(|stage| tessera_hub::weights::files_for_stage(&map, stage, tied))
+        .flat_map(|stage| tessera_hub::weights::files_for_stage(&map, stage))
         .collect();
     if let Some(first) = index.first() {
         needed.insert(first.path.clone());
@@ -281,7 +280,8 @@ mod tests {
             names(shards_for(&index, &[stage(0, 1)])),
             ["m-00001-of-00003.gguf", "m-00002-of-00003.gguf"]
         );
-        // The last stage: the tied embedding (no output.weight) is in 1.
+        // The last stage: its layer, the norm, and the first shard (the
+        // metadata).
         assert_eq!(
             names(shards_for(&index, &[stage(1, 2)])),
             ["m-00001-of-00003.gguf", "m-00003-of-00003.gguf"]

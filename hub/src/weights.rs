@@ -75,10 +75,10 @@ const UNREAD_PREFIXES: [&str; 7] = [
     "model.multi_modal_projector.",
 ];
 
-/// Whether `stage` loads the (non-layer) tensor `tensor`: the embedding on
-/// the first stage (and on the last when the LM head is tied to it), the
-/// final norm and LM head on the last; unknown non-layer tensors always.
-fn stage_needs(tensor: &str, stage: &Stage, tied_embeddings: bool) -> bool {
+/// Whether `stage` loads the (non-layer) tensor `tensor`: the embedding and
+/// the LM head on the first stage (which samples; a tied head is the
+/// embedding), the final norm on the last; unknown non-layer tensors always.
+fn stage_needs(tensor: &str, stage: &Stage) -> bool {
     if UNREAD_PREFIXES.iter().any(|p| tensor.starts_with(p)) {
         return false;
     }
@@ -89,13 +89,14 @@ fn stage_needs(tensor: &str, stage: &Stage, tied_embeddings: bool) -> bool {
     if let Some(layer) = layer_of(tensor) {
         return matches!(stage, Stage::Layers { layers, .. } if layers.contains(&layer));
     }
-    // Safetensors names, and GGUF's (`token_embd`, `output_norm`, `output`).
-    if tensor.contains("embed_tokens") || tensor.starts_with("token_embd.") {
-        first || (last && tied_embeddings)
-    } else if tensor.starts_with("lm_head")
-        || tensor.ends_with(".norm.weight")
-        || tensor.starts_with("output")
+    // Safetensors names, and GGUF's (`token_embd`, `output`, `output_norm`).
+    if tensor.contains("embed_tokens")
+        || tensor.starts_with("token_embd.")
+        || tensor.starts_with("lm_head")
+        || tensor.starts_with("output.")
     {
+        first
+    } else if tensor.ends_with(".norm.weight") || tensor.starts_with("output_norm") {
         last
     } else {
         true
@@ -104,14 +105,10 @@ fn stage_needs(tensor: &str, stage: &Stage, tied_embeddings: bool) -> bool {
 
 /// The weight files (as named in the index) that hold the tensors `stage`
 /// loads.
-pub fn files_for_stage(
-    weight_map: &BTreeMap<String, String>,
-    stage: &Stage,
-    tied_embeddings: bool,
-) -> BTreeSet<String> {
+pub fn files_for_stage(weight_map: &BTreeMap<String, String>, stage: &Stage) -> BTreeSet<String> {
     weight_map
         .iter()
-        .filter(|(tensor, _)| stage_needs(tensor, stage, tied_embeddings))
+        .filter(|(tensor, _)| stage_needs(tensor, stage))
         .map(|(_, file)| file.clone())
         .collect()
 }
@@ -150,24 +147,23 @@ mod tests {
             layers: start..end,
             n_layers: 4,
         };
-        assert_eq!(names(files_for_stage(&m, &stage(0, 1), false)), ["a"]);
-        assert_eq!(names(files_for_stage(&m, &stage(1, 3), false)), ["b"]);
-        assert_eq!(names(files_for_stage(&m, &stage(3, 4), false)), ["c"]);
-        assert_eq!(names(files_for_stage(&m, &stage(0, 2), false)), ["a", "b"]);
-        assert_eq!(
-            names(files_for_stage(&m, &Stage::Whole, false)),
-            ["a", "b", "c"]
-        );
+        // The first stage also holds the head, here in the last file.
+        assert_eq!(names(files_for_stage(&m, &stage(0, 1))), ["a", "c"]);
+        assert_eq!(names(files_for_stage(&m, &stage(1, 3))), ["b"]);
+        assert_eq!(names(files_for_stage(&m, &stage(3, 4))), ["c"]);
+        assert_eq!(names(files_for_stage(&m, &stage(0, 2))), ["a", "b", "c"]);
+        assert_eq!(names(files_for_stage(&m, &Stage::Whole)), ["a", "b", "c"]);
     }
 
     #[test]
-    fn a_tied_head_makes_the_last_stage_need_the_embedding() {
+    fn a_tied_head_leaves_the_last_stage_only_its_layers_and_the_norm() {
         let m = map(false);
-        let last = Stage::Layers {
-            layers: 3..4,
+        let stage = |start, end| Stage::Layers {
+            layers: start..end,
             n_layers: 4,
         };
-        assert_eq!(names(files_for_stage(&m, &last, true)), ["a", "c"]);
+        assert_eq!(names(files_for_stage(&m, &stage(0, 1))), ["a"]);
+        assert_eq!(names(files_for_stage(&m, &stage(3, 4))), ["c"]);
     }
 
     #[test]
@@ -186,22 +182,12 @@ mod tests {
             layers: start..end,
             n_layers: 2,
         };
-        assert_eq!(names(files_for_stage(&m, &stage(0, 1), true)), ["s1"]);
-        // The last stage: its layer, the norm, the tied embedding, and
-        // rope_freqs (a tensor of no layer) wherever it is.
-        assert_eq!(
-            names(files_for_stage(&m, &stage(1, 2), true)),
-            ["s1", "s2", "s3"]
-        );
-        assert_eq!(
-            names(files_for_stage(&m, &stage(1, 2), false)),
-            ["s1", "s2", "s3"]
-        );
+        assert_eq!(names(files_for_stage(&m, &stage(0, 1))), ["s1"]);
+        // The last stage: its layer, the norm, and rope_freqs (a tensor of
+        // no layer) wherever it is.
+        assert_eq!(names(files_for_stage(&m, &stage(1, 2))), ["s1", "s2", "s3"]);
         m.remove("rope_freqs.weight");
-        assert_eq!(
-            names(files_for_stage(&m, &stage(1, 2), false)),
-            ["s2", "s3"]
-        );
+        assert_eq!(names(files_for_stage(&m, &stage(1, 2))), ["s2", "s3"]);
     }
 
     /// A multimodal release (Qwen3.5's layout): the language model under
@@ -230,9 +216,10 @@ mod tests {
             layers: start..end,
             n_layers: 2,
         };
-        assert_eq!(names(files_for_stage(&m, &Stage::Whole, false)), ["a", "b"]);
-        assert_eq!(names(files_for_stage(&m, &stage(0, 1), false)), ["a"]);
-        assert_eq!(names(files_for_stage(&m, &stage(1, 2), false)), ["b"]);
+        assert_eq!(names(files_for_stage(&m, &Stage::Whole)), ["a", "b"]);
+        // The first stage: the embedding, layer 0 and the head.
+        assert_eq!(names(files_for_stage(&m, &stage(0, 1))), ["a", "b"]);
+        assert_eq!(names(files_for_stage(&m, &stage(1, 2))), ["b"]);
     }
 
     #[test]

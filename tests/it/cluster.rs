@@ -1104,7 +1104,7 @@ fn a_pipeline_instance_downloads_only_each_nodes_files() {
                 ..shard["endLayer"].as_u64().expect("end") as u32,
             n_layers: 30,
         };
-        let expected = tessera_hub::weights::files_for_stage(&weight_map, &stage, true);
+        let expected = tessera_hub::weights::files_for_stage(&weight_map, &stage);
         let present: std::collections::BTreeSet<String> =
             std::fs::read_dir(node.dir.join("models").join(&folder))
                 .expect("model folder")

@@ -134,7 +134,8 @@ fn place(ns: &str, via: u16, model: &str) -> Value {
 }
 
 /// The shards a pipeline rank must hold: those with its layers' tensors,
-/// the first (the metadata), and the tied embedding on the last stage.
+/// the first (the metadata), and on the first stage the head (tied: the
+/// embedding).
 fn shards_of_rank(rank: &Value, shards: &[(String, Header)]) -> BTreeSet<String> {
     let map = gguf::weight_map(shards.iter().map(|(name, h)| (name.as_str(), h)));
     let shard = &rank["shard"]["pipeline"];
@@ -143,7 +144,7 @@ fn shards_of_rank(rank: &Value, shards: &[(String, Header)]) -> BTreeSet<String>
             ..shard["endLayer"].as_u64().expect("end") as u32,
         n_layers: 30,
     };
-    let mut needed = tessera_hub::weights::files_for_stage(&map, &stage, true);
+    let mut needed = tessera_hub::weights::files_for_stage(&map, &stage);
     needed.insert(shards[0].0.clone());
     needed
 }
