@@ -1,7 +1,8 @@
 //! Tensor parallelism on a small random model held in memory (f32 weights,
 //! so results are comparable to 1e-4 without quantization noise): uneven
 //! KV-group splits, biases sliced with their rows, fused q/k/v and gate/up
-//! tensors split section by section, a KV cache across two steps.
+//! tensors split section by section, a KV cache across two steps; and a
+//! pipeline's head on its first stage, fed the last stage's normed rows.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -249,4 +250,57 @@ fn every_world_size_up_to_the_kv_heads_matches_one_rank() {
             }
         }
     }
+}
+
+/// A pipeline's last stage hands on its final-normed rows and the first
+/// stage, which holds the head, turns them into the whole model's logits,
+/// bit for bit.
+#[test]
+fn the_first_pipeline_stage_heads_the_rows_the_last_stage_normed() {
+    let source = MemorySource::random(&config(), false);
+    let whole = single(false);
+    let first = Transformer::load(&source, config(), 0..1, |_, _| {}).expect("first stage");
+    let last = Transformer::load(&source, config(), 1..2, |_, _| {}).expect("last stage");
+    let pool = ThreadPool::new(1);
+    let (mut first_cache, mut last_cache) = (first.new_cache(), last.new_cache());
+    let (mut first_ws, mut last_ws) = (Workspace::default(), Workspace::default());
+    for (tokens, expected) in [(&PROMPT[..], &whole[0]), (&[NEXT][..], &whole[1])] {
+        let input = StageInput::Tokens(tokens);
+        let out = first.forward_in(
+            input,
+            &mut first_cache,
+            &mut first_ws,
+            &pool,
+            &mut SingleRank,
+            true,
+        );
+        let hidden = match out.expect("first stage") {
+            ForwardOutput::Hidden(h) => h.to_vec(),
+            _ => panic!("the first stage hands on hidden states"),
+        };
+        let input = StageInput::Hidden(&hidden);
+        let out = last.forward_in(
+            input,
+            &mut last_cache,
+            &mut last_ws,
+            &pool,
+            &mut SingleRank,
+            true,
+        );
+        let normed = match out.expect("last stage") {
+            ForwardOutput::Normed(rows) => rows.to_vec(),
+            _ => panic!("the last stage hands on normed rows"),
+        };
+        assert_eq!(normed.len(), config().hidden, "one row: the last token's");
+        let logits = first
+            .head_of_normed(&normed, &mut first_ws, &pool)
+            .expect("head");
+        assert_eq!(logits, &expected[..]);
+    }
+    // Rows of the wrong width, or a stage without the head: errors.
+    assert!(first
+        .head_of_normed(&[0.0; 3], &mut first_ws, &pool)
+        .is_err());
+    let row = vec![0.0; config().hidden];
+    assert!(last.head_of_normed(&row, &mut last_ws, &pool).is_err());
 }
