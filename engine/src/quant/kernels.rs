@@ -911,6 +911,13 @@ mod avx2 {
         _mm256_or_si256(nibbles(wb.add(6)), high)
     }
 
+    /// A Q5_0 block's 32 values plus 16, as unsigned bytes (0..32).
+    #[inline(always)]
+    pub(super) unsafe fn q5_0_unsigned(wb: *const u8) -> __m256i {
+        let high = _mm256_and_si256(bytes_from_bits(wb.add(2)), _mm256_set1_epi8(0x10));
+        _mm256_or_si256(nibbles(wb.add(6)), high)
+    }
+
     /// A Q5_1 block's 32 values as unsigned bytes (0..32).
     #[inline(always)]
     pub(super) unsafe fn q5_1_values(wb: *const u8) -> __m256i {

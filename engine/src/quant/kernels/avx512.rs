@@ -17,7 +17,7 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
-use super::avx2::{hsum, q5_0_values};
+use super::avx2::{hsum, q5_0_unsigned};
 use crate::quant::BlockQ8;
 
 /// Whether AVX-512 (F, BW, VL) with VNNI runs here.
@@ -53,12 +53,6 @@ impl Pair {
     }
 }
 
-/// A block's f16 scale, converted and broadcast to eight lanes.
-#[inline(always)]
-unsafe fn broadcast_f16(p: *const u8) -> __m256 {
-    _mm256_cvtph_ps(_mm_set1_epi16(std::ptr::read_unaligned(p as *const i16)))
-}
-
 /// Two adjacent f16 scales (a block's `d` and `m`), each broadcast to
 /// eight lanes: one load and one conversion for both.
 #[inline(always)]
@@ -86,25 +80,74 @@ unsafe fn nibbles_x2(p: *const u8) -> __m512i {
     _mm512_and_si512(_mm512_srlv_epi16(bytes, shifts), _mm512_set1_epi8(0x0F))
 }
 
-/// Signed weights (`unpack` gives a block's 32 values as signed bytes in
-/// both halves, and its scale broadcast) against `T` activation rows: `|w|`
-/// times `y` with `w`'s sign, as the AVX2 kernels' `vpsignb` pair computes
-/// it. `scales[i]` holds the rows' activation scales of block `i`;
-/// `pairs[i * T / 2 + p]` its pair `p` of rows. Weight rows go two at a
-/// time: each accumulator's FMAs wait on the one before (four cycles), so
-/// a second row's chains fill the wait; each row's sums keep their order.
+/// Rows `w0` and `w1`'s f16 block scales (at each block's start), each
+/// converted into `T` lanes: `[d0; T]` then `[d1; T]`, from one conversion.
+#[inline(always)]
+unsafe fn two_scales<const T: usize>(w0: *const u8, w1: *const u8) -> __m512 {
+    let first = _mm256_set1_epi16(std::ptr::read_unaligned(w0 as *const i16));
+    let upper = (((1u32 << T) - 1) << T) as u16;
+    let second = std::ptr::read_unaligned(w1 as *const i16);
+    _mm512_cvtph_ps(_mm256_mask_set1_epi16(first, upper, second))
+}
+
+/// For weight row `j` (of two) and token pair `p`: lane `l` picks lane
+/// `j * T + 2p + l / 8` of the two rows' products `dw * d` (laid out as
+/// [`two_scales`]), so each token's eight lanes get its scale.
+#[inline(always)]
+unsafe fn row_pair_picks<const T: usize>() -> [[__m512i; 4]; 2] {
+    std::array::from_fn(|j| {
+        std::array::from_fn(|p| {
+            let k = (j * T + 2 * p) as i32;
+            let k1 = k + 1;
+            _mm512_set_epi32(k1, k1, k1, k1, k1, k1, k1, k1, k, k, k, k, k, k, k, k)
+        })
+    })
+}
+
+/// Sixteen floats in one aligned line: a block's figure for `T` tokens,
+/// token `k` in lanes `k` and `T + k` (one per weight row of a pair).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(crate) struct Lanes([f32; 16]);
+
+impl Lanes {
+    #[inline(always)]
+    unsafe fn load(&self) -> __m512 {
+        _mm512_load_ps(self.0.as_ptr())
+    }
+}
+
+/// One call's activation rows laid out for the kernels: `pairs[i * T / 2 +
+/// p]` holds tokens `2p` and `2p + 1` of block `i`; `figures[i * M + m]`
+/// block `i`'s figure `m` (its scale, then its scaled sum where the format
+/// has minimums) as [`Lanes`]; `biases` (offset formats only) as `pairs`,
+/// `-OFFSET` times each four activation bytes' sum, in sixteen `i32`s.
+struct Laid<'a> {
+    pairs: &'a [Pair],
+    figures: &'a [Lanes],
+    biases: &'a [Pair],
+}
+
+/// Offset weights against `T` activation rows: `unpack` gives a block's 32
+/// values plus `offset` as unsigned bytes in both halves, and each pair's
+/// dot products start from its bias (`-offset` times the sum of the four
+/// activation bytes each lane takes), so `vpdpbusd` leaves exactly the
+/// signed weights' integer sums, the AVX2 kernels' `vpsignb` sums, with no
+/// sign fix-up per pair. Weight rows go two at a time: they share the
+/// conversion of their scales and the products `dw * d`, and each
+/// accumulator's FMAs wait on the one before (four cycles), so a second
+/// row's chains fill the wait; each row's sums keep their order.
 #[inline(always)]
 unsafe fn dot8_signed<const T: usize>(
     rows: &[u8],
     bytes: usize,
-    pairs: &[Pair],
-    scales: &[[f32; 8]],
+    laid: &Laid,
     out: &mut [[f32; T]],
-    unpack: impl Fn(*const u8) -> (__m512i, __m256),
+    unpack: impl Fn(*const u8) -> __m512i,
 ) {
-    let stride = scales.len() * bytes;
+    let stride = laid.figures.len() * bytes;
     two_rows_at_a_time!(rows, stride, out, |w, o, R| {
-        signed_rows::<T, R>(w, stride, bytes, pairs, scales, o, &unpack)
+        signed_rows::<T, R>(w, stride, bytes, laid, o, &unpack)
     });
 }
 
@@ -133,39 +176,47 @@ macro_rules! two_rows_at_a_time {
 }
 use two_rows_at_a_time;
 
+/// The second row of a pair of weight rows `stride` bytes apart: a lone
+/// last row (`R` of 1) pairs with itself, and its copy's sums go unused.
+#[inline(always)]
+fn second_row<const R: usize>(stride: usize) -> usize {
+    if R == 2 {
+        stride
+    } else {
+        0
+    }
+}
+
 /// [`dot8_signed`] over `R` weight rows `stride` bytes apart from `w`.
 #[inline(always)]
 unsafe fn signed_rows<const T: usize, const R: usize>(
     w: *const u8,
     stride: usize,
     bytes: usize,
-    pairs: &[Pair],
-    scales: &[[f32; 8]],
+    laid: &Laid,
     out: &mut [[f32; T]],
-    unpack: &impl Fn(*const u8) -> (__m512i, __m256),
+    unpack: &impl Fn(*const u8) -> __m512i,
 ) {
-    let zero = _mm512_setzero_si512();
-    let picks = pair_picks();
+    let picks = row_pair_picks::<T>();
+    let second = second_row::<R>(stride);
     let mut acc = [[_mm512_setzero_ps(); 4]; R];
-    for (i, (scales, pairs)) in scales.iter().zip(pairs.chunks_exact(T / 2)).enumerate() {
-        let scales = _mm256_loadu_ps(scales.as_ptr());
+    let blocks = laid.figures.iter().zip(laid.pairs.chunks_exact(T / 2));
+    let blocks = blocks.zip(laid.biases.chunks_exact(T / 2));
+    for (i, ((scales, pairs), biases)) in blocks.enumerate() {
+        let w0 = w.add(i * bytes);
+        let w1 = w0.add(second);
+        // `dw * d_k` for both rows and every token, each rounded once as
+        // the AVX2 kernels' scalar product is.
+        let products = _mm512_mul_ps(two_scales::<T>(w0, w1), scales.load());
         for (j, acc) in acc.iter_mut().enumerate() {
-            let wb = w.add(j * stride + i * bytes);
+            let wb = if j == 0 { w0 } else { w1 };
             _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH_AHEAD) as *const i8);
-            let (q, dw) = unpack(wb);
-            let magnitude = _mm512_abs_epi8(q);
-            let negative = _mm512_movepi8_mask(q);
-            // `dw * d_k` for the eight tokens, each rounded once as the
-            // AVX2 kernels' scalar product is.
-            let products = _mm512_castps256_ps512(_mm256_mul_ps(dw, scales));
+            let q = unpack(wb);
             for (p, acc) in acc.iter_mut().enumerate().take(T / 2) {
                 let y = pairs.get_unchecked(p).load();
-                // `vpsignb` zeroes where w is 0; negating instead changes
-                // nothing there, as |w| is 0 too.
-                let y = _mm512_mask_sub_epi8(y, negative, zero, y);
-                let prod = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, magnitude, y));
-                let scale = _mm512_permutexvar_ps(picks[p], products);
-                *acc = _mm512_fmadd_ps(scale, prod, *acc);
+                let sums = _mm512_dpbusd_epi32(biases.get_unchecked(p).load(), q, y);
+                let scale = _mm512_permutexvar_ps(picks[j][p], products);
+                *acc = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(sums), *acc);
             }
         }
     }
@@ -305,10 +356,150 @@ unsafe fn unsigned_rows<const T: usize, const R: usize>(
     }
 }
 
+thread_local! {
+    /// The rows' figures block by block, laid out once per call.
+    static FIGURES: RefCell<Vec<Lanes>> = const { RefCell::new(Vec::new()) };
+    /// The pairs' biases, once per call.
+    static BIASES: RefCell<Vec<Pair>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `f` with the `T` activation rows' first `n` blocks' `M` figures laid
+/// out as [`Laid::figures`].
+fn with_figures<R, const T: usize, const M: usize>(
+    x: [&[BlockQ8]; T],
+    n: usize,
+    fields: impl Fn(&BlockQ8) -> [f32; M],
+    f: impl FnOnce(&[Lanes]) -> R,
+) -> R {
+    FIGURES.with_borrow_mut(|figures| {
+        if figures.len() < n * M {
+            figures.resize(n * M, Lanes([0.0; 16]));
+        }
+        let figures = &mut figures[..n * M];
+        for (k, row) in x.iter().enumerate() {
+            for (to, block) in figures.chunks_exact_mut(M).zip(&row[..n]) {
+                for (to, value) in to.iter_mut().zip(fields(block)) {
+                    to.0[k] = value;
+                    to.0[T + k] = value;
+                }
+            }
+        }
+        f(figures)
+    })
+}
+
+/// `f` with room for `count` biases (see [`Laid`]).
+fn with_bias_room<R>(count: usize, f: impl FnOnce(&mut [Pair]) -> R) -> R {
+    BIASES.with_borrow_mut(|biases| {
+        if biases.len() < count {
+            biases.resize(count, Pair([0; 64]));
+        }
+        f(&mut biases[..count])
+    })
+}
+
+/// Each pair's bias for weights offset by `offset` (see [`Laid`]).
+#[inline(always)]
+unsafe fn fill_biases(pairs: &[Pair], offset: u8, biases: &mut [Pair]) {
+    let zero = _mm512_setzero_si512();
+    let offsets = _mm512_set1_epi8(offset as i8);
+    for (bias, pair) in biases.iter_mut().zip(pairs) {
+        let sums = _mm512_dpbusd_epi32(zero, offsets, pair.load());
+        let negated = _mm512_sub_epi32(zero, sums);
+        _mm512_store_si512(bias.0.as_mut_ptr() as *mut __m512i, negated);
+    }
+}
+
 /// Four- and eight-token entry points of one format: `$body` is
-/// [`dot8_signed`] or [`dot8_unsigned`], `$fields` the per-block figures
-/// it reads (see [`with_scales`]).
-macro_rules! dot8_entry {
+/// [`dot8_signed`] (`$offset`: what `$unpack` adds to each value) or
+/// [`dot8_unsigned`] (`$offset` of 0), `$fields` the per-block figures it
+/// reads (see [`Laid`]).
+macro_rules! signed_entry {
+    ($dot8:ident, $dot4:ident, $inner:ident, $body:ident, $offset:expr, $fields:expr, $bytes:expr, $unpack:expr) => {
+        /// Consecutive rows against eight activation rows (a
+        /// [`super::Dot8Fn`]); each result is the format's `dot`, bit for bit.
+        pub fn $dot8(rows: &[u8], x: [&[BlockQ8]; 8], out: &mut [[f32; 8]]) {
+            $inner::<8>(rows, x, out)
+        }
+
+        /// The same against four activation rows (a [`super::Dot4Fn`]).
+        pub fn $dot4(rows: &[u8], x: [&[BlockQ8]; 4], out: &mut [[f32; 4]]) {
+            $inner::<4>(rows, x, out)
+        }
+
+        fn $inner<const T: usize>(rows: &[u8], x: [&[BlockQ8]; T], out: &mut [[f32; T]]) {
+            #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+            unsafe fn run<const T: usize>(
+                rows: &[u8],
+                pairs: &[Pair],
+                figures: &[Lanes],
+                biases: &mut [Pair],
+                out: &mut [[f32; T]],
+            ) {
+                fill_biases(pairs, $offset, biases);
+                let laid = Laid {
+                    pairs,
+                    figures,
+                    biases,
+                };
+                $body(rows, $bytes, &laid, out, $unpack)
+            }
+            let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
+            assert!(available() && rows.len() >= out.len() * n * $bytes);
+            // Formats without an offset start their sums from zero.
+            let biases = if $offset == 0 { 0 } else { n * T / 2 };
+            with_pairs(x, n, |pairs| {
+                with_figures(x, n, $fields, |figures| {
+                    // SAFETY: features checked just above; bounds by the assert.
+                    with_bias_room(biases, |biases| unsafe {
+                        run(rows, pairs, figures, biases, out)
+                    })
+                })
+            })
+        }
+    };
+}
+
+signed_entry!(
+    dot8_q4_0,
+    dot4_q4_0,
+    dotn_q4_0,
+    dot8_signed,
+    8,
+    |b| [b.d],
+    18,
+    |wb: *const u8| unsafe { nibbles_x2(wb.add(2)) }
+);
+
+signed_entry!(
+    dot8_q5_0,
+    dot4_q5_0,
+    dotn_q5_0,
+    dot8_signed,
+    16,
+    |b| [b.d],
+    22,
+    |wb: *const u8| unsafe { _mm512_broadcast_i64x4(q5_0_unsigned(wb)) }
+);
+
+signed_entry!(
+    dot8_q8_0,
+    dot4_q8_0,
+    dotn_q8_0,
+    dot8_signed,
+    0x80,
+    |b| [b.d],
+    34,
+    |wb: *const u8| unsafe {
+        let q = _mm512_broadcast_i64x4(_mm256_loadu_si256(wb.add(2) as *const __m256i));
+        _mm512_xor_si512(q, _mm512_set1_epi8(0x80u8 as i8))
+    }
+);
+
+/// Four- and eight-token entry points of a format with minimums:
+/// [`dot8_unsigned`] over the per-block figures `$fields` (see
+/// [`with_scales`]).
+macro_rules! unsigned_entry {
     ($dot8:ident, $dot4:ident, $inner:ident, $body:ident, $fields:expr, $bytes:expr, $unpack:expr) => {
         /// Consecutive rows against eight activation rows (a
         /// [`super::Dot8Fn`]); each result is the format's `dot`, bit for bit.
@@ -343,45 +534,7 @@ macro_rules! dot8_entry {
     };
 }
 
-dot8_entry!(
-    dot8_q4_0,
-    dot4_q4_0,
-    dotn_q4_0,
-    dot8_signed,
-    |b| [b.d],
-    18,
-    |wb: *const u8| unsafe {
-        let q = _mm512_sub_epi8(nibbles_x2(wb.add(2)), _mm512_set1_epi8(8));
-        (q, broadcast_f16(wb))
-    }
-);
-
-dot8_entry!(
-    dot8_q5_0,
-    dot4_q5_0,
-    dotn_q5_0,
-    dot8_signed,
-    |b| [b.d],
-    22,
-    |wb: *const u8| unsafe { (_mm512_broadcast_i64x4(q5_0_values(wb)), broadcast_f16(wb),) }
-);
-
-dot8_entry!(
-    dot8_q8_0,
-    dot4_q8_0,
-    dotn_q8_0,
-    dot8_signed,
-    |b| [b.d],
-    34,
-    |wb: *const u8| unsafe {
-        (
-            _mm512_broadcast_i64x4(_mm256_loadu_si256(wb.add(2) as *const __m256i)),
-            broadcast_f16(wb),
-        )
-    }
-);
-
-dot8_entry!(
+unsigned_entry!(
     dot8_q4_1,
     dot4_q4_1,
     dotn_q4_1,
@@ -394,7 +547,7 @@ dot8_entry!(
     }
 );
 
-dot8_entry!(
+unsigned_entry!(
     dot8_q5_1,
     dot4_q5_1,
     dotn_q5_1,
