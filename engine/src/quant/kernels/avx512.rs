@@ -30,16 +30,6 @@ pub fn available() -> bool {
     })
 }
 
-/// Lane `l` of `products[p]` picks lane `2p + l / 8`: two tokens' scales,
-/// each in eight lanes.
-#[inline(always)]
-unsafe fn pair_picks() -> [__m512i; 4] {
-    std::array::from_fn(|p| {
-        let (k, k1) = (2 * p as i32, 2 * p as i32 + 1);
-        _mm512_set_epi32(k1, k1, k1, k1, k1, k1, k1, k1, k, k, k, k, k, k, k, k)
-    })
-}
-
 /// Two tokens' 32 activation bytes of one block, side by side: one
 /// aligned load in the kernel (or a memory operand of `vpdpbusd`).
 #[derive(Clone, Copy)]
@@ -51,14 +41,6 @@ impl Pair {
     unsafe fn load(&self) -> __m512i {
         _mm512_load_si512(self.0.as_ptr() as *const __m512i)
     }
-}
-
-/// Two adjacent f16 scales (a block's `d` and `m`), each broadcast to
-/// eight lanes: one load and one conversion for both.
-#[inline(always)]
-unsafe fn broadcast_f16_pair(p: *const u8) -> (__m256, __m256) {
-    let both = _mm256_cvtph_ps(_mm_set1_epi32(std::ptr::read_unaligned(p as *const i32)));
-    (_mm256_moveldup_ps(both), _mm256_movehdup_ps(both))
 }
 
 /// A block's 16 bytes of nibbles as its 32 values, low nibbles first, in
@@ -296,24 +278,40 @@ fn with_pairs<R, const T: usize>(x: [&[BlockQ8]; T], n: usize, f: impl FnOnce(&[
 }
 
 /// Unsigned weights (`unpack` gives a block's 32 values as unsigned bytes
-/// in both halves, its scale and its minimum broadcast) against `T`
-/// activation rows; `figures` holds each block's eight scales, then their
-/// scaled sums, and `pairs` as in [`dot8_signed`], rows two at a time as
-/// there. The minimums' products are summed apart and added last, as in
-/// the AVX2 kernels.
+/// in both halves, and its scale and minimum as they lie in the block,
+/// converted: lanes `2k` the scale, `2k + 1` the minimum) against `T`
+/// activation rows; `figures[i]` holds block `i`'s activation scales and
+/// scaled sums interleaved the same way (lane `2k` token `k`'s scale, `2k +
+/// 1` its sum), so one multiplication gives both each token's `dw * d` and
+/// its minimum's product `mw * s`, and one addition accumulates the
+/// minimums' products (the even lanes' sums are never read). Rows go two
+/// at a time and pairs of tokens share registers as in [`dot8_signed`]. The
+/// minimums' products are summed apart and added last, as in the AVX2
+/// kernels.
 #[inline(always)]
 unsafe fn dot8_unsigned<const T: usize>(
     rows: &[u8],
     bytes: usize,
     pairs: &[Pair],
-    figures: &[[f32; 8]],
+    figures: &[Lanes],
     out: &mut [[f32; T]],
-    unpack: impl Fn(*const u8) -> (__m512i, __m256, __m256),
+    unpack: impl Fn(*const u8) -> (__m512i, __m512),
 ) {
-    let stride = figures.len() / 2 * bytes;
+    let stride = figures.len() * bytes;
     two_rows_at_a_time!(rows, stride, out, |w, o, R| {
         unsigned_rows::<T, R>(w, stride, bytes, pairs, figures, o, &unpack)
     });
+}
+
+/// Lane `l` of `products[p]` picks lane `2 * (2p + l / 8)`: two tokens'
+/// scales, each in eight lanes, from [`dot8_unsigned`]'s interleaved
+/// products.
+#[inline(always)]
+unsafe fn interleaved_pair_picks() -> [__m512i; 4] {
+    std::array::from_fn(|p| {
+        let (k, k1) = (4 * p as i32, 4 * p as i32 + 2);
+        _mm512_set_epi32(k1, k1, k1, k1, k1, k1, k1, k1, k, k, k, k, k, k, k, k)
+    })
 }
 
 /// [`dot8_unsigned`] over `R` weight rows `stride` bytes apart from `w`.
@@ -323,24 +321,25 @@ unsafe fn unsigned_rows<const T: usize, const R: usize>(
     stride: usize,
     bytes: usize,
     pairs: &[Pair],
-    figures: &[[f32; 8]],
+    figures: &[Lanes],
     out: &mut [[f32; T]],
-    unpack: &impl Fn(*const u8) -> (__m512i, __m256, __m256),
+    unpack: &impl Fn(*const u8) -> (__m512i, __m512),
 ) {
     let zero = _mm512_setzero_si512();
-    let picks = pair_picks();
+    let picks = interleaved_pair_picks();
     let mut acc = [[_mm512_setzero_ps(); 4]; R];
-    let mut mins = [_mm256_setzero_ps(); R];
-    let blocks = figures.chunks_exact(2).zip(pairs.chunks_exact(T / 2));
+    let mut mins = [_mm512_setzero_ps(); R];
+    let blocks = figures.iter().zip(pairs.chunks_exact(T / 2));
     for (i, (figures, pairs)) in blocks.enumerate() {
-        let scales = _mm256_loadu_ps(figures[0].as_ptr());
-        let sums = _mm256_loadu_ps(figures[1].as_ptr());
+        let figures = figures.load();
         for (j, (acc, mins)) in acc.iter_mut().zip(&mut mins).enumerate() {
             let wb = w.add(j * stride + i * bytes);
             _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH_AHEAD) as *const i8);
-            let (q, dw, mw) = unpack(wb);
-            let products = _mm512_castps256_ps512(_mm256_mul_ps(dw, scales));
-            *mins = _mm256_add_ps(*mins, _mm256_mul_ps(mw, sums));
+            let (q, scales) = unpack(wb);
+            // Even lanes `dw * d_k`, odd lanes `mw * s_k`, each rounded
+            // once as the AVX2 kernels' scalar products are.
+            let products = _mm512_mul_ps(scales, figures);
+            *mins = _mm512_add_ps(*mins, products);
             for (p, acc) in acc.iter_mut().enumerate().take(T / 2) {
                 let y = pairs.get_unchecked(p).load();
                 let prod = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, q, y));
@@ -350,10 +349,39 @@ unsafe fn unsigned_rows<const T: usize, const R: usize>(
         }
     }
     for ((o, acc), mins) in out.iter_mut().zip(&acc).zip(&mins) {
-        let mut min_lanes = [0.0f32; 8];
-        _mm256_storeu_ps(min_lanes.as_mut_ptr(), *mins);
-        fold_pairs(acc, o, min_lanes);
+        let mut lanes = [0.0f32; 16];
+        _mm512_storeu_ps(lanes.as_mut_ptr(), *mins);
+        fold_pairs(acc, o, std::array::from_fn(|k| lanes[2 * k + 1]));
     }
+}
+
+/// A `_1` block's scale and minimum (adjacent f16s at `p`), converted into
+/// [`dot8_unsigned`]'s interleaved lanes: one load and one conversion.
+#[inline(always)]
+unsafe fn scale_and_minimum(p: *const u8) -> __m512 {
+    _mm512_cvtph_ps(_mm256_set1_epi32(std::ptr::read_unaligned(p as *const i32)))
+}
+
+/// `f` with the `T` activation rows' first `n` blocks' scales and scaled
+/// sums interleaved as [`dot8_unsigned`] reads them.
+fn with_interleaved_figures<R, const T: usize>(
+    x: [&[BlockQ8]; T],
+    n: usize,
+    f: impl FnOnce(&[Lanes]) -> R,
+) -> R {
+    FIGURES.with_borrow_mut(|figures| {
+        if figures.len() < n {
+            figures.resize(n, Lanes([0.0; 16]));
+        }
+        let figures = &mut figures[..n];
+        for (k, row) in x.iter().enumerate() {
+            for (to, block) in figures.iter_mut().zip(&row[..n]) {
+                to.0[2 * k] = block.d;
+                to.0[2 * k + 1] = block.s;
+            }
+        }
+        f(figures)
+    })
 }
 
 thread_local! {
@@ -497,10 +525,9 @@ signed_entry!(
 );
 
 /// Four- and eight-token entry points of a format with minimums:
-/// [`dot8_unsigned`] over the per-block figures `$fields` (see
-/// [`with_scales`]).
+/// [`dot8_unsigned`] over its blocks of `$bytes`, unpacked by `$unpack`.
 macro_rules! unsigned_entry {
-    ($dot8:ident, $dot4:ident, $inner:ident, $body:ident, $fields:expr, $bytes:expr, $unpack:expr) => {
+    ($dot8:ident, $dot4:ident, $inner:ident, $body:ident, $bytes:expr, $unpack:expr) => {
         /// Consecutive rows against eight activation rows (a
         /// [`super::Dot8Fn`]); each result is the format's `dot`, bit for bit.
         pub fn $dot8(rows: &[u8], x: [&[BlockQ8]; 8], out: &mut [[f32; 8]]) {
@@ -517,7 +544,7 @@ macro_rules! unsigned_entry {
             unsafe fn run<const T: usize>(
                 rows: &[u8],
                 pairs: &[Pair],
-                figures: &[[f32; 8]],
+                figures: &[Lanes],
                 out: &mut [[f32; T]],
             ) {
                 $body(rows, $bytes, pairs, figures, out, $unpack)
@@ -526,9 +553,7 @@ macro_rules! unsigned_entry {
             assert!(available() && rows.len() >= out.len() * n * $bytes);
             with_pairs(x, n, |pairs| {
                 // SAFETY: features checked just above; bounds by the assert.
-                with_scales(x, n, $fields, |figures| unsafe {
-                    run(rows, pairs, figures, out)
-                })
+                with_interleaved_figures(x, n, |figures| unsafe { run(rows, pairs, figures, out) })
             })
         }
     };
@@ -539,12 +564,8 @@ unsigned_entry!(
     dot4_q4_1,
     dotn_q4_1,
     dot8_unsigned,
-    |b| [b.d, b.s],
     20,
-    |wb: *const u8| unsafe {
-        let (dw, mw) = broadcast_f16_pair(wb);
-        (nibbles_x2(wb.add(4)), dw, mw)
-    }
+    |wb: *const u8| unsafe { (nibbles_x2(wb.add(4)), scale_and_minimum(wb)) }
 );
 
 unsigned_entry!(
@@ -552,10 +573,9 @@ unsigned_entry!(
     dot4_q5_1,
     dotn_q5_1,
     dot8_unsigned,
-    |b| [b.d, b.s],
     24,
     |wb: *const u8| unsafe {
-        let (dw, mw) = broadcast_f16_pair(wb);
-        (_mm512_broadcast_i64x4(super::avx2::q5_1_values(wb)), dw, mw)
+        let q = _mm512_broadcast_i64x4(super::avx2::q5_1_values(wb));
+        (q, scale_and_minimum(wb))
     }
 );
