@@ -16,7 +16,7 @@ use super::weights::{LoadError, Matrix, TensorSource};
 use crate::collectives::{CollectiveError, Group, SingleRank};
 use crate::ops;
 use crate::paged::{blocks_for, BlockId, KvPool};
-use crate::quant::Activations;
+use crate::quant::{Activations, OutLayout};
 use crate::shard::{split_evenly, ShardError, ShardSpec};
 use crate::threadpool::{split_range, DisjointSlice, ThreadPool};
 
@@ -55,7 +55,8 @@ struct Attention {
     qk_norm_widths: Option<(usize, usize)>,
     /// With an output gate, twice as many rows: each head's q, then its
     /// gate (Qwen3.5).
-    wq: Matrix,
+    /// q_proj's rows of this rank's heads, in the same parts as `wo`.
+    wq: Vec<Matrix>,
     wk: Matrix,
     wv: Matrix,
     /// o_proj's columns of this rank's heads: one matrix, or one per part
@@ -91,8 +92,9 @@ impl Layer {
                 let vectors = [
                     &a.q_bias, &a.k_bias, &a.v_bias, &a.o_bias, &a.q_norm, &a.k_norm,
                 ];
-                [&a.wq, &a.wk, &a.wv]
+                [&a.wk, &a.wv]
                     .into_iter()
+                    .chain(&a.wq)
                     .chain(&a.wo)
                     .map(|m| m.size_bytes())
                     .sum::<usize>()
@@ -418,7 +420,7 @@ pub enum ForwardError {
     GroupSize { expected: usize, actual: usize },
     #[error("recurrent-state slot {slot}: {reason}")]
     StateSlot { slot: usize, reason: &'static str },
-    #[error("o_proj was loaded in {parts} parts, but this rank shares no KV groups by tokens")]
+    #[error("q_proj and o_proj were loaded in {parts} parts, but this rank shares no KV groups by tokens")]
     OProjParts { parts: usize },
 }
 
@@ -1176,22 +1178,37 @@ impl Transformer {
                 actual: group.size(),
             });
         }
+        // Rank 0's rows of the vocabulary come first: it writes its logits
+        // straight into place, the others theirs into one block each.
         let local = slice.head.rows();
-        ws.local_logits.resize(wanted * local, 0.0);
-        slice
-            .head
-            .matmul(&mut ws.acts, wanted, normed, &mut ws.local_logits, pool)?;
+        if group.rank() == 0 {
+            let layout = OutLayout {
+                stride: vocab,
+                offset: 0,
+            };
+            let logits = &mut ws.logits[..wanted * vocab];
+            slice
+                .head
+                .matmul_region(&mut ws.acts, normed, 0..wanted, logits, layout, pool)?;
+            ws.local_logits.clear();
+        } else {
+            ws.local_logits.resize(wanted * local, 0.0);
+            slice
+                .head
+                .matmul(&mut ws.acts, wanted, normed, &mut ws.local_logits, pool)?;
+        }
         // One gather for all rows: rank r's block is its rows of every
         // sequence, which are then put in vocabulary order per sequence.
-        let counts: Vec<usize> = slice.vocab_counts.iter().map(|c| c * wanted).collect();
-        ws.gathered.resize(wanted * vocab, 0.0);
+        let mut counts: Vec<usize> = slice.vocab_counts.iter().map(|c| c * wanted).collect();
+        counts[0] = 0;
+        ws.gathered.resize(counts.iter().sum(), 0.0);
         group.gather_to_first(&ws.local_logits, &counts, &mut ws.gathered)?;
         if group.rank() != 0 {
             return Ok(ForwardOutput::SentToFirst);
         }
         let mut at = 0;
-        let mut column = 0;
-        for &count in &slice.vocab_counts {
+        let mut column = slice.vocab_counts[0];
+        for &count in &slice.vocab_counts[1..] {
             for r in 0..wanted {
                 let from = &ws.gathered[at + r * count..at + (r + 1) * count];
                 ws.logits[r * vocab + column..r * vocab + column + count].copy_from_slice(from);
@@ -1336,14 +1353,39 @@ impl Transformer {
         } else {
             &mut ws.q[..n * qd]
         };
-        Matrix::matmul_many(
-            [&attn.wq, &attn.wk, &attn.wv],
-            &mut ws.acts,
-            n,
-            &ws.normed,
-            [q_out, &mut ws.k[..n * kvd], &mut ws.v[..n * kvd]],
-            pool,
-        )?;
+        match (&self.token_share, &attn.wq[..]) {
+            (None, [wq]) => Matrix::matmul_many(
+                [wq, &attn.wk, &attn.wv],
+                &mut ws.acts,
+                n,
+                &ws.normed,
+                [q_out, &mut ws.k[..n * kvd], &mut ws.v[..n * kvd]],
+                pool,
+            )?,
+            (None, parts) => return Err(ForwardError::OProjParts { parts: parts.len() }),
+            (Some(share), parts) => {
+                Matrix::matmul_many(
+                    [&attn.wk, &attn.wv],
+                    &mut ws.acts,
+                    n,
+                    &ws.normed,
+                    [&mut ws.k[..n * kvd], &mut ws.v[..n * kvd]],
+                    pool,
+                )?;
+                // A shared group's q only for the tokens this rank attends.
+                let width = share.group_size * hd;
+                let first = share.groups().start;
+                for (part, wq) in share.parts().iter().zip(parts) {
+                    let layout = OutLayout {
+                        stride: qd,
+                        offset: (part.groups.start - first) * width,
+                    };
+                    let tokens = share.tokens(part.lo, part.hi, n);
+                    let (acts, q) = (&mut ws.acts, &mut ws.q[..n * qd]);
+                    wq.matmul_region(acts, &ws.normed, tokens, q, layout, pool)?;
+                }
+            }
+        }
         if attn.output_gate {
             // Each head's q, then its gate.
             let heads = n * qd / hd;
@@ -1600,28 +1642,43 @@ fn load_attention(
     let output_gate = config.variant.attn_output_gate;
     // Fused projections (one tensor for q, k and v) are split section by
     // section.
-    let (wq, wk, wv) =
-        if !source.contains(&n("attn_q.weight")) && source.contains(&n("attn_qkv.weight")) {
-            let fused = n("attn_qkv.weight");
-            let shape = [q + 2 * kv, h];
-            (
-                part(&fused, shape, Some(q_rows.clone()), None)?,
-                part(&fused, shape, Some(shifted(kv_rows, q)), None)?,
-                part(&fused, shape, Some(shifted(kv_rows, q + kv)), None)?,
+    let fused = !source.contains(&n("attn_q.weight")) && source.contains(&n("attn_qkv.weight"));
+    let q_part = |rows: &Range<usize>| {
+        if fused {
+            part(
+                &n("attn_qkv.weight"),
+                [q + 2 * kv, h],
+                Some(rows.clone()),
+                None,
             )
-        } else {
+        } else if output_gate {
             // A gated head's rows are its q's then its gate's.
-            let (q_shape, q_part) = if output_gate {
-                ([2 * q, h], 2 * q_rows.start..2 * q_rows.end)
-            } else {
-                ([q, h], q_rows.clone())
-            };
-            (
-                part(&n("attn_q.weight"), q_shape, Some(q_part), None)?,
-                part(&n("attn_k.weight"), [kv, h], Some(kv_rows.clone()), None)?,
-                part(&n("attn_v.weight"), [kv, h], Some(kv_rows.clone()), None)?,
-            )
-        };
+            let gated = 2 * rows.start..2 * rows.end;
+            part(&n("attn_q.weight"), [2 * q, h], Some(gated), None)
+        } else {
+            part(&n("attn_q.weight"), [q, h], Some(rows.clone()), None)
+        }
+    };
+    // Ranks sharing KV groups by tokens hold q_proj's rows in the same
+    // parts as o_proj's columns.
+    let wq = if rows.o_parts.is_empty() {
+        vec![q_part(q_rows)?]
+    } else {
+        rows.o_parts.iter().map(q_part).collect::<Result<_, _>>()?
+    };
+    let (wk, wv) = if fused {
+        let fused = n("attn_qkv.weight");
+        let shape = [q + 2 * kv, h];
+        (
+            part(&fused, shape, Some(shifted(kv_rows, q)), None)?,
+            part(&fused, shape, Some(shifted(kv_rows, q + kv)), None)?,
+        )
+    } else {
+        (
+            part(&n("attn_k.weight"), [kv, h], Some(kv_rows.clone()), None)?,
+            part(&n("attn_v.weight"), [kv, h], Some(kv_rows.clone()), None)?,
+        )
+    };
     let whole = config.variant.qk_norm_whole;
     let (q_norm, k_norm) = if whole {
         (

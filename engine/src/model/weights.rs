@@ -146,6 +146,40 @@ impl Matrix {
         Ok(())
     }
 
+    /// [`Matrix::matmul`] for the rows `tokens` of `x` (of `input`, which
+    /// it holds), each token's results at `layout` in `out` (see
+    /// [`quant::matmul_region`]).
+    pub fn matmul_region(
+        &self,
+        x: &mut Activations,
+        input: &[f32],
+        tokens: Range<usize>,
+        out: &mut [f32],
+        layout: quant::OutLayout,
+        pool: &ThreadPool,
+    ) -> Result<(), candle_core::Error> {
+        let rows = self.rows();
+        match self {
+            Self::Native(m) => {
+                quant::matmul_region(m, x, tokens, out, layout, pool);
+                Ok(())
+            }
+            Self::Candle { .. } => {
+                let cols = self.cols();
+                let mut part = Activations::default();
+                let from = &input[tokens.start * cols..tokens.end * cols];
+                part.set(from, tokens.len(), cols);
+                let mut results = vec![0.0; tokens.len() * rows];
+                self.matmul(&mut part, tokens.len(), from, &mut results, pool)?;
+                for (t, row) in tokens.zip(results.chunks_exact(rows)) {
+                    let at = t * layout.stride + layout.offset;
+                    out[at..at + rows].copy_from_slice(row);
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// `out = x @ self^T` for every row of `x`.
     pub fn matmul(
         &self,

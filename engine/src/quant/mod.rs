@@ -477,6 +477,8 @@ pub fn matmul_grouped<'w, const N: usize>(
                         tokens: tokens.clone(),
                         x_rows,
                         out: view,
+                        out_stride: w.rows,
+                        out_offset: 0,
                     };
                     job.run(x, w.format.activation_kind());
                 }
@@ -505,8 +507,58 @@ fn matmul_rows(
         tokens,
         x_rows: None,
         out,
+        out_stride: w.rows,
+        out_offset: 0,
     };
     job.run(x, kind);
+}
+
+/// Where [`matmul_region`] writes: row `r` of token `t` at `t * stride +
+/// offset + r`.
+#[derive(Clone, Copy, Debug)]
+pub struct OutLayout {
+    pub stride: usize,
+    pub offset: usize,
+}
+
+/// [`matmul`] for the activation rows `tokens` only, each token's results
+/// written at `layout` into a wider buffer (its columns of the logits, or
+/// of q): no copy into place afterwards. Each result is the plain
+/// product's bit for bit.
+pub fn matmul_region(
+    w: &QMatrix,
+    x: &mut Activations,
+    tokens: std::ops::Range<usize>,
+    out: &mut [f32],
+    layout: OutLayout,
+    pool: &ThreadPool,
+) {
+    assert_eq!(x.cols, w.cols, "activation width must match the matrix");
+    assert!(tokens.end <= x.rows && layout.offset + w.rows <= layout.stride);
+    if tokens.is_empty() {
+        return;
+    }
+    assert!(out.len() >= (tokens.end - 1) * layout.stride + layout.offset + w.rows);
+    let kind = w.format.activation_kind();
+    x.prepare(kind, pool);
+    let x = &*x;
+    let out_view = DisjointSlice::new(out);
+    pool.run(|index, count| {
+        let range = split_range(w.rows, index, count, 4);
+        if range.is_empty() {
+            return;
+        }
+        let job = RowJob {
+            w,
+            range,
+            tokens: tokens.clone(),
+            x_rows: None,
+            out: &out_view,
+            out_stride: layout.stride,
+            out_offset: layout.offset,
+        };
+        job.run(x, kind);
+    });
 }
 
 /// One thread's share of a product: weight rows `range` for the output
@@ -517,6 +569,9 @@ struct RowJob<'a> {
     tokens: std::ops::Range<usize>,
     x_rows: Option<&'a [usize]>,
     out: &'a DisjointSlice<f32>,
+    /// Token `t`'s row `r` goes to `t * out_stride + out_offset + r`.
+    out_stride: usize,
+    out_offset: usize,
 }
 
 impl RowJob<'_> {
@@ -538,7 +593,7 @@ impl RowJob<'_> {
     /// a time (the view is shared, like [`DisjointSlice::part`]).
     #[allow(clippy::mut_from_ref)]
     fn out_row(&self, t: usize, tile: std::ops::Range<usize>) -> &mut [f32] {
-        let base = t * self.w.rows;
+        let base = t * self.out_stride + self.out_offset;
         // SAFETY: this thread owns columns `range` of every output row, and
         // `tile` lies within them.
         unsafe { self.out.part(base + tile.start..base + tile.end) }
@@ -1149,6 +1204,48 @@ mod tests {
                         .zip(expected)
                         .all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(same, "{format:?}: token {t} of {tokens} differs");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_region_of_tokens_is_written_in_place_with_the_plain_products_bits() {
+        let pool = ThreadPool::new(2);
+        for format in ALL {
+            let (rows, cols, tokens) = (21, 512, 7);
+            let w = QMatrix::from_bytes(format, rows, cols, random_blocks(format, rows, cols, 13))
+                .unwrap();
+            let x = random(tokens * cols, 14);
+            let plain = product(&w, &x, tokens, &pool);
+            let layout = OutLayout {
+                stride: rows + 5,
+                offset: 3,
+            };
+            let mut out = vec![-1.0; tokens * layout.stride];
+            let mut acts = Activations::default();
+            acts.set(&x, tokens, cols);
+            matmul_region(&w, &mut acts, 2..6, &mut out, layout, &pool);
+            for t in 0..tokens {
+                let row = &out[t * layout.stride..(t + 1) * layout.stride];
+                let (before, rest) = row.split_at(layout.offset);
+                let (got, after) = rest.split_at(rows);
+                assert!(
+                    before.iter().chain(after).all(|&v| v == -1.0),
+                    "{format:?}: only the region"
+                );
+                if (2..6).contains(&t) {
+                    let expected = &plain[t * rows..(t + 1) * rows];
+                    let same = got
+                        .iter()
+                        .zip(expected)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{format:?}: token {t}");
+                } else {
+                    assert!(
+                        got.iter().all(|&v| v == -1.0),
+                        "{format:?}: token {t} untouched"
+                    );
                 }
             }
         }
