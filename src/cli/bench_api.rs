@@ -225,8 +225,13 @@ pub fn run(args: ApiBenchArgs) -> anyhow::Result<()> {
     let runtime = super::client_runtime()?;
     runtime.block_on(async move {
         let url = args.url.trim_end_matches('/').to_string();
+        // A server that stops answering is an error of that request, not a
+        // bench that hangs (once seen against llama-server: a request's
+        // future pending with its connection gone).
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(args.clients)
+            .connect_timeout(Duration::from_secs(10))
+            .read_timeout(Duration::from_secs(60))
             .build()
             .context("HTTP client")?;
         // 1. References, alone.
