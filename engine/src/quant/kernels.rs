@@ -104,8 +104,11 @@ pub(super) fn x86_kernels<const VNNI: bool>(format: WeightFormat) -> Kernels<Blo
     // The AVX-512 kernels give the same bits as these (and exist only
     // where VNNI does): two tokens per register, for four tokens too.
     let wide = VNNI && avx512::available();
+    let gfni = wide && avx512::gfni_available();
     let dot4 = match format {
-        WeightFormat::Q4_0 if wide => avx512::dot4_q4_0 as Dot4Fn,
+        WeightFormat::Q4_0 if gfni => avx512::dot4_q4_0_gfni as Dot4Fn,
+        WeightFormat::Q4_1 if gfni => avx512::dot4_q4_1_gfni,
+        WeightFormat::Q4_0 if wide => avx512::dot4_q4_0,
         WeightFormat::Q5_0 if wide => avx512::dot4_q5_0,
         WeightFormat::Q8_0 if wide => avx512::dot4_q8_0,
         WeightFormat::Q4_1 if wide => avx512::dot4_q4_1,
@@ -113,6 +116,8 @@ pub(super) fn x86_kernels<const VNNI: bool>(format: WeightFormat) -> Kernels<Blo
         _ => dot4,
     };
     let dot8 = match format {
+        WeightFormat::Q4_0 if gfni => Some(avx512::dot8_q4_0_gfni as Dot8Fn),
+        WeightFormat::Q4_1 if gfni => Some(avx512::dot8_q4_1_gfni as Dot8Fn),
         WeightFormat::Q4_0 if VNNI && avx512::available() => Some(avx512::dot8_q4_0 as Dot8Fn),
         WeightFormat::Q5_0 if VNNI && avx512::available() => Some(avx512::dot8_q5_0 as Dot8Fn),
         WeightFormat::Q8_0 if VNNI && avx512::available() => Some(avx512::dot8_q8_0 as Dot8Fn),

@@ -30,6 +30,13 @@ pub fn available() -> bool {
     })
 }
 
+/// Whether these kernels' GFNI variants (one affine byte transform
+/// unpacks a block's nibbles) run here: most CPUs with AVX-512 VNNI since
+/// Ice Lake and Zen 4; not Cascade Lake.
+pub fn gfni_available() -> bool {
+    available() && is_x86_feature_detected!("gfni")
+}
+
 /// Two tokens' 32 activation bytes of one block, side by side: one
 /// aligned load in the kernel (or a memory operand of `vpdpbusd`).
 #[derive(Clone, Copy)]
@@ -60,6 +67,19 @@ unsafe fn nibbles_x2(p: *const u8) -> __m512i {
         0,
     );
     _mm512_and_si512(_mm512_srlv_epi16(bytes, shifts), _mm512_set1_epi8(0x0F))
+}
+
+/// [`nibbles_x2`] in one GFNI instruction: in the low and the high 128-bit
+/// lanes, bit matrices that keep each byte's low nibble, or move its high
+/// nibble down (for bit `i` of the result, byte `7 - i` of the matrix
+/// picks the source bit). The caller has GFNI.
+#[inline(always)]
+unsafe fn nibbles_x2_gfni(p: *const u8) -> __m512i {
+    const LOW: i64 = 0x0102_0408_0000_0000;
+    const HIGH: i64 = 0x1020_4080_0000_0000u64 as i64;
+    let bytes = _mm512_broadcast_i32x4(_mm_loadu_si128(p as *const __m128i));
+    let matrices = _mm512_set_epi64(HIGH, HIGH, LOW, LOW, HIGH, HIGH, LOW, LOW);
+    _mm512_gf2p8affine_epi64_epi8::<0>(bytes, matrices)
 }
 
 /// Rows `w0` and `w1`'s f16 block scales (at each block's start), each
@@ -443,7 +463,7 @@ unsafe fn fill_biases(pairs: &[Pair], offset: u8, biases: &mut [Pair]) {
 /// [`dot8_unsigned`] (`$offset` of 0), `$fields` the per-block figures it
 /// reads (see [`Laid`]).
 macro_rules! signed_entry {
-    ($dot8:ident, $dot4:ident, $inner:ident, $body:ident, $offset:expr, $fields:expr, $bytes:expr, $unpack:expr) => {
+    ($dot8:ident, $dot4:ident, $inner:ident, $features:literal, $available:ident, $body:ident, $offset:expr, $fields:expr, $bytes:expr, $unpack:expr) => {
         /// Consecutive rows against eight activation rows (a
         /// [`super::Dot8Fn`]); each result is the format's `dot`, bit for bit.
         pub fn $dot8(rows: &[u8], x: [&[BlockQ8]; 8], out: &mut [[f32; 8]]) {
@@ -456,7 +476,7 @@ macro_rules! signed_entry {
         }
 
         fn $inner<const T: usize>(rows: &[u8], x: [&[BlockQ8]; T], out: &mut [[f32; T]]) {
-            #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+            #[target_feature(enable = $features)]
             unsafe fn run<const T: usize>(
                 rows: &[u8],
                 pairs: &[Pair],
@@ -473,7 +493,7 @@ macro_rules! signed_entry {
                 $body(rows, $bytes, &laid, out, $unpack)
             }
             let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
-            assert!(available() && rows.len() >= out.len() * n * $bytes);
+            assert!($available() && rows.len() >= out.len() * n * $bytes);
             // Formats without an offset start their sums from zero.
             let biases = if $offset == 0 { 0 } else { n * T / 2 };
             with_pairs(x, n, |pairs| {
@@ -492,6 +512,8 @@ signed_entry!(
     dot8_q4_0,
     dot4_q4_0,
     dotn_q4_0,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    available,
     dot8_signed,
     8,
     |b| [b.d],
@@ -499,10 +521,27 @@ signed_entry!(
     |wb: *const u8| unsafe { nibbles_x2(wb.add(2)) }
 );
 
+// Where GFNI runs, its one-instruction unpacking of the nibbles: the same
+// values, so the same bits.
+signed_entry!(
+    dot8_q4_0_gfni,
+    dot4_q4_0_gfni,
+    dotn_q4_0_gfni,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni",
+    gfni_available,
+    dot8_signed,
+    8,
+    |b| [b.d],
+    18,
+    |wb: *const u8| unsafe { nibbles_x2_gfni(wb.add(2)) }
+);
+
 signed_entry!(
     dot8_q5_0,
     dot4_q5_0,
     dotn_q5_0,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    available,
     dot8_signed,
     16,
     |b| [b.d],
@@ -514,6 +553,8 @@ signed_entry!(
     dot8_q8_0,
     dot4_q8_0,
     dotn_q8_0,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    available,
     dot8_signed,
     0x80,
     |b| [b.d],
@@ -527,7 +568,7 @@ signed_entry!(
 /// Four- and eight-token entry points of a format with minimums:
 /// [`dot8_unsigned`] over its blocks of `$bytes`, unpacked by `$unpack`.
 macro_rules! unsigned_entry {
-    ($dot8:ident, $dot4:ident, $inner:ident, $body:ident, $bytes:expr, $unpack:expr) => {
+    ($dot8:ident, $dot4:ident, $inner:ident, $features:literal, $available:ident, $body:ident, $bytes:expr, $unpack:expr) => {
         /// Consecutive rows against eight activation rows (a
         /// [`super::Dot8Fn`]); each result is the format's `dot`, bit for bit.
         pub fn $dot8(rows: &[u8], x: [&[BlockQ8]; 8], out: &mut [[f32; 8]]) {
@@ -540,7 +581,7 @@ macro_rules! unsigned_entry {
         }
 
         fn $inner<const T: usize>(rows: &[u8], x: [&[BlockQ8]; T], out: &mut [[f32; T]]) {
-            #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+            #[target_feature(enable = $features)]
             unsafe fn run<const T: usize>(
                 rows: &[u8],
                 pairs: &[Pair],
@@ -550,7 +591,7 @@ macro_rules! unsigned_entry {
                 $body(rows, $bytes, pairs, figures, out, $unpack)
             }
             let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
-            assert!(available() && rows.len() >= out.len() * n * $bytes);
+            assert!($available() && rows.len() >= out.len() * n * $bytes);
             with_pairs(x, n, |pairs| {
                 // SAFETY: features checked just above; bounds by the assert.
                 with_interleaved_figures(x, n, |figures| unsafe { run(rows, pairs, figures, out) })
@@ -563,15 +604,30 @@ unsigned_entry!(
     dot8_q4_1,
     dot4_q4_1,
     dotn_q4_1,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    available,
     dot8_unsigned,
     20,
     |wb: *const u8| unsafe { (nibbles_x2(wb.add(4)), scale_and_minimum(wb)) }
 );
 
 unsigned_entry!(
+    dot8_q4_1_gfni,
+    dot4_q4_1_gfni,
+    dotn_q4_1_gfni,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,gfni",
+    gfni_available,
+    dot8_unsigned,
+    20,
+    |wb: *const u8| unsafe { (nibbles_x2_gfni(wb.add(4)), scale_and_minimum(wb)) }
+);
+
+unsigned_entry!(
     dot8_q5_1,
     dot4_q5_1,
     dotn_q5_1,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    available,
     dot8_unsigned,
     24,
     |wb: *const u8| unsafe {
@@ -579,3 +635,82 @@ unsigned_entry!(
         (q, scale_and_minimum(wb))
     }
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// `rows` random blocks of `bytes`, each starting with sane f16 scales
+    /// (`scales` of them) and random values after.
+    fn random_rows(rows: usize, blocks: usize, bytes: usize, scales: usize) -> Vec<u8> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+        let mut w: Vec<u8> = (0..rows * blocks * bytes).map(|_| rng.gen()).collect();
+        for block in w.chunks_exact_mut(bytes) {
+            for s in 0..scales {
+                let scale = half::f16::from_f32(rng.gen_range(-0.05..0.05)).to_bits();
+                block[2 * s..2 * s + 2].copy_from_slice(&scale.to_le_bytes());
+            }
+        }
+        w
+    }
+
+    #[test]
+    fn gfni_unpacking_gives_the_same_bits() {
+        if !gfni_available() {
+            eprintln!("no GFNI here: nothing to compare");
+            return;
+        }
+        let (rows, blocks) = (13, 18);
+        let acts: Vec<Vec<BlockQ8>> = (0..8)
+            .map(|k| {
+                let x: Vec<f32> = (0..blocks * 32)
+                    .map(|i| ((i * 7 + k * 3) % 23) as f32 - 11.0)
+                    .collect();
+                let mut out = vec![BlockQ8::default(); blocks];
+                super::super::quantize_row_q8(&x, &mut out, true);
+                out
+            })
+            .collect();
+        let x8: [&[BlockQ8]; 8] = std::array::from_fn(|k| &acts[k][..]);
+        let x4: [&[BlockQ8]; 4] = std::array::from_fn(|k| &acts[k][..]);
+        type Pair = (
+            fn(&[u8], [&[BlockQ8]; 8], &mut [[f32; 8]]),
+            fn(&[u8], [&[BlockQ8]; 4], &mut [[f32; 4]]),
+        );
+        let formats: [(usize, usize, Pair, Pair); 2] = [
+            (
+                18,
+                1,
+                (dot8_q4_0, dot4_q4_0),
+                (dot8_q4_0_gfni, dot4_q4_0_gfni),
+            ),
+            (
+                20,
+                2,
+                (dot8_q4_1, dot4_q4_1),
+                (dot8_q4_1_gfni, dot4_q4_1_gfni),
+            ),
+        ];
+        for (bytes, scales, plain, gfni) in formats {
+            let w = random_rows(rows, blocks, bytes, scales);
+            let (mut a8, mut b8) = (vec![[0.0; 8]; rows], vec![[1.0; 8]; rows]);
+            plain.0(&w, x8, &mut a8);
+            gfni.0(&w, x8, &mut b8);
+            let (mut a4, mut b4) = (vec![[0.0; 4]; rows], vec![[1.0; 4]; rows]);
+            plain.1(&w, x4, &mut a4);
+            gfni.1(&w, x4, &mut b4);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(a8.as_flattened()),
+                bits(b8.as_flattened()),
+                "{bytes}-byte blocks, 8 tokens"
+            );
+            assert_eq!(
+                bits(a4.as_flattened()),
+                bits(b4.as_flattened()),
+                "{bytes}-byte blocks, 4 tokens"
+            );
+        }
+    }
+}
