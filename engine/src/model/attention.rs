@@ -50,10 +50,7 @@ pub(super) struct Scoring {
 /// One layer's attention: `out[t, head] = softmax(q[t, head] · K) V` over
 /// the positions token `t`'s sequence (`spans[token_span[t]]`) has seen,
 /// for `positions.len()` tokens, each head against its KV head in
-/// `layout`. `scratch` holds `stride` floats per thread. With `attend`,
-/// only the tokens `attend[kv_head]` of each KV head (ranks sharing a KV
-/// group by tokens, [`super::token_share::TokenShare`]); the others' rows of
-/// `out` are left as they were.
+/// `layout`. `scratch` holds `stride` floats per thread.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attention(
     cfg: &ModelConfig,
@@ -65,7 +62,6 @@ pub(super) fn attention(
     spans: &[SeqSpan<'_>],
     token_span: &[u32],
     positions: &[usize],
-    attend: Option<&[Range<usize>]>,
     out: &mut [f32],
     scratch: &mut [f32],
     stride: usize,
@@ -99,9 +95,6 @@ pub(super) fn attention(
         for item in split_range(items, thread, threads, 1) {
             let t = item / (cfg.kv_heads * chunks);
             let kv_head = item / chunks % cfg.kv_heads;
-            if attend.is_some_and(|a| !a[kv_head].contains(&t)) {
-                continue;
-            }
             // A tensor rank may have only some of a KV head's query heads:
             // then some chunks are empty.
             let all = layout.heads_of(kv_head, cfg.heads);

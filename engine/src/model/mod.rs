@@ -18,7 +18,6 @@ pub mod phi3;
 pub mod qwen;
 pub mod qwen35;
 pub mod smollm3;
-mod token_share;
 pub mod transformer;
 pub mod weights;
 

@@ -11,7 +11,6 @@ use super::attention::{self, Scoring};
 use super::config::{Activation, LayerRope, ModelConfig};
 use super::deltanet::{GatedDeltaNet, LinearSplit, LinearWorkspace};
 use super::moe::{Experts, MoeWorkspace};
-use super::token_share::TokenShare;
 use super::weights::{LoadError, Matrix, TensorSource};
 use crate::collectives::{CollectiveError, Group, SingleRank};
 use crate::ops;
@@ -55,13 +54,10 @@ struct Attention {
     qk_norm_widths: Option<(usize, usize)>,
     /// With an output gate, twice as many rows: each head's q, then its
     /// gate (Qwen3.5).
-    /// q_proj's rows of this rank's heads, in the same parts as `wo`.
-    wq: Vec<Matrix>,
+    wq: Matrix,
     wk: Matrix,
     wv: Matrix,
-    /// o_proj's columns of this rank's heads: one matrix, or one per part
-    /// where the ranks share KV groups by tokens ([`TokenShare::parts`]).
-    wo: Vec<Matrix>,
+    wo: Matrix,
     q_bias: Option<Vec<f32>>,
     k_bias: Option<Vec<f32>>,
     v_bias: Option<Vec<f32>>,
@@ -92,10 +88,8 @@ impl Layer {
                 let vectors = [
                     &a.q_bias, &a.k_bias, &a.v_bias, &a.o_bias, &a.q_norm, &a.k_norm,
                 ];
-                [&a.wk, &a.wv]
-                    .into_iter()
-                    .chain(&a.wq)
-                    .chain(&a.wo)
+                [&a.wq, &a.wk, &a.wv, &a.wo]
+                    .iter()
                     .map(|m| m.size_bytes())
                     .sum::<usize>()
                     + vectors
@@ -165,8 +159,6 @@ pub struct Transformer {
     tensor: Option<TensorSlice>,
     /// Which query heads this shard has and which KV head each reads.
     heads: HeadLayout,
-    /// Set on a tensor rank that shares KV groups with others by tokens.
-    token_share: Option<TokenShare>,
     /// Layers with keys and values (all but the linear-attention ones).
     kv_layers: usize,
     /// Floats of recurrent state a sequence needs across this shard's
@@ -313,14 +305,6 @@ pub struct Workspace {
     token_span: Vec<u32>,
     /// A tensor rank's gathered logits, before they are put in order.
     gathered: Vec<f32>,
-    /// Ranks sharing KV groups by tokens ([`TokenShare`]): the tokens
-    /// this rank attends per KV head, an o_proj part's input columns, this
-    /// rank's o_proj rows, every rank's, and how many each sends.
-    attend: Vec<Range<usize>>,
-    o_input: Vec<f32>,
-    o_piece: Vec<f32>,
-    o_gathered: Vec<f32>,
-    o_counts: Vec<usize>,
     acts: Activations,
     /// The mixture-of-experts block's buffers (empty for dense models).
     moe: MoeWorkspace,
@@ -420,8 +404,6 @@ pub enum ForwardError {
     GroupSize { expected: usize, actual: usize },
     #[error("recurrent-state slot {slot}: {reason}")]
     StateSlot { slot: usize, reason: &'static str },
-    #[error("q_proj and o_proj were loaded in {parts} parts, but this rank shares no KV groups by tokens")]
-    OProjParts { parts: usize },
 }
 
 /// What a tensor-parallel rank owns beyond its slice of every layer: its
@@ -447,9 +429,6 @@ pub struct TensorSplit {
     pub linear_keys: Range<usize>,
     pub vocab_rows: Range<usize>,
     pub vocab_counts: Vec<usize>,
-    /// Set where a KV group straddles ranks: who attends which of its
-    /// tokens (see [`TokenShare`]).
-    pub(crate) token_share: Option<TokenShare>,
 }
 
 /// This rank's intermediate rows of an MLP of `ffn` rows: in units of
@@ -489,11 +468,7 @@ impl TensorSplit {
             rank,
             world_size: world,
         };
-        let AttentionShare {
-            q_heads,
-            kv_heads,
-            token_share,
-        } = attention_share(config, &spec, rank, world)?;
+        let (q_heads, kv_heads) = attention_share(config, &spec, rank, world)?;
         let hd = config.head_dim;
         let expert_rows = match &config.moe {
             Some(moe) => ffn_share(moe.expert_ffn, expert_unit, rank, world)?,
@@ -530,64 +505,36 @@ impl TensorSplit {
             linear_keys,
             vocab_rows: vocab.start as usize..vocab.end as usize,
             vocab_counts: vocab_parts.iter().map(|r| r.len()).collect(),
-            token_share,
         })
     }
 }
 
-/// A tensor rank's query heads and KV heads, and how it shares the KV
-/// groups that straddle ranks. Whole KV-head groups when the ranks divide
-/// them evenly (or the q and k norms span all heads, whose sums must count
-/// each KV head once). Else every group a rank's even share of the query
-/// heads touches, whole, a straddling group's tokens split between its two
-/// ranks in the balanced proportion ([`TokenShare`]): with 3 KV heads of 3
-/// query heads on 2 ranks, each rank attends 4.5 heads' worth. Gated
-/// attention (Qwen3.5) still splits by query heads, 5 and 4 there, a
-/// straddling group computed and cached on both.
+/// A tensor rank's query heads and KV heads. Whole KV-head groups when
+/// the ranks divide them evenly (or the q and k norms span all heads,
+/// whose sums must count each KV head once); else query heads as evenly
+/// as they go, a KV head whose group straddles two ranks computed and
+/// cached on both. Attention is then balanced: with 3 KV heads of 3 query
+/// heads on 2 ranks, 5 and 4 query heads rather than 6 and 3 (the whole
+/// groups' split made one rank's attention twice the other's, and the
+/// other wait at every layer's all-reduce).
 fn attention_share(
     config: &ModelConfig,
     spec: &ShardSpec,
     rank: u32,
     world: u32,
-) -> Result<AttentionShare, ShardError> {
+) -> Result<(Range<usize>, Range<usize>), ShardError> {
     // Also the check that there are enough KV heads for the world.
     let groups = spec.kv_head_groups(config.kv_heads as u32)?;
     let per_group = config.heads / config.kv_heads;
     let (g0, g1) = (groups.start as usize, groups.end as usize);
     if config.kv_heads.is_multiple_of(world as usize) || config.variant.qk_norm_whole {
-        return Ok(AttentionShare {
-            q_heads: g0 * per_group..g1 * per_group,
-            kv_heads: g0..g1,
-            token_share: None,
-        });
-    }
-    if !config.variant.attn_output_gate {
-        let share = TokenShare::new(config.heads, config.kv_heads, world as usize, rank as usize);
-        if let Some(share) = share {
-            let groups = share.groups();
-            return Ok(AttentionShare {
-                q_heads: groups.start * per_group..groups.end * per_group,
-                kv_heads: groups,
-                token_share: Some(share),
-            });
-        }
+        return Ok((g0 * per_group..g1 * per_group, g0..g1));
     }
     let parts = split_evenly(config.heads as u32, world as usize, "query heads")?;
     let part = &parts[rank as usize];
     let q = part.start as usize..part.end as usize;
     let kv = q.start / per_group..q.end.div_ceil(per_group);
-    Ok(AttentionShare {
-        q_heads: q,
-        kv_heads: kv,
-        token_share: None,
-    })
-}
-
-/// A tensor rank's share of the attention: see [`attention_share`].
-struct AttentionShare {
-    q_heads: Range<usize>,
-    kv_heads: Range<usize>,
-    token_share: Option<TokenShare>,
+    Ok((q, kv))
 }
 
 /// Which query heads a shard has, and so which of its KV heads each one
@@ -663,17 +610,6 @@ impl Transformer {
         let rows = ShardRows {
             q: split.as_ref().map_or(0..q, |s| s.q_rows.clone()),
             kv: split.as_ref().map_or(0..kv, |s| s.kv_rows.clone()),
-            o_parts: match split.as_ref().and_then(|s| s.token_share.as_ref()) {
-                Some(share) => {
-                    let width = share.group_size * config.head_dim;
-                    share
-                        .parts()
-                        .iter()
-                        .map(|p| p.groups.start * width..p.groups.end * width)
-                        .collect()
-                }
-                None => Vec::new(),
-            },
             ffn: split.as_ref().map_or(0..f, |s| s.ffn_rows.clone()),
             expert: match (&split, &config.moe) {
                 (Some(s), _) => s.expert_rows.clone(),
@@ -781,7 +717,6 @@ impl Transformer {
             None => config.rope_freq_factors(),
         };
         let mut config = config;
-        let token_share = split.as_ref().and_then(|s| s.token_share.clone());
         let heads = HeadLayout {
             group: config.heads / config.kv_heads.max(1),
             q_first: split
@@ -812,7 +747,6 @@ impl Transformer {
             rope_freq_factors,
             tensor,
             heads,
-            token_share,
         })
     }
 
@@ -1262,10 +1196,7 @@ impl Transformer {
                 None
             }
         };
-        // The token-shared o_proj sums the ranks' rows itself.
-        let summed = self.token_share.is_some() && matches!(layer.mixer, Mixer::Attention(_));
-        let post_norm = layer.attn_post_norm.as_deref();
-        self.add_block_output(n, o_bias, post_norm, !summed, ws, group)?;
+        self.add_block_output(n, o_bias, layer.attn_post_norm.as_deref(), ws, group)?;
 
         // MLP block.
         pre_norm(
@@ -1304,24 +1235,21 @@ impl Transformer {
                 None
             }
         };
-        let post_norm = layer.ffn_post_norm.as_deref();
-        self.add_block_output(n, down_bias, post_norm, true, ws, group)
+        self.add_block_output(n, down_bias, layer.ffn_post_norm.as_deref(), ws, group)
     }
 
     /// The end of a block: a tensor rank's partial `ws.proj` summed with the
-    /// others' (where `reduce`), the bias, the post-norm, then the residual
-    /// add into `ws.x`.
+    /// others', the bias, the post-norm, then the residual add into `ws.x`.
     fn add_block_output(
         &self,
         n: usize,
         bias: Option<&[f32]>,
         post_norm: Option<&[f32]>,
-        reduce: bool,
         ws: &mut Workspace,
         group: &mut dyn Group,
     ) -> Result<(), ForwardError> {
         let h = self.config.hidden;
-        if self.tensor.is_some() && reduce {
+        if self.tensor.is_some() {
             group.all_reduce_sum(&mut ws.proj[..n * h])?;
         }
         add_bias(&mut ws.proj[..n * h], bias);
@@ -1353,39 +1281,14 @@ impl Transformer {
         } else {
             &mut ws.q[..n * qd]
         };
-        match (&self.token_share, &attn.wq[..]) {
-            (None, [wq]) => Matrix::matmul_many(
-                [wq, &attn.wk, &attn.wv],
-                &mut ws.acts,
-                n,
-                &ws.normed,
-                [q_out, &mut ws.k[..n * kvd], &mut ws.v[..n * kvd]],
-                pool,
-            )?,
-            (None, parts) => return Err(ForwardError::OProjParts { parts: parts.len() }),
-            (Some(share), parts) => {
-                Matrix::matmul_many(
-                    [&attn.wk, &attn.wv],
-                    &mut ws.acts,
-                    n,
-                    &ws.normed,
-                    [&mut ws.k[..n * kvd], &mut ws.v[..n * kvd]],
-                    pool,
-                )?;
-                // A shared group's q only for the tokens this rank attends.
-                let width = share.group_size * hd;
-                let first = share.groups().start;
-                for (part, wq) in share.parts().iter().zip(parts) {
-                    let layout = OutLayout {
-                        stride: qd,
-                        offset: (part.groups.start - first) * width,
-                    };
-                    let tokens = share.tokens(part.lo, part.hi, n);
-                    let (acts, q) = (&mut ws.acts, &mut ws.q[..n * qd]);
-                    wq.matmul_region(acts, &ws.normed, tokens, q, layout, pool)?;
-                }
-            }
-        }
+        Matrix::matmul_many(
+            [&attn.wq, &attn.wk, &attn.wv],
+            &mut ws.acts,
+            n,
+            &ws.normed,
+            [q_out, &mut ws.k[..n * kvd], &mut ws.v[..n * kvd]],
+            pool,
+        )?;
         if attn.output_gate {
             // Each head's q, then its gate.
             let heads = n * qd / hd;
@@ -1428,11 +1331,6 @@ impl Transformer {
             }
         }
         store_kv(kv, attn.kv_layer, spans, &ws.k[..n * kvd], &ws.v[..n * kvd]);
-        ws.attend.clear();
-        if let Some(share) = &self.token_share {
-            let groups = 0..cfg.kv_heads;
-            ws.attend.extend(groups.map(|g| share.group_tokens(g, n)));
-        }
         let scoring = Scoring {
             window: attn.window,
             scale: cfg
@@ -1451,7 +1349,6 @@ impl Transformer {
             spans,
             &ws.token_span[..n],
             &ws.positions[..n],
-            (!ws.attend.is_empty()).then_some(&ws.attend[..]),
             &mut ws.attn[..n * qd],
             &mut ws.scores,
             ws.scores_stride,
@@ -1462,58 +1359,9 @@ impl Transformer {
                 *o *= ops::sigmoid(*g);
             }
         }
-        match (&self.token_share, &attn.wo[..]) {
-            (Some(share), parts) => self.shared_o_proj(share, parts, n, ws, pool, group),
-            (None, [wo]) => {
-                ws.acts.set(&ws.attn[..n * qd], n, qd);
-                wo.matmul(&mut ws.acts, n, &ws.attn, &mut ws.proj[..n * h], pool)?;
-                Ok(())
-            }
-            (None, parts) => Err(ForwardError::OProjParts { parts: parts.len() }),
-        }
-    }
-
-    /// The o_proj of ranks that share KV groups by tokens: each part's rows
-    /// for the tokens it covers, every rank's gathered, and the sum of each
-    /// token's rows in one fixed order ([`TokenShare::sum_pieces`]) into
-    /// `ws.proj`.
-    fn shared_o_proj(
-        &self,
-        share: &TokenShare,
-        parts: &[Matrix],
-        n: usize,
-        ws: &mut Workspace,
-        pool: &ThreadPool,
-        group: &mut dyn Group,
-    ) -> Result<(), ForwardError> {
-        let (h, qd) = (self.config.hidden, self.config.q_dim());
-        let width = share.group_size * self.config.head_dim;
-        let first = share.groups().start;
-        ws.o_piece.resize(share.piece_len(share.rank, n, h), 0.0);
-        let mut at = 0;
-        for (part, wo) in share.parts().iter().zip(parts) {
-            let tokens = share.tokens(part.lo, part.hi, n);
-            if tokens.is_empty() {
-                continue;
-            }
-            let cols = (part.groups.start - first) * width..(part.groups.end - first) * width;
-            ws.o_input.clear();
-            for t in tokens.clone() {
-                let row = &ws.attn[t * qd..(t + 1) * qd];
-                ws.o_input.extend_from_slice(&row[cols.clone()]);
-            }
-            let rows = tokens.len();
-            ws.acts.set(&ws.o_input, rows, cols.len());
-            let out = &mut ws.o_piece[at..at + rows * h];
-            wo.matmul(&mut ws.acts, rows, &ws.o_input, out, pool)?;
-            at += rows * h;
-        }
-        ws.o_counts.clear();
-        ws.o_counts
-            .extend((0..group.size()).map(|r| share.piece_len(r, n, h)));
-        ws.o_gathered.resize(ws.o_counts.iter().sum(), 0.0);
-        group.all_gather(&ws.o_piece, &ws.o_counts, &mut ws.o_gathered)?;
-        share.sum_pieces(&ws.o_gathered, n, h, &mut ws.proj);
+        ws.acts.set(&ws.attn[..n * qd], n, qd);
+        attn.wo
+            .matmul(&mut ws.acts, n, &ws.attn, &mut ws.proj[..n * h], pool)?;
         Ok(())
     }
 
@@ -1555,9 +1403,6 @@ impl Transformer {
 struct ShardRows {
     q: Range<usize>,
     kv: Range<usize>,
-    /// o_proj's column ranges, one matrix each, where the ranks share KV
-    /// groups by tokens; empty: the columns of `q`.
-    o_parts: Vec<Range<usize>>,
     ffn: Range<usize>,
     expert: Range<usize>,
     shared: Range<usize>,
@@ -1642,43 +1487,28 @@ fn load_attention(
     let output_gate = config.variant.attn_output_gate;
     // Fused projections (one tensor for q, k and v) are split section by
     // section.
-    let fused = !source.contains(&n("attn_q.weight")) && source.contains(&n("attn_qkv.weight"));
-    let q_part = |rows: &Range<usize>| {
-        if fused {
-            part(
-                &n("attn_qkv.weight"),
-                [q + 2 * kv, h],
-                Some(rows.clone()),
-                None,
+    let (wq, wk, wv) =
+        if !source.contains(&n("attn_q.weight")) && source.contains(&n("attn_qkv.weight")) {
+            let fused = n("attn_qkv.weight");
+            let shape = [q + 2 * kv, h];
+            (
+                part(&fused, shape, Some(q_rows.clone()), None)?,
+                part(&fused, shape, Some(shifted(kv_rows, q)), None)?,
+                part(&fused, shape, Some(shifted(kv_rows, q + kv)), None)?,
             )
-        } else if output_gate {
-            // A gated head's rows are its q's then its gate's.
-            let gated = 2 * rows.start..2 * rows.end;
-            part(&n("attn_q.weight"), [2 * q, h], Some(gated), None)
         } else {
-            part(&n("attn_q.weight"), [q, h], Some(rows.clone()), None)
-        }
-    };
-    // Ranks sharing KV groups by tokens hold q_proj's rows in the same
-    // parts as o_proj's columns.
-    let wq = if rows.o_parts.is_empty() {
-        vec![q_part(q_rows)?]
-    } else {
-        rows.o_parts.iter().map(q_part).collect::<Result<_, _>>()?
-    };
-    let (wk, wv) = if fused {
-        let fused = n("attn_qkv.weight");
-        let shape = [q + 2 * kv, h];
-        (
-            part(&fused, shape, Some(shifted(kv_rows, q)), None)?,
-            part(&fused, shape, Some(shifted(kv_rows, q + kv)), None)?,
-        )
-    } else {
-        (
-            part(&n("attn_k.weight"), [kv, h], Some(kv_rows.clone()), None)?,
-            part(&n("attn_v.weight"), [kv, h], Some(kv_rows.clone()), None)?,
-        )
-    };
+            // A gated head's rows are its q's then its gate's.
+            let (q_shape, q_part) = if output_gate {
+                ([2 * q, h], 2 * q_rows.start..2 * q_rows.end)
+            } else {
+                ([q, h], q_rows.clone())
+            };
+            (
+                part(&n("attn_q.weight"), q_shape, Some(q_part), None)?,
+                part(&n("attn_k.weight"), [kv, h], Some(kv_rows.clone()), None)?,
+                part(&n("attn_v.weight"), [kv, h], Some(kv_rows.clone()), None)?,
+            )
+        };
     let whole = config.variant.qk_norm_whole;
     let (q_norm, k_norm) = if whole {
         (
@@ -1698,16 +1528,7 @@ fn load_attention(
             optional(source, &n("attn_k_norm.weight"), hd, config.qk_norm)?,
         )
     };
-    let o_name = n("attn_output.weight");
-    let wo = if rows.o_parts.is_empty() {
-        let cols = rows.sliced.then(|| q_rows.clone());
-        vec![part(&o_name, [h, q], None, cols)?]
-    } else {
-        let parts = rows.o_parts.iter();
-        parts
-            .map(|cols| part(&o_name, [h, q], None, Some(cols.clone())))
-            .collect::<Result<_, _>>()?
-    };
+    let cols = rows.sliced.then(|| q_rows.clone());
     Ok(Attention {
         kv_layer,
         window: config.layer_window(i),
@@ -1716,7 +1537,7 @@ fn load_attention(
         wq,
         wk,
         wv,
-        wo,
+        wo: part(&n("attn_output.weight"), [h, q], None, cols)?,
         q_bias: sliced_vector(source, &n("attn_q.bias"), q, q_rows, config.qkv_bias)?,
         k_bias: sliced_vector(source, &n("attn_k.bias"), kv, kv_rows, config.qkv_bias)?,
         v_bias: sliced_vector(source, &n("attn_v.bias"), kv, kv_rows, config.qkv_bias)?,
@@ -1942,40 +1763,29 @@ mod tests {
                 .collect::<Result<_, _>>()?;
             let mut next = (0, 0, 0);
             for split in &splits {
-                // Contiguous, in rank order, whole heads, whole blocks; a
-                // group shared by tokens is on both its ranks.
-                let shared = split.token_share.is_some() && split.q_rows.start > 0;
-                let q_start = if shared { next.0 - 192 } else { next.0 };
-                assert_eq!(split.q_rows.start, q_start);
+                // Contiguous, in rank order, whole heads, whole blocks.
+                assert_eq!(split.q_rows.start, next.0);
                 assert_eq!(split.ffn_rows.start, next.1);
                 assert_eq!(split.vocab_rows.start, next.2);
-                assert_eq!(split.q_rows.len() % 192, 0, "whole groups");
+                assert_eq!(split.q_rows.len() % 64, 0, "whole heads");
                 assert_eq!(split.ffn_rows.len() % 32, 0, "whole Q4_1 blocks");
                 // Exactly the KV heads its query heads read (3 per group).
                 let (q0, q1) = (split.q_rows.start / 64, split.q_rows.end / 64);
-                assert_eq!(split.kv_rows, q0 / 3 * 64..q1 / 3 * 64);
+                assert_eq!(split.kv_rows, q0 / 3 * 64..q1.div_ceil(3) * 64);
                 next = (split.q_rows.end, split.ffn_rows.end, split.vocab_rows.end);
             }
             assert_eq!(next, (576, 1536, 49152), "world {world} covers all");
         }
-        // World 2: groups 0 and 1, and 1 and 2, the middle group's tokens
-        // halved between them; the MLP splits evenly (its phase ends in an
-        // all-reduce, so it is balanced on its own).
+        // World 2: 5 and 4 query heads, the middle KV head on both; the MLP
+        // splits evenly (its phase ends in an all-reduce, so it is balanced
+        // on its own).
         let (a, b) = (
             TensorSplit::new(&config, 0, 2, 32, 32)?,
             TensorSplit::new(&config, 1, 2, 32, 32)?,
         );
-        assert_eq!((a.q_rows.clone(), b.q_rows.clone()), (0..384, 192..576));
+        assert_eq!((a.q_rows.len(), b.q_rows.len()), (320, 256));
         assert_eq!((a.kv_rows.clone(), b.kv_rows.clone()), (0..128, 64..192));
         assert_eq!((a.ffn_rows.len(), b.ffn_rows.len()), (768, 768));
-        // Gated attention still splits by query heads: 5 and 4.
-        let mut gated = config.clone();
-        gated.variant.attn_output_gate = true;
-        let g = TensorSplit::new(&gated, 0, 2, 32, 32)?;
-        assert_eq!(
-            (g.q_rows.len(), g.kv_rows, g.token_share),
-            (320, 0..128, None)
-        );
         // World 3 divides the KV heads: whole groups, nothing shared.
         let c = TensorSplit::new(&config, 1, 3, 32, 32)?;
         assert_eq!((c.q_rows, c.kv_rows), (192..384, 64..128));

@@ -458,12 +458,9 @@ unsafe fn fill_biases(pairs: &[Pair], offset: u8, biases: &mut [Pair]) {
     }
 }
 
-/// Four- and eight-token entry points of one format: `$body` is
-/// [`dot8_signed`] (`$offset`: what `$unpack` adds to each value) or
-/// [`dot8_unsigned`] (`$offset` of 0), `$fields` the per-block figures it
-/// reads (see [`Laid`]).
-macro_rules! signed_entry {
-    ($dot8:ident, $dot4:ident, $inner:ident, $features:literal, $available:ident, $body:ident, $offset:expr, $fields:expr, $bytes:expr, $unpack:expr) => {
+/// A format's public eight- and four-token kernels, over `$inner`.
+macro_rules! dot8_and_dot4 {
+    ($dot8:ident, $dot4:ident, $inner:ident) => {
         /// Consecutive rows against eight activation rows (a
         /// [`super::Dot8Fn`]); each result is the format's `dot`, bit for bit.
         pub fn $dot8(rows: &[u8], x: [&[BlockQ8]; 8], out: &mut [[f32; 8]]) {
@@ -474,6 +471,16 @@ macro_rules! signed_entry {
         pub fn $dot4(rows: &[u8], x: [&[BlockQ8]; 4], out: &mut [[f32; 4]]) {
             $inner::<4>(rows, x, out)
         }
+    };
+}
+
+/// Four- and eight-token entry points of a signed format (compiled for
+/// `$features`, run where `$available()`): [`dot8_signed`], with `$offset`
+/// what `$unpack` adds to each value, over the per-block figures `$fields`
+/// (see [`Laid`]).
+macro_rules! signed_entry {
+    ($dot8:ident, $dot4:ident, $inner:ident, $features:literal, $available:ident, $body:ident, $offset:expr, $fields:expr, $bytes:expr, $unpack:expr) => {
+        dot8_and_dot4!($dot8, $dot4, $inner);
 
         fn $inner<const T: usize>(rows: &[u8], x: [&[BlockQ8]; T], out: &mut [[f32; T]]) {
             #[target_feature(enable = $features)]
@@ -565,20 +572,12 @@ signed_entry!(
     }
 );
 
-/// Four- and eight-token entry points of a format with minimums:
-/// [`dot8_unsigned`] over its blocks of `$bytes`, unpacked by `$unpack`.
+/// Four- and eight-token entry points of a format with minimums (compiled
+/// for `$features`, run where `$available()`): [`dot8_unsigned`] over its
+/// blocks of `$bytes`, unpacked by `$unpack`.
 macro_rules! unsigned_entry {
     ($dot8:ident, $dot4:ident, $inner:ident, $features:literal, $available:ident, $body:ident, $bytes:expr, $unpack:expr) => {
-        /// Consecutive rows against eight activation rows (a
-        /// [`super::Dot8Fn`]); each result is the format's `dot`, bit for bit.
-        pub fn $dot8(rows: &[u8], x: [&[BlockQ8]; 8], out: &mut [[f32; 8]]) {
-            $inner::<8>(rows, x, out)
-        }
-
-        /// The same against four activation rows (a [`super::Dot4Fn`]).
-        pub fn $dot4(rows: &[u8], x: [&[BlockQ8]; 4], out: &mut [[f32; 4]]) {
-            $inner::<4>(rows, x, out)
-        }
+        dot8_and_dot4!($dot8, $dot4, $inner);
 
         fn $inner<const T: usize>(rows: &[u8], x: [&[BlockQ8]; T], out: &mut [[f32; T]]) {
             #[target_feature(enable = $features)]
