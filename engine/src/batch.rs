@@ -21,15 +21,17 @@ use crate::executor::Executor;
 use crate::generate::{
     EngineError, GenerateRequest, GenerationEvent, GenerationOutput, GenerationStats, LoadedModel,
 };
+use crate::model::transformer::RowOutput;
 use crate::model::SeqSpan;
 use crate::paged::{blocks_for, BlockId, BlockManager, PoolError, BLOCK_TOKENS};
-use crate::sampler::Sampler;
+use crate::sampler::{BestToken, Sampler};
 use crate::speculative::{verify, DraftCounts, Speculation};
 
 mod decoder;
 mod plan;
 mod speculate;
 
+use decoder::Row;
 use speculate::{DraftWant, SeqDraft, SpecState};
 
 pub use decoder::Decoder;
@@ -129,6 +131,7 @@ struct Part {
 struct Launch {
     parts: Vec<Part>,
     wants_logits: bool,
+    output: RowOutput,
     tokens: usize,
     started: Instant,
 }
@@ -180,6 +183,7 @@ pub struct Batch<'m> {
     planned: Vec<Planned>,
     step_tokens: Vec<u32>,
     logits: Vec<f32>,
+    best: Vec<BestToken>,
     launches: VecDeque<Launch>,
     launch_clock: u64,
     speculation: Option<SpecState>,
@@ -207,6 +211,7 @@ impl<'m> Batch<'m> {
             planned: Vec::new(),
             step_tokens: Vec::new(),
             logits: Vec::new(),
+            best: Vec::new(),
             launches: VecDeque::new(),
             launch_clock: 0,
             speculation: None,
@@ -438,8 +443,19 @@ impl<'m> Batch<'m> {
                 }
             })
             .collect();
+        // When every row's sampling needs only its best token, a tensor
+        // rank sends that rather than its share of the vocabulary.
+        let only_best = self
+            .planned
+            .iter()
+            .all(|p| p.logits == 0 || self.running[candidates[p.index]].decoder.needs_only_best());
+        let output = if only_best {
+            RowOutput::BestTokens
+        } else {
+            RowOutput::Logits
+        };
         let started = Instant::now();
-        self.executor.launch(&spans, &self.step_tokens)?;
+        self.executor.launch(&spans, &self.step_tokens, output)?;
         self.launch_clock += 1;
         for planned in &self.planned {
             let seq = &mut self.running[candidates[planned.index]];
@@ -449,6 +465,7 @@ impl<'m> Batch<'m> {
         self.launches.push_back(Launch {
             parts,
             wants_logits,
+            output,
             tokens,
             started,
         });
@@ -500,10 +517,12 @@ impl<'m> Batch<'m> {
             return Ok(());
         };
         let mut logits = std::mem::take(&mut self.logits);
-        let len = match self.executor.collect_into(&mut logits) {
-            Ok(len) => len.unwrap_or(0),
+        let mut best = std::mem::take(&mut self.best);
+        let rows = match self.executor.collect_into(&mut logits, &mut best) {
+            Ok(rows) => rows.unwrap_or(0),
             Err(error) => {
                 self.logits = logits;
+                self.best = best;
                 return Err(self.fail(error, sink));
             }
         };
@@ -514,8 +533,17 @@ impl<'m> Batch<'m> {
                     .observe(launch.tokens, launch.started.elapsed().as_secs_f64());
             }
         }
-        self.after_step(&launch.parts, &mut logits[..len], sink);
+        let vocab = self.model.transformer.config.vocab;
+        let step_rows = match launch.output {
+            RowOutput::Logits => StepRows::Logits {
+                values: &mut logits[..rows * vocab],
+                vocab,
+            },
+            RowOutput::BestTokens => StepRows::Best(&best[..rows]),
+        };
+        self.after_step(&launch.parts, step_rows, sink);
         self.logits = logits;
+        self.best = best;
         Ok(())
     }
 
@@ -607,15 +635,12 @@ impl<'m> Batch<'m> {
     fn after_step(
         &mut self,
         parts: &[Part],
-        logits: &mut [f32],
+        mut step_rows: StepRows<'_>,
         sink: &mut dyn FnMut(SeqId, SeqEvent<'_>) -> ControlFlow<()>,
     ) {
-        let vocab = self.model.transformer.config.vocab;
-        let mut row = 0;
         let mut ended = Vec::new();
         for part in parts {
-            let rows = &mut logits[row * vocab..(row + part.logits) * vocab];
-            row += part.logits;
+            let rows = step_rows.take_front(part.logits);
             let Some(index) = self.running.iter().position(|r| r.id == part.id) else {
                 continue;
             };
@@ -650,7 +675,7 @@ impl<'m> Batch<'m> {
         &mut self,
         index: usize,
         part: &Part,
-        rows: &mut [f32],
+        mut rows: StepRows<'_>,
         sink: &mut dyn FnMut(SeqId, SeqEvent<'_>) -> ControlFlow<()>,
     ) -> bool {
         let model = self.model;
@@ -672,9 +697,11 @@ impl<'m> Batch<'m> {
         if part.logits == 0 {
             return false;
         }
-        let next = seq.decoder.next(model, rows, &seq.tokens, &mut |event| {
-            sink(id, SeqEvent::Generation(event))
-        });
+        let next = seq
+            .decoder
+            .next(model, rows.row(0), &seq.tokens, &mut |event| {
+                sink(id, SeqEvent::Generation(event))
+            });
         match next {
             Some(token) => {
                 seq.tokens.push(token);
@@ -691,11 +718,10 @@ impl<'m> Batch<'m> {
         &mut self,
         index: usize,
         part: &Part,
-        rows: &mut [f32],
+        mut rows: StepRows<'_>,
         sink: &mut dyn FnMut(SeqId, SeqEvent<'_>) -> ControlFlow<()>,
     ) -> bool {
         let model = self.model;
-        let vocab = model.transformer.config.vocab;
         let seq = &mut self.running[index];
         let id = seq.id;
         let drafts = part.len - 1;
@@ -703,10 +729,11 @@ impl<'m> Batch<'m> {
         let mut ended = false;
         let draft = seq.draft.tokens.get(..drafts).unwrap_or_default();
         let accepted = verify(draft, |i| {
-            let row = &mut rows[i * vocab..(i + 1) * vocab];
-            let next = seq.decoder.next(model, row, &seq.tokens, &mut |event| {
-                sink(id, SeqEvent::Generation(event))
-            });
+            let next = seq
+                .decoder
+                .next(model, rows.row(i), &seq.tokens, &mut |event| {
+                    sink(id, SeqEvent::Generation(event))
+                });
             match next {
                 Some(token) => seq.tokens.push(token),
                 None => ended = true,
@@ -813,6 +840,45 @@ impl<'m> Batch<'m> {
                 crate::model::transformer::ForwardError::NotLastStage,
             )),
             Err(error) => Err(error.into()),
+        }
+    }
+}
+
+/// A collected step's rows, part after part: logits, or their best tokens
+/// ([`RowOutput`]).
+enum StepRows<'a> {
+    Logits { values: &'a mut [f32], vocab: usize },
+    Best(&'a [BestToken]),
+}
+
+impl<'a> StepRows<'a> {
+    /// Splits off the first `count` rows (one part's).
+    fn take_front(&mut self, count: usize) -> StepRows<'a> {
+        match self {
+            StepRows::Logits { values, vocab } => {
+                let all = std::mem::take(values);
+                let (front, back) = all.split_at_mut(count * *vocab);
+                *values = back;
+                StepRows::Logits {
+                    values: front,
+                    vocab: *vocab,
+                }
+            }
+            StepRows::Best(best) => {
+                let (front, back) = best.split_at(count);
+                *best = back;
+                StepRows::Best(front)
+            }
+        }
+    }
+
+    /// Row `i`, for its sequence's decoder.
+    fn row(&mut self, i: usize) -> Row<'_> {
+        match self {
+            StepRows::Logits { values, vocab } => {
+                Row::Logits(&mut values[i * *vocab..(i + 1) * *vocab])
+            }
+            StepRows::Best(best) => Row::Best(best[i]),
         }
     }
 }

@@ -24,8 +24,10 @@ use std::time::Duration;
 
 use crate::collectives::{CollectiveError, Group, SingleRank};
 use crate::model::transformer::ForwardError;
+use crate::model::transformer::RowOutput;
 use crate::model::{ForwardOutput, SeqSpan, StageInput, Transformer, Workspace};
 use crate::paged::{BlockId, KvPool};
+use crate::sampler::BestToken;
 use crate::threadpool::ThreadPool;
 
 /// One sequence's part of a [`Step::Batch`], as it travels between ranks.
@@ -60,10 +62,13 @@ impl WireSpan {
 
 /// Writes a [`Step::Batch`] of `spans` over `tokens` (see [`Step::encode`])
 /// without building one.
-fn encode_batch(spans: &[SeqSpan<'_>], tokens: &[u32], out: &mut Vec<u8>) {
+fn encode_batch(spans: &[SeqSpan<'_>], tokens: &[u32], output: RowOutput, out: &mut Vec<u8>) {
     out.clear();
     let mut word = |w: u32| out.extend_from_slice(&w.to_le_bytes());
-    word(BATCH);
+    word(match output {
+        RowOutput::Logits => BATCH,
+        RowOutput::BestTokens => BATCH_OF_BESTS,
+    });
     word(spans.len() as u32);
     for span in spans {
         word(span.start as u32);
@@ -89,16 +94,20 @@ pub enum Step {
     Batch {
         spans: Vec<WireSpan>,
         tokens: Vec<u32>,
+        /// What rank 0 wants of the rows that want logits.
+        output: RowOutput,
     },
     /// The instance is done: leave [`Executor::serve`].
     Shutdown,
 }
 
 const BATCH: u32 = 3;
+/// A batch whose rows that want logits want only their best tokens.
+const BATCH_OF_BESTS: u32 = 4;
 const SHUTDOWN: u32 = 2;
 
 impl Step {
-    /// Little-endian u32 words: kind, span count, then per span start, len,
+    /// Little-endian u32 words: kind (which also says the [`RowOutput`]), span count, then per span start, len,
     /// logits, state slot, prompt length, table length and table, then the
     /// tokens.
     pub fn encode(&self, out: &mut Vec<u8>) {
@@ -106,9 +115,13 @@ impl Step {
         let mut word = |w: u32| out.extend_from_slice(&w.to_le_bytes());
         match self {
             Step::Shutdown => word(SHUTDOWN),
-            Step::Batch { spans, tokens } => {
+            Step::Batch {
+                spans,
+                tokens,
+                output,
+            } => {
                 let spans: Vec<SeqSpan<'_>> = spans.iter().map(WireSpan::as_span).collect();
-                encode_batch(&spans, tokens, out);
+                encode_batch(&spans, tokens, *output, out);
             }
         }
     }
@@ -123,12 +136,17 @@ impl Step {
             .collect();
         match words[..] {
             [SHUTDOWN] => Ok(Step::Shutdown),
-            [BATCH, count, ref rest @ ..] => Self::decode_batch(count as usize, rest),
+            [BATCH, count, ref rest @ ..] => {
+                Self::decode_batch(count as usize, rest, RowOutput::Logits)
+            }
+            [BATCH_OF_BESTS, count, ref rest @ ..] => {
+                Self::decode_batch(count as usize, rest, RowOutput::BestTokens)
+            }
             _ => Err(format!("an unknown step of {} words", words.len())),
         }
     }
 
-    fn decode_batch(count: usize, mut words: &[u32]) -> Result<Self, String> {
+    fn decode_batch(count: usize, mut words: &[u32], output: RowOutput) -> Result<Self, String> {
         let truncated = || "a batch step cut short".to_string();
         let mut spans = Vec::with_capacity(count.min(words.len()));
         let mut total = 0usize;
@@ -161,6 +179,7 @@ impl Step {
         Ok(Step::Batch {
             spans,
             tokens: words.to_vec(),
+            output,
         })
     }
 }
@@ -200,20 +219,38 @@ pub struct Executor<'m> {
     pool: ThreadPool,
     group: Box<dyn Group>,
     logits: Vec<f32>,
+    best: Vec<BestToken>,
     hidden: Vec<f32>,
     message: Vec<u8>,
     shut_down: bool,
     /// Rank 0: launched steps whose logits are not collected yet.
     launched: VecDeque<Launched>,
-    /// Logits buffers of collected steps, for the next launches.
+    /// Buffers of collected steps, for the next launches.
     spare: Vec<Vec<f32>>,
+    spare_best: Vec<Vec<BestToken>>,
 }
 
-/// A step rank 0 launched: how many logits rows it waits for, and the rows
-/// themselves when this rank computed them (no pipeline stage after it).
+/// A step rank 0 launched: how many rows it waits for, of what, and the
+/// rows themselves when this rank computed them (no pipeline stage after
+/// it).
 struct Launched {
     wanted: usize,
-    local: Option<Vec<f32>>,
+    output: RowOutput,
+    held: Held,
+}
+
+/// A launched step's rows that rank 0 already holds.
+enum Held {
+    /// They come from the last stage at collection.
+    Later,
+    Logits(Vec<f32>),
+    Best(Vec<BestToken>),
+}
+
+/// Rank 0's best tokens of whole rows of logits.
+fn best_of_rows(logits: &[f32], vocab: usize, out: &mut Vec<BestToken>) {
+    out.clear();
+    out.extend(logits.chunks_exact(vocab).map(|row| BestToken::of(row, 0)));
 }
 
 impl<'m> Executor<'m> {
@@ -231,11 +268,13 @@ impl<'m> Executor<'m> {
             pool: ThreadPool::new(threads),
             group,
             logits: Vec::new(),
+            best: Vec::new(),
             hidden: Vec::new(),
             message: Vec::new(),
             shut_down: false,
             launched: VecDeque::new(),
             spare: Vec::new(),
+            spare_best: Vec::new(),
         }
     }
 
@@ -285,34 +324,49 @@ impl<'m> Executor<'m> {
         spans: &[SeqSpan<'_>],
         tokens: &[u32],
     ) -> Result<Option<&[f32]>, ExecError> {
-        self.launch(spans, tokens)?;
+        self.launch(spans, tokens, RowOutput::Logits)?;
         self.collect()
     }
 
     /// Rank 0: starts a step on every rank and runs this rank's part; its
     /// logits are [`Executor::collect`]ed later, oldest step first. On a
     /// pipeline, the next step can be launched first: this stage works on
-    /// it while later stages finish the last one.
-    pub fn launch(&mut self, spans: &[SeqSpan<'_>], tokens: &[u32]) -> Result<(), ExecError> {
+    /// it while later stages finish the last one. `output`: what it wants
+    /// of each row that wants logits.
+    pub fn launch(
+        &mut self,
+        spans: &[SeqSpan<'_>],
+        tokens: &[u32],
+        output: RowOutput,
+    ) -> Result<(), ExecError> {
         if self.rank() != 0 {
             return Err(ExecError::NotDriver { rank: self.rank() });
         }
         if self.world_size() > 1 {
-            encode_batch(spans, tokens, &mut self.message);
+            encode_batch(spans, tokens, output, &mut self.message);
             let mut message = std::mem::take(&mut self.message);
             let sent = self.group.broadcast_bytes(0, &mut message);
             self.message = message;
             sent?;
         }
         let wanted: usize = spans.iter().map(|s| s.logits).sum();
-        let local = if self.execute(spans, tokens)? {
-            // The rows move to the launch; `logits` gets a spare buffer.
-            let buffer = self.spare.pop().unwrap_or_default();
-            Some(std::mem::replace(&mut self.logits, buffer))
-        } else {
-            None
+        // The rows move to the launch; their buffer gets a spare one.
+        let held = match (self.execute(spans, tokens, output)?, output) {
+            (false, _) => Held::Later,
+            (true, RowOutput::Logits) => {
+                let buffer = self.spare.pop().unwrap_or_default();
+                Held::Logits(std::mem::replace(&mut self.logits, buffer))
+            }
+            (true, RowOutput::BestTokens) => {
+                let buffer = self.spare_best.pop().unwrap_or_default();
+                Held::Best(std::mem::replace(&mut self.best, buffer))
+            }
         };
-        self.launched.push_back(Launched { wanted, local });
+        self.launched.push_back(Launched {
+            wanted,
+            output,
+            held,
+        });
         Ok(())
     }
 
@@ -320,45 +374,60 @@ impl<'m> Executor<'m> {
     /// asked for none), waiting for the last stage if need be.
     pub fn collect(&mut self) -> Result<Option<&[f32]>, ExecError> {
         let mut logits = std::mem::take(&mut self.logits);
-        let collected = self.collect_into(&mut logits);
+        let mut best = std::mem::take(&mut self.best);
+        let collected = self.collect_into(&mut logits, &mut best);
         self.logits = logits;
-        Ok(collected?.map(|len| &self.logits[..len]))
+        self.best = best;
+        let vocab = self.transformer.config.vocab;
+        Ok(collected?.map(|rows| &self.logits[..rows * vocab]))
     }
 
-    /// Rank 0: [`Executor::collect`] into `out`, whose buffer is traded for
-    /// the one holding the logits rather than copied into; returns how many
-    /// values at its start are the step's logits.
-    pub fn collect_into(&mut self, out: &mut Vec<f32>) -> Result<Option<usize>, ExecError> {
+    /// Rank 0: [`Executor::collect`] into `logits` (or `best`, for a step
+    /// launched for [`RowOutput::BestTokens`]), whose buffer is traded for
+    /// the one holding the rows rather than copied into; returns how many
+    /// rows at its start are the step's.
+    pub fn collect_into(
+        &mut self,
+        logits: &mut Vec<f32>,
+        best: &mut Vec<BestToken>,
+    ) -> Result<Option<usize>, ExecError> {
         let Some(launched) = self.launched.pop_front() else {
             return Ok(None);
         };
-        let len = launched.wanted * self.transformer.config.vocab;
-        if let Some(local) = launched.local {
-            self.spare.push(std::mem::replace(out, local));
-            return Ok(Some(len));
-        }
-        if launched.wanted == 0 {
-            return Ok(None);
+        let wanted = launched.wanted;
+        match launched.held {
+            Held::Logits(local) => {
+                self.spare.push(std::mem::replace(logits, local));
+                return Ok(Some(wanted));
+            }
+            Held::Best(local) => {
+                self.spare_best.push(std::mem::replace(best, local));
+                return Ok(Some(wanted));
+            }
+            Held::Later if wanted == 0 => return Ok(None),
+            Held::Later => {}
         }
         // The last stage sent the rows' final-normed hidden states; this
         // first stage holds the head.
         let model = self.transformer;
-        let rows = launched.wanted * model.config.hidden;
-        self.hidden.resize(rows, 0.0);
-        let logits = self
+        self.hidden.resize(wanted * model.config.hidden, 0.0);
+        let computed = self
             .group
             .recv_prev(&mut self.hidden)
             .map_err(ExecError::from)
             .and_then(|()| {
                 Ok(model.head_of_normed(&self.hidden, &mut self.workspace, &self.pool)?)
             });
-        if let Err(error) = logits {
-            // What else was launched will not come either.
-            self.launched.clear();
-            return Err(error);
+        match (computed, launched.output) {
+            (Ok(rows), RowOutput::BestTokens) => best_of_rows(rows, model.config.vocab, best),
+            (Ok(_), RowOutput::Logits) => self.workspace.swap_logits(logits),
+            (Err(error), _) => {
+                // What else was launched will not come either.
+                self.launched.clear();
+                return Err(error);
+            }
         }
-        self.workspace.swap_logits(out);
-        Ok(Some(len))
+        Ok(Some(wanted))
     }
 
     /// Rank 0: tells the other ranks to leave [`Executor::serve`].
@@ -393,9 +462,13 @@ impl<'m> Executor<'m> {
             match step? {
                 Err(message) => return Err(ExecError::BadStep { rank, message }),
                 Ok(Step::Shutdown) => return Ok(()),
-                Ok(Step::Batch { spans, tokens }) => {
+                Ok(Step::Batch {
+                    spans,
+                    tokens,
+                    output,
+                }) => {
                     let spans: Vec<SeqSpan<'_>> = spans.iter().map(WireSpan::as_span).collect();
-                    self.execute(&spans, &tokens)?;
+                    self.execute(&spans, &tokens, output)?;
                 }
             }
         }
@@ -420,12 +493,16 @@ impl<'m> Executor<'m> {
             .map_or(0, |&b| b as usize + 1);
         kv.ensure_blocks(most);
         let input = StageInput::Tokens(tokens);
-        let out = model.forward_batch(input, spans, kv, workspace, &self.pool, &mut SingleRank)?;
+        let logits = RowOutput::Logits;
+        let mut single = SingleRank;
+        let out =
+            model.forward_batch(input, spans, logits, kv, workspace, &self.pool, &mut single)?;
         match out {
             ForwardOutput::Logits(logits) => Ok(logits),
-            ForwardOutput::Hidden(_) | ForwardOutput::Normed(_) | ForwardOutput::SentToFirst => {
-                Err(ForwardError::NotLastStage.into())
-            }
+            ForwardOutput::Hidden(_)
+            | ForwardOutput::Normed(_)
+            | ForwardOutput::Best(_)
+            | ForwardOutput::SentToFirst => Err(ForwardError::NotLastStage.into()),
         }
     }
 
@@ -440,8 +517,13 @@ impl<'m> Executor<'m> {
     }
 
     /// This rank's part of one step; true when rank 0 holds the step's
-    /// logits in `logits` now.
-    fn execute(&mut self, spans: &[SeqSpan<'_>], tokens: &[u32]) -> Result<bool, ExecError> {
+    /// rows now: logits in `logits`, or their best tokens in `best`.
+    fn execute(
+        &mut self,
+        spans: &[SeqSpan<'_>],
+        tokens: &[u32],
+        output: RowOutput,
+    ) -> Result<bool, ExecError> {
         let rank = self.group.rank();
         let most = spans
             .iter()
@@ -469,19 +551,30 @@ impl<'m> Executor<'m> {
         let out = model.forward_batch(
             input,
             spans,
+            output,
             &mut self.kv,
             &mut self.workspace,
             &self.pool,
             group,
         )?;
         let mut have_logits = false;
+        let mut have_best = false;
         match out {
+            ForwardOutput::Logits(rows) if rank == 0 && output == RowOutput::BestTokens => {
+                best_of_rows(rows, model.config.vocab, &mut self.best);
+                have_best = true;
+            }
             ForwardOutput::Logits(_) if rank == 0 => have_logits = true,
+            ForwardOutput::Best(rows) if rank == 0 => {
+                self.best.clear();
+                self.best.extend_from_slice(rows);
+                have_best = true;
+            }
             // Tensor-parallel ranks other than 0 sent their share of the
             // logits to rank 0, which samples.
             ForwardOutput::SentToFirst => {}
             // Only rank 0 holds a head whose logits are whole.
-            ForwardOutput::Logits(_) => {
+            ForwardOutput::Logits(_) | ForwardOutput::Best(_) => {
                 return Err(ExecError::BadStep {
                     rank,
                     message: "a step that left whole logits on a rank other than 0".into(),
@@ -496,7 +589,7 @@ impl<'m> Executor<'m> {
             self.workspace.swap_logits(&mut self.logits);
         }
         // Rank 0 of a pipeline collects the last stage's logits later.
-        Ok(have_logits)
+        Ok(have_logits || have_best)
     }
 }
 
@@ -545,6 +638,19 @@ mod tests {
                     },
                 ],
                 tokens: vec![1, 2, 49151],
+                output: RowOutput::BestTokens,
+            },
+            Step::Batch {
+                spans: vec![WireSpan {
+                    start: 0,
+                    len: 1,
+                    logits: 1,
+                    table: vec![0],
+                    prompt: 1,
+                    state: 0,
+                }],
+                tokens: vec![5],
+                output: RowOutput::Logits,
             },
         ] {
             step.encode(&mut bytes);

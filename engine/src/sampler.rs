@@ -247,6 +247,26 @@ impl Sampler {
         &self.params
     }
 
+    /// Whether a row's [`BestToken`] is all this sampler needs: greedy,
+    /// without penalties (which read the history) or alternatives to list.
+    pub fn needs_only_best(&self) -> bool {
+        self.params.temperature == 0.0
+            && !self.params.penalties_enabled()
+            && self.params.top_logprobs == 0
+    }
+
+    /// The token [`Sampler::sample`] would choose from the row `best` was
+    /// taken of, with the same logprob, for a sampler that
+    /// [`needs_only_best`](Sampler::needs_only_best) (any other gets the
+    /// greedy token too).
+    pub fn sample_best(&self, best: BestToken) -> Sampled {
+        Sampled {
+            token: best.token,
+            logprob: best.logprob(),
+            top_logprobs: Vec::new(),
+        }
+    }
+
     /// Chooses the next token.
     ///
     /// `logits` has one entry per vocabulary token and is modified in place by
@@ -258,20 +278,14 @@ impl Sampler {
         if self.params.penalties_enabled() {
             self.apply_penalties(logits, history);
         }
-        let (argmax, max_logit) = argmax(logits);
-        // Probability mass relative to the best token: the normaliser of the
-        // temperature-1 softmax, shared by the logprobs and by top-p.
-        let mass = if max_logit.is_finite() {
-            sum_exp_below(logits, max_logit)
-        } else {
-            1.0
-        };
+        let best = BestToken::of(logits, 0);
+        let (max_logit, mass) = (best.logit, best.mass);
         let log_normaliser = max_logit + mass.ln();
 
         let token = if self.params.temperature == 0.0 {
-            argmax
+            best.token
         } else {
-            self.draw(logits, max_logit, mass).unwrap_or(argmax)
+            self.draw(logits, max_logit, mass).unwrap_or(best.token)
         };
         let logprob_of = |logit: f32| logit - log_normaliser;
         let logprob = logits
@@ -492,6 +506,83 @@ fn pick_by_weight(weighted: &[(u32, f32)], drawn_mass: f64) -> Option<u32> {
 /// Index and value of the largest logit; ties go to the lowest id and NaN is
 /// never chosen. `(0, -inf)` when nothing is larger than `-inf`.
 ///
+/// What greedy sampling needs of a row of logits: its most likely token
+/// (the lowest id on ties, never NaN), that token's logit, and the row's
+/// probability mass relative to it, `sum(exp(logit - best))` (the
+/// temperature-1 softmax's normaliser, for the logprob).
+///
+/// It can be taken of consecutive slices of a row on different machines
+/// and [`combined`](BestToken::combine): a tensor-parallel rank then sends
+/// 12 bytes per row rather than its share of the vocabulary, and the token
+/// is the one a whole row gives, bit for bit.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BestToken {
+    pub token: u32,
+    pub logit: f32,
+    pub mass: f32,
+}
+
+impl BestToken {
+    /// Values per token on the wire ([`BestToken::to_words`]).
+    pub const WORDS: usize = 3;
+
+    /// The best of `logits`, whose first entry is token `first_id`.
+    pub fn of(logits: &[f32], first_id: u32) -> Self {
+        let (at, logit) = argmax(logits);
+        // Probability mass relative to the best token: the normaliser of
+        // the temperature-1 softmax, shared by the logprobs and by top-p.
+        let mass = if logit.is_finite() {
+            sum_exp_below(logits, logit)
+        } else {
+            1.0
+        };
+        Self {
+            token: first_id + at,
+            logit,
+            mass,
+        }
+    }
+
+    /// The best of a row from the bests of its slices, in vocabulary
+    /// order: the first slice holding the maximum wins, as the lowest id
+    /// does in one pass over the row. `None` without slices.
+    pub fn combine<I>(parts: I) -> Option<Self>
+    where
+        I: Iterator<Item = BestToken> + Clone,
+    {
+        // `>` is false for NaN and keeps the earlier slice on ties.
+        let mut best = parts
+            .clone()
+            .reduce(|best, part| if part.logit > best.logit { part } else { best })?;
+        if best.logit.is_finite() {
+            best.mass = parts
+                .map(|part| part.mass * (part.logit - best.logit).exp())
+                .filter(|m| !m.is_nan())
+                .sum();
+        }
+        Some(best)
+    }
+
+    /// Its logprob: what [`Sampler::sample`] reports for the greedy token.
+    pub fn logprob(&self) -> f32 {
+        self.logit - (self.logit + self.mass.ln())
+    }
+
+    /// Three f32 words, the token's id as its bits, for a collective that
+    /// carries f32s (copied, never computed on).
+    pub fn to_words(&self) -> [f32; 3] {
+        [f32::from_bits(self.token), self.logit, self.mass]
+    }
+
+    pub fn from_words(words: [f32; 3]) -> Self {
+        Self {
+            token: words[0].to_bits(),
+            logit: words[1],
+            mass: words[2],
+        }
+    }
+}
+
 /// Two straight passes, no sort: the maximum over eight independent lanes
 /// (which the compiler vectorizes; a single running index cannot be), then
 /// the first position holding it (on average half the vocabulary).
@@ -614,6 +705,75 @@ mod tests {
     fn logits(n: usize, salt: u64) -> Vec<f32> {
         let mut rng = StdRng::seed_from_u64(salt);
         (0..n).map(|_| rng.gen_range(-10.0f32..10.0)).collect()
+    }
+
+    /// A row's best taken in slices (a tensor rank's share of the head
+    /// each) and combined is the whole row's: the same token, ties and NaN
+    /// included, and the same logprob within rounding.
+    #[test]
+    fn bests_of_slices_combine_into_the_whole_rows() {
+        let mut rows = vec![
+            vec![1.0, 3.0, f32::NAN, 3.0, -1.0, 3.0],
+            vec![f32::NEG_INFINITY; 6],
+            vec![f32::NAN, f32::NEG_INFINITY, 2.0, 2.0, f32::NAN, 0.5],
+        ];
+        for salt in 0..4 {
+            let mut row = logits(1000, salt);
+            // A tie between the slices, the later one first in value.
+            row[900] = 11.0;
+            row[100 + salt as usize * 250] = 11.0;
+            rows.push(row);
+        }
+        let sampler = Sampler::new(SamplingParams::default(), 1000).unwrap();
+        assert!(sampler.needs_only_best());
+        for row in &rows {
+            let whole = BestToken::of(row, 0);
+            let sampled = Sampler::new(SamplingParams::default(), row.len())
+                .unwrap()
+                .sample(&mut row.clone(), &[]);
+            let from_best = sampler.sample_best(whole);
+            assert_eq!(from_best.token, sampled.token);
+            assert_eq!(from_best.logprob.to_bits(), sampled.logprob.to_bits());
+            let n = row.len();
+            for cuts in [
+                vec![0, n],
+                vec![0, 2, n],
+                vec![0, 1, 3, 4, n],
+                vec![0, n / 2, n],
+                vec![0, n / 3, 2 * n / 3, n],
+            ] {
+                let parts = cuts
+                    .windows(2)
+                    .map(|w| BestToken::of(&row[w[0]..w[1]], w[0] as u32));
+                let combined = BestToken::combine(parts).unwrap();
+                assert_eq!(combined.token, whole.token, "{row:?} cut at {cuts:?}");
+                assert_eq!(combined.logit.to_bits(), whole.logit.to_bits());
+                let (a, b) = (combined.logprob(), whole.logprob());
+                assert!(
+                    a.to_bits() == b.to_bits() || (a - b).abs() < 1e-5,
+                    "{a} vs {b}"
+                );
+                let words = BestToken::from_words(combined.to_words());
+                assert_eq!(words.token, combined.token);
+            }
+        }
+        assert_eq!(BestToken::combine(std::iter::empty()), None);
+        for params in [
+            SamplingParams {
+                temperature: 0.5,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                repetition_penalty: 1.1,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                top_logprobs: 2,
+                ..SamplingParams::default()
+            },
+        ] {
+            assert!(!Sampler::new(params, 10).unwrap().needs_only_best());
+        }
     }
 
     #[test]

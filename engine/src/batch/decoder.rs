@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use crate::generate::{FinishReason, GenerateRequest, GenerationEvent, LoadedModel, TokenLogprob};
 use crate::output_parser::{OutputFormat, OutputParser, ParsedChunk};
-use crate::sampler::{Sampled, Sampler};
+use crate::sampler::{BestToken, Sampled, Sampler};
 use crate::stop::StopMatcher;
 use crate::utf8_stream::Utf8Stream;
 
@@ -57,6 +57,13 @@ pub fn prompt_opens_reasoning(model: &LoadedModel, format: &OutputFormat, prompt
         .is_ok_and(|text| text.trim_end().ends_with(open.as_str()))
 }
 
+/// A step's row for one sequence: its logits, or only their best token
+/// when that is all its sampling needs ([`Decoder::needs_only_best`]).
+pub enum Row<'a> {
+    Logits(&'a mut [f32]),
+    Best(BestToken),
+}
+
 /// Where a sequence's events go; `Break` cancels it.
 pub type Emit<'s> = dyn FnMut(GenerationEvent<'_>) -> ControlFlow<()> + 's;
 
@@ -89,17 +96,26 @@ impl Decoder {
         }
     }
 
-    /// Samples the next token from `logits` (`history`: the prompt and the
+    /// Whether a row's best token is all it needs to choose the next one:
+    /// greedy, without penalties or logprobs.
+    pub fn needs_only_best(&self) -> bool {
+        self.sampler.needs_only_best() && !self.want_logprobs
+    }
+
+    /// Samples the next token from `row` (`history`: the prompt and the
     /// tokens so far) and streams what it releases. `Some(token)` when the
     /// sequence goes on with `token` fed back; `None` once it has ended.
     pub fn next(
         &mut self,
         model: &LoadedModel,
-        logits: &mut [f32],
+        row: Row<'_>,
         history: &[u32],
         emit: &mut Emit<'_>,
     ) -> Option<u32> {
-        let sampled = self.sampler.sample(logits, history);
+        let sampled = match row {
+            Row::Logits(logits) => self.sampler.sample(logits, history),
+            Row::Best(best) => self.sampler.sample_best(best),
+        };
         let id = sampled.token;
         self.first_token_at.get_or_insert_with(Instant::now);
         self.tokens.push(id);

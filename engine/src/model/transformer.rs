@@ -16,6 +16,7 @@ use crate::collectives::{CollectiveError, Group, SingleRank};
 use crate::ops;
 use crate::paged::{blocks_for, BlockId, KvPool};
 use crate::quant::{Activations, OutLayout};
+use crate::sampler::BestToken;
 use crate::shard::{split_evenly, ShardError, ShardSpec};
 use crate::threadpool::{split_range, DisjointSlice, ThreadPool};
 
@@ -185,9 +186,25 @@ pub enum ForwardOutput<'a> {
     /// vocab/hidden times smaller than its logits (85 times for
     /// SmolLM2-135M), and the first stage has the tied embeddings anyway.
     Normed(&'a [f32]),
-    /// A tensor rank other than 0: its share of the logits went to rank 0,
-    /// the only rank that samples.
+    /// Rank 0 of a tensor group asked for [`RowOutput::BestTokens`]: one
+    /// per row that wants logits.
+    Best(&'a [BestToken]),
+    /// A tensor rank other than 0: its share of the logits (or of the best
+    /// tokens) went to rank 0, the only rank that samples.
     SentToFirst,
+}
+
+/// What the head gives for each row that wants logits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RowOutput {
+    /// The whole vocabulary's logits.
+    #[default]
+    Logits,
+    /// Only the row's [`BestToken`], all that greedy sampling needs: a
+    /// tensor rank then sends rank 0 12 bytes per row, not its share of
+    /// the vocabulary. Where the logits are whole on one rank anyway they
+    /// come back whole, and the caller takes their best.
+    BestTokens,
 }
 
 /// One sequence's keys and values, for callers that run one sequence at a
@@ -303,8 +320,13 @@ pub struct Workspace {
     /// Each token's position in its sequence, and its span's index.
     positions: Vec<usize>,
     token_span: Vec<u32>,
-    /// A tensor rank's gathered logits, before they are put in order.
+    /// A tensor rank's gathered logits, before they are put in order (or
+    /// its ranks' best tokens, as words).
     gathered: Vec<f32>,
+    /// A tensor rank's best tokens, as words, to send; and rank 0's
+    /// combined ones.
+    local_best: Vec<f32>,
+    best: Vec<BestToken>,
     acts: Activations,
     /// The mixture-of-experts block's buffers (empty for dense models).
     moe: MoeWorkspace,
@@ -839,7 +861,8 @@ impl Transformer {
             logits: usize::from(want_logits),
             state: 0,
         };
-        let out = self.forward_batch(input, &[span], &mut cache.pool, ws, pool, group)?;
+        let logits = RowOutput::Logits;
+        let out = self.forward_batch(input, &[span], logits, &mut cache.pool, ws, pool, group)?;
         cache.len = start + tokens;
         Ok(out)
     }
@@ -849,12 +872,14 @@ impl Transformer {
     /// its own sequence's cache only, and each row of every product is
     /// computed alone, so a sequence's results do not depend on what else
     /// is in the batch. The last stage returns one row of logits per span
-    /// that asks for them, in span order; other stages the hidden states of
-    /// every token.
+    /// that asks for them, in span order (or their best tokens, see
+    /// [`RowOutput`]); other stages the hidden states of every token.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward_batch<'w>(
         &self,
         input: StageInput<'_>,
         spans: &[SeqSpan<'_>],
+        output: RowOutput,
         kv: &mut KvPool,
         ws: &'w mut Workspace,
         pool: &ThreadPool,
@@ -936,7 +961,7 @@ impl Transformer {
         self.final_norm_rows(spans, ws);
         // A whole model or a tensor rank (which has every layer) has the head.
         if self.is_first_stage() {
-            return self.head(wanted, ws, pool, group);
+            return self.head(wanted, output, ws, pool, group);
         }
         Ok(ForwardOutput::Normed(&ws.normed[..wanted * hidden]))
     }
@@ -1088,6 +1113,7 @@ impl Transformer {
     fn head<'w>(
         &self,
         wanted: usize,
+        output: RowOutput,
         ws: &'w mut Workspace,
         pool: &ThreadPool,
         group: &mut dyn Group,
@@ -1111,6 +1137,9 @@ impl Transformer {
                 expected: slice.vocab_counts.len(),
                 actual: group.size(),
             });
+        }
+        if output == RowOutput::BestTokens {
+            return Self::tensor_best_tokens(slice, cfg, wanted, ws, pool, group);
         }
         // Rank 0's rows of the vocabulary come first: it writes its logits
         // straight into place, the others theirs into one block each.
@@ -1152,6 +1181,69 @@ impl Transformer {
         }
         cap_logits(&mut ws.logits[..wanted * vocab], cfg.variant.final_softcap);
         Ok(ForwardOutput::Logits(&ws.logits[..wanted * vocab]))
+    }
+
+    /// A tensor rank's head for [`RowOutput::BestTokens`]: each rank takes
+    /// the best of its rows of the vocabulary for every row, and rank 0
+    /// combines them (the softcap, elementwise, is applied first on each
+    /// rank as it would be on the whole row).
+    fn tensor_best_tokens<'w>(
+        slice: &TensorSlice,
+        cfg: &ModelConfig,
+        wanted: usize,
+        ws: &'w mut Workspace,
+        pool: &ThreadPool,
+        group: &mut dyn Group,
+    ) -> Result<ForwardOutput<'w>, ForwardError> {
+        let (rank, size) = (group.rank(), group.size());
+        let local = slice.head.rows();
+        let normed = &ws.normed[..wanted * cfg.hidden];
+        ws.local_logits.resize(wanted * local, 0.0);
+        slice
+            .head
+            .matmul(&mut ws.acts, wanted, normed, &mut ws.local_logits, pool)?;
+        cap_logits(&mut ws.local_logits, cfg.variant.final_softcap);
+        let first_id: usize = slice.vocab_counts[..rank].iter().sum();
+        let words = BestToken::WORDS;
+        let block = wanted * words;
+        ws.local_best.resize(block, 0.0);
+        let rows = ws.local_logits.chunks_exact(local);
+        for (row, out) in rows.zip(ws.local_best.chunks_exact_mut(words)) {
+            out.copy_from_slice(&BestToken::of(row, first_id as u32).to_words());
+        }
+        // Rank 0 keeps its own; the others' come in rank order.
+        let mut counts = vec![block; size];
+        counts[0] = 0;
+        let sent = if rank == 0 {
+            &[][..]
+        } else {
+            &ws.local_best[..]
+        };
+        ws.gathered.resize((size - 1) * block, 0.0);
+        group.gather_to_first(sent, &counts, &mut ws.gathered)?;
+        if rank != 0 {
+            return Ok(ForwardOutput::SentToFirst);
+        }
+        ws.best.clear();
+        for row in 0..wanted {
+            let at = row * words;
+            let of_rank = |r: usize| {
+                let words = match r {
+                    0 => &ws.local_best[at..at + words],
+                    r => &ws.gathered[(r - 1) * block + at..][..words],
+                };
+                BestToken::from_words([words[0], words[1], words[2]])
+            };
+            ws.best.extend(BestToken::combine((0..size).map(of_rank)));
+        }
+        if let Some(bad) = ws.best.iter().find(|b| b.token as usize >= cfg.vocab) {
+            let message = format!(
+                "a best token {} of a vocabulary of {}",
+                bad.token, cfg.vocab
+            );
+            return Err(CollectiveError::Invalid(message).into());
+        }
+        Ok(ForwardOutput::Best(&ws.best))
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -159,7 +159,7 @@ fn run(model: &Transformer, group: &mut dyn Group) -> Vec<Option<Vec<f32>>> {
         match logits {
             ForwardOutput::Logits(l) => out.push(Some(l.to_vec())),
             ForwardOutput::SentToFirst => out.push(None),
-            ForwardOutput::Hidden(_) | ForwardOutput::Normed(_) => {
+            ForwardOutput::Hidden(_) | ForwardOutput::Normed(_) | ForwardOutput::Best(_) => {
                 panic!("a tensor rank returns logits")
             }
         }
