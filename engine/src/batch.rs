@@ -131,6 +131,9 @@ struct Part {
 struct Launch {
     parts: Vec<Part>,
     wants_logits: bool,
+    /// Rows of logits it wants: on a pipeline, the last stage sends rank 0
+    /// their final-normed hidden states.
+    logits_rows: usize,
     output: RowOutput,
     tokens: usize,
     started: Instant,
@@ -139,8 +142,17 @@ struct Launch {
 /// The most tokens a step may have to be launched while another that
 /// wants logits is in flight: its hidden states (a few KB a token) then fit
 /// in the ring's socket buffers, so rank 0 never blocks sending them while
-/// the last stage blocks sending it logits.
+/// the last stage blocks sending it its rows.
 const OVERLAP_TOKENS: usize = 32;
+
+/// The most bytes of rows a step in flight may send rank 0 back for a
+/// step of any size to be launched behind it: they then fit in the ring's
+/// socket buffers (a Linux connection starts with a 16 KiB send buffer and
+/// a 64 KiB receive window), so the last stage never blocks sending them,
+/// whatever rank 0 is blocked on, and every send of the ring completes.
+/// A prompt's last chunk wants one row (2.3 KB for SmolLM2-135M, 16 KiB
+/// at a hidden size of 4096): long prompts then fill both stages.
+const OVERLAP_RETURN_BYTES: usize = 16 * 1024;
 
 impl Running {
     fn state(&self) -> SeqState {
@@ -404,7 +416,8 @@ impl<'m> Batch<'m> {
             plan_step(&states, self.config.step_tokens, &mut self.planned);
         }
         let tokens: usize = self.planned.iter().map(|p| p.len).sum();
-        let wants_logits = self.planned.iter().any(|p| p.logits > 0);
+        let logits_rows: usize = self.planned.iter().map(|p| p.logits).sum();
+        let wants_logits = logits_rows > 0;
         if tokens == 0 || !self.may_overlap(tokens) {
             return Ok(false);
         }
@@ -465,6 +478,7 @@ impl<'m> Batch<'m> {
         self.launches.push_back(Launch {
             parts,
             wants_logits,
+            logits_rows,
             output,
             tokens,
             started,
@@ -500,12 +514,13 @@ impl<'m> Batch<'m> {
 
     /// A second step may go out before the first is collected only when
     /// the sends cannot all block on each other: the first asks for no
-    /// logits (nothing comes back to rank 0), or the second is small
-    /// enough for the socket buffers.
+    /// logits (nothing comes back to rank 0) or for rows that fit in the
+    /// socket buffers, or the second is small enough for them.
     fn may_overlap(&self, tokens: usize) -> bool {
+        let row_bytes = self.model.transformer.config.hidden * std::mem::size_of::<f32>();
         self.launches
             .iter()
-            .all(|l| !l.wants_logits || tokens <= OVERLAP_TOKENS)
+            .all(|l| l.logits_rows * row_bytes <= OVERLAP_RETURN_BYTES || tokens <= OVERLAP_TOKENS)
     }
 
     /// Collects the oldest launched step and advances its sequences.
