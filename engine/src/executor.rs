@@ -5,9 +5,10 @@
 //! each step it broadcasts a [`Step`]: a batch of sequences' spans (their
 //! positions, tokens and block tables). Every rank then runs the same
 //! [`Executor::execute`]:
-//! - **tensor parallel**: all ranks run every layer on their slice and
-//!   all-reduce after attention and after the MLP; rank 0 gathers the
-//!   logits;
+//! - **tensor parallel**: all ranks run every layer on their slice; the
+//!   output projections gather their inputs whole and split their output
+//!   rows (see [`crate::model::gather`]), so every rank computes what one
+//!   machine does, bit for bit; rank 0 gathers the logits;
 //! - **pipeline**: the first rank embeds, hidden states go to the next rank,
 //!   the last rank's final-normed rows that want logits go round the ring
 //!   back to rank 0, which holds the head (tied, its embeddings) and turns

@@ -17,14 +17,17 @@
 //!
 //! On a tensor-parallel rank the layer holds whole key heads with their
 //! value heads: its q and k channels, the rows of v, z, b and a and the
-//! convolution's channels of those heads, and the same columns of
-//! `out_proj` (its partial sum is reduced with the others').
+//! convolution's channels of those heads; of `out_proj`, its share of the
+//! output rows over whole inputs, every rank's value heads gathered first
+//! (see [`super::gather`]), so that it computes what one machine does.
 
 use std::ops::Range;
 
 use super::config::LinearAttention;
+use super::gather::{project, ColumnSplit, GatherBuffers};
 use super::transformer::{ForwardError, SeqSpan};
 use super::weights::{LoadError, Matrix, TensorSource};
+use crate::collectives::Group;
 use crate::ops;
 use crate::paged::KvPool;
 use crate::quant::Activations;
@@ -36,10 +39,11 @@ pub struct GatedDeltaNet {
     w_q: Matrix,
     w_k: Matrix,
     /// Rows of v (and of z) for each run of consecutive value heads of the
-    /// file this rank holds; `out_proj`'s columns for the same runs.
+    /// file this rank holds.
     w_v: Vec<Matrix>,
     w_z: Vec<Matrix>,
-    w_out: Vec<Matrix>,
+    /// `out_proj`: every column; a tensor rank's share of the rows.
+    w_out: Matrix,
     beta_alpha: BetaAlpha,
     /// Taps per local channel (`channels x kernel`).
     conv: Vec<f32>,
@@ -125,7 +129,7 @@ impl LinearSplit {
     }
 
     /// Runs of consecutive file value heads, in local order.
-    fn runs(&self) -> Vec<Range<usize>> {
+    pub(super) fn runs(&self) -> Vec<Range<usize>> {
         let mut runs: Vec<Range<usize>> = Vec::new();
         for &v in &self.value_heads {
             match runs.last_mut() {
@@ -146,6 +150,7 @@ impl GatedDeltaNet {
         hidden: usize,
         eps: f32,
         split: &LinearSplit,
+        hidden_rows: Option<Range<usize>>,
     ) -> Result<Self, LoadError> {
         let name = |part: &str| format!("blk.{layer}.{part}");
         let (nk, dk, nv, dv) = (
@@ -170,7 +175,6 @@ impl GatedDeltaNet {
         let value_rows = |run: &Range<usize>| run.start * dv..run.end * dv;
         let mut w_v = Vec::with_capacity(runs.len());
         let mut w_z = Vec::with_capacity(runs.len());
-        let mut w_out = Vec::with_capacity(runs.len());
         for run in &runs {
             w_v.push(part(
                 &qkv,
@@ -179,7 +183,6 @@ impl GatedDeltaNet {
                 None,
             )?);
             w_z.push(part(&z, [v_all, hidden], Some(value_rows(run)), None)?);
-            w_out.push(part(&out, [hidden, v_all], None, Some(value_rows(run)))?);
         }
         let fused_ba = name("ssm_ba.weight");
         let r = linear.values_per_key();
@@ -227,7 +230,7 @@ impl GatedDeltaNet {
             w_k: part(&qkv, qkv_shape, Some(shifted(key_rows, qk)), None)?,
             w_v,
             w_z,
-            w_out,
+            w_out: part(&out, [hidden, v_all], hidden_rows, None)?,
             beta_alpha,
             conv,
             decay: per_head("ssm_a")?,
@@ -249,7 +252,7 @@ impl GatedDeltaNet {
             .into_iter()
             .chain(&self.w_v)
             .chain(&self.w_z)
-            .chain(&self.w_out)
+            .chain([&self.w_out])
             .map(Matrix::size_bytes)
             .sum();
         let ba = match &self.beta_alpha {
@@ -260,9 +263,10 @@ impl GatedDeltaNet {
         matrices + ba + vectors * 4
     }
 
-    /// `proj` (`n x hidden`) = this rank's part of the layer's output for
-    /// the `n` tokens of `normed`; `states` are the spans' slots and
-    /// `offset` this layer's place in each slot.
+    /// `proj` (`n x hidden`) = the layer's output for the `n` tokens of
+    /// `normed`; `states` are the spans' slots and `offset` this layer's
+    /// place in each slot. On a tensor rank, `splits` says how every
+    /// rank's value heads and output rows make whole rows.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -275,9 +279,11 @@ impl GatedDeltaNet {
         proj: &mut [f32],
         ws: &mut LinearWorkspace,
         pool: &ThreadPool,
+        splits: Option<(&ColumnSplit, &ColumnSplit)>,
+        group: &mut dyn Group,
     ) -> Result<(), ForwardError> {
         let shape = &self.shape;
-        ws.ensure(shape, n, hidden);
+        ws.ensure(shape, n);
         self.project(n, hidden, normed, ws, pool)?;
         let state_len = self.state_len();
         let mut first = 0;
@@ -300,7 +306,20 @@ impl GatedDeltaNet {
         self.gates(n, ws);
         self.recur(n, spans, kv, offset, ws, pool)?;
         self.gated_norm(n, ws);
-        self.project_out(n, hidden, proj, ws, pool)
+        let vw = self.shape.v_width();
+        let (local, out) = (&ws.out[..n * vw], &mut proj[..n * hidden]);
+        let (acts, gathers) = (&mut ws.acts, &mut ws.gathers);
+        project::<ForwardError>(
+            &self.w_out,
+            splits,
+            n,
+            local,
+            out,
+            acts,
+            gathers,
+            pool,
+            group,
+        )
     }
 
     /// The input projections: q, k, v and z of this rank's heads, b and a
@@ -502,42 +521,6 @@ impl GatedDeltaNet {
         }
         debug_assert_eq!(vw % dv, 0);
     }
-
-    /// `proj = out_proj(o)`, run by run of heads.
-    fn project_out(
-        &self,
-        n: usize,
-        hidden: usize,
-        proj: &mut [f32],
-        ws: &mut LinearWorkspace,
-        pool: &ThreadPool,
-    ) -> Result<(), ForwardError> {
-        let vw = self.shape.v_width();
-        if let [w_out] = &self.w_out[..] {
-            ws.acts.set(&ws.out[..n * vw], n, vw);
-            w_out.matmul(&mut ws.acts, n, &ws.out, &mut proj[..n * hidden], pool)?;
-            return Ok(());
-        }
-        let mut column = 0;
-        for (index, w_out) in self.w_out.iter().enumerate() {
-            let width = w_out.cols();
-            let input = &mut ws.run[..n * width];
-            for t in 0..n {
-                input[t * width..(t + 1) * width]
-                    .copy_from_slice(&ws.out[t * vw + column..t * vw + column + width]);
-            }
-            ws.acts.set(input, n, width);
-            if index == 0 {
-                w_out.matmul(&mut ws.acts, n, input, &mut proj[..n * hidden], pool)?;
-            } else {
-                let partial = &mut ws.partial[..n * hidden];
-                w_out.matmul(&mut ws.acts, n, input, partial, pool)?;
-                ops::add_in_place(&mut proj[..n * hidden], partial);
-            }
-            column += width;
-        }
-        Ok(())
-    }
 }
 
 /// One token of one value head: decay the state, write `k -> v` into it
@@ -637,14 +620,15 @@ pub struct LinearWorkspace {
     beta: Vec<f32>,
     decay: Vec<f32>,
     out: Vec<f32>,
-    /// One run of heads' products, or its slice of `out`.
+    /// One run of heads' products.
     run: Vec<f32>,
-    partial: Vec<f32>,
     acts: Activations,
+    /// A tensor rank's whole rows and its part of the output rows.
+    gathers: GatherBuffers,
 }
 
 impl LinearWorkspace {
-    fn ensure(&mut self, shape: &LocalShape, n: usize, hidden: usize) {
+    fn ensure(&mut self, shape: &LocalShape, n: usize) {
         let grow = |v: &mut Vec<f32>, len: usize| {
             if v.len() < len {
                 v.resize(len, 0.0);
@@ -660,7 +644,6 @@ impl LinearWorkspace {
         grow(&mut self.decay, n * shape.value_heads());
         grow(&mut self.out, n * vw);
         grow(&mut self.run, 2 * n * vw);
-        grow(&mut self.partial, n * hidden);
     }
 }
 

@@ -10,6 +10,7 @@
 mod attention;
 pub mod config;
 pub mod deltanet;
+pub mod gather;
 pub mod gemma;
 pub mod llama;
 pub mod moe;

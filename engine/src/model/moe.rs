@@ -10,13 +10,17 @@
 //! does not change it.
 //!
 //! On a tensor-parallel rank every expert holds the same slice of its
-//! intermediate rows: the rank's partial sums are added to the others' by
-//! the layer's one all-reduce, as for the dense MLP.
+//! intermediate rows and the same share of its down projection's output
+//! rows (whole columns): the intermediate rows are gathered whole first,
+//! as for the dense MLP (see [`super::gather`]).
 
 use std::ops::Range;
 
 use super::config::{ConfigError, MoeConfig};
+use super::gather::{grown, ColumnSplit, GatherBuffers};
+use super::transformer::ForwardError;
 use super::weights::{LoadError, Matrix, TensorSource};
+use crate::collectives::Group;
 use crate::hf_dir::HfConfig;
 use crate::ops;
 use crate::quant::{self, Activations, QMatrix};
@@ -152,19 +156,22 @@ pub struct MoeWorkspace {
     up: Vec<f32>,
     down: Vec<f32>,
     acts: Activations,
+    /// A tensor rank's whole intermediate rows and its output columns.
+    gathers: GatherBuffers,
 }
 
 impl Experts {
     /// Loads layer `layer`'s router (whole) and, of each expert, the rows
-    /// `rows` of gate and up and the same columns of down (all of them
-    /// unless `sliced`); of the shared expert, if any, `shared_rows`.
+    /// `rows` of gate and up and the rows `hidden_rows` of down (all of
+    /// them on one machine; a tensor rank's, whole columns, see
+    /// [`super::gather`]); of the shared expert, if any, `shared_rows`.
     pub fn load(
         source: &dyn TensorSource,
         layer: usize,
         moe: &MoeConfig,
         hidden: usize,
         [rows, shared_rows]: [&Range<usize>; 2],
-        sliced: bool,
+        hidden_rows: Option<Range<usize>>,
     ) -> Result<Self, LoadError> {
         let name = |part: &str| format!("blk.{layer}.{part}");
         let f = moe.expert_ffn;
@@ -184,7 +191,6 @@ impl Experts {
         let mut weights = ExpertWeights::Native(Vec::with_capacity(moe.experts));
         for e in 0..moe.experts {
             let rows = Some(rows.clone());
-            let cols = if sliced { rows.clone() } else { None };
             weights.push([
                 part(
                     &name(&format!("ffn_gate.{e}.weight")),
@@ -201,14 +207,13 @@ impl Experts {
                 part(
                     &name(&format!("ffn_down.{e}.weight")),
                     [hidden, f],
+                    hidden_rows.clone(),
                     None,
-                    cols,
                 )?,
             ]);
         }
         let shared = match moe.shared_ffn {
             Some(f) => {
-                let cols = sliced.then(|| shared_rows.clone());
                 let gate_name = name("ffn_gate_inp_shexp.weight");
                 let gate = source.vector(&gate_name)?;
                 if gate.len() != hidden {
@@ -230,7 +235,12 @@ impl Experts {
                         None,
                     )?,
                     w_up: part(&name("ffn_up_shexp.weight"), [f, hidden], rows, None)?,
-                    w_down: part(&name("ffn_down_shexp.weight"), [hidden, f], None, cols)?,
+                    w_down: part(
+                        &name("ffn_down_shexp.weight"),
+                        [hidden, f],
+                        hidden_rows,
+                        None,
+                    )?,
                     gate,
                 })
             }
@@ -262,7 +272,11 @@ impl Experts {
     }
 
     /// `out` (`n x hidden`) = the weighted sum of each token's experts over
-    /// `normed` (`n x hidden`), this rank's part of it when sliced.
+    /// `normed` (`n x hidden`). On a tensor rank (`splits`) each expert's
+    /// intermediate rows are gathered whole and this rank computes its
+    /// rows of every down projection, then gathers the others' (see
+    /// [`super::gather`]): what one machine computes, bit for bit.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         n: usize,
@@ -271,7 +285,9 @@ impl Experts {
         out: &mut [f32],
         ws: &mut MoeWorkspace,
         pool: &ThreadPool,
-    ) -> Result<(), candle_core::Error> {
+        splits: Option<ExpertSplits<'_>>,
+        group: &mut dyn Group,
+    ) -> Result<(), ForwardError> {
         let moe = &self.moe;
         let (experts, k) = (moe.experts, moe.experts_per_token);
         ws.acts.set(&normed[..n * hidden], n, hidden);
@@ -296,19 +312,44 @@ impl Experts {
         let f = moe.expert_ffn;
         ws.gate.resize(rows * f, 0.0);
         ws.up.resize(rows * f, 0.0);
-        ws.down.resize(rows * hidden, 0.0);
         match &self.weights {
-            ExpertWeights::Native(native) => experts_grouped(native, ws, rows, f, pool),
-            ExpertWeights::Other(other) => experts_one_by_one(other, ws, normed, hidden, f, pool)?,
+            ExpertWeights::Native(native) => experts_gated(native, ws, rows, f, pool),
+            ExpertWeights::Other(other) => {
+                experts_gated_one_by_one(other, ws, normed, hidden, f, pool)?
+            }
         }
+        // This rank's columns of the output: all of them on one machine.
+        let width = splits.map_or(hidden, |s| s.hidden.own(group.rank()));
+        let whole_f = match splits {
+            Some(s) => {
+                let whole = grown(&mut ws.gathers.whole, rows * s.experts.width());
+                let local = &ws.gate[..rows * f];
+                s.experts
+                    .gather(group, rows, local, &mut ws.gathers.scratch, whole)?;
+                s.experts.width()
+            }
+            None => f,
+        };
+        ws.down.resize(rows * width, 0.0);
+        match &self.weights {
+            ExpertWeights::Native(native) => {
+                experts_down(native, ws, rows, whole_f, width, splits.is_some(), pool)
+            }
+            ExpertWeights::Other(other) => {
+                experts_down_one_by_one(other, ws, whole_f, width, splits.is_some(), pool)?
+            }
+        }
+        let sum = match splits {
+            Some(_) => grown(&mut ws.gathers.part, n * width),
+            None => &mut out[..n * hidden],
+        };
         // Each token's experts, summed in its own top-k order.
-        for t in 0..n {
-            let out_row = &mut out[t * hidden..(t + 1) * hidden];
+        for (t, out_row) in sum.chunks_exact_mut(width).enumerate() {
             for j in 0..k {
                 let slot = t * k + j;
                 let row = ws.sorted_row[slot];
                 let weight = ws.routes[slot].weight;
-                let expert_out = &ws.down[row * hidden..(row + 1) * hidden];
+                let expert_out = &ws.down[row * width..(row + 1) * width];
                 if j == 0 {
                     for (o, v) in out_row.iter_mut().zip(expert_out) {
                         *o = v * weight;
@@ -321,27 +362,55 @@ impl Experts {
             }
         }
         if let Some(shared) = &self.shared {
-            shared.add_to(n, hidden, normed, out, ws, pool)?;
+            shared.add_to(n, hidden, width, normed, out, ws, pool, splits, group)?;
+        }
+        if let Some(s) = splits {
+            let part = &ws.gathers.part[..n * width];
+            s.hidden.gather(
+                group,
+                n,
+                part,
+                &mut ws.gathers.scratch,
+                &mut out[..n * hidden],
+            )?;
         }
         Ok(())
     }
 }
 
+/// How a tensor rank's expert rows and output rows fit into whole rows.
+#[derive(Clone, Copy)]
+pub struct ExpertSplits<'a> {
+    /// Every rank's intermediate rows of each expert.
+    pub experts: &'a ColumnSplit,
+    /// Every rank's intermediate rows of the shared expert.
+    pub shared: &'a ColumnSplit,
+    /// Every rank's rows of the down projections' output.
+    pub hidden: &'a ColumnSplit,
+}
+
 impl SharedExpert {
-    /// `out += sigmoid(gate · x) * mlp(x)` for each of the `n` tokens.
+    /// Adds `sigmoid(gate · x) * mlp(x)` for each of the `n` tokens: into
+    /// `out` (`n x hidden`) on one machine; on a tensor rank into its
+    /// `width` columns in `ws.gathers.part`, its intermediate rows gathered
+    /// whole first.
+    #[allow(clippy::too_many_arguments)]
     fn add_to(
         &self,
         n: usize,
         hidden: usize,
+        width: usize,
         normed: &[f32],
         out: &mut [f32],
         ws: &mut MoeWorkspace,
         pool: &ThreadPool,
-    ) -> Result<(), candle_core::Error> {
+        splits: Option<ExpertSplits<'_>>,
+        group: &mut dyn Group,
+    ) -> Result<(), ForwardError> {
         let f = self.w_gate.rows();
         ws.shared_gate.resize(n * f, 0.0);
         ws.shared_up.resize(n * f, 0.0);
-        ws.down.resize(n * hidden, 0.0);
+        ws.down.resize(n * width, 0.0);
         ws.acts.set(&normed[..n * hidden], n, hidden);
         Matrix::matmul_many(
             [&self.w_gate, &self.w_up],
@@ -352,19 +421,28 @@ impl SharedExpert {
             pool,
         )?;
         silu_mul_parallel(&mut ws.shared_gate[..n * f], &ws.shared_up[..n * f], pool);
-        ws.acts.set(&ws.shared_gate[..n * f], n, f);
-        self.w_down.matmul(
-            &mut ws.acts,
-            n,
-            &ws.shared_gate,
-            &mut ws.down[..n * hidden],
-            pool,
-        )?;
+        let (input, whole_f) = match splits {
+            Some(s) => {
+                let whole = grown(&mut ws.gathers.whole, n * s.shared.width());
+                let local = &ws.shared_gate[..n * f];
+                s.shared
+                    .gather(group, n, local, &mut ws.gathers.scratch, whole)?;
+                (&ws.gathers.whole[..n * s.shared.width()], s.shared.width())
+            }
+            None => (&ws.shared_gate[..n * f], f),
+        };
+        ws.acts.set(input, n, whole_f);
+        self.w_down
+            .matmul(&mut ws.acts, n, input, &mut ws.down[..n * width], pool)?;
+        let sum = match splits {
+            Some(_) => &mut ws.gathers.part[..n * width],
+            None => &mut out[..n * hidden],
+        };
         for t in 0..n {
             let x = &normed[t * hidden..(t + 1) * hidden];
             let scale = ops::sigmoid(ops::dot(x, &self.gate));
-            let row = t * hidden..(t + 1) * hidden;
-            for (o, v) in out[row.clone()].iter_mut().zip(&ws.down[row]) {
+            let row = t * width..(t + 1) * width;
+            for (o, v) in sum[row.clone()].iter_mut().zip(&ws.down[row]) {
                 *o += scale * v;
             }
         }
@@ -372,41 +450,57 @@ impl SharedExpert {
     }
 }
 
-/// Every expert's gate and up in one parallel region, SwiGLU, then every
-/// expert's down in another.
-/// `ws.acts` holds the block's input (one row per token).
-fn experts_grouped(
+/// Every expert's gate and up in one parallel region, then SwiGLU, into
+/// `ws.gate`. `ws.acts` holds the block's input (one row per token).
+fn experts_gated(
     native: &[[QMatrix; 3]],
     ws: &mut MoeWorkspace,
     rows: usize,
     f: usize,
     pool: &ThreadPool,
 ) {
-    {
-        quant::matmul_grouped(
-            |e| [&native[e][0], &native[e][1]],
-            &ws.groups,
-            &mut ws.acts,
-            Some(&ws.token_of_row),
-            [&mut ws.gate[..rows * f], &mut ws.up[..rows * f]],
-            pool,
-        );
-        silu_mul_parallel(&mut ws.gate[..rows * f], &ws.up[..rows * f], pool);
-        ws.acts.set(&ws.gate[..rows * f], rows, f);
-        let hidden = native.first().map_or(0, |m| m[2].rows());
-        quant::matmul_grouped(
-            |e| [&native[e][2]],
-            &ws.groups,
-            &mut ws.acts,
-            None,
-            [&mut ws.down[..rows * hidden]],
-            pool,
-        );
-    }
+    quant::matmul_grouped(
+        |e| [&native[e][0], &native[e][1]],
+        &ws.groups,
+        &mut ws.acts,
+        Some(&ws.token_of_row),
+        [&mut ws.gate[..rows * f], &mut ws.up[..rows * f]],
+        pool,
+    );
+    silu_mul_parallel(&mut ws.gate[..rows * f], &ws.up[..rows * f], pool);
 }
 
-/// Formats without a native kernel: each expert through candle.
-fn experts_one_by_one(
+/// Every expert's down in one parallel region, over the sorted rows of
+/// `ws.gate` (or, `gathered`, the whole rows in `ws.gathers.whole`), `f`
+/// wide, into `width` columns of `ws.down`.
+fn experts_down(
+    native: &[[QMatrix; 3]],
+    ws: &mut MoeWorkspace,
+    rows: usize,
+    f: usize,
+    width: usize,
+    gathered: bool,
+    pool: &ThreadPool,
+) {
+    let input = if gathered {
+        &ws.gathers.whole
+    } else {
+        &ws.gate
+    };
+    ws.acts.set(&input[..rows * f], rows, f);
+    quant::matmul_grouped(
+        |e| [&native[e][2]],
+        &ws.groups,
+        &mut ws.acts,
+        None,
+        [&mut ws.down[..rows * width]],
+        pool,
+    );
+}
+
+/// Formats without a native kernel: each expert's gate and up through
+/// candle, then SwiGLU, into `ws.gate`.
+fn experts_gated_one_by_one(
     other: &[[Matrix; 3]],
     ws: &mut MoeWorkspace,
     normed: &[f32],
@@ -414,28 +508,47 @@ fn experts_one_by_one(
     f: usize,
     pool: &ThreadPool,
 ) -> Result<(), candle_core::Error> {
-    {
-        for (e, rows) in ws.groups.clone() {
-            let [w_gate, w_up, w_down] = &other[e];
-            let m = rows.len();
-            ws.gathered.clear();
-            for &token in &ws.token_of_row[rows.clone()] {
-                let row = &normed[token * hidden..(token + 1) * hidden];
-                ws.gathered.extend_from_slice(row);
-            }
-            let input = &ws.gathered[..];
-            ws.acts.set(input, m, hidden);
-            let gate = &mut ws.gate[rows.start * f..rows.end * f];
-            w_gate.matmul(&mut ws.acts, m, input, gate, pool)?;
-            let up = &mut ws.up[rows.start * f..rows.end * f];
-            w_up.matmul(&mut ws.acts, m, input, up, pool)?;
-            ops::silu_mul(gate, up);
-            ws.acts.set(gate, m, f);
-            let down = &mut ws.down[rows.start * hidden..rows.end * hidden];
-            w_down.matmul(&mut ws.acts, m, gate, down, pool)?;
+    for (e, rows) in ws.groups.clone() {
+        let [w_gate, w_up, _] = &other[e];
+        let m = rows.len();
+        ws.gathered.clear();
+        for &token in &ws.token_of_row[rows.clone()] {
+            let row = &normed[token * hidden..(token + 1) * hidden];
+            ws.gathered.extend_from_slice(row);
         }
-        Ok(())
+        let input = &ws.gathered[..];
+        ws.acts.set(input, m, hidden);
+        let gate = &mut ws.gate[rows.start * f..rows.end * f];
+        w_gate.matmul(&mut ws.acts, m, input, gate, pool)?;
+        let up = &mut ws.up[rows.start * f..rows.end * f];
+        w_up.matmul(&mut ws.acts, m, input, up, pool)?;
+        ops::silu_mul(gate, up);
     }
+    Ok(())
+}
+
+/// [`experts_down`] through candle, one expert at a time.
+fn experts_down_one_by_one(
+    other: &[[Matrix; 3]],
+    ws: &mut MoeWorkspace,
+    f: usize,
+    width: usize,
+    gathered: bool,
+    pool: &ThreadPool,
+) -> Result<(), candle_core::Error> {
+    for (e, rows) in ws.groups.clone() {
+        let w_down = &other[e][2];
+        let input = if gathered {
+            &ws.gathers.whole
+        } else {
+            &ws.gate
+        };
+        let input = &input[rows.start * f..rows.end * f];
+        ws.acts.set(input, rows.len(), f);
+        let down = &mut ws.down[rows.start * width..rows.end * width];
+        w_down.matmul(&mut ws.acts, rows.len(), input, down, pool)?;
+    }
+    Ok(())
 }
 
 /// Orders the step's (token, slot) pairs by expert (tokens ascending within

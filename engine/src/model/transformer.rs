@@ -10,7 +10,8 @@ use half::f16;
 use super::attention::{self, Scoring};
 use super::config::{Activation, LayerRope, ModelConfig};
 use super::deltanet::{GatedDeltaNet, LinearSplit, LinearWorkspace};
-use super::moe::{Experts, MoeWorkspace};
+use super::gather::{grown, project, ColumnSplit, GatherBuffers};
+use super::moe::{ExpertSplits, Experts, MoeWorkspace};
 use super::weights::{LoadError, Matrix, TensorSource};
 use crate::collectives::{CollectiveError, Group, SingleRank};
 use crate::ops;
@@ -63,7 +64,7 @@ struct Attention {
     k_bias: Option<Vec<f32>>,
     v_bias: Option<Vec<f32>>,
     /// Llama's `attention_bias` and Qwen3's put a bias on o_proj too; the
-    /// whole vector, added once the ranks' partial sums are reduced.
+    /// whole vector, added once the ranks' rows are gathered.
     o_bias: Option<Vec<f32>>,
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
@@ -332,6 +333,8 @@ pub struct Workspace {
     moe: MoeWorkspace,
     /// The linear-attention layers' buffers (hybrid models).
     linear: LinearWorkspace,
+    /// A tensor rank's whole rows and its part of the output rows.
+    gathers: GatherBuffers,
 }
 
 impl Workspace {
@@ -429,11 +432,76 @@ pub enum ForwardError {
 }
 
 /// What a tensor-parallel rank owns beyond its slice of every layer: its
-/// rows of the LM head, and how the vocabulary is split for the gather.
+/// rows of the LM head, how the vocabulary is split for the gather, and
+/// how every rank's slices make whole rows.
 struct TensorSlice {
     /// Rows of the head (vocabulary entries) per rank, in rank order.
     vocab_counts: Vec<usize>,
     head: Matrix,
+    layout: TensorLayout,
+}
+
+/// Every rank's columns of the rows the ranks gather whole (see
+/// [`super::gather`]): the attention's output (query heads), the MLP's
+/// intermediate rows, the hidden rows each rank computes of the output
+/// projections; and q and k where they are normed across all heads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorLayout {
+    pub attention: ColumnSplit,
+    pub ffn: ColumnSplit,
+    pub hidden: ColumnSplit,
+    pub experts: ColumnSplit,
+    pub shared_expert: ColumnSplit,
+    /// Each rank's value heads of the linear-attention layers (in the
+    /// file's order of value heads, one value head wide each).
+    pub linear_values: ColumnSplit,
+    /// q and k normed across all heads (OLMo 2): every rank's KV heads,
+    /// whole groups (no KV head on two ranks).
+    pub keys: Option<ColumnSplit>,
+}
+
+impl TensorLayout {
+    /// The layout of `world` ranks, each rank's [`TensorSplit`] put
+    /// together.
+    pub fn new(
+        config: &ModelConfig,
+        world: u32,
+        ffn_unit: usize,
+        expert_unit: usize,
+    ) -> Result<Self, ShardError> {
+        let splits = (0..world)
+            .map(|rank| TensorSplit::new(config, rank, world, ffn_unit, expert_unit))
+            .collect::<Result<Vec<_>, _>>()?;
+        let of = |part: fn(&TensorSplit) -> Range<usize>| {
+            let parts: Vec<Range<usize>> = splits.iter().map(part).collect();
+            ColumnSplit::contiguous(&parts, 1)
+        };
+        let linear_values = match &config.variant.linear {
+            Some(linear) => ColumnSplit::from_runs(
+                splits
+                    .iter()
+                    .map(|s| {
+                        LinearSplit::for_key_heads(linear, s.linear_keys.clone())
+                            .runs()
+                            .into_iter()
+                            .map(|r| r.start * linear.value_dim..r.end * linear.value_dim)
+                            .collect()
+                    })
+                    .collect(),
+            ),
+            None => of(|_| 0..0),
+        };
+        Ok(Self {
+            attention: of(|s| s.q_rows.clone()),
+            ffn: of(|s| s.ffn_rows.clone()),
+            hidden: of(|s| s.hidden_rows.clone()),
+            experts: of(|s| s.expert_rows.clone()),
+            shared_expert: of(|s| s.shared_rows.clone()),
+            linear_values,
+            keys: (config.variant.qk_norm_whole && config.qk_norm)
+                .then(|| of(|s| s.kv_rows.clone())),
+        })
+    }
 }
 
 /// The rows a tensor-parallel rank owns of each split dimension.
@@ -451,6 +519,9 @@ pub struct TensorSplit {
     pub linear_keys: Range<usize>,
     pub vocab_rows: Range<usize>,
     pub vocab_counts: Vec<usize>,
+    /// Rows of the output projections (attention's, the MLP's down, the
+    /// experts' downs) this rank computes, over whole input rows.
+    pub hidden_rows: Range<usize>,
 }
 
 /// This rank's intermediate rows of an MLP of `ffn` rows: in units of
@@ -466,7 +537,7 @@ fn ffn_share(ffn: usize, unit: usize, rank: u32, world: u32) -> Result<Range<usi
         1
     };
     // Even, not balancing the attention's uneven KV groups: each block
-    // ends in an all-reduce, a barrier, so the MLP's own split must be
+    // ends in gathers, a barrier, so the MLP's own split must be
     // even for its phase to be (balancing the totals made each rank wait
     // for the other in turn).
     let parts = split_evenly((ffn / unit) as u32, world as usize, "FFN blocks")?;
@@ -514,6 +585,8 @@ impl TensorSplit {
         };
         let vocab_parts = split_evenly(config.vocab as u32, world as usize, "vocabulary rows")?;
         let vocab = &vocab_parts[rank as usize];
+        let hidden_parts = split_evenly(config.hidden as u32, world as usize, "hidden rows")?;
+        let hidden = &hidden_parts[rank as usize];
         Ok(Self {
             q_rows: q_heads.start * hd..q_heads.end * hd,
             kv_rows: kv_heads.start * hd..kv_heads.end * hd,
@@ -527,6 +600,7 @@ impl TensorSplit {
             linear_keys,
             vocab_rows: vocab.start as usize..vocab.end as usize,
             vocab_counts: vocab_parts.iter().map(|r| r.len()).collect(),
+            hidden_rows: hidden.start as usize..hidden.end as usize,
         })
     }
 }
@@ -538,7 +612,7 @@ impl TensorSplit {
 /// cached on both. Attention is then balanced: with 3 KV heads of 3 query
 /// heads on 2 ranks, 5 and 4 query heads rather than 6 and 3 (the whole
 /// groups' split made one rank's attention twice the other's, and the
-/// other wait at every layer's all-reduce).
+/// other wait at every layer's gathers).
 fn attention_share(
     config: &ModelConfig,
     spec: &ShardSpec,
@@ -629,6 +703,18 @@ impl Transformer {
             ),
             ShardSpec::Pipeline { .. } => None,
         };
+        let layout = match *spec {
+            ShardSpec::Tensor { world_size, .. } => Some(
+                TensorLayout::new(
+                    &config,
+                    world_size,
+                    source.column_block("blk.0.ffn_down.weight"),
+                    source.column_block("blk.0.ffn_down.0.weight"),
+                )
+                .map_err(shard_error)?,
+            ),
+            ShardSpec::Pipeline { .. } => None,
+        };
         let rows = ShardRows {
             q: split.as_ref().map_or(0..q, |s| s.q_rows.clone()),
             kv: split.as_ref().map_or(0..kv, |s| s.kv_rows.clone()),
@@ -643,7 +729,7 @@ impl Transformer {
                 (None, Some(rows)) => 0..rows,
                 (None, None) => 0..0,
             },
-            sliced: split.is_some(),
+            hidden: split.as_ref().map(|s| s.hidden_rows.clone()),
         };
         let part = |name: &str,
                     shape: [usize; 2],
@@ -672,7 +758,9 @@ impl Transformer {
                         Some(s) => LinearSplit::for_key_heads(linear, s.linear_keys.clone()),
                         None => LinearSplit::whole(linear),
                     };
-                    let net = GatedDeltaNet::load(source, i, linear, h, config.norm_eps, &heads)?;
+                    let eps = config.norm_eps;
+                    let hidden_rows = rows.hidden.clone();
+                    let net = GatedDeltaNet::load(source, i, linear, h, eps, &heads, hidden_rows)?;
                     let state_offset = state_len;
                     state_len += net.state_len();
                     Mixer::Linear { net, state_offset }
@@ -705,11 +793,12 @@ impl Transformer {
         } else {
             "output.weight"
         };
-        let (final_norm, output, tensor) = match (&split, last) {
-            (Some(split), _) => (
+        let (final_norm, output, tensor) = match (split.as_ref().zip(layout), last) {
+            (Some((split, layout)), _) => (
                 Some(vector("output_norm.weight", h)?),
                 None,
                 Some(TensorSlice {
+                    layout,
                     vocab_counts: split.vocab_counts.clone(),
                     head: part(
                         head_name,
@@ -1284,11 +1373,15 @@ impl Transformer {
                     &mut ws.proj[..n * h],
                     &mut ws.linear,
                     pool,
+                    self.tensor
+                        .as_ref()
+                        .map(|t| (&t.layout.linear_values, &t.layout.hidden)),
+                    group,
                 )?;
                 None
             }
         };
-        self.add_block_output(n, o_bias, layer.attn_post_norm.as_deref(), ws, group)?;
+        self.add_block_output(n, o_bias, layer.attn_post_norm.as_deref(), ws)?;
 
         // MLP block.
         pre_norm(
@@ -1308,42 +1401,52 @@ impl Transformer {
             } => {
                 let biases = [gate_bias.as_deref(), up_bias.as_deref()];
                 let activation = cfg.variant.activation;
-                dense_mlp(
-                    [w_gate, w_up, w_down],
-                    biases,
-                    activation,
-                    cfg.ffn,
+                let f = cfg.ffn;
+                dense_activations([w_gate, w_up], biases, activation, f, n, h, ws, pool)?;
+                let splits = self
+                    .tensor
+                    .as_ref()
+                    .map(|t| (&t.layout.ffn, &t.layout.hidden));
+                let out = &mut ws.proj[..n * h];
+                let (local, acts) = (&ws.gate[..n * f], &mut ws.acts);
+                project::<ForwardError>(
+                    w_down,
+                    splits,
                     n,
-                    h,
-                    ws,
+                    local,
+                    out,
+                    acts,
+                    &mut ws.gathers,
                     pool,
+                    group,
                 )?;
                 down_bias.as_deref()
             }
             Mlp::Experts(experts) => {
                 let normed = &ws.normed[..n * h];
                 let out = &mut ws.proj[..n * h];
-                experts.forward(n, h, normed, out, &mut ws.moe, pool)?;
+                let splits = self.tensor.as_ref().map(|t| ExpertSplits {
+                    experts: &t.layout.experts,
+                    shared: &t.layout.shared_expert,
+                    hidden: &t.layout.hidden,
+                });
+                experts.forward(n, h, normed, out, &mut ws.moe, pool, splits, group)?;
                 None
             }
         };
-        self.add_block_output(n, down_bias, layer.ffn_post_norm.as_deref(), ws, group)
+        self.add_block_output(n, down_bias, layer.ffn_post_norm.as_deref(), ws)
     }
 
-    /// The end of a block: a tensor rank's partial `ws.proj` summed with the
-    /// others', the bias, the post-norm, then the residual add into `ws.x`.
+    /// The end of a block: the bias, the post-norm, then the residual add
+    /// of `ws.proj` (whole rows, on a tensor rank too) into `ws.x`.
     fn add_block_output(
         &self,
         n: usize,
         bias: Option<&[f32]>,
         post_norm: Option<&[f32]>,
         ws: &mut Workspace,
-        group: &mut dyn Group,
     ) -> Result<(), ForwardError> {
         let h = self.config.hidden;
-        if self.tensor.is_some() {
-            group.all_reduce_sum(&mut ws.proj[..n * h])?;
-        }
         add_bias(&mut ws.proj[..n * h], bias);
         if let Some(norm) = post_norm {
             ops::rms_norm_in_place(&mut ws.proj[..n * h], norm, self.config.norm_eps);
@@ -1451,10 +1554,23 @@ impl Transformer {
                 *o *= ops::sigmoid(*g);
             }
         }
-        ws.acts.set(&ws.attn[..n * qd], n, qd);
-        attn.wo
-            .matmul(&mut ws.acts, n, &ws.attn, &mut ws.proj[..n * h], pool)?;
-        Ok(())
+        let splits = self
+            .tensor
+            .as_ref()
+            .map(|t| (&t.layout.attention, &t.layout.hidden));
+        let out = &mut ws.proj[..n * h];
+        let (local, acts) = (&ws.attn[..n * qd], &mut ws.acts);
+        project::<ForwardError>(
+            &attn.wo,
+            splits,
+            n,
+            local,
+            out,
+            acts,
+            &mut ws.gathers,
+            pool,
+            group,
+        )
     }
 
     /// The q and k norms: head by head (Qwen3, Gemma 3), or across all
@@ -1478,10 +1594,25 @@ impl Transformer {
             return Ok(());
         };
         let (q_sums, k_sums) = ws.qk_sums[..2 * n].split_at_mut(n);
-        ops::sums_of_squares(&ws.q[..n * qd], qd, q_sums);
-        ops::sums_of_squares(&ws.k[..n * kvd], kvd, k_sums);
-        if self.tensor.is_some() {
-            group.all_reduce_sum(&mut ws.qk_sums[..2 * n])?;
+        let layout = self.tensor.as_ref().map(|t| &t.layout);
+        match layout.and_then(|l| Some((&l.attention, l.keys.as_ref()?))) {
+            None => {
+                ops::sums_of_squares(&ws.q[..n * qd], qd, q_sums);
+                ops::sums_of_squares(&ws.k[..n * kvd], kvd, k_sums);
+            }
+            // A tensor rank sums the whole rows, gathered, as one machine
+            // does (adding the ranks' sums would reorder them).
+            Some((q_split, k_split)) => {
+                let gathers = &mut ws.gathers;
+                for (split, local, sums) in [
+                    (q_split, &ws.q[..n * qd], q_sums),
+                    (k_split, &ws.k[..n * kvd], k_sums),
+                ] {
+                    let whole = grown(&mut gathers.whole, n * split.width());
+                    split.gather(group, n, local, &mut gathers.scratch, whole)?;
+                    ops::sums_of_squares(whole, split.width(), sums);
+                }
+            }
         }
         let (q_sums, k_sums) = ws.qk_sums[..2 * n].split_at(n);
         ops::rms_norm_by_sums(&mut ws.q[..n * qd], q_norm, q_sums, q_width, cfg.norm_eps);
@@ -1498,7 +1629,8 @@ struct ShardRows {
     ffn: Range<usize>,
     expert: Range<usize>,
     shared: Range<usize>,
-    sliced: bool,
+    /// A tensor rank's rows of the output projections (whole columns).
+    hidden: Option<Range<usize>>,
 }
 
 fn load_part(
@@ -1620,7 +1752,6 @@ fn load_attention(
             optional(source, &n("attn_k_norm.weight"), hd, config.qk_norm)?,
         )
     };
-    let cols = rows.sliced.then(|| q_rows.clone());
     Ok(Attention {
         kv_layer,
         window: config.layer_window(i),
@@ -1629,7 +1760,7 @@ fn load_attention(
         wq,
         wk,
         wv,
-        wo: part(&n("attn_output.weight"), [h, q], None, cols)?,
+        wo: part(&n("attn_output.weight"), [h, q], rows.hidden.clone(), None)?,
         q_bias: sliced_vector(source, &n("attn_q.bias"), q, q_rows, config.qkv_bias)?,
         k_bias: sliced_vector(source, &n("attn_k.bias"), kv, kv_rows, config.qkv_bias)?,
         v_bias: sliced_vector(source, &n("attn_v.bias"), kv, kv_rows, config.qkv_bias)?,
@@ -1656,7 +1787,8 @@ fn load_mlp(
         .as_ref()
         .filter(|_| source.contains(&n("ffn_gate_inp.weight")))
     {
-        let experts = Experts::load(source, i, moe, h, [&rows.expert, &rows.shared], rows.sliced)?;
+        let expert_rows = [&rows.expert, &rows.shared];
+        let experts = Experts::load(source, i, moe, h, expert_rows, rows.hidden.clone())?;
         return Ok(Mlp::Experts(experts));
     }
     let ffn_rows = &rows.ffn;
@@ -1680,11 +1812,10 @@ fn load_mlp(
             if_present(source, &n("ffn_up.bias"), f, ffn_rows.clone())?,
         )
     };
-    let cols = rows.sliced.then(|| ffn_rows.clone());
     Ok(Mlp::Dense {
         w_gate,
         w_up,
-        w_down: part(&n("ffn_down.weight"), [h, f], None, cols)?,
+        w_down: part(&n("ffn_down.weight"), [h, f], rows.hidden.clone(), None)?,
         gate_bias,
         up_bias,
         down_bias: if_present(source, &n("ffn_down.bias"), h, 0..h)?,
@@ -1699,11 +1830,11 @@ fn pre_norm(x: &[f32], norm: Option<&[f32]>, eps: f32, out: &mut [f32]) {
     }
 }
 
-/// The dense gated MLP (SwiGLU or GeGLU) over `ws.normed` (`n x h`) into
-/// `ws.proj`, before the down bias and the reduction.
+/// The dense gated MLP (SwiGLU or GeGLU) over `ws.normed` (`n x h`): the
+/// gated activations, this rank's `f` rows of them, into `ws.gate`.
 #[allow(clippy::too_many_arguments)]
-fn dense_mlp(
-    [w_gate, w_up, w_down]: [&Matrix; 3],
+fn dense_activations(
+    [w_gate, w_up]: [&Matrix; 2],
     [gate_bias, up_bias]: [Option<&[f32]>; 2],
     activation: Activation,
     f: usize,
@@ -1738,8 +1869,6 @@ fn dense_mlp(
             gated(unsafe { gate.part(range.clone()) }, &up[range]);
         });
     }
-    ws.acts.set(&ws.gate[..n * f], n, f);
-    w_down.matmul(&mut ws.acts, n, &ws.gate, &mut ws.proj[..n * h], pool)?;
     Ok(())
 }
 
@@ -1869,7 +1998,7 @@ mod tests {
             assert_eq!(next, (576, 1536, 49152), "world {world} covers all");
         }
         // World 2: 5 and 4 query heads, the middle KV head on both; the MLP
-        // splits evenly (its phase ends in an all-reduce, so it is balanced
+        // splits evenly (its phase ends in gathers, so it is balanced
         // on its own).
         let (a, b) = (
             TensorSplit::new(&config, 0, 2, 32, 32)?,

@@ -11,4 +11,5 @@ mod kquants;
 mod safetensors;
 mod sentencepiece;
 mod speculative;
+mod tensor_exact;
 mod tensor_parallel;
