@@ -451,6 +451,27 @@ def cases() -> dict:
             shared_expert_intermediate_size=96,
             rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
                              "partial_rotary_factor": 0.25}), False, True),
+        # LongRoPE stretched 4 times (1024 over an original 256, Phi-3.5's
+        # layout at a smaller scale), every sequence shorter than the
+        # original context: the short factors, with the attention factor
+        # sqrt(1 + ln 4 / ln 256) all the same.
+        "phi3-longrope-short": (Phi3Config, "llama", dict(
+            **small | {"max_position_embeddings": 1024}, rope_parameters={
+                "rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 1.0,
+                "long_factor": [1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0],
+                "short_factor": [1.0, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6]},
+            original_max_position_embeddings=256, sliding_window=262144), False, True),
+        # The same stretch over an original context of 32: the 9-22 token
+        # prompts cross it while they generate (transformers' Phi-3
+        # `generate` then computes the whole sequence again with the long
+        # factors; the reference reruns every step whole, which is the
+        # same), the 103-token prompt starts beyond it.
+        "phi3-longrope-crossing": (Phi3Config, "llama", dict(
+            **small | {"max_position_embeddings": 128}, rope_parameters={
+                "rope_type": "longrope", "rope_theta": 10000.0,
+                "long_factor": [1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0],
+                "short_factor": [1.0, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6]},
+            original_max_position_embeddings=32, sliding_window=None), False, True),
     }
 
 

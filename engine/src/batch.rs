@@ -96,6 +96,13 @@ struct Running {
     /// values.
     tokens: Vec<u32>,
     prompt_len: usize,
+    /// Where its prefill ends: the prompt's end, or later once its earlier
+    /// positions are computed again (see [`Running::refill_if_switching`]);
+    /// also the length RoPE takes its prompt tokens to have.
+    prefill_end: usize,
+    /// LongRoPE's original context, while its positions so far used the
+    /// short factors (see `ModelConfig::rope_switch`).
+    rope_switch: Option<usize>,
     computed: usize,
     /// Positions that came from the prefix cache.
     cached: usize,
@@ -159,21 +166,42 @@ impl Running {
         SeqState {
             computed: self.computed,
             tokens: self.tokens.len(),
-            prompt: self.prompt_len,
+            prompt: self.prefill_end,
             chunk: self.request.prefill_chunk.max(1),
             draft: self.draft.tokens.len(),
         }
     }
 
     fn is_decoding(&self) -> bool {
-        self.computed >= self.prompt_len && self.computed < self.tokens.len()
+        self.computed >= self.prefill_end && self.computed < self.tokens.len()
     }
 
     /// The most drafts it may check now: each accepted one is a token of
-    /// its request, and its blocks hold every position up to the last.
+    /// its request, and its blocks hold every position up to the last; a
+    /// step stops short of LongRoPE's switch to the long factors.
     fn draft_room(&self) -> usize {
         let generated = self.tokens.len() - self.prompt_len;
-        self.request.max_tokens.saturating_sub(generated + 1)
+        let room = self.request.max_tokens.saturating_sub(generated + 1);
+        match self.rope_switch {
+            Some(switch) => room.min(switch.saturating_sub(self.computed + 1)),
+            None => room,
+        }
+    }
+
+    /// LongRoPE: a decoding sequence about to outgrow the original context
+    /// has its positions so far computed again with the long factors,
+    /// the token it decodes with them (as transformers' Phi-3 `generate`
+    /// does, dropping its cache at that length): its prefill is then every
+    /// token so far, and RoPE takes them all to be that long.
+    fn refill_if_switching(&mut self) {
+        let Some(switch) = self.rope_switch else {
+            return;
+        };
+        if self.is_decoding() && self.computed >= switch {
+            self.prefill_end = self.computed + 1;
+            self.computed = 0;
+            self.rope_switch = None;
+        }
     }
 }
 
@@ -402,6 +430,7 @@ impl<'m> Batch<'m> {
         let candidates = &idle[..cap.min(idle.len())];
         for &i in candidates {
             self.running[i].draft.tokens.clear();
+            self.running[i].refill_if_switching();
         }
         let mut states: Vec<SeqState> = candidates
             .iter()
@@ -450,7 +479,7 @@ impl<'m> Batch<'m> {
                     start: seq.computed,
                     len: p.len,
                     table: &seq.table,
-                    prompt: seq.prompt_len,
+                    prompt: seq.prefill_end,
                     logits: p.logits,
                     state: seq.state,
                 }
@@ -624,9 +653,12 @@ impl<'m> Batch<'m> {
                 }
             };
             let decoder = Decoder::new(self.model, &waiting.request, sampler, &waiting.prompt);
+            let switch = self.model.transformer.config.rope_switch();
             self.running.push(Running {
                 id: waiting.id,
                 prompt_len: waiting.prompt.len(),
+                prefill_end: waiting.prompt.len(),
+                rope_switch: switch.filter(|&s| waiting.prompt.len() <= s),
                 tokens: waiting.prompt,
                 computed: admitted.cached_positions,
                 cached: admitted.cached_positions,
@@ -698,15 +730,18 @@ impl<'m> Batch<'m> {
         seq.computed += part.len;
         self.blocks
             .register(&seq.table, &seq.tokens[..seq.computed], &mut seq.chain);
-        let event = GenerationEvent::PrefillProgress {
-            done: seq.computed - seq.cached,
-            total: seq.prompt_len - seq.cached,
-        };
         let id = seq.id;
-        if sink(id, SeqEvent::Generation(event)).is_break() {
-            return true;
+        // A refill (LongRoPE's switch) is no prompt progress to report.
+        if seq.prefill_done.is_none() {
+            let event = GenerationEvent::PrefillProgress {
+                done: seq.computed - seq.cached,
+                total: seq.prompt_len - seq.cached,
+            };
+            if sink(id, SeqEvent::Generation(event)).is_break() {
+                return true;
+            }
         }
-        if seq.computed == seq.prompt_len {
+        if seq.computed == seq.prompt_len && seq.prefill_done.is_none() {
             seq.prefill_done = Some(Instant::now());
         }
         if part.logits == 0 {

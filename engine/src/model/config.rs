@@ -122,11 +122,14 @@ pub enum RopeScaling {
         factor: f32,
         original_context: usize,
     },
-    /// LongRoPE (Phi-3.5, Phi-4-mini): per-pair divisors, `long` when the
-    /// context served is beyond `original_context` and `short` otherwise
-    /// (llama.cpp's choice: chosen once for the context, so that every key
-    /// in the cache was rotated alike); cos and sin scaled by
-    /// `attention_factor`.
+    /// LongRoPE (Phi-3.5, Phi-4-mini): per-pair divisors, `long` for a
+    /// sequence longer than `original_context` and `short` otherwise, as
+    /// transformers chooses them: by the sequence's length when its token
+    /// was computed (a prompt token: the whole prompt's), and once a
+    /// generation outgrows the original context every earlier position is
+    /// computed again with the long factors (Phi-3's `generate` drops its
+    /// cache there; `Batch` refills the sequence). cos and sin are scaled
+    /// by `attention_factor` either way.
     LongRope {
         long: Vec<f32>,
         short: Vec<f32>,
@@ -547,20 +550,6 @@ impl ModelConfig {
         {
             return Some(self.yarn_divisors(factor, original_context, beta_fast, beta_slow));
         }
-        if let RopeScaling::LongRope {
-            long,
-            short,
-            original_context,
-            ..
-        } = &self.rope_scaling
-        {
-            let stretched = self.context_length > *original_context;
-            return Some(if stretched {
-                long.clone()
-            } else {
-                short.clone()
-            });
-        }
         let RopeScaling::Llama3 {
             factor,
             low_freq_factor,
@@ -655,10 +644,45 @@ impl ModelConfig {
     }
 
     /// Whether a token's rotation depends on its sequence's prompt length
-    /// (dynamic scaling), so that cached blocks of one prompt cannot serve
-    /// another.
+    /// (dynamic scaling, LongRoPE with two sets of factors), so that cached
+    /// blocks of one prompt cannot serve another.
     pub fn rope_depends_on_length(&self) -> bool {
-        matches!(self.rope_scaling, RopeScaling::Dynamic { .. })
+        matches!(self.rope_scaling, RopeScaling::Dynamic { .. }) || self.rope_switch().is_some()
+    }
+
+    /// LongRoPE's per-pair divisors for a token computed when its sequence
+    /// was `length` long: the long ones beyond the original context
+    /// (`None` for the other scalings).
+    pub fn longrope_factors_at(&self, length: usize) -> Option<&[f32]> {
+        match &self.rope_scaling {
+            RopeScaling::LongRope {
+                long,
+                short,
+                original_context,
+                ..
+            } => Some(if length > *original_context {
+                long
+            } else {
+                short
+            }),
+            _ => None,
+        }
+    }
+
+    /// The length past which a sequence's earlier positions must be
+    /// computed again (LongRoPE whose long and short factors differ): a
+    /// sequence that was at most this long when they were computed used
+    /// the short factors.
+    pub fn rope_switch(&self) -> Option<usize> {
+        match &self.rope_scaling {
+            RopeScaling::LongRope {
+                long,
+                short,
+                original_context,
+                ..
+            } if long != short => Some(*original_context),
+            _ => None,
+        }
     }
 
     /// The multiplier on every angle (linear scaling).

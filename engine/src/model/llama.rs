@@ -400,10 +400,11 @@ mod tests {
         Ok(())
     }
 
-    /// LongRoPE: the long factors when the context is stretched beyond the
-    /// original, the short ones otherwise; transformers' attention factor.
+    /// LongRoPE: the long factors for a sequence longer than the original
+    /// context, the short ones otherwise; transformers' attention factor,
+    /// from the stretch of the context.
     #[test]
-    fn longrope_picks_its_factors_by_the_context() -> Result<(), ConfigError> {
+    fn longrope_picks_its_factors_by_the_length() -> Result<(), ConfigError> {
         let longrope = |max_position: usize| {
             config(serde_json::json!({
                 "max_position_embeddings": max_position,
@@ -415,11 +416,15 @@ mod tests {
             }))
         };
         let stretched = longrope(4096)?;
-        assert_eq!(stretched.rope_freq_factors(), Some(vec![4.0; 8]));
+        assert_eq!(stretched.longrope_factors_at(64), Some(&[1.5; 8][..]));
+        assert_eq!(stretched.longrope_factors_at(65), Some(&[4.0; 8][..]));
+        assert_eq!(stretched.rope_switch(), Some(64));
+        assert!(stretched.rope_depends_on_length());
+        assert_eq!(stretched.rope_freq_factors(), None);
         let factor = (1.0 + 64f32.ln() / 64f32.ln()).sqrt();
         assert!((stretched.rope_attention_factor() - factor).abs() < 1e-6);
         let original = longrope(64)?;
-        assert_eq!(original.rope_freq_factors(), Some(vec![1.5; 8]));
+        assert_eq!(original.longrope_factors_at(64), Some(&[1.5; 8][..]));
         assert_eq!(original.rope_attention_factor(), 1.0);
         // Factors that do not cover the rotary pairs are refused.
         let short = config(serde_json::json!({

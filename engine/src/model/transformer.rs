@@ -1001,19 +1001,22 @@ impl Transformer {
         let by_length = cfg.rope_depends_on_length();
         for t in 0..tokens {
             let position = ws.positions[t];
-            let base = if by_length {
-                // The sequence's length when this token was appended.
-                let prompt = spans[ws.token_span[t] as usize].prompt;
-                cfg.rope_base_at((position + 1).max(prompt))
+            // The sequence's length when this token was appended (a prompt
+            // token: the whole prompt's).
+            let length = if by_length {
+                (position + 1).max(spans[ws.token_span[t] as usize].prompt)
             } else {
-                cfg.rope_theta
+                position + 1
             };
+            let factors = cfg
+                .longrope_factors_at(length)
+                .or(self.rope_freq_factors.as_deref());
             ops::rope_angles(
                 position,
                 cfg.rotary_dims,
-                base,
+                cfg.rope_base_at(length),
                 cfg.rope_freq_scale(),
-                self.rope_freq_factors.as_deref(),
+                factors,
                 &mut ws.cos[t * pairs..(t + 1) * pairs],
                 &mut ws.sin[t * pairs..(t + 1) * pairs],
             );

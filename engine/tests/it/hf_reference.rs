@@ -303,6 +303,8 @@ reference_cases! {
     mixtral, mixtral_gguf => "mixtral";
     phi3_fused_projections, phi3_fused_projections_gguf => "phi3";
     phi3_longrope, phi3_longrope_gguf => "phi3-longrope";
+    phi3_longrope_short_factors, phi3_longrope_short_factors_gguf => "phi3-longrope-short";
+    phi3_longrope_crossing, phi3_longrope_crossing_gguf => "phi3-longrope-crossing";
     smollm3_nope_layers, smollm3_nope_layers_gguf => "smollm3";
     olmo2_post_norms, olmo2_post_norms_gguf => "olmo2";
     gemma2, gemma2_gguf => "gemma2";

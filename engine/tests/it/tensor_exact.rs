@@ -293,6 +293,8 @@ families! {
     olmo2_tensor_exact => "olmo2";
     phi3_tensor_exact => "phi3";
     phi3_longrope_tensor_exact => "phi3-longrope";
+    phi3_longrope_short_tensor_exact => "phi3-longrope-short";
+    phi3_longrope_crossing_tensor_exact => "phi3-longrope-crossing";
     qwen2_tensor_exact => "qwen2";
     qwen3_tensor_exact => "qwen3";
     qwen3_moe_tensor_exact => "qwen3-moe";
