@@ -50,7 +50,7 @@ fn q4_k_m_type(name: &str, cols: usize, layers: usize) -> Option<GgmlDType> {
 
 /// Writes the default model with each tensor requantized by `retype` (a
 /// name and its column count to a type; `None` keeps the tensor).
-fn requantized(dest: &Path, retype: impl Fn(&str, usize) -> Option<GgmlDType>) {
+pub(crate) fn requantized(dest: &Path, retype: impl Fn(&str, usize) -> Option<GgmlDType>) {
     let source = tessera_engine::testing::default_model_path();
     let mut file = std::fs::File::open(&source).expect("model");
     let content = gguf_file::Content::read(&mut file).expect("gguf");
@@ -87,7 +87,7 @@ fn requantized(dest: &Path, retype: impl Fn(&str, usize) -> Option<GgmlDType>) {
 /// The default model in Q4_K_M's type mix, built once per test run under
 /// cargo's target tmp folder (where `golden_cases.py` can read it too), and
 /// checked against the hash the fixture was made from.
-fn q4_k_m_mix() -> PathBuf {
+pub(crate) fn q4_k_m_mix() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT
         .get_or_init(|| {

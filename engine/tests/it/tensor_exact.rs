@@ -176,11 +176,9 @@ fn chat(text: &str) -> Prompt {
     }
 }
 
-/// The default model: the prompt of the issue that found the fault, the
-/// golden chat cases and the raw prompt.
-#[test]
-fn default_model_tensor_ranks_compute_what_one_machine_does() {
-    let path = tessera_engine::testing::default_model_path();
+/// The prompt of the issue that found the fault, the golden chat cases and
+/// the raw prompt.
+fn default_prompts() -> Vec<(String, Prompt)> {
     let golden = format!(
         "{}/tests/data/llamacpp-smollm2-135m-q4_1.json",
         env!("CARGO_MANIFEST_DIR")
@@ -209,7 +207,36 @@ fn default_model_tensor_ranks_compute_what_one_machine_does() {
     }
     let raw = golden["raw_prompt"]["prompt"].as_str().expect("prompt");
     prompts.push(("raw".into(), Prompt::Raw(raw.into())));
-    check(&path, &prompts);
+    prompts
+}
+
+/// The default model (Q4_1, its head Q8_0).
+#[test]
+fn default_model_tensor_ranks_compute_what_one_machine_does() {
+    check(
+        &tessera_engine::testing::default_model_path(),
+        &default_prompts(),
+    );
+}
+
+/// The default model in Q4_K_M's mix of K-quants (super-blocks of 256,
+/// Q8_K activations) and legacy formats.
+#[test]
+fn k_quant_tensor_ranks_compute_what_one_machine_does() {
+    check(&crate::kquants::q4_k_m_mix(), &default_prompts()[..3]);
+}
+
+/// A type without a native kernel (Q3_K downs): candle's quantized matmul
+/// over a tensor rank's output rows.
+#[test]
+fn candle_fallback_tensor_ranks_compute_what_one_machine_does() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("mixed-q3k.gguf");
+    crate::kquants::requantized(&path, |name, _| {
+        name.contains("ffn_down")
+            .then_some(candle_core::quantized::GgmlDType::Q3K)
+    });
+    check(&path, &default_prompts()[..3]);
 }
 
 fn case_dir(name: &str) -> PathBuf {
