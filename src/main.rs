@@ -8,7 +8,7 @@ use clap::Parser;
 
 // sled and the engine allocate many small, short-lived buffers across
 // threads; mimalloc handles that pattern markedly better than glibc's malloc
-// (measured with `tessera bench log`, see the README's benchmark section).
+// (measured with `tessera bench log`, see docs/benchmarks.md).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
