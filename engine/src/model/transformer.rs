@@ -441,6 +441,14 @@ struct TensorSlice {
     layout: TensorLayout,
 }
 
+/// The rows an output projection reads: the attention's output or the
+/// MLP's activations.
+#[derive(Clone, Copy)]
+enum Whole {
+    Attention,
+    Mlp,
+}
+
 /// Every rank's columns of the rows the ranks gather whole (see
 /// [`super::gather`]): the attention's output (query heads), the MLP's
 /// intermediate rows, the hidden rows each rank computes of the output
@@ -1406,23 +1414,7 @@ impl Transformer {
                 let activation = cfg.variant.activation;
                 let f = cfg.ffn;
                 dense_activations([w_gate, w_up], biases, activation, f, n, h, ws, pool)?;
-                let splits = self
-                    .tensor
-                    .as_ref()
-                    .map(|t| (&t.layout.ffn, &t.layout.hidden));
-                let out = &mut ws.proj[..n * h];
-                let (local, acts) = (&ws.gate[..n * f], &mut ws.acts);
-                project::<ForwardError>(
-                    w_down,
-                    splits,
-                    n,
-                    local,
-                    out,
-                    acts,
-                    &mut ws.gathers,
-                    pool,
-                    group,
-                )?;
+                self.project_whole(w_down, Whole::Mlp, n, ws, pool, group)?;
                 down_bias.as_deref()
             }
             Mlp::Experts(experts) => {
@@ -1557,20 +1549,42 @@ impl Transformer {
                 *o *= ops::sigmoid(*g);
             }
         }
-        let splits = self
-            .tensor
-            .as_ref()
-            .map(|t| (&t.layout.attention, &t.layout.hidden));
-        let out = &mut ws.proj[..n * h];
-        let (local, acts) = (&ws.attn[..n * qd], &mut ws.acts);
+        self.project_whole(&attn.wo, Whole::Attention, n, ws, pool, group)
+    }
+
+    /// `ws.proj` (whole rows) = `w` over this rank's rows of the attention
+    /// output or of the MLP's activations (see [`project`]).
+    fn project_whole(
+        &self,
+        w: &Matrix,
+        input: Whole,
+        n: usize,
+        ws: &mut Workspace,
+        pool: &ThreadPool,
+        group: &mut dyn Group,
+    ) -> Result<(), ForwardError> {
+        let cfg = &self.config;
+        let (local, width) = match input {
+            Whole::Attention => (&ws.attn, cfg.q_dim()),
+            Whole::Mlp => (&ws.gate, cfg.ffn),
+        };
+        let splits = self.tensor.as_ref().map(|t| {
+            let columns = match input {
+                Whole::Attention => &t.layout.attention,
+                Whole::Mlp => &t.layout.ffn,
+            };
+            (columns, &t.layout.hidden)
+        });
+        let out = &mut ws.proj[..n * cfg.hidden];
+        let (acts, gathers) = (&mut ws.acts, &mut ws.gathers);
         project::<ForwardError>(
-            &attn.wo,
+            w,
             splits,
             n,
-            local,
+            &local[..n * width],
             out,
             acts,
-            &mut ws.gathers,
+            gathers,
             pool,
             group,
         )

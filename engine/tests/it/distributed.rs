@@ -44,7 +44,7 @@ fn spec(sharding: Sharding, rank: usize, world: usize, layers: usize) -> ShardSp
 }
 
 /// The golden cases: chat prompts and the raw prompt, with their lengths.
-fn cases() -> Vec<(String, Prompt, usize)> {
+pub(crate) fn cases() -> Vec<(String, Prompt, usize)> {
     let path = format!(
         "{}/tests/data/llamacpp-smollm2-135m-q4_1.json",
         env!("CARGO_MANIFEST_DIR")

@@ -29,9 +29,9 @@ fn case_dir(name: &str) -> PathBuf {
 }
 
 /// One prompt and what transformers answered.
-struct Expected {
-    label: String,
-    prompt: Prompt,
+pub(crate) struct Expected {
+    pub(crate) label: String,
+    pub(crate) prompt: Prompt,
     prompt_ids: Vec<u32>,
     greedy: Vec<u32>,
     margins: Vec<f64>,
@@ -47,7 +47,7 @@ fn ids(value: &Value) -> Vec<u32> {
         .collect()
 }
 
-fn expected(name: &str) -> Vec<Expected> {
+pub(crate) fn expected(name: &str) -> Vec<Expected> {
     let path = case_dir(name).join("reference.json");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
     let reference: Value = serde_json::from_str(&text).expect("reference JSON");

@@ -18,7 +18,6 @@
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
 use tessera_engine::chat_template::ChatMessage;
 use tessera_engine::generate::{model_config, GenerateRequest, LoadedModel, Prompt, Session};
 
@@ -179,35 +178,14 @@ fn chat(text: &str) -> Prompt {
 /// The prompt of the issue that found the fault, the golden chat cases and
 /// the raw prompt.
 fn default_prompts() -> Vec<(String, Prompt)> {
-    let golden = format!(
-        "{}/tests/data/llamacpp-smollm2-135m-q4_1.json",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let text = std::fs::read_to_string(&golden).unwrap_or_else(|e| panic!("{golden}: {e}"));
-    let golden: Value = serde_json::from_str(&text).expect("JSON");
-    let mut prompts = vec![(
+    let translate = (
         "translate".to_string(),
         chat("Translate 你好 into English. 🙂"),
-    )];
-    for (i, case) in golden["chats"]
-        .as_array()
-        .expect("chats")
-        .iter()
-        .enumerate()
-    {
-        let messages: Vec<ChatMessage> =
-            serde_json::from_value(case["messages"].clone()).expect("messages");
-        prompts.push((
-            format!("chat {i}"),
-            Prompt::Chat {
-                messages,
-                tools: None,
-            },
-        ));
-    }
-    let raw = golden["raw_prompt"]["prompt"].as_str().expect("prompt");
-    prompts.push(("raw".into(), Prompt::Raw(raw.into())));
-    prompts
+    );
+    let golden = crate::distributed::cases().into_iter();
+    std::iter::once(translate)
+        .chain(golden.map(|(label, prompt, _)| (label, prompt)))
+        .collect()
 }
 
 /// The default model (Q4_1, its head Q8_0).
@@ -247,26 +225,8 @@ fn case_dir(name: &str) -> PathBuf {
 
 /// A reference case's prompts (those transformers answered).
 fn case_prompts(name: &str) -> Vec<(String, Prompt)> {
-    let path = case_dir(name).join("reference.json");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
-    let reference: Value = serde_json::from_str(&text).expect("reference JSON");
-    reference["prompts"]
-        .as_array()
-        .expect("prompts")
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let prompt = match p["kind"].as_str() {
-                Some("raw") => Prompt::Raw(p["text"].as_str().expect("text").to_string()),
-                Some("chat") => Prompt::Chat {
-                    messages: serde_json::from_value(p["messages"].clone()).expect("messages"),
-                    tools: None,
-                },
-                other => panic!("prompt kind {other:?}"),
-            };
-            (format!("{name} prompt {i}"), prompt)
-        })
-        .collect()
+    let expected = crate::hf_reference::expected(name).into_iter();
+    expected.map(|e| (e.label, e.prompt)).collect()
 }
 
 /// A family from safetensors and, where the case has one, from GGUF.
