@@ -3,7 +3,8 @@
 //! seeded sampling too), alone and eight at once, on one machine and
 //! through tensor and pipeline world 2; drafts are really checked (an echo
 //! prompt takes fewer target steps than tokens); a draft model with
-//! another vocabulary is refused.
+//! another vocabulary is refused; drafts never straddle LongRoPE's switch
+//! to its long factors.
 
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
@@ -255,4 +256,33 @@ fn a_draft_with_another_vocabulary_is_refused() {
     assert!(matches!(error, EngineError::DraftVocabulary { .. }));
     let message = error.to_string();
     assert!(message.contains("tokens against the target's"), "{message}");
+}
+
+/// LongRoPE: a sequence that outgrows the original context is computed
+/// again with the long factors, and a speculative step stops short of
+/// that length, so drafts (here the target's own, every one of which
+/// stands) never mix the two: tokens equal plain decoding's, on prompts
+/// that cross the original context while they generate.
+#[test]
+fn drafts_stop_short_of_longropes_switch_and_change_no_token() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/hf-reference/phi3-longrope-crossing");
+    let model = LoadedModel::load(&path, |_, _| {}).expect("the LongRoPE case loads");
+    assert!(model.transformer.config.rope_switch().is_some());
+    let requests: Vec<GenerateRequest> = crate::hf_reference::expected("phi3-longrope-crossing")
+        .into_iter()
+        .map(|e| request(e.prompt, 24))
+        .collect();
+    let mut batch = Batch::new(&model, Executor::single(&model.transformer, 2), config());
+    let plain = alone(&mut batch, &requests);
+    let draft = Arc::new(LoadedModel::load(&path, |_, _| {}).expect("loads"));
+    batch.set_speculation(Some(Speculation {
+        fixed: true,
+        ..Speculation::new(DraftSource::Model(draft), 3)
+    }));
+    let speculative = alone(&mut batch, &requests);
+    for (i, (spec, plain)) in speculative.iter().zip(&plain).enumerate() {
+        assert_eq!(spec.tokens, plain.tokens, "prompt {i}, speculating");
+        assert!(spec.stats.draft_tokens > 0, "prompt {i} drafted");
+    }
 }
