@@ -351,12 +351,9 @@ impl LogView {
         self.0.last_index()
     }
 
-    /// Folds the view as [`crate::replay`] folds a log (`tessera replay`).
-    pub fn replay(
-        &self,
-        options: crate::replay::ReplayOptions,
-    ) -> Result<crate::replay::Replayed, crate::replay::ReplayError> {
-        crate::replay::replay(&self.0, options)
+    /// The log behind the view, for this crate's readers (`replay`).
+    pub(crate) fn log(&self) -> &EventLog {
+        &self.0
     }
 }
 

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use tessera_protos::v1::IndexedEvent;
 
-use crate::log::{EventLog, LogError};
+use crate::log::{EventLog, LogError, LogView};
 use crate::state::{Applied, ApplyError, State};
 
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +50,13 @@ pub struct Replayed {
     pub events_ignored: u64,
     /// Newer snapshots that were corrupted and passed over.
     pub skipped_snapshots: Vec<LogError>,
+}
+
+impl LogView {
+    /// Folds the view as [`replay`] folds a log (`tessera replay`).
+    pub fn replay(&self, options: ReplayOptions) -> Result<Replayed, ReplayError> {
+        replay(self.log(), options)
+    }
 }
 
 /// Folds `log` into a State up to `options.until`, starting from the latest

@@ -11,32 +11,11 @@
 
 use half::f16;
 
-use super::kernels::{read_f16, DotFn, Kernels};
-use super::WeightFormat;
+use super::block::{read_f16, round_f16, BlockQ8K, WeightFormat, QK_K};
+use super::kernels::{DotFn, Kernels};
+use layout::*;
 
-/// Values per super-block.
-pub const QK_K: usize = 256;
-
-/// One super-block of 256 activations rounded to i8 (llama.cpp's
-/// `block_q8_K`): the scale is kept in f32, and `bsums[j]` is the sum of
-/// values `16j..16j+16`.
-#[derive(Clone, Copy, Debug)]
-#[repr(C, align(4))]
-pub struct BlockQ8K {
-    pub d: f32,
-    pub qs: [i8; QK_K],
-    pub bsums: [i16; QK_K / 16],
-}
-
-impl Default for BlockQ8K {
-    fn default() -> Self {
-        Self {
-            d: 0.0,
-            qs: [0; QK_K],
-            bsums: [0; QK_K / 16],
-        }
-    }
-}
+mod layout;
 
 /// llama.cpp's `quantize_row_q8_K_ref`, which its x86 build also uses: the
 /// value of largest magnitude maps to -127, the others round half to even.
@@ -165,131 +144,6 @@ fn scalar_kernels(format: WeightFormat) -> Kernels<BlockQ8K> {
     }
 }
 
-/// The eight 6-bit scales and eight 6-bit minimums of a Q4_K/Q5_K
-/// super-block, from their 12 packed bytes (llama.cpp's `get_scale_min_k4`).
-#[inline(always)]
-fn k4_scales(q: &[u8]) -> ([u8; 8], [u8; 8]) {
-    let mut scales = [0u8; 8];
-    let mut mins = [0u8; 8];
-    for j in 0..4 {
-        scales[j] = q[j] & 63;
-        mins[j] = q[j + 4] & 63;
-        scales[j + 4] = (q[j + 8] & 0x0F) | ((q[j] >> 6) << 4);
-        mins[j + 4] = (q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4);
-    }
-    (scales, mins)
-}
-
-/// The inverse of [`k4_scales`].
-fn pack_k4_scales(scales: &[u8; 8], mins: &[u8; 8]) -> [u8; 12] {
-    let mut q = [0u8; 12];
-    for j in 0..4 {
-        q[j] = scales[j] | ((scales[j + 4] >> 4) << 6);
-        q[j + 4] = mins[j] | ((mins[j + 4] >> 4) << 6);
-        q[j + 8] = (scales[j + 4] & 0x0F) | ((mins[j + 4] & 0x0F) << 4);
-    }
-    q
-}
-
-/// `sum_j mins[j] * (sum of activations of sub-block j)`: the minimums'
-/// share of a Q4_K/Q5_K product, exact.
-#[inline(always)]
-fn mins_dot(mins: &[u8; 8], bsums: &[i16; 16]) -> i32 {
-    (0..8)
-        .map(|j| mins[j] as i32 * (bsums[2 * j] as i32 + bsums[2 * j + 1] as i32))
-        .sum()
-}
-
-/// The 256 values of a Q4_K (`high = None`) or Q5_K super-block, unscaled:
-/// sub-block `2c` takes the low nibbles of bytes `32c..32c+32`, `2c+1` the
-/// high ones; Q5_K's fifth bits are bit `2c` and `2c+1` of `high[l]`.
-fn k4_values(nibbles: &[u8], high: Option<&[u8]>) -> [u8; QK_K] {
-    std::array::from_fn(|i| {
-        let (chunk, half, l) = (i / 64, (i / 32) % 2, i % 32);
-        let byte = nibbles[32 * chunk + l];
-        let nibble = if half == 0 { byte & 0x0F } else { byte >> 4 };
-        let fifth = high.map_or(0, |h| (h[l] >> (2 * chunk + half)) & 1);
-        nibble | (fifth << 4)
-    })
-}
-
-/// The 256 values of a Q6_K super-block, offset by 32 (so -32..32).
-fn q6_values(block: &[u8]) -> [i8; QK_K] {
-    let (ql, qh) = (&block[..128], &block[128..192]);
-    std::array::from_fn(|i| {
-        let (half, quarter, l) = (i / 128, (i / 32) % 4, i % 32);
-        let low = ql[64 * half + 32 * (quarter % 2) + l];
-        let nibble = if quarter < 2 { low & 0x0F } else { low >> 4 };
-        let high = (qh[32 * half + l] >> (2 * quarter)) & 3;
-        ((nibble | (high << 4)) as i32 - 32) as i8
-    })
-}
-
-/// Value `128h + 32j + l` of a Q2_K/Q3_K super-block: bits `2j..2j+2` of
-/// byte `32h + l` of its packed 2-bit values.
-#[inline(always)]
-fn low_pair(packed: &[u8], i: usize) -> u8 {
-    let (h, j, l) = (i / 128, (i / 32) % 4, i % 32);
-    (packed[32 * h + l] >> (2 * j)) & 3
-}
-
-/// The 256 values of a Q2_K super-block (0..4).
-fn q2_values(block: &[u8]) -> [u8; QK_K] {
-    std::array::from_fn(|i| low_pair(&block[16..80], i))
-}
-
-/// The 256 values of a Q3_K super-block offset by 4 (0..8): the 2-bit
-/// value, plus 4 where its high bit (bit `4h + j` of `hmask[l]`) is set.
-fn q3_values(block: &[u8]) -> [u8; QK_K] {
-    let (hmask, packed) = (&block[..32], &block[32..96]);
-    std::array::from_fn(|i| {
-        let (h, j, l) = (i / 128, (i / 32) % 4, i % 32);
-        low_pair(packed, i) | (((hmask[l] >> (4 * h + j)) & 1) << 2)
-    })
-}
-
-/// The sixteen 6-bit scales of a Q3_K super-block, less 32, from their 12
-/// packed bytes: scale `k`'s low nibble is byte `k` (`k < 8`, low nibble)
-/// or `k - 8` (high nibble), its high two bits are bits `2(k / 4)` of byte
-/// `8 + k % 4`.
-fn q3_scales(packed: &[u8]) -> [i8; 16] {
-    std::array::from_fn(|k| {
-        let low = if k < 8 {
-            packed[k] & 0x0F
-        } else {
-            packed[k - 8] >> 4
-        };
-        let high = (packed[8 + k % 4] >> (2 * (k / 4))) & 3;
-        ((low | (high << 4)) as i32 - 32) as i8
-    })
-}
-
-/// The inverse of [`q3_scales`] (scales in -32..32).
-fn pack_q3_scales(scales: &[i8; 16]) -> [u8; 12] {
-    let mut packed = [0u8; 12];
-    for (k, scale) in scales.iter().enumerate() {
-        let unsigned = (*scale as i32 + 32) as u8;
-        let low = unsigned & 0x0F;
-        if k < 8 {
-            packed[k] |= low;
-        } else {
-            packed[k - 8] |= low << 4;
-        }
-        packed[8 + k % 4] |= (unsigned >> 4) << (2 * (k / 4));
-    }
-    packed
-}
-
-/// Packs 256 values of 2 bits as [`low_pair`] reads them.
-fn pack_low_pairs(values: &[u8; QK_K]) -> [u8; 64] {
-    let mut packed = [0u8; 64];
-    for (i, v) in values.iter().enumerate() {
-        let (h, j, l) = (i / 128, (i / 32) % 4, i % 32);
-        packed[32 * h + l] |= (v & 3) << (2 * j);
-    }
-    packed
-}
-
 /// Dequantizes one row of a K-quant format.
 pub fn dequantize_row(format: WeightFormat, row: &[u8], out: &mut [f32]) {
     let width = format.block_bytes();
@@ -361,7 +215,7 @@ fn quantize_k4(block: &[f32], levels: u8, out: &mut Vec<u8>) {
         .collect();
     let d = ranges.iter().map(|r| r.0).fold(0.0, f32::max) / 63.0;
     let dmin = ranges.iter().map(|r| r.1).fold(0.0, f32::max) / 63.0;
-    let (d, dmin) = (super::round_f16(d), super::round_f16(dmin));
+    let (d, dmin) = (round_f16(d), round_f16(dmin));
     let step = |v: f32, unit: f32| if unit > 0.0 { v / unit } else { 0.0 };
     let scales: [u8; 8] =
         std::array::from_fn(|j| step(ranges[j].0, d).round().clamp(0.0, 63.0) as u8);
@@ -397,8 +251,8 @@ fn quantize_q2(block: &[f32], out: &mut Vec<u8>) {
             ((max - min) / 3.0, -min)
         })
         .collect();
-    let d = super::round_f16(ranges.iter().map(|r| r.0).fold(0.0, f32::max) / 15.0);
-    let dmin = super::round_f16(ranges.iter().map(|r| r.1).fold(0.0, f32::max) / 15.0);
+    let d = round_f16(ranges.iter().map(|r| r.0).fold(0.0, f32::max) / 15.0);
+    let dmin = round_f16(ranges.iter().map(|r| r.1).fold(0.0, f32::max) / 15.0);
     let step = |v: f32, unit: f32| if unit > 0.0 { v / unit } else { 0.0 };
     let scales: [u8; 16] =
         std::array::from_fn(|s| step(ranges[s].0, d).round().clamp(0.0, 15.0) as u8);
@@ -427,7 +281,7 @@ fn quantize_q3(block: &[f32], out: &mut Vec<u8>) {
                 / 4.0
         })
         .collect();
-    let d = super::round_f16(group_scales.iter().fold(0.0f32, |m, v| m.max(v.abs())) / 31.0);
+    let d = round_f16(group_scales.iter().fold(0.0f32, |m, v| m.max(v.abs())) / 31.0);
     let scales: [i8; 16] = std::array::from_fn(|s| {
         let v = if d > 0.0 { group_scales[s] / d } else { 0.0 };
         v.round().clamp(-32.0, 31.0) as i8
@@ -454,7 +308,7 @@ fn quantize_q6(block: &[f32], out: &mut Vec<u8>) {
         .chunks_exact(16)
         .map(|g| g.iter().fold(0.0f32, |m, v| m.max(v.abs())) / 31.0)
         .collect();
-    let d = super::round_f16(group_scales.iter().copied().fold(0.0, f32::max) / 127.0);
+    let d = round_f16(group_scales.iter().copied().fold(0.0, f32::max) / 127.0);
     let scales: [i8; 16] = std::array::from_fn(|s| {
         let v = if d > 0.0 { group_scales[s] / d } else { 0.0 };
         v.round().clamp(-128.0, 127.0) as i8
@@ -590,351 +444,4 @@ pub mod scalar {
 mod avx512;
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use std::arch::x86_64::*;
-
-    use super::{k4_scales, mins_dot, BlockQ8K};
-
-    #[inline(always)]
-    pub(super) unsafe fn load_f16(p: *const u8) -> f32 {
-        let bits = std::ptr::read_unaligned(p as *const u16);
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
-    }
-
-    /// The exact sum of eight i32 lanes.
-    #[inline(always)]
-    pub(super) unsafe fn hsum_i32(v: __m256i) -> i32 {
-        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-        let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01));
-        _mm_cvtsi128_si32(s)
-    }
-
-    #[inline(always)]
-    pub(super) unsafe fn load(p: *const u8) -> __m256i {
-        _mm256_loadu_si256(p as *const __m256i)
-    }
-
-    /// `scale * (u8 x i8 products summed by 4)`, as 8 i32 lanes.
-    #[inline(always)]
-    unsafe fn scaled_dot(values: __m256i, activations: __m256i, scale: __m256i) -> __m256i {
-        _mm256_madd_epi16(scale, _mm256_maddubs_epi16(values, activations))
-    }
-
-    macro_rules! entry_points {
-        ($dot:ident, $dot4:ident, $dotn:ident, $impl:ident, $width:expr) => {
-            pub fn $dot(row: &[u8], x: &[BlockQ8K]) -> f32 {
-                let mut out = [0.0];
-                $dotn(row, [x], &mut out);
-                out[0]
-            }
-
-            pub fn $dot4(rows: &[u8], x: [&[BlockQ8K]; 4], out: &mut [[f32; 4]]) {
-                let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
-                for (r, o) in out.iter_mut().enumerate() {
-                    $dotn(&rows[r * n * $width..], x, o);
-                }
-            }
-
-            /// One body for every token count, so four tokens give one
-            /// token's bits.
-            fn $dotn<const N: usize>(row: &[u8], x: [&[BlockQ8K]; N], out: &mut [f32; N]) {
-                let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
-                assert!(row.len() >= n * $width);
-                // SAFETY: AVX2 checked by `select`; bounds by the assert.
-                unsafe { $impl(row, x, n, out) }
-            }
-        };
-    }
-
-    entry_points!(dot_q4_k, dot4_q4_k, dotn_q4_k, dotn_k4_impl_q4, 144);
-    entry_points!(dot_q5_k, dot4_q5_k, dotn_q5_k, dotn_k4_impl_q5, 176);
-    entry_points!(dot_q6_k, dot4_q6_k, dotn_q6_k, dotn_q6_k_impl, 210);
-    entry_points!(dot_q2_k, dot4_q2_k, dotn_q2_k, dotn_q2_k_impl, 84);
-    entry_points!(dot_q3_k, dot4_q3_k, dotn_q3_k, dotn_q3_k_impl, 110);
-
-    /// Quarter `quarter` of the 2-bit values packed in `bits` (32 bytes).
-    #[inline(always)]
-    unsafe fn low_pairs(bits: __m256i, quarter: usize) -> __m256i {
-        let shifted = _mm256_srl_epi16(bits, _mm_cvtsi32_si128(2 * quarter as i32));
-        _mm256_and_si256(shifted, _mm256_set1_epi8(3))
-    }
-
-    /// The i16 scales of the two sub-blocks of 16 that 32 values starting
-    /// at `32 * pair` span, spread over eight lanes each.
-    #[inline(always)]
-    unsafe fn scale_pair(scales: __m128i, pair: usize) -> __m256i {
-        let shuffle = _mm_loadu_si128(SCALE_PAIRS[pair].as_ptr() as *const __m128i);
-        _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, shuffle))
-    }
-
-    /// Q2_K against `N` activation rows: 2-bit values times the activations
-    /// by sub-block scale, the minimums from the activations' sums by 16.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dotn_q2_k_impl<const N: usize>(
-        row: &[u8],
-        x: [&[BlockQ8K]; N],
-        n: usize,
-        out: &mut [f32; N],
-    ) {
-        let nibble = _mm_set1_epi8(0x0F);
-        let mut total = [0.0f32; N];
-        let mut mins = [0.0f32; N];
-        for i in 0..n {
-            let w = row.as_ptr().add(i * 84);
-            let packed = _mm_loadu_si128(w as *const __m128i);
-            let scales = _mm_and_si128(packed, nibble);
-            let min_scales = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), nibble));
-            let mut sums = [_mm256_setzero_si256(); N];
-            for half in 0..2 {
-                let bits = load(w.add(16 + 32 * half));
-                for quarter in 0..4 {
-                    let v = low_pairs(bits, quarter);
-                    let scale = scale_pair(scales, 4 * half + quarter);
-                    for k in 0..N {
-                        let q8 = x[k].get_unchecked(i).qs.as_ptr() as *const u8;
-                        let y = load(q8.add(128 * half + 32 * quarter));
-                        sums[k] = _mm256_add_epi32(sums[k], scaled_dot(v, y, scale));
-                    }
-                }
-            }
-            let (dw, dminw) = (load_f16(w.add(80)), load_f16(w.add(82)));
-            for k in 0..N {
-                let a = x[k].get_unchecked(i);
-                let bsums = load(a.bsums.as_ptr() as *const u8);
-                let min_sum = hsum_i32(_mm256_madd_epi16(bsums, min_scales));
-                total[k] += (a.d * dw) * hsum_i32(sums[k]) as f32;
-                mins[k] += (a.d * dminw) * min_sum as f32;
-            }
-        }
-        for k in 0..N {
-            out[k] = total[k] - mins[k];
-        }
-    }
-
-    /// Q3_K against `N` activation rows: the values offset by 4 (0..8)
-    /// times the activations, less 4 times the scaled activation sums.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dotn_q3_k_impl<const N: usize>(
-        row: &[u8],
-        x: [&[BlockQ8K]; N],
-        n: usize,
-        out: &mut [f32; N],
-    ) {
-        let one = _mm256_set1_epi8(1);
-        let mut total = [0.0f32; N];
-        for i in 0..n {
-            let w = row.as_ptr().add(i * 110);
-            let unpacked = super::q3_scales(std::slice::from_raw_parts(w.add(96), 12));
-            let scales = _mm_loadu_si128(unpacked.as_ptr() as *const __m128i);
-            let scales16 = _mm256_cvtepi8_epi16(scales);
-            let mut sums = [_mm256_setzero_si256(); N];
-            for k in 0..N {
-                // The offset of 4: sum_s scale_s * bsum_s * 4, exact.
-                let bsums = load(x[k].get_unchecked(i).bsums.as_ptr() as *const u8);
-                let offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, scales16), 2);
-                sums[k] = _mm256_sub_epi32(sums[k], offset);
-            }
-            let hmask = load(w);
-            for half in 0..2 {
-                let bits = load(w.add(32 + 32 * half));
-                for quarter in 0..4 {
-                    let shift = _mm_cvtsi32_si128((4 * half + quarter) as i32);
-                    let high = _mm256_and_si256(_mm256_srl_epi16(hmask, shift), one);
-                    let v = _mm256_or_si256(low_pairs(bits, quarter), _mm256_slli_epi16(high, 2));
-                    let scale = scale_pair(scales, 4 * half + quarter);
-                    for k in 0..N {
-                        let q8 = x[k].get_unchecked(i).qs.as_ptr() as *const u8;
-                        let y = load(q8.add(128 * half + 32 * quarter));
-                        sums[k] = _mm256_add_epi32(sums[k], scaled_dot(v, y, scale));
-                    }
-                }
-            }
-            let dw = load_f16(w.add(108));
-            for k in 0..N {
-                total[k] += (x[k].get_unchecked(i).d * dw) * hsum_i32(sums[k]) as f32;
-            }
-        }
-        out.copy_from_slice(&total);
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dotn_k4_impl_q4<const N: usize>(
-        row: &[u8],
-        x: [&[BlockQ8K]; N],
-        n: usize,
-        out: &mut [f32; N],
-    ) {
-        dotn_k4::<N, false>(row, x, n, out)
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dotn_k4_impl_q5<const N: usize>(
-        row: &[u8],
-        x: [&[BlockQ8K]; N],
-        n: usize,
-        out: &mut [f32; N],
-    ) {
-        dotn_k4::<N, true>(row, x, n, out)
-    }
-
-    /// Chunk `chunk` of a Q4_K (Q5_K with `FIFTH`) super-block: 32 values
-    /// from the low nibbles of its 32 bytes, 32 from the high ones, with
-    /// their fifth bits (bits `2 chunk` and `2 chunk + 1` of `high`).
-    #[inline(always)]
-    pub(super) unsafe fn k4_chunk<const FIFTH: bool>(
-        nibbles: *const u8,
-        high: __m256i,
-        chunk: usize,
-    ) -> (__m256i, __m256i) {
-        let (nibble_mask, one) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(1));
-        let bits = load(nibbles.add(32 * chunk));
-        let low = _mm256_and_si256(bits, nibble_mask);
-        let upper = _mm256_and_si256(_mm256_srli_epi16(bits, 4), nibble_mask);
-        if !FIFTH {
-            return (low, upper);
-        }
-        let fifth = |shift: usize| {
-            let bit =
-                _mm256_and_si256(_mm256_srl_epi16(high, _mm_cvtsi32_si128(shift as i32)), one);
-            _mm256_slli_epi16(bit, 4)
-        };
-        (
-            _mm256_or_si256(low, fifth(2 * chunk)),
-            _mm256_or_si256(upper, fifth(2 * chunk + 1)),
-        )
-    }
-
-    /// Q4_K (or Q5_K with `FIFTH`) against `N` activation rows.
-    #[inline(always)]
-    unsafe fn dotn_k4<const N: usize, const FIFTH: bool>(
-        row: &[u8],
-        x: [&[BlockQ8K]; N],
-        n: usize,
-        out: &mut [f32; N],
-    ) {
-        let width = if FIFTH { 176 } else { 144 };
-        let one = _mm256_set1_epi8(1);
-        let mut total = [0.0f32; N];
-        let mut mins = [0.0f32; N];
-        for i in 0..n {
-            let w = row.get_unchecked(i * width..(i + 1) * width);
-            let (scales, min_scales) = k4_scales(&w[4..16]);
-            let nibbles = w.as_ptr().add(if FIFTH { 48 } else { 16 });
-            let high = if FIFTH { load(w.as_ptr().add(16)) } else { one };
-            let mut sums = [_mm256_setzero_si256(); N];
-            for chunk in 0..4 {
-                let (low, upper) = k4_chunk::<FIFTH>(nibbles, high, chunk);
-                let scale_low = _mm256_set1_epi16(scales[2 * chunk] as i16);
-                let scale_high = _mm256_set1_epi16(scales[2 * chunk + 1] as i16);
-                for k in 0..N {
-                    let q8 = x[k].get_unchecked(i).qs.as_ptr() as *const u8;
-                    let a = scaled_dot(low, load(q8.add(64 * chunk)), scale_low);
-                    let b = scaled_dot(upper, load(q8.add(64 * chunk + 32)), scale_high);
-                    sums[k] = _mm256_add_epi32(sums[k], _mm256_add_epi32(a, b));
-                }
-            }
-            let (dw, dminw) = (load_f16(w.as_ptr()), load_f16(w.as_ptr().add(2)));
-            for k in 0..N {
-                let a = x[k].get_unchecked(i);
-                total[k] += (a.d * dw) * hsum_i32(sums[k]) as f32;
-                mins[k] += (a.d * dminw) * mins_dot(&min_scales, &a.bsums) as f32;
-            }
-        }
-        for k in 0..N {
-            out[k] = total[k] - mins[k];
-        }
-    }
-
-    /// Byte-shuffles that spread i8 scale `2s` over lanes 0..8 and `2s + 1`
-    /// over lanes 8..16 (one 128-bit half of a 32-value product).
-    pub(super) static SCALE_PAIRS: [[u8; 16]; 8] = {
-        let mut table = [[0u8; 16]; 8];
-        let mut s = 0;
-        while s < 8 {
-            let mut b = 0;
-            while b < 16 {
-                table[s][b] = (2 * s + b / 8) as u8;
-                b += 1;
-            }
-            s += 1;
-        }
-        table
-    };
-
-    /// One half of a Q6_K super-block as four quarters of 32 unsigned 6-bit
-    /// values: the low nibbles of `bits_a` and `bits_b` (then their high
-    /// nibbles), with two high bits each from `qh`.
-    #[inline(always)]
-    pub(super) unsafe fn q6_quarters(
-        bits_a: __m256i,
-        bits_b: __m256i,
-        qh: __m256i,
-    ) -> [__m256i; 4] {
-        let low_mask = _mm256_set1_epi8(0x0F);
-        [
-            _mm256_or_si256(
-                _mm256_and_si256(bits_a, low_mask),
-                _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(3)), 4),
-            ),
-            _mm256_or_si256(
-                _mm256_and_si256(bits_b, low_mask),
-                _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(12)), 2),
-            ),
-            _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(bits_a, 4), low_mask),
-                _mm256_and_si256(qh, _mm256_set1_epi8(48)),
-            ),
-            _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(bits_b, 4), low_mask),
-                _mm256_srli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(-64)), 2),
-            ),
-        ]
-    }
-
-    /// Q6_K against `N` activation rows: the unsigned 6-bit values times the
-    /// activations, less 32 times the scaled activation sums.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dotn_q6_k_impl<const N: usize>(
-        row: &[u8],
-        x: [&[BlockQ8K]; N],
-        n: usize,
-        out: &mut [f32; N],
-    ) {
-        let mut total = [0.0f32; N];
-        for i in 0..n {
-            let w = row.as_ptr().add(i * 210);
-            let scales = _mm_loadu_si128(w.add(192) as *const __m128i);
-            let scales16 = _mm256_cvtepi8_epi16(scales);
-            let mut sums = [_mm256_setzero_si256(); N];
-            for k in 0..N {
-                // The offset of 32: sum_s scale_s * bsum_s * 32, exact.
-                let bsums = load(x[k].get_unchecked(i).bsums.as_ptr() as *const u8);
-                let offset = _mm256_slli_epi32(_mm256_madd_epi16(bsums, scales16), 5);
-                sums[k] = _mm256_sub_epi32(sums[k], offset);
-            }
-            for half in 0..2 {
-                let ql = w.add(64 * half);
-                let qh = load(w.add(128 + 32 * half));
-                let bits_a = load(ql);
-                let bits_b = load(ql.add(32));
-                let values = q6_quarters(bits_a, bits_b, qh);
-                for (quarter, v) in values.iter().enumerate() {
-                    let pair = &SCALE_PAIRS[4 * half + quarter];
-                    let shuffle = _mm_loadu_si128(pair.as_ptr() as *const __m128i);
-                    let scale = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, shuffle));
-                    for k in 0..N {
-                        let q8 = x[k].get_unchecked(i).qs.as_ptr() as *const u8;
-                        let y = load(q8.add(128 * half + 32 * quarter));
-                        sums[k] = _mm256_add_epi32(sums[k], scaled_dot(*v, y, scale));
-                    }
-                }
-            }
-            let dw = load_f16(w.add(208));
-            for k in 0..N {
-                total[k] += (x[k].get_unchecked(i).d * dw) * hsum_i32(sums[k]) as f32;
-            }
-        }
-        out.copy_from_slice(&total);
-    }
-}
+mod avx2;

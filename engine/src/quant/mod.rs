@@ -14,98 +14,17 @@
 //! `Q2_K` and `Q3_K`. Formats without a native kernel here (the i-quants)
 //! go through candle's quantized matmul: correct, not tuned.
 
+mod block;
+mod codec;
 mod kernels;
 mod kquants;
 
-pub use kquants::{BlockQ8K, QK_K};
+pub use block::{BlockQ8, BlockQ8K, WeightFormat, BLOCK, QK_K};
 
-use half::f16;
+use block::ActivationKind;
+
 
 use crate::threadpool::{split_range, DisjointSlice, ThreadPool};
-
-/// Values per quantization block of the 32-value formats (and of the
-/// activation blocks they take).
-pub const BLOCK: usize = 32;
-
-/// How a weight matrix is stored (named as GGUF names them).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[allow(non_camel_case_types)]
-pub enum WeightFormat {
-    F32,
-    F16,
-    /// 18 bytes a block: f16 scale, 32 4-bit values offset by 8.
-    Q4_0,
-    /// 20 bytes a block: f16 scale, f16 minimum, 32 4-bit values.
-    Q4_1,
-    /// 22 bytes a block: f16 scale, 32 high bits, 32 4-bit values; offset 16.
-    Q5_0,
-    /// 24 bytes a block: f16 scale, f16 minimum, 32 high bits, 32 4-bit values.
-    Q5_1,
-    /// 34 bytes a block: f16 scale, 32 signed 8-bit values.
-    Q8_0,
-    /// 144 bytes a super-block of 256: f16 scale and minimum scale, 8 6-bit
-    /// scales and minimums, 256 4-bit values.
-    Q4_K,
-    /// 176 bytes a super-block: as `Q4_K` plus a fifth bit per value.
-    Q5_K,
-    /// 210 bytes a super-block: 256 6-bit values offset by 32, 16 i8 scales,
-    /// an f16 scale.
-    Q6_K,
-    /// 84 bytes a super-block: 16 4-bit scales and 4-bit minimums, 256
-    /// 2-bit values, f16 scale and minimum scale.
-    Q2_K,
-    /// 110 bytes a super-block: 256 high bits, 256 2-bit values (3-bit
-    /// values offset by 4), 16 6-bit scales offset by 32, an f16 scale.
-    Q3_K,
-}
-
-impl WeightFormat {
-    /// Values per block (per super-block for the K-quants).
-    pub fn block_values(self) -> usize {
-        match self {
-            Self::F32 | Self::F16 => 1,
-            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 => BLOCK,
-            Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::Q2_K | Self::Q3_K => QK_K,
-        }
-    }
-
-    /// Bytes one block takes.
-    pub fn block_bytes(self) -> usize {
-        match self {
-            Self::F32 => 4,
-            Self::F16 => 2,
-            Self::Q4_0 => 18,
-            Self::Q4_1 => 20,
-            Self::Q5_0 => 22,
-            Self::Q5_1 => 24,
-            Self::Q8_0 => 34,
-            Self::Q4_K => 144,
-            Self::Q5_K => 176,
-            Self::Q6_K => 210,
-            Self::Q2_K => 84,
-            Self::Q3_K => 110,
-        }
-    }
-
-    /// Bytes one row of `cols` values takes.
-    pub fn row_bytes(self, cols: usize) -> usize {
-        cols / self.block_values() * self.block_bytes()
-    }
-
-    fn is_quantized(self) -> bool {
-        self.block_values() > 1
-    }
-
-    /// The activation format this weight format's dot product takes.
-    fn activation_kind(self) -> ActivationKind {
-        match self {
-            Self::Q4_1 | Self::Q5_1 => ActivationKind::Q8_1,
-            Self::Q4_0 | Self::Q5_0 | Self::Q8_0 => ActivationKind::Q8_0,
-            Self::Q4_K | Self::Q5_K | Self::Q6_K | Self::Q2_K | Self::Q3_K => ActivationKind::Q8K,
-            Self::F32 | Self::F16 => ActivationKind::F32,
-        }
-    }
-}
 
 /// A row-major `rows x cols` matrix in one of the native formats. Products
 /// compute `out[t][r] = dot(row r, x[t])`, i.e. `x @ W^T` as in PyTorch.
@@ -253,30 +172,8 @@ impl QMatrix {
 
     /// Dequantizes row `r` into `out` (`cols` values): embeddings lookups.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        kernels::dequantize_row(self.format, self.row(r), &mut out[..self.cols]);
+        codec::dequantize_row(self.format, self.row(r), &mut out[..self.cols]);
     }
-}
-
-/// The activation formats that dot products take.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ActivationKind {
-    F32,
-    Q8_0,
-    Q8_1,
-    /// 256-value blocks with an f32 scale and sums by 16 (the K-quants).
-    Q8K,
-}
-
-/// One block of 32 activations rounded to i8. `d` is already rounded through
-/// f16 as llama.cpp stores it; `s` is `d * sum(qs)` (also f16-rounded), used
-/// by Q4_1's minimum term. The values come first and the block is aligned
-/// to 32 bytes, so the kernels' 32-byte loads never split a cache line.
-#[derive(Clone, Copy, Debug, Default)]
-#[repr(C, align(32))]
-pub struct BlockQ8 {
-    pub qs: [i8; BLOCK],
-    pub d: f32,
-    pub s: f32,
 }
 
 /// A batch of activation rows and their quantized copies, made once and
@@ -700,21 +597,16 @@ impl RowJob<'_> {
     }
 }
 
-/// Rounds an f32 through f16, as llama.cpp does when it stores a scale.
-#[inline]
-pub(crate) fn round_f16(value: f32) -> f32 {
-    f16::from_f32(value).to_f32()
-}
-
 /// Quantizes `values` (a multiple of 32) into a format's bytes, with
 /// llama.cpp's reference rounding. Used by tests and the safetensors export.
 pub fn quantize(format: WeightFormat, values: &[f32]) -> Vec<u8> {
-    kernels::quantize_reference(format, values)
+    codec::quantize_reference(format, values)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use half::f16;
     use rand::{Rng, SeedableRng};
 
     fn random(n: usize, seed: u64) -> Vec<f32> {

@@ -18,7 +18,7 @@ use std::cell::RefCell;
 use std::sync::OnceLock;
 
 use super::avx2::{hsum, q5_0_unsigned};
-use crate::quant::BlockQ8;
+use crate::quant::block::BlockQ8;
 
 /// Whether AVX-512 (F, BW, VL) with VNNI runs here.
 pub fn available() -> bool {
@@ -667,7 +667,8 @@ mod tests {
                     .map(|i| ((i * 7 + k * 3) % 23) as f32 - 11.0)
                     .collect();
                 let mut out = vec![BlockQ8::default(); blocks];
-                super::super::quantize_row_q8(&x, &mut out, true);
+                // SAFETY: AVX-512 implies the AVX2 this needs.
+                unsafe { super::super::avx2::quantize_row_q8(&x, &mut out, true) };
                 out
             })
             .collect();

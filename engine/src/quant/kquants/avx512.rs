@@ -10,7 +10,8 @@
 use std::arch::x86_64::*;
 
 use super::avx2::{k4_chunk, load, load_f16, q6_quarters, SCALE_PAIRS};
-use super::{k4_scales, BlockQ8K};
+use super::layout::k4_scales;
+use crate::quant::block::BlockQ8K;
 use crate::quant::kernels::avx512::with_scales;
 
 /// The two tokens' sixteen activation sums by 16, side by side.
