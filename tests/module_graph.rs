@@ -210,7 +210,11 @@ impl<'ast> Visit<'ast> for Paths<'_> {
         if let Some(first) = segments.first() {
             self.first_names.insert(first.clone());
         }
-        self.note(&segments);
+        // One segment names a local or an imported item (the `use` was
+        // noted), never a module: a variable may share a module's name.
+        if segments.len() > 1 {
+            self.note(&segments);
+        }
         syn::visit::visit_path(self, path);
     }
 
@@ -273,7 +277,10 @@ fn use_graph(src: &Path) -> (Crate, Edges) {
     sources.retain(|f| !f.strip_prefix(src).is_ok_and(|r| r.starts_with("bin")));
     let mut krate = Crate {
         src: src.to_path_buf(),
-        files: sources.iter().map(|f| (module_of(src, f), f.clone())).collect(),
+        files: sources
+            .iter()
+            .map(|f| (module_of(src, f), f.clone()))
+            .collect(),
         reexports: BTreeMap::new(),
     };
     let modules: BTreeSet<ModulePath> = krate.files.keys().cloned().collect();
@@ -394,7 +401,12 @@ fn no_crate_has_a_circle_of_modules() {
     for src in crate_sources() {
         let (krate, edges) = use_graph(&src);
         files_read += krate.files.len();
-        let name = |f: &PathBuf| f.strip_prefix(&krate.src).unwrap_or(f).display().to_string();
+        let name = |f: &PathBuf| {
+            f.strip_prefix(&krate.src)
+                .unwrap_or(f)
+                .display()
+                .to_string()
+        };
         for circle in circles(&edges) {
             let names: Vec<String> = circle.iter().map(name).collect();
             report.push(format!("{}: {}", src.display(), names.join(" ⇄ ")));
@@ -408,8 +420,15 @@ fn no_crate_has_a_circle_of_modules() {
             }
         }
     }
-    assert!(files_read > 100, "the workspace was not read: {files_read} files");
-    assert!(report.is_empty(), "circles of modules:\n{}", report.join("\n"));
+    assert!(
+        files_read > 100,
+        "the workspace was not read: {files_read} files"
+    );
+    assert!(
+        report.is_empty(),
+        "circles of modules:\n{}",
+        report.join("\n")
+    );
 }
 
 /// The checker itself finds what it must: a three-file circle, a circle
@@ -427,19 +446,35 @@ fn the_checker_finds_circles_of_three_and_follows_reexports() {
     write("a.rs", "pub struct A; fn f() -> crate::b::B { todo!() }");
     write("b.rs", "pub struct B(crate::c::C);");
     write("c.rs", "pub struct C; use super::A;");
-    write("facade/mod.rs", "mod inner; pub use inner::Inner; pub struct Top;");
-    write("facade/inner.rs", "pub struct Inner; pub fn g() -> crate::facade::Top { todo!() }");
+    write(
+        "facade/mod.rs",
+        "mod inner; pub use inner::Inner; pub struct Top;",
+    );
+    write(
+        "facade/inner.rs",
+        "pub struct Inner; pub fn g() -> crate::facade::Top { todo!() }",
+    );
     let (_, edges) = use_graph(&src);
     let found = circles(&edges);
     let names: Vec<Vec<String>> = found
         .iter()
-        .map(|c| c.iter().map(|f| f.strip_prefix(&src).unwrap_or(f).display().to_string()).collect())
+        .map(|c| {
+            c.iter()
+                .map(|f| f.strip_prefix(&src).unwrap_or(f).display().to_string())
+                .collect()
+        })
         .collect();
-    assert_eq!(names, vec![vec!["a.rs".to_string(), "b.rs".into(), "c.rs".into()]]);
+    assert_eq!(
+        names,
+        vec![vec!["a.rs".to_string(), "b.rs".into(), "c.rs".into()]]
+    );
     // The facade's child naming its parent is no circle (the parent only
     // re-exports the child) until the parent uses the child's items, here
     // through a path that starts with the child's name.
-    write("facade/mod.rs", "mod inner; pub use inner::Inner; pub struct Top; fn h() { inner::g(); }");
+    write(
+        "facade/mod.rs",
+        "mod inner; pub use inner::Inner; pub struct Top; fn h() { inner::g(); }",
+    );
     let (_, edges) = use_graph(&src);
     assert_eq!(circles(&edges).len(), 2, "{edges:#?}");
 }

@@ -23,7 +23,6 @@ pub use block::{BlockQ8, BlockQ8K, WeightFormat, BLOCK, QK_K};
 
 use block::ActivationKind;
 
-
 use crate::threadpool::{split_range, DisjointSlice, ThreadPool};
 
 /// A row-major `rows x cols` matrix in one of the native formats. Products

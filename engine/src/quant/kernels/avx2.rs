@@ -448,11 +448,7 @@ dot4_rows!(
 
 /// Q5_0 against `N` activation rows; one body for every `N`, so the
 /// four-row kernel gives the one-row kernel's bits.
-fn dotn_q5_0<const V: bool, const N: usize>(
-    row: &[u8],
-    x: [&[BlockQ8]; N],
-    out: &mut [f32; N],
-) {
+fn dotn_q5_0<const V: bool, const N: usize>(row: &[u8], x: [&[BlockQ8]; N], out: &mut [f32; N]) {
     let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
     assert!(row.len() >= n * 22);
     // SAFETY: `select` hands out `V` only where the CPU has it; bounds by the assert.
@@ -508,11 +504,7 @@ dot4_rows!(
 );
 
 /// Q5_1 against `N` activation rows; see [`dotn_q5_0`].
-fn dotn_q5_1<const V: bool, const N: usize>(
-    row: &[u8],
-    x: [&[BlockQ8]; N],
-    out: &mut [f32; N],
-) {
+fn dotn_q5_1<const V: bool, const N: usize>(row: &[u8], x: [&[BlockQ8]; N], out: &mut [f32; N]) {
     let n = x.iter().map(|r| r.len()).min().unwrap_or(0);
     assert!(row.len() >= n * 24);
     // SAFETY: `select` hands out `V` only where the CPU has it; bounds by the assert.
@@ -613,8 +605,7 @@ pub unsafe fn quantize_row_q8(x: &[f32], out: &mut [BlockQ8], with_sum: bool) {
         let a = _mm256_packs_epi32(ints[0], ints[1]);
         let b = _mm256_packs_epi32(ints[2], ints[3]);
         let bytes = _mm256_packs_epi16(a, b);
-        let bytes =
-            _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        let bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256(block.qs.as_mut_ptr() as *mut __m256i, bytes);
         block.d = round_f16(d);
     }

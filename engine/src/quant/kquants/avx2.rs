@@ -203,8 +203,7 @@ pub(super) unsafe fn k4_chunk<const FIFTH: bool>(
         return (low, upper);
     }
     let fifth = |shift: usize| {
-        let bit =
-            _mm256_and_si256(_mm256_srl_epi16(high, _mm_cvtsi32_si128(shift as i32)), one);
+        let bit = _mm256_and_si256(_mm256_srl_epi16(high, _mm_cvtsi32_si128(shift as i32)), one);
         _mm256_slli_epi16(bit, 4)
     };
     (
@@ -274,11 +273,7 @@ pub(super) static SCALE_PAIRS: [[u8; 16]; 8] = {
 /// values: the low nibbles of `bits_a` and `bits_b` (then their high
 /// nibbles), with two high bits each from `qh`.
 #[inline(always)]
-pub(super) unsafe fn q6_quarters(
-    bits_a: __m256i,
-    bits_b: __m256i,
-    qh: __m256i,
-) -> [__m256i; 4] {
+pub(super) unsafe fn q6_quarters(bits_a: __m256i, bits_b: __m256i, qh: __m256i) -> [__m256i; 4] {
     let low_mask = _mm256_set1_epi8(0x0F);
     [
         _mm256_or_si256(
