@@ -40,9 +40,8 @@ fn module_of(src: &Path, file: &Path) -> ModulePath {
         .components()
         .map(|c| c.as_os_str().to_string_lossy().into_owned())
         .collect();
-    if parts.len() == 1 && matches!(parts[0].as_str(), "lib" | "main") {
-        parts.pop();
-    } else if parts.last().map(String::as_str) == Some("mod") {
+    let crate_root = parts.len() == 1 && matches!(parts[0].as_str(), "lib" | "main");
+    if crate_root || parts.last().map(String::as_str) == Some("mod") {
         parts.pop();
     }
     parts

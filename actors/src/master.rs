@@ -417,7 +417,7 @@ impl MasterState {
         &self,
         mut instance: v1::Instance,
     ) -> Result<v1::Instance, ActorProcessingErr> {
-        instance.ring_secret = tessera_engine::ring_security::new_secret()
+        instance.ring_secret = tessera_engine::dist::ring_security::new_secret()
             .map_err(ActorProcessingErr::from)?
             .to_vec();
         instance.ring_sealed = self.secured;
@@ -806,7 +806,7 @@ fn draft_update(
     instance_id: &str,
     draft: Option<&v1::InstanceDraft>,
 ) -> Result<(Event, v1::Instance), AdminFailure> {
-    use tessera_engine::speculative::{DEFAULT_DRAFT_TOKENS, MAX_DRAFT_TOKENS};
+    use tessera_engine::serve::speculative::{DEFAULT_DRAFT_TOKENS, MAX_DRAFT_TOKENS};
     let instance = state
         .instances
         .get(instance_id)

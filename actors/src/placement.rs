@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use tessera_engine::{split_evenly, split_proportionally, ShardSpec};
+use tessera_engine::dist::shard::{split_evenly, split_proportionally, ShardSpec};
 use tessera_protos::v1::{
     self, shard_spec, Instance, InstanceRank, ModelCard, PipelineShard, Sharding, TensorShard,
 };

@@ -136,7 +136,7 @@ fn draft_order(task: &v1::SetDraftTask) -> Result<Option<DraftOrder>, OrderError
     else {
         return Ok(None);
     };
-    let most = tessera_engine::speculative::MAX_DRAFT_TOKENS as u32;
+    let most = tessera_engine::serve::speculative::MAX_DRAFT_TOKENS as u32;
     if !(1..=most).contains(&draft.num_draft_tokens) {
         return Err(OrderError::DraftTokens(draft.num_draft_tokens));
     }

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::{DType, Device, Tensor};
 
-use crate::hf_dir::{HfConfig, CONFIG_FILE, INDEX_FILE, SINGLE_FILE};
+use crate::formats::hf_dir::{HfConfig, CONFIG_FILE, INDEX_FILE, SINGLE_FILE};
 
 /// The dtype the exported safetensors files hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -558,7 +558,7 @@ impl Meta<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hf_dir::{HfDirError, HfModelDir};
+    use crate::formats::hf_dir::{HfDirError, HfModelDir};
     use std::collections::BTreeSet;
 
     /// The test GGUF: `TESSERA_TEST_MODEL`, else under `$TESSERA_HOME`, else

@@ -2,24 +2,29 @@
 //! running it, and generating text from it.
 //!
 //! # Layout
-//! - [`shard`]: [`ShardSpec`], the part of a model one rank owns, and the
-//!   pure splitting rules that placement and loading share.
-//! - [`gguf`], [`hf_dir`], [`hf_source`]: model files (GGUF; Hugging Face
-//!   folders of safetensors) as [`model::TensorSource`]s that hand over only
-//!   the tensors a shard needs.
-//! - [`model`]: the configuration every architecture reduces to, one file per
-//!   architecture, and the shared decoder ([`model::Transformer`]).
+//! Bottom up; a module uses only those above it in this list (and a
+//! folder's files only their own earlier siblings).
+//! - [`memory`], [`threadpool`], [`ops`], [`logits`]: peak memory, the
+//!   compute threads, norms/RoPE/softmax, reductions over a row of logits.
 //! - [`quant`]: weight matrices in native formats and their products with
-//!   activations (our own AVX2/NEON/scalar kernels, llama.cpp's rounding).
-//! - [`ops`]: norms, RoPE, softmax, SwiGLU.
-//! - [`threadpool`]: the compute threads of the forward pass.
-//! - [`collectives`]: the [`collectives::Group`] of a distributed model's
-//!   ranks: single rank, or a TCP ring with timeouts on every operation.
-//! - [`executor`]: one rank's forward steps, alone or driven by rank 0
-//!   across a group (tensor or pipeline parallel).
-//! - [`tokenizer`], [`chat_template`]: text to tokens, messages to text.
-//! - [`generate`]: sessions with a KV cache; the request loop that ties
-//!   [`sampler`], [`stop`], [`utf8_stream`] and [`output_parser`] together.
+//!   activations (our own AVX2/AVX-512/NEON/scalar kernels, llama.cpp's
+//!   rounding).
+//! - [`dist`]: [`dist::shard::ShardSpec`] (the part of a model one rank
+//!   owns, and the splitting rules placement and loading share), the
+//!   [`dist::collectives::Group`] of a distributed model's ranks, and the
+//!   secured TCP ring between them.
+//! - [`formats`]: model files (GGUF; Hugging Face folders of safetensors)
+//!   as [`model::TensorSource`]s that hand over only the tensors a shard
+//!   needs.
+//! - [`model`]: the configuration every architecture reduces to, one file
+//!   per architecture, the paged KV pool, and the shared decoder
+//!   ([`model::Transformer`], a folder: load, split, layer, head).
+//! - [`text`]: tokenizer, chat templates, and what turns tokens back into
+//!   text (UTF-8 streaming, stop strings, thinking and tool-call parsing).
+//! - [`serve`]: requests in, tokens out: the executor of one rank's steps,
+//!   the sampler, speculative decoding, continuous batching, and a
+//!   one-request [`serve::Session`].
+//! - `hf_export`, `testing`: support for tests (hidden from the docs).
 //!
 //! # Invariants
 //! - **The engine knows nothing of actors, zenoh or HTTP**: no dependency on
@@ -27,31 +32,17 @@
 //! - **Decoding allocates nothing per token** in the forward pass: buffers
 //!   live in [`model::Workspace`] and the KV cache reserves its room up front.
 
-pub mod batch;
-pub mod chat_template;
-pub mod collectives;
-pub mod executor;
-pub mod generate;
-pub mod gguf;
-pub mod hf_dir;
+pub mod dist;
+pub mod formats;
 #[doc(hidden)]
 pub mod hf_export;
-pub mod hf_source;
+pub mod logits;
 pub mod memory;
 pub mod model;
 pub mod ops;
-pub mod output_parser;
-pub mod paged;
 pub mod quant;
-pub mod ring_security;
-pub mod sampler;
-pub mod shard;
-pub mod speculative;
-pub mod stop;
+pub mod serve;
 #[doc(hidden)]
 pub mod testing;
+pub mod text;
 pub mod threadpool;
-pub mod tokenizer;
-pub mod utf8_stream;
-
-pub use shard::{pipeline_stages, split_evenly, split_proportionally, ShardError, ShardSpec};

@@ -10,9 +10,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use serde::Serialize;
-use tessera_engine::batch::{Batch, BatchConfig, SeqEvent, SeqId};
-use tessera_engine::executor::Executor;
-use tessera_engine::generate::{GenerateRequest, LoadedModel, Prompt};
+use tessera_engine::serve::batch::{Batch, BatchConfig, SeqEvent, SeqId};
+use tessera_engine::serve::executor::Executor;
+use tessera_engine::serve::{GenerateRequest, LoadedModel, Prompt};
 
 use super::stats;
 
@@ -122,9 +122,9 @@ fn run(batch: &mut Batch<'_>, prompts: &[Vec<u32>], gen_tokens: usize) -> anyhow
         let mut failed = None;
         batch.step(&mut |_, event| {
             match event {
-                SeqEvent::Generation(tessera_engine::generate::GenerationEvent::Token {
-                    ..
-                }) => first_tokens += 1,
+                SeqEvent::Generation(tessera_engine::serve::GenerationEvent::Token { .. }) => {
+                    first_tokens += 1
+                }
                 SeqEvent::Finished(_) => finished += 1,
                 SeqEvent::Failed(message) => failed = Some(message.to_string()),
                 SeqEvent::Generation(_) => {}

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use clap::Args;
 use serde::Serialize;
-use tessera_engine::collectives::{Group, TcpRing};
+use tessera_engine::dist::collectives::{Group, TcpRing};
 
 use super::ranks::LocalRanks;
 use super::stats;

@@ -9,8 +9,8 @@ use std::ops::ControlFlow;
 use anyhow::{bail, Context};
 use clap::Args;
 use serde::Serialize;
-use tessera_engine::executor::Executor;
-use tessera_engine::generate::{GenerateRequest, LoadedModel, Prompt, Session};
+use tessera_engine::serve::executor::Executor;
+use tessera_engine::serve::{GenerateRequest, LoadedModel, Prompt, Session};
 
 use super::bench_batch;
 use super::bench_speculative;
@@ -57,7 +57,7 @@ pub struct ModelBenchArgs {
     #[arg(long)]
     pub speculative: Option<String>,
     /// Tokens drafted per step at most, with --speculative.
-    #[arg(long, default_value_t = tessera_engine::speculative::DEFAULT_DRAFT_TOKENS)]
+    #[arg(long, default_value_t = tessera_engine::serve::speculative::DEFAULT_DRAFT_TOKENS)]
     pub draft_tokens: usize,
     /// What the --speculative run asks the model.
     #[arg(long, value_enum, default_value = "free")]

@@ -13,12 +13,12 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use serde::Serialize;
-use tessera_engine::chat_template::ChatMessage;
-use tessera_engine::executor::Executor;
-use tessera_engine::generate::{GenerateRequest, GenerationOutput, LoadedModel, Prompt, Session};
-use tessera_engine::speculative::{
+use tessera_engine::serve::executor::Executor;
+use tessera_engine::serve::speculative::{
     check_draft_vocabulary, DraftSource, Speculation, MAX_DRAFT_TOKENS,
 };
+use tessera_engine::serve::{GenerateRequest, GenerationOutput, LoadedModel, Prompt, Session};
+use tessera_engine::text::chat_template::ChatMessage;
 
 use super::model_args::resolve_model;
 use super::stats;
@@ -215,7 +215,7 @@ fn first_layers_draft(model: &Path, layers: usize) -> anyhow::Result<PathBuf> {
     let path = std::env::temp_dir().join(format!("tessera-draft-{stem}-first-{layers}.gguf"));
     if !path.exists() {
         let partial = path.with_extension("gguf.partial");
-        tessera_engine::gguf::write_first_layers(model, &partial, layers)?;
+        tessera_engine::formats::gguf::write_first_layers(model, &partial, layers)?;
         std::fs::rename(&partial, &path)?;
     }
     Ok(path)

@@ -9,12 +9,12 @@ use anyhow::{bail, Context};
 use clap::Args;
 use serde::Serialize;
 use tessera_actors::runner::request::request_for;
-use tessera_engine::chat_template::ChatMessage;
-use tessera_engine::executor::Executor;
-use tessera_engine::generate::{
+use tessera_engine::serve::executor::Executor;
+use tessera_engine::serve::{
     GenerateRequest, GenerationEvent, GenerationOutput, GenerationStats, Prompt, Session,
 };
-use tessera_engine::output_parser::ParsedChunk;
+use tessera_engine::text::chat_template::ChatMessage;
+use tessera_engine::text::output_parser::ParsedChunk;
 use tessera_protos::v1;
 
 use super::model_args::ModelArgs;
@@ -73,9 +73,9 @@ struct JsonOutput<'a> {
     text: &'a str,
     reasoning: String,
     tool_calls: Vec<serde_json::Value>,
-    finish_reason: tessera_engine::generate::FinishReason,
+    finish_reason: tessera_engine::serve::FinishReason,
     #[serde(skip_serializing_if = "no_logprobs")]
-    logprobs: &'a [tessera_engine::generate::TokenLogprob],
+    logprobs: &'a [tessera_engine::serve::TokenLogprob],
     stats: &'a GenerationStats,
     #[serde(skip_serializing_if = "Option::is_none")]
     distributed: Option<Distributed>,
@@ -113,7 +113,7 @@ impl Distributed {
     }
 }
 
-fn no_logprobs(logprobs: &&[tessera_engine::generate::TokenLogprob]) -> bool {
+fn no_logprobs(logprobs: &&[tessera_engine::serve::TokenLogprob]) -> bool {
     logprobs.is_empty()
 }
 

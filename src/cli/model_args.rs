@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use tessera_engine::generate::LoadedModel;
-use tessera_engine::ShardSpec;
+use tessera_engine::serve::LoadedModel;
+use tessera_engine::dist::shard::ShardSpec;
 
 /// The default model (its card is in resources/model_cards/).
 pub const DEFAULT_MODEL: &str = "smollm2-135m-instruct-q4_1";

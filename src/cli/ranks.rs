@@ -14,15 +14,15 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
-use tessera_engine::ring_security::{new_secret, RingSecurity};
+use tessera_engine::dist::ring_security::{new_secret, RingSecurity};
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
-use tessera_engine::collectives::{Group, TcpRing};
-use tessera_engine::executor::Executor;
-use tessera_engine::generate::{load_transformer, model_config};
-use tessera_engine::{pipeline_stages, ShardError, ShardSpec};
+use tessera_engine::dist::collectives::{Group, TcpRing};
+use tessera_engine::dist::shard::{pipeline_stages, ShardError, ShardSpec};
+use tessera_engine::serve::executor::Executor;
+use tessera_engine::serve::{load_transformer, model_config};
 
 use super::model_args::resolve_model;
 
@@ -82,7 +82,7 @@ impl DistributedArgs {
 }
 
 /// The part of the model `rank` owns, split by the engine's rules
-/// ([`tessera_engine::shard`]) unless `--layers` gives the pipeline's split.
+/// ([`tessera_engine::dist::shard`]) unless `--layers` gives the pipeline's split.
 pub fn shard_spec(
     sharding: Sharding,
     rank: usize,

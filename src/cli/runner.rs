@@ -14,7 +14,7 @@ use tessera_actors::placement::shard_from_proto;
 use tessera_actors::runner::engine::{EngineBackend, EngineSetup};
 use tessera_actors::runner::zenoh_link::ZenohLink;
 use tessera_actors::runner::{RunnerArgs as ActorArgs, RunnerExit, RunnerOutput};
-use tessera_engine::ring_security::RingSecurity;
+use tessera_engine::dist::ring_security::RingSecurity;
 use tessera_protos::v1;
 
 use super::model_args::resolve_model;

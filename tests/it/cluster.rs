@@ -1022,8 +1022,7 @@ fn a_pipeline_instance_downloads_only_each_nodes_files() {
     let repo = tmp.path().join("hub").join(repo_name);
     let gguf = tessera_engine::testing::default_model_path();
     export_llama_gguf(&gguf, &repo, ExportDType::BF16, 4).expect("export");
-    let quantized =
-        tessera_engine::generate::LoadedModel::load(&gguf, |_, _| {}).expect("gguf loads");
+    let quantized = tessera_engine::serve::LoadedModel::load(&gguf, |_, _| {}).expect("gguf loads");
     std::fs::write(
         repo.join("tokenizer.json"),
         quantized.tokenizer.to_tokenizer_json().expect("tokenizer"),

@@ -9,7 +9,7 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use tessera_engine::generate::GenerateRequest;
+use tessera_engine::serve::GenerateRequest;
 use tessera_protos::v1::generation_chunk;
 
 use crate::runner_protocol::DraftOrder;

@@ -12,19 +12,19 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tessera_engine::batch::{Batch, BatchConfig, SeqEvent, SeqId};
-use tessera_engine::collectives::{Group, SingleRank, TcpRing};
-use tessera_engine::executor::Executor;
-use tessera_engine::generate::{
+use tessera_engine::dist::collectives::{Group, SingleRank, TcpRing};
+use tessera_engine::dist::shard::ShardSpec;
+use tessera_engine::model::paged::blocks_for;
+use tessera_engine::model::Transformer;
+use tessera_engine::serve::batch::{Batch, BatchConfig, SeqEvent, SeqId};
+use tessera_engine::serve::executor::Executor;
+use tessera_engine::serve::speculative::{check_draft_vocabulary, DraftSource, Speculation};
+use tessera_engine::serve::{
     load_transformer, EngineError, FinishReason, GenerateRequest, GenerationEvent,
     GenerationOutput, LoadedModel, Prompt,
 };
-use tessera_engine::model::Transformer;
-use tessera_engine::output_parser::ParsedChunk;
-use tessera_engine::paged::blocks_for;
-use tessera_engine::shard::ShardSpec;
-use tessera_engine::speculative::{check_draft_vocabulary, DraftSource, Speculation};
-use tessera_engine::tokenizer::Tokenizer;
+use tessera_engine::text::output_parser::ParsedChunk;
+use tessera_engine::text::tokenizer::Tokenizer;
 use tessera_protos::v1::{self, generation_chunk};
 
 use super::backend::{Backend, BackendError, EngineEvent};
@@ -47,7 +47,7 @@ pub struct EngineSetup {
     /// Names the ring: a rank of another instance is turned away.
     pub ring_id: String,
     /// What the ranks prove to each other, and whether frames are sealed.
-    pub ring_security: tessera_engine::ring_security::RingSecurity,
+    pub ring_security: tessera_engine::dist::ring_security::RingSecurity,
     pub threads: usize,
     /// Generations in one batch at once (the instance's `max_concurrent`).
     pub max_concurrent: usize,

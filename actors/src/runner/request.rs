@@ -2,9 +2,9 @@
 //! `GenerateRequest` (the runner's, and `tessera generate`'s, which builds
 //! the same parameters from its flags).
 
-use tessera_engine::chat_template::ChatMessage;
-use tessera_engine::generate::{GenerateRequest, Prompt};
-use tessera_engine::sampler::SamplingParams;
+use tessera_engine::serve::sampler::SamplingParams;
+use tessera_engine::serve::{GenerateRequest, Prompt};
+use tessera_engine::text::chat_template::ChatMessage;
 use tessera_protos::v1;
 
 /// Tokens generated when a request names no limit.
@@ -23,7 +23,7 @@ pub enum RequestError {
         source: serde_json::Error,
     },
     #[error(transparent)]
-    Sampling(#[from] tessera_engine::sampler::SamplingError),
+    Sampling(#[from] tessera_engine::serve::sampler::SamplingError),
 }
 
 pub fn request_from(params: &v1::TextGenerationParams) -> Result<GenerateRequest, RequestError> {

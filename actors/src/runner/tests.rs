@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tessera_engine::generate::GenerateRequest;
+use tessera_engine::serve::GenerateRequest;
 use tessera_protos::v1::{self, generation_chunk, runner_status::State as Rs};
 use tokio::sync::{mpsc, oneshot};
 

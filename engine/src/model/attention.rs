@@ -19,8 +19,8 @@ use half::f16;
 
 use super::config::ModelConfig;
 use super::transformer::{HeadLayout, SeqSpan};
+use crate::model::paged::{BlockId, KvPool, BLOCK_TOKENS};
 use crate::ops;
-use crate::paged::{BlockId, KvPool, BLOCK_TOKENS};
 use crate::threadpool::{split_range, DisjointSlice, ThreadPool};
 
 /// The largest head dimension the scratch has room for.

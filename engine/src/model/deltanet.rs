@@ -27,9 +27,9 @@ use super::config::LinearAttention;
 use super::gather::{project, ColumnSplit, GatherBuffers};
 use super::transformer::{ForwardError, SeqSpan};
 use super::weights::{LoadError, Matrix, TensorSource};
-use crate::collectives::Group;
+use crate::dist::collectives::Group;
+use crate::model::paged::KvPool;
 use crate::ops;
-use crate::paged::KvPool;
 use crate::quant::Activations;
 use crate::threadpool::{split_range, DisjointSlice, ThreadPool};
 

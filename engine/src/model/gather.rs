@@ -15,7 +15,7 @@
 use std::ops::Range;
 
 use super::weights::Matrix;
-use crate::collectives::{CollectiveError, Group};
+use crate::dist::collectives::{CollectiveError, Group};
 use crate::quant::Activations;
 use crate::threadpool::ThreadPool;
 
@@ -189,7 +189,7 @@ pub fn project<E: From<CollectiveError> + From<candle_core::Error>>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collectives::SingleRank;
+    use crate::dist::collectives::SingleRank;
 
     #[test]
     fn blocks_go_back_to_their_columns() {

@@ -11,7 +11,7 @@
 //! - Gemma 2 caps attention scores and logits softly (`cap * tanh(x / cap)`);
 //!   Gemma 3 norms q and k per head instead.
 
-use crate::hf_dir::HfConfig;
+use crate::formats::hf_dir::HfConfig;
 
 use super::config::{Activation, Architecture, ConfigError, ModelConfig};
 use super::llama::{base_config, rope_scaling};

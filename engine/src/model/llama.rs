@@ -3,7 +3,7 @@
 //! Grouped-query attention, SwiGLU MLP, RMS norms, RoPE (plain, or linear, dynamic,
 //! Llama 3 or YaRN scaling), embeddings optionally tied to the LM head.
 
-use crate::hf_dir::HfConfig;
+use crate::formats::hf_dir::HfConfig;
 use crate::ops::RopeStyle;
 
 use super::config::{Architecture, ConfigError, ModelConfig, RopeScaling, Variant};

@@ -15,6 +15,7 @@ pub mod gemma;
 pub mod llama;
 pub mod moe;
 pub mod olmo2;
+pub mod paged;
 pub mod phi3;
 pub mod qwen;
 pub mod qwen35;

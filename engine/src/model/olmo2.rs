@@ -3,7 +3,7 @@
 //! each normed across all their heads at once (a tensor-parallel rank sums
 //! its heads' squares with the others' before it divides).
 
-use crate::hf_dir::HfConfig;
+use crate::formats::hf_dir::HfConfig;
 
 use super::config::{Architecture, ConfigError, ModelConfig};
 use super::llama::{base_config, require_silu};

@@ -5,7 +5,7 @@
 //! RoPE may rotate part of each head (`partial_rotary_factor`), and
 //! LongRoPE stretches Phi-3.5's context to 128k (`config::RopeScaling`).
 
-use crate::hf_dir::HfConfig;
+use crate::formats::hf_dir::HfConfig;
 
 use super::config::{Architecture, ConfigError, ModelConfig};
 use super::llama::{base_config, partial_rotary_dims, require_silu};

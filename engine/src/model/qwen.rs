@@ -5,7 +5,7 @@
 //! `decoder_sparse_step` keep some layers dense). Otherwise the Llama
 //! decoder; RoPE rotates halves in both Hugging Face and GGUF files.
 
-use crate::hf_dir::HfConfig;
+use crate::formats::hf_dir::HfConfig;
 
 use super::config::{Architecture, ConfigError, ModelConfig};
 use super::llama::base_config;

@@ -18,7 +18,7 @@
 //! sections too; for text every section has the same position, which is
 //! plain RoPE.
 
-use crate::hf_dir::HfConfig;
+use crate::formats::hf_dir::HfConfig;
 
 use super::config::{Architecture, ConfigError, LinearAttention, ModelConfig, ValueHeadOrder};
 use super::llama::{base_config, partial_rotary_dims, require_silu};

@@ -3,7 +3,7 @@
 //! without (every fourth by default). llama.cpp's `smollm3` fixes the
 //! interval at 4, which is what its GGUF files mean.
 
-use crate::hf_dir::HfConfig;
+use crate::formats::hf_dir::HfConfig;
 
 use super::config::{Architecture, ConfigError, ModelConfig};
 use super::llama::{base_config, require_silu};

@@ -10,7 +10,7 @@ use std::path::Path;
 use candle_core::{Device, Tensor};
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-use tessera_engine::hf_source::HfSource;
+use tessera_engine::formats::hf_source::HfSource;
 use tessera_engine::model::{Architecture, ForwardOutput, StageInput, Transformer, Workspace};
 use tessera_engine::threadpool::ThreadPool;
 

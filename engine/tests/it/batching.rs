@@ -7,14 +7,14 @@
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 
-use tessera_engine::batch::{Batch, BatchConfig, SeqEvent, SeqId};
-use tessera_engine::chat_template::ChatMessage;
-use tessera_engine::collectives::{CollectiveError, Group, TcpRing};
-use tessera_engine::executor::Executor;
-use tessera_engine::generate::{
+use tessera_engine::dist::collectives::{CollectiveError, Group, TcpRing};
+use tessera_engine::model::paged::BLOCK_TOKENS;
+use tessera_engine::serve::batch::{Batch, BatchConfig, SeqEvent, SeqId};
+use tessera_engine::serve::executor::Executor;
+use tessera_engine::serve::{
     EngineError, FinishReason, GenerateRequest, GenerationOutput, LoadedModel, Prompt,
 };
-use tessera_engine::paged::BLOCK_TOKENS;
+use tessera_engine::text::chat_template::ChatMessage;
 
 use super::distributed::{on_ranks, on_ranks_with, Sharding};
 
@@ -88,9 +88,7 @@ fn run_all(
                     ControlFlow::Continue(())
                 }
                 SeqEvent::Failed(message) => panic!("sequence {id} failed: {message}"),
-                SeqEvent::Generation(tessera_engine::generate::GenerationEvent::Token {
-                    ..
-                }) => {
+                SeqEvent::Generation(tessera_engine::serve::GenerationEvent::Token { .. }) => {
                     *tokens.entry(id).or_default() += 1;
                     match cancel_after {
                         Some((target, after)) if target == id && after <= 1 => {

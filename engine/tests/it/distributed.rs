@@ -10,13 +10,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
-use tessera_engine::chat_template::ChatMessage;
-use tessera_engine::collectives::{Group, TcpRing};
-use tessera_engine::executor::{ExecError, Executor};
-use tessera_engine::generate::{
+use tessera_engine::dist::collectives::{Group, TcpRing};
+use tessera_engine::dist::shard::{split_evenly, ShardSpec};
+use tessera_engine::serve::executor::{ExecError, Executor};
+use tessera_engine::serve::{
     load_transformer, model_config, GenerateRequest, LoadedModel, Prompt, Session,
 };
-use tessera_engine::{split_evenly, ShardSpec};
+use tessera_engine::text::chat_template::ChatMessage;
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 

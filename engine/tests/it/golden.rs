@@ -5,8 +5,8 @@
 use std::ops::ControlFlow;
 
 use serde_json::Value;
-use tessera_engine::chat_template::ChatMessage;
-use tessera_engine::generate::{GenerateRequest, LoadedModel, Prompt, Session};
+use tessera_engine::serve::{GenerateRequest, LoadedModel, Prompt, Session};
+use tessera_engine::text::chat_template::ChatMessage;
 
 const MARGIN: f64 = 0.25;
 

@@ -12,8 +12,8 @@ use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use tessera_engine::chat_template::ChatMessage;
-use tessera_engine::generate::{model_config, GenerateRequest, LoadedModel, Prompt, Session};
+use tessera_engine::serve::{model_config, GenerateRequest, LoadedModel, Prompt, Session};
+use tessera_engine::text::chat_template::ChatMessage;
 
 use crate::distributed::{on_ranks, Sharding};
 

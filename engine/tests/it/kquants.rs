@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
 use candle_core::Device;
 use serde_json::Value;
-use tessera_engine::chat_template::ChatMessage;
-use tessera_engine::generate::{GenerateRequest, LoadedModel, Prompt, Session};
+use tessera_engine::serve::{GenerateRequest, LoadedModel, Prompt, Session};
+use tessera_engine::text::chat_template::ChatMessage;
 
 use crate::distributed::{on_ranks, Sharding};
 

@@ -6,9 +6,9 @@
 use std::ops::ControlFlow;
 
 use serde_json::{json, Value};
-use tessera_engine::chat_template::ChatMessage;
-use tessera_engine::generate::{GenerateRequest, LoadedModel, Prompt, Session};
 use tessera_engine::hf_export::{export_llama_gguf, ExportDType};
+use tessera_engine::serve::{GenerateRequest, LoadedModel, Prompt, Session};
+use tessera_engine::text::chat_template::ChatMessage;
 
 /// Steps compared: up to the first where llama.cpp's top-1/top-2 margin is
 /// below this. The folder holds the same weights in f32 and the GGUF path
@@ -139,8 +139,8 @@ fn safetensors_folder_generates_what_the_gguf_generates() {
 /// (the rendered text's own BOS was once doubled by the tokenizer's).
 #[test]
 fn a_template_that_writes_bos_gets_one_bos() {
-    use tessera_engine::chat_template::ChatTemplate;
-    use tessera_engine::tokenizer::Tokenizer;
+    use tessera_engine::text::chat_template::ChatTemplate;
+    use tessera_engine::text::tokenizer::Tokenizer;
     let gguf = tessera_engine::testing::default_model_path();
     let model = LoadedModel::load(&gguf, |_, _| {}).expect("gguf loads");
     let dir = tempfile::tempdir().expect("temp dir");

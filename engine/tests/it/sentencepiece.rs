@@ -8,7 +8,7 @@
 use std::path::Path;
 
 use serde_json::Value;
-use tessera_engine::tokenizer::Tokenizer;
+use tessera_engine::text::tokenizer::Tokenizer;
 
 #[test]
 fn a_sentencepiece_gguf_vocabulary_tokenizes_as_llama_cpp_does() {

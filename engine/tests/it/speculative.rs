@@ -12,13 +12,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde_json::Value;
-use tessera_engine::batch::{Batch, BatchConfig, SeqEvent, SeqId};
-use tessera_engine::chat_template::ChatMessage;
-use tessera_engine::executor::Executor;
-use tessera_engine::generate::{
-    EngineError, GenerateRequest, GenerationOutput, LoadedModel, Prompt,
-};
-use tessera_engine::speculative::{check_draft_vocabulary, DraftSource, Speculation};
+use tessera_engine::serve::batch::{Batch, BatchConfig, SeqEvent, SeqId};
+use tessera_engine::serve::executor::Executor;
+use tessera_engine::serve::speculative::{check_draft_vocabulary, DraftSource, Speculation};
+use tessera_engine::serve::{EngineError, GenerateRequest, GenerationOutput, LoadedModel, Prompt};
+use tessera_engine::text::chat_template::ChatMessage;
 
 use super::distributed::{on_ranks, Sharding};
 

@@ -1,7 +1,7 @@
 //! One sequence's keys and values, for callers that run one sequence
 //! at a time.
 
-use crate::paged::{blocks_for, BlockId, KvPool};
+use crate::model::paged::{blocks_for, BlockId, KvPool};
 
 /// One sequence's keys and values, for callers that run one sequence at a
 /// time (tests, reference comparisons): a private [`KvPool`] whose blocks
@@ -15,7 +15,7 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// A cache over `pool` (see [`Transformer::new_pool`]).
+    /// A cache over `pool` (see [`super::Transformer::new_pool`]).
     pub fn with_pool(pool: KvPool) -> Self {
         Self {
             pool,

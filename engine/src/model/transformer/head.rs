@@ -1,12 +1,12 @@
 //! The final norm and the LM head: logits, or the best token per row
 //! (gathered across a tensor group).
 
-use crate::collectives::{CollectiveError, Group};
+use crate::dist::collectives::{CollectiveError, Group};
+use crate::logits::BestToken;
 use crate::model::config::ModelConfig;
 use crate::model::weights::Matrix;
 use crate::ops;
 use crate::quant::OutLayout;
-use crate::sampler::BestToken;
 use crate::threadpool::ThreadPool;
 
 use super::io::{ForwardError, ForwardOutput, RowOutput, SeqSpan};

@@ -1,8 +1,8 @@
 //! What a forward pass takes and gives, and how it fails.
 
-use crate::collectives::CollectiveError;
-use crate::paged::BlockId;
-use crate::sampler::BestToken;
+use crate::dist::collectives::CollectiveError;
+use crate::logits::BestToken;
+use crate::model::paged::BlockId;
 
 /// What a stage consumes.
 pub enum StageInput<'a> {
@@ -11,7 +11,7 @@ pub enum StageInput<'a> {
     Hidden(&'a [f32]),
 }
 
-/// What a stage produces (borrowed from the [`Workspace`]).
+/// What a stage produces (borrowed from the [`super::Workspace`]).
 pub enum ForwardOutput<'a> {
     /// Logits of the last token (the last stage).
     Logits(&'a [f32]),
@@ -19,7 +19,7 @@ pub enum ForwardOutput<'a> {
     Hidden(&'a [f32]),
     /// The last stage of a pipeline of several: the rows that want logits,
     /// after the final norm, for the first stage, which holds the head
-    /// ([`Transformer::head_of_normed`]). A row of hidden states is
+    /// ([`super::Transformer::head_of_normed`]). A row of hidden states is
     /// vocab/hidden times smaller than its logits (85 times for
     /// SmolLM2-135M), and the first stage has the tied embeddings anyway.
     Normed(&'a [f32]),

@@ -3,14 +3,14 @@
 
 use half::f16;
 
-use crate::collectives::Group;
+use crate::dist::collectives::Group;
 use crate::model::attention::{self, Scoring};
 use crate::model::config::{Activation, LayerRope};
 use crate::model::gather::{grown, project};
 use crate::model::moe::ExpertSplits;
+use crate::model::paged::KvPool;
 use crate::model::weights::Matrix;
 use crate::ops;
-use crate::paged::KvPool;
 use crate::threadpool::{split_range, DisjointSlice, ThreadPool};
 
 use super::io::{ForwardError, SeqSpan};

@@ -2,11 +2,11 @@
 
 use std::ops::Range;
 
+use crate::dist::shard::{ShardError, ShardSpec};
 use crate::model::config::ModelConfig;
 use crate::model::deltanet::{GatedDeltaNet, LinearSplit};
 use crate::model::moe::Experts;
 use crate::model::weights::{LoadError, Matrix, TensorSource};
-use crate::shard::{ShardError, ShardSpec};
 
 use super::split::{HeadLayout, TensorLayout, TensorSplit};
 use super::{Attention, Layer, Mixer, Mlp, TensorSlice, Transformer};

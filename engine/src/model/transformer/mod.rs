@@ -23,9 +23,9 @@ use super::config::{LayerRope, ModelConfig};
 use super::deltanet::GatedDeltaNet;
 use super::moe::Experts;
 use super::weights::Matrix;
-use crate::collectives::{Group, SingleRank};
+use crate::dist::collectives::{Group, SingleRank};
+use crate::model::paged::{blocks_for, KvPool};
 use crate::ops;
-use crate::paged::{blocks_for, KvPool};
 use crate::threadpool::ThreadPool;
 
 /// Weights of one decoder layer.

@@ -3,13 +3,13 @@
 
 use std::ops::Range;
 
+use crate::dist::shard::{split_evenly, ShardError, ShardSpec};
 use crate::model::config::ModelConfig;
 use crate::model::deltanet::LinearSplit;
 use crate::model::gather::ColumnSplit;
-use crate::shard::{split_evenly, ShardError, ShardSpec};
 
 /// Every rank's columns of the rows the ranks gather whole (see
-/// [`super::gather`]): the attention's output (query heads), the MLP's
+/// [`crate::model::gather`]): the attention's output (query heads), the MLP's
 /// intermediate rows, the hidden rows each rank computes of the output
 /// projections; and q and k where they are normed across all heads.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,12 +1,12 @@
 //! The forward pass's scratch buffers.
 
+use crate::logits::BestToken;
 use crate::model::attention::{self};
 use crate::model::config::ModelConfig;
 use crate::model::deltanet::LinearWorkspace;
 use crate::model::gather::GatherBuffers;
 use crate::model::moe::MoeWorkspace;
 use crate::quant::Activations;
-use crate::sampler::BestToken;
 
 use super::io::SeqSpan;
 

@@ -4,7 +4,7 @@
 use std::ops::Range;
 use std::path::Path;
 
-use crate::hf_dir::{HfDirError, HfModelDir};
+use crate::formats::hf_dir::{HfDirError, HfModelDir};
 use crate::model::config::{Architecture, ModelConfig};
 use crate::model::weights::{LoadError, Matrix, TensorSource};
 use crate::model::{gemma, llama, olmo2, phi3, qwen, qwen35, smollm3};

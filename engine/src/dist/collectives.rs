@@ -10,7 +10,7 @@ use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use crate::ring_security::{RingSecurity, Seal, SEAL_OVERHEAD};
+use crate::dist::ring_security::{RingSecurity, Seal, SEAL_OVERHEAD};
 
 /// Why a collective operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -322,7 +322,7 @@ fn welcome(
     if !security.check_connector(ring_id, prev_rank, &proof) {
         return Err("a rank that does not know the instance's ring secret".into());
     }
-    let connector_nonce = &proof[..crate::ring_security::NONCE_BYTES];
+    let connector_nonce = &proof[..crate::dist::ring_security::NONCE_BYTES];
     let (answer, listener_nonce) = security.listener_proof(ring_id, rank, connector_nonce)?;
     stream.write_all(&answer).map_err(|e| e.to_string())?;
     Ok(security.seal_for(connector_nonce, &listener_nonce))
@@ -348,7 +348,7 @@ fn check_welcome(
     if !security.check_listener(ring_id, next_rank, connector_nonce, &answer) {
         return Err("the next rank does not know the instance's ring secret".into());
     }
-    let listener_nonce = &answer[..crate::ring_security::NONCE_BYTES];
+    let listener_nonce = &answer[..crate::dist::ring_security::NONCE_BYTES];
     Ok(security.seal_for(connector_nonce, listener_nonce))
 }
 
@@ -1416,7 +1416,7 @@ mod tests {
     /// open ring gives.
     #[test]
     fn a_sealed_ring_computes_what_the_open_ring_computes() {
-        let secret = crate::ring_security::new_secret().expect("secret");
+        let secret = crate::dist::ring_security::new_secret().expect("secret");
         for sealed in [false, true] {
             let security = RingSecurity::with_secret(&secret, sealed).expect("security");
             for n in [2, 3] {
@@ -1459,11 +1459,13 @@ mod tests {
     /// listener; the ranks that do still form their ring.
     #[test]
     fn a_rank_without_the_secret_is_turned_away() {
-        let secret = crate::ring_security::new_secret().expect("secret");
+        let secret = crate::dist::ring_security::new_secret().expect("secret");
         let security = RingSecurity::with_secret(&secret, true).expect("security");
-        let wrong =
-            RingSecurity::with_secret(&crate::ring_security::new_secret().expect("secret"), true)
-                .expect("security");
+        let wrong = RingSecurity::with_secret(
+            &crate::dist::ring_security::new_secret().expect("secret"),
+            true,
+        )
+        .expect("security");
         let own = TcpListener::bind("127.0.0.1:0").expect("bind");
         let peer = TcpListener::bind("127.0.0.1:0").expect("bind");
         let addrs = vec![

@@ -576,7 +576,7 @@ fn strftime_now(fmt: String) -> Result<String, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::Tokenizer;
+    use crate::text::tokenizer::Tokenizer;
     use std::sync::OnceLock;
 
     const GOLDEN: &str = concat!(

@@ -23,12 +23,12 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use crate::collectives::{CollectiveError, Group, SingleRank};
+use crate::dist::collectives::{CollectiveError, Group, SingleRank};
+use crate::logits::BestToken;
+use crate::model::paged::{BlockId, KvPool};
 use crate::model::transformer::ForwardError;
 use crate::model::transformer::RowOutput;
 use crate::model::{ForwardOutput, SeqSpan, StageInput, Transformer, Workspace};
-use crate::paged::{BlockId, KvPool};
-use crate::sampler::BestToken;
 use crate::threadpool::ThreadPool;
 
 /// One sequence's part of a [`Step::Batch`], as it travels between ranks.

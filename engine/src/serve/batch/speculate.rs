@@ -1,17 +1,17 @@
-//! The batch's side of speculative decoding ([`crate::speculative`]): the
+//! The batch's side of speculative decoding ([`crate::serve::speculative`]): the
 //! drafts of each step's decoding sequences, by prompt lookup or by a
 //! draft model run on rank 0 beside the target, with its own KV pool.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::executor::{ExecError, Executor};
-use crate::generate::LoadedModel;
+use crate::model::paged::{BlockHash, BlockId, BlockManager, KvPool};
 use crate::model::{SeqSpan, Workspace};
-use crate::paged::{BlockHash, BlockId, BlockManager, KvPool};
-use crate::speculative::{
+use crate::serve::executor::{ExecError, Executor};
+use crate::serve::speculative::{
     lookup_ngram, DraftLength, DraftSource, Speculation, StepCost, NGRAM_MAX,
 };
+use crate::serve::LoadedModel;
 
 /// A sequence's speculative state.
 #[derive(Default)]

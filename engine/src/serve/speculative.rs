@@ -5,7 +5,7 @@
 //! Drafts come from prompt lookup ([`lookup_ngram`]: the longest suffix
 //! n-gram of the sequence found earlier in it, proposing what followed) or
 //! from a small draft model with the target's vocabulary, run greedily on
-//! rank 0 ([`crate::batch`] drives both).
+//! rank 0 ([`crate::serve::batch`] drives both).
 //!
 //! Both proposals are deterministic (a point mass `q` on the drafted
 //! token), so speculative rejection sampling reduces to this: sample the
@@ -26,7 +26,7 @@
 
 use std::sync::Arc;
 
-use crate::generate::{EngineError, LoadedModel};
+use crate::serve::{EngineError, LoadedModel};
 
 /// Where drafts come from.
 #[derive(Clone)]
@@ -390,7 +390,7 @@ mod tests {
     /// with its target probability (chi-square over 20 000 runs per draft).
     #[test]
     fn accepts_statistically() {
-        use crate::sampler::{Sampler, SamplingParams};
+        use crate::serve::sampler::{Sampler, SamplingParams};
         let logits = [2.0f32, 1.0, 0.7, 0.3, -0.5];
         let total: f32 = logits.iter().map(|l| l.exp()).sum();
         let p: Vec<f64> = logits.iter().map(|l| f64::from(l.exp() / total)).collect();

@@ -6,11 +6,12 @@
 use std::ops::ControlFlow;
 use std::time::Instant;
 
-use crate::generate::{FinishReason, GenerateRequest, GenerationEvent, LoadedModel, TokenLogprob};
-use crate::output_parser::{OutputFormat, OutputParser, ParsedChunk};
-use crate::sampler::{BestToken, Sampled, Sampler};
-use crate::stop::StopMatcher;
-use crate::utf8_stream::Utf8Stream;
+use crate::logits::BestToken;
+use crate::serve::sampler::{Sampled, Sampler};
+use crate::serve::{FinishReason, GenerateRequest, GenerationEvent, LoadedModel, TokenLogprob};
+use crate::text::output_parser::{OutputFormat, OutputParser, ParsedChunk};
+use crate::text::stop::StopMatcher;
+use crate::text::utf8_stream::Utf8Stream;
 
 /// Where a sequence's output stands.
 pub struct Decoder {

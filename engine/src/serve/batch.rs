@@ -17,15 +17,16 @@ use std::collections::VecDeque;
 use std::ops::ControlFlow;
 use std::time::Instant;
 
-use crate::executor::Executor;
-use crate::generate::{
-    EngineError, GenerateRequest, GenerationEvent, GenerationOutput, GenerationStats, LoadedModel,
-};
+use crate::logits::BestToken;
+use crate::model::paged::{blocks_for, BlockId, BlockManager, PoolError, BLOCK_TOKENS};
 use crate::model::transformer::RowOutput;
 use crate::model::SeqSpan;
-use crate::paged::{blocks_for, BlockId, BlockManager, PoolError, BLOCK_TOKENS};
-use crate::sampler::{BestToken, Sampler};
-use crate::speculative::{verify, DraftCounts, Speculation};
+use crate::serve::executor::Executor;
+use crate::serve::sampler::Sampler;
+use crate::serve::speculative::{verify, DraftCounts, Speculation};
+use crate::serve::{
+    EngineError, GenerateRequest, GenerationEvent, GenerationOutput, GenerationStats, LoadedModel,
+};
 
 mod decoder;
 mod plan;
@@ -72,8 +73,8 @@ pub const DEFAULT_STEP_TOKENS: usize = 128;
 /// What a step tells the caller about one sequence.
 #[derive(Debug)]
 pub enum SeqEvent<'a> {
-    /// Progress, tokens and parsed output, as [`Session::generate`] streams
-    /// them ([`crate::generate::Session`]).
+    /// Progress, tokens and parsed output, as [`crate::serve::Session::generate`] streams
+    /// them ([`crate::serve::Session`]).
     Generation(GenerationEvent<'a>),
     /// The sequence is done (finished, stopped or cancelled).
     Finished(GenerationOutput),
@@ -415,7 +416,7 @@ impl<'m> Batch<'m> {
     /// Plans and launches a step over the sequences not in flight; false
     /// when there is nothing to launch (or it must wait for the one in
     /// flight).
-    fn launch_next(&mut self) -> Result<bool, crate::executor::ExecError> {
+    fn launch_next(&mut self) -> Result<bool, crate::serve::executor::ExecError> {
         let mut idle: Vec<usize> = (0..self.running.len())
             .filter(|&i| !self.running[i].in_flight)
             .collect();
@@ -517,7 +518,10 @@ impl<'m> Batch<'m> {
 
     /// Drafts for the decoding sequences among `candidates` that speculate,
     /// in a step that has `self.planned`'s tokens without them.
-    fn propose_drafts(&mut self, candidates: &[usize]) -> Result<(), crate::executor::ExecError> {
+    fn propose_drafts(
+        &mut self,
+        candidates: &[usize],
+    ) -> Result<(), crate::serve::executor::ExecError> {
         let Some(spec) = self.speculation.as_mut() else {
             return Ok(());
         };
@@ -594,7 +598,7 @@ impl<'m> Batch<'m> {
     /// Fails everything after a failed step; the error to return.
     fn fail(
         &mut self,
-        error: crate::executor::ExecError,
+        error: crate::serve::executor::ExecError,
         sink: &mut dyn FnMut(SeqId, SeqEvent<'_>) -> ControlFlow<()>,
     ) -> EngineError {
         let error = EngineError::from(error);

@@ -1,0 +1,182 @@
+//! A model loaded from a GGUF file or a Hugging Face folder: weights,
+//! tokenizer, chat template, tool-call syntax.
+
+use super::request::{EngineError, Prompt};
+use std::path::{Path, PathBuf};
+
+use crate::dist::shard::ShardSpec;
+use crate::formats::gguf::GgufFile;
+use crate::formats::hf_source::HfSource;
+use crate::model::Transformer;
+use crate::text::chat_template::{ChatTemplate, CHATML_TEMPLATE};
+use crate::text::output_parser::OutputFormat;
+use crate::text::tokenizer::Tokenizer;
+
+/// A model loaded for single-machine generation.
+pub struct LoadedModel {
+    pub transformer: Transformer,
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+    pub output_format: OutputFormat,
+    pub path: PathBuf,
+}
+
+impl LoadedModel {
+    /// Loads a GGUF file or a Hugging Face folder, reporting `(done, total)`.
+    pub fn load(path: &Path, progress: impl FnMut(usize, usize)) -> Result<Self, EngineError> {
+        Self::load_shard(path, None, progress)
+    }
+
+    /// Loads the tokenizer and template, and only the part of the weights
+    /// `spec` names (`None`: all of them).
+    pub fn load_shard(
+        path: &Path,
+        spec: Option<&ShardSpec>,
+        progress: impl FnMut(usize, usize),
+    ) -> Result<Self, EngineError> {
+        if !path.exists() {
+            return Err(EngineError::ModelNotFound(path.to_path_buf()));
+        }
+        let display = path.display().to_string();
+        let tokenizer_error = |source| EngineError::Tokenizer {
+            path: display.clone(),
+            source,
+        };
+        let (transformer, tokenizer) = if path.is_dir() {
+            let source = HfSource::open(path)?;
+            let config = source.config()?;
+            let spec = spec
+                .cloned()
+                .unwrap_or(ShardSpec::whole(config.layers as u32));
+            let transformer = Transformer::load_shard(&source, config, &spec, progress)?;
+            (
+                transformer,
+                Tokenizer::from_hf_dir(path).map_err(tokenizer_error)?,
+            )
+        } else {
+            let file = GgufFile::open(path)?;
+            let config = file.config()?;
+            let spec = spec
+                .cloned()
+                .unwrap_or(ShardSpec::whole(config.layers as u32));
+            let tokenizer = Tokenizer::from_gguf(file.metadata()).map_err(tokenizer_error)?;
+            (
+                Transformer::load_shard(&file, config, &spec, progress)?,
+                tokenizer,
+            )
+        };
+        let bos = tokenizer
+            .bos_id()
+            .and_then(|id| tokenizer.token_text(id).map(str::to_string))
+            .unwrap_or_default();
+        let eos = tokenizer
+            .eog_ids()
+            .first()
+            .and_then(|id| tokenizer.token_text(*id).map(str::to_string))
+            .unwrap_or_default();
+        let source = tokenizer.chat_template().unwrap_or(CHATML_TEMPLATE);
+        let template = ChatTemplate::new(source, &bos, &eos)
+            .map_err(|e| EngineError::Template(e.to_string()))?;
+        let output_format = output_format_for(&tokenizer);
+        Ok(Self {
+            transformer,
+            tokenizer,
+            template,
+            output_format,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Renders and tokenizes a prompt.
+    pub fn tokenize(&self, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
+        let tokens = match prompt {
+            Prompt::Tokens(t) => t.clone(),
+            Prompt::Raw(text) => {
+                if text.is_empty() {
+                    return Err(EngineError::EmptyPrompt);
+                }
+                self.encode(text, false)?
+            }
+            Prompt::Chat { messages, tools } => {
+                if messages.is_empty() {
+                    return Err(EngineError::EmptyPrompt);
+                }
+                let text = self
+                    .template
+                    .render(messages, tools.as_ref(), true, None)
+                    .map_err(|e| EngineError::Template(e.to_string()))?;
+                self.encode_rendered(&text)?
+            }
+        };
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        Ok(tokens)
+    }
+
+    fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, EngineError> {
+        self.tokenizer
+            .encode(text, parse_special)
+            .map_err(|source| self.tokenizer_error(source))
+    }
+
+    fn encode_rendered(&self, text: &str) -> Result<Vec<u32>, EngineError> {
+        self.tokenizer
+            .encode_chat(text)
+            .map_err(|source| self.tokenizer_error(source))
+    }
+
+    fn tokenizer_error(&self, source: crate::text::tokenizer::TokenizerError) -> EngineError {
+        EngineError::Tokenizer {
+            path: self.path.display().to_string(),
+            source,
+        }
+    }
+}
+
+/// Tool-call and thinking syntax, from the tokens the vocabulary has.
+fn output_format_for(tokenizer: &Tokenizer) -> OutputFormat {
+    if tokenizer.token_id("<|python_tag|>").is_some() || tokenizer.token_id("<|eom_id|>").is_some()
+    {
+        OutputFormat::llama3()
+    } else if tokenizer.token_id("[TOOL_CALLS]").is_some() {
+        OutputFormat::mistral()
+    } else {
+        // ChatML families (Qwen, SmolLM2, Hermes) use <tool_call> and <think>.
+        OutputFormat::hermes()
+    }
+}
+
+/// Loads only the weights of one shard (ranks other than 0 need no
+/// tokenizer): layers for a pipeline stage, slices for a tensor rank.
+pub fn load_transformer(
+    path: &Path,
+    spec: &ShardSpec,
+    progress: impl FnMut(usize, usize),
+) -> Result<Transformer, EngineError> {
+    if !path.exists() {
+        return Err(EngineError::ModelNotFound(path.to_path_buf()));
+    }
+    if path.is_dir() {
+        let source = HfSource::open(path)?;
+        let config = source.config()?;
+        Ok(Transformer::load_shard(&source, config, spec, progress)?)
+    } else {
+        let file = GgufFile::open(path)?;
+        let config = file.config()?;
+        Ok(Transformer::load_shard(&file, config, spec, progress)?)
+    }
+}
+
+/// The number of layers and KV heads of a model, read from its metadata
+/// without loading weights (to plan shards).
+pub fn model_config(path: &Path) -> Result<crate::model::ModelConfig, EngineError> {
+    if !path.exists() {
+        return Err(EngineError::ModelNotFound(path.to_path_buf()));
+    }
+    if path.is_dir() {
+        Ok(HfSource::open(path)?.config()?)
+    } else {
+        Ok(GgufFile::open(path)?.config()?)
+    }
+}
