@@ -66,7 +66,7 @@ pub fn credentials(
 ) -> anyhow::Result<Option<tessera_trust::Credentials>> {
     let folder = match cluster_dir {
         Some(dir) => tessera_trust::ClusterDir::at(dir),
-        None => tessera_trust::ClusterDir::of(&super::default_data_dir()),
+        None => tessera_trust::ClusterDir::of(&super::support::default_data_dir()),
     };
     let credentials = folder.credentials();
     if cluster_dir.is_some() && credentials.is_none() {
@@ -305,7 +305,7 @@ pub enum ShardingArg {
 pub fn run(args: AdminArgs) -> anyhow::Result<()> {
     let options = args.cluster.options(args.node.clone())?;
     let json = args.cluster.json;
-    let runtime = super::client_runtime()?;
+    let runtime = super::support::client_runtime()?;
     runtime.block_on(async move {
         let client = AdminClient::connect(options).await?;
         let result = dispatch(&client, args.what, json).await;
@@ -757,15 +757,17 @@ fn shard_text(shard: Option<&v1::ShardSpec>) -> String {
 mod tests {
     use clap::Parser;
 
-    use super::AdminCommand;
-    use crate::cli::{Cli, Command};
+    use super::{AdminArgs, AdminCommand};
 
-    fn admin(args: &[&str]) -> Result<super::AdminArgs, clap::Error> {
-        let cli = Cli::try_parse_from(["tessera", "admin"].iter().chain(args))?;
-        match cli.command {
-            Command::Admin(args) => Ok(args),
-            other => panic!("not admin: {other:?}"),
-        }
+    /// `tessera admin` as its own command line.
+    #[derive(Debug, Parser)]
+    struct Admin {
+        #[command(flatten)]
+        args: AdminArgs,
+    }
+
+    fn admin(args: &[&str]) -> Result<AdminArgs, clap::Error> {
+        Ok(Admin::try_parse_from(["admin"].iter().chain(args))?.args)
     }
 
     #[test]

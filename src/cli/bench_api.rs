@@ -222,7 +222,7 @@ pub fn run(args: ApiBenchArgs) -> anyhow::Result<()> {
     if args.clients == 0 || args.prompts == 0 || args.seconds <= 0.0 {
         bail!("--clients, --prompts and --seconds must be positive");
     }
-    let runtime = super::client_runtime()?;
+    let runtime = super::support::client_runtime()?;
     runtime.block_on(async move {
         let url = args.url.trim_end_matches('/').to_string();
         // A server that stops answering is an error of that request, not a

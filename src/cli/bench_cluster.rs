@@ -49,7 +49,7 @@ pub fn run(args: ClusterBenchArgs) -> anyhow::Result<()> {
     if args.commands < 2 {
         bail!("--commands must be at least 2");
     }
-    let runtime = super::client_runtime()?;
+    let runtime = super::support::client_runtime()?;
     runtime.block_on(async move {
         let client = AdminClient::connect(ConnectOptions {
             connect: args.connect.clone(),

@@ -56,7 +56,7 @@ pub fn run(args: DownloadBenchArgs) -> anyhow::Result<()> {
     let size = std::fs::metadata(&file)
         .with_context(|| format!("reading {}", file.display()))?
         .len();
-    let home = super::default_data_dir();
+    let home = super::support::default_data_dir();
     std::fs::create_dir_all(&home)?;
     let scratch = match args.scratch {
         Some(dir) => tempfile::tempdir_in(dir)?,

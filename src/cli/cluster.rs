@@ -81,7 +81,7 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
             data_dir,
             namespace,
         } => init(
-            &data_dir.unwrap_or_else(super::default_data_dir),
+            &data_dir.unwrap_or_else(super::support::default_data_dir),
             &namespace,
         ),
         ClusterCommand::Invite {
@@ -92,7 +92,7 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
             join_url,
             connect,
         } => {
-            let data_dir = data_dir.unwrap_or_else(super::default_data_dir);
+            let data_dir = data_dir.unwrap_or_else(super::support::default_data_dir);
             let role = if admin { Role::Admin } else { Role::Node };
             let token = invite(&data_dir, &namespace, role, ttl_minutes, join_url, connect)?;
             println!("{token}");
@@ -103,13 +103,13 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
             data_dir,
             name,
         } => {
-            let data_dir = data_dir.unwrap_or_else(super::default_data_dir);
+            let data_dir = data_dir.unwrap_or_else(super::support::default_data_dir);
             let name = name.unwrap_or_else(|| sysinfo::System::host_name().unwrap_or_default());
             let token = JoinToken::decode(&token)?;
             if token.role != Role::Admin {
                 bail!("this is a node's token: use it with `tessera node --join TOKEN`");
             }
-            super::client_runtime()?.block_on(join(&token, &data_dir, &name))?;
+            super::support::client_runtime()?.block_on(join(&token, &data_dir, &name))?;
             eprintln!("joined cluster {:?} as admin {name:?}", token.cluster);
             Ok(())
         }
@@ -118,7 +118,7 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
             if options.credentials.is_none() {
                 bail!("revoking needs this machine's credentials of a secured cluster (--cluster-dir)");
             }
-            let reply = super::client_runtime()?.block_on(async {
+            let reply = super::support::client_runtime()?.block_on(async {
                 let client = tessera_actors::admin_client::AdminClient::connect(options).await?;
                 let reply = client.revoke(&name).await;
                 let _ = client.close().await;

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use tessera_engine::serve::LoadedModel;
 use tessera_engine::dist::shard::ShardSpec;
+use tessera_engine::serve::LoadedModel;
 
 /// The default model (its card is in resources/model_cards/).
 pub const DEFAULT_MODEL: &str = "smollm2-135m-instruct-q4_1";
@@ -79,7 +79,7 @@ pub fn resolve_model(model: &str) -> anyhow::Result<PathBuf> {
     if as_path.exists() {
         return Ok(as_path.to_path_buf());
     }
-    let models = super::default_data_dir().join("models");
+    let models = super::support::default_data_dir().join("models");
     let hub_style = models.join(tessera_actors::downloads::folder_name(model));
     if model.contains('/') && !hub_style.is_dir() || model.ends_with(".gguf") {
         bail!("model path {model} does not exist");

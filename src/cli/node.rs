@@ -154,7 +154,7 @@ pub fn run(mut args: NodeArgs) -> anyhow::Result<()> {
     let data_dir = args
         .data_dir
         .clone()
-        .unwrap_or_else(super::default_data_dir);
+        .unwrap_or_else(super::support::default_data_dir);
     if let Some(token) = args.join.take() {
         join_with(&token, &data_dir, &mut args)?;
     }
@@ -253,7 +253,8 @@ fn join_with(text: &str, data_dir: &std::path::Path, args: &mut NodeArgs) -> any
         .is_none()
     {
         let node_id = tessera_actors::node::node_identity(data_dir)?;
-        super::client_runtime()?.block_on(super::cluster::join(&token, data_dir, &node_id))?;
+        super::support::client_runtime()?
+            .block_on(super::cluster::join(&token, data_dir, &node_id))?;
         eprintln!(
             "joined cluster {:?}: certificate kept in {}",
             token.cluster,

@@ -37,8 +37,8 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<()> {
     let data_dir = args
         .data_dir
         .clone()
-        .unwrap_or_else(super::default_data_dir);
-    let dir = super::events_dir(&data_dir);
+        .unwrap_or_else(super::support::default_data_dir);
+    let dir = super::support::events_dir(&data_dir);
     if !dir.is_dir() {
         bail!(
             "no event log in {}: expected the folder {}",

@@ -66,7 +66,8 @@ pub fn run(args: RunnerArgs) -> anyhow::Result<()> {
 async fn serve(args: &RunnerArgs) -> anyhow::Result<RunnerExit> {
     // The node gave this runner its data dir (TESSERA_HOME): in a secured
     // cluster, the runner links to its node with the node's credentials.
-    let credentials = tessera_trust::ClusterDir::of(&super::default_data_dir()).credentials();
+    let credentials =
+        tessera_trust::ClusterDir::of(&super::support::default_data_dir()).credentials();
     let link = ZenohLink::open(
         &args.namespace,
         &args.runner_id,

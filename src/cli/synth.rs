@@ -24,7 +24,7 @@ pub struct SynthArgs {
 }
 
 pub fn run(args: SynthArgs) -> anyhow::Result<()> {
-    let dir = super::events_dir(&args.data_dir);
+    let dir = super::support::events_dir(&args.data_dir);
     if dir.exists() {
         bail!(
             "{} already exists: synth-log only writes new logs",

@@ -1,20 +1,15 @@
 //! A generation from its first chunk to the client: started (and tried
 //! again while its instance went away before it answered), then pumped
-//! to the client until the end or until the client leaves; SSE helpers.
+//! to the client until the end or until the client leaves.
 
-use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
-use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
-use serde_json::Value;
 use tessera_protos::v1::{self, generation_chunk};
 
+use super::context::{Api, QueueSlot};
 use super::error::ApiError;
 use super::generation::{self, chunk_error, Generation};
 use super::ready::{rank0_ready, Target};
-use super::server::QueueSlot;
-use super::Api;
 
 /// A generation under way: the first chunk is in hand, so errors before
 /// any answer are HTTP errors.
@@ -153,29 +148,4 @@ pub(super) async fn pump<T>(
         };
     }
     true
-}
-
-pub(super) type EventSender = tokio::sync::mpsc::Sender<Result<Event, Infallible>>;
-
-/// A channel whose events become an SSE response (with keep-alive
-/// comments during long prefills).
-pub(super) fn sse_channel() -> (EventSender, Response) {
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(256);
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|event| (event, rx))
-    });
-    let response = Sse::new(stream)
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(10)))
-        .into_response();
-    (tx, response)
-}
-
-/// A named SSE event with a JSON body.
-pub(super) fn named((name, value): (&str, Value)) -> Result<Event, Infallible> {
-    Ok(Event::default().event(name).data(value.to_string()))
-}
-
-/// An unnamed SSE event with a JSON body.
-pub(super) fn data(value: &Value) -> Result<Event, Infallible> {
-    Ok(Event::default().data(value.to_string()))
 }

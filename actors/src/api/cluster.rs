@@ -16,10 +16,11 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tessera_protos::v1;
 
-use super::answer::sse_channel;
+use super::body::parse;
+use super::context::Api;
 use super::error::ApiError;
 use super::ready::rank0_ready;
-use super::{parse, Api};
+use super::sse::sse_channel;
 use crate::admin::AdminFailure;
 use crate::keys::AdminMethod;
 use crate::replica::ReplicaMsg;

@@ -11,8 +11,9 @@ use axum::Json;
 use tessera_protos::v1::ClusterState;
 use tessera_trust::{ClusterDir, JoinReply, JoinRequest, TrustError};
 
+use super::body::parse;
+use super::context::{now_unix, Api};
 use super::error::ApiError;
-use super::{now_unix, parse, Api};
 
 pub(super) async fn join(
     State(api): State<Api>,

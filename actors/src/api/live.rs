@@ -15,9 +15,9 @@ use tessera_state::{ReplayError, ReplayOptions};
 
 use tessera_protos::v1;
 
-use super::answer::{data, sse_channel};
+use super::context::Api;
 use super::error::ApiError;
-use super::Api;
+use super::sse::{data, sse_channel};
 use crate::replica::ReplicaMsg;
 
 /// The most state messages a stream sends a second: a burst of events

@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use tessera_protos::v1::{self, download_progress::State as Ds, runner_status::State as Rs};
 
+use super::context::Api;
 use super::error::ApiError;
-use super::Api;
 use crate::keys::AdminMethod;
 
 /// What a request's `model` names.

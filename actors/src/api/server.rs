@@ -1,10 +1,8 @@
-//! The server: the router of every endpoint, the accept loop (header-read
-//! and idle timeouts, a bound on connections) and admission (a bound on the
-//! requests per model a node holds at once).
+//! The server: the router of every endpoint and the accept loop
+//! (header-read and idle timeouts, a bound on connections).
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
@@ -14,10 +12,10 @@ use axum::Router;
 use ractor::ActorRef;
 use tower_http::cors::{AllowOrigin, Any, CorsLayer};
 
+use super::context::{Api, Queues};
 use super::error::ApiError;
-use super::{
-    anthropic, auth, cluster, dashboard, join, live, ollama, openai, responses, Api, ApiOptions,
-};
+use super::options::ApiOptions;
+use super::{anthropic, auth, cluster, dashboard, join, live, ollama, openai, responses};
 use crate::bus::Bus;
 use crate::election_actor::Leadership;
 use crate::replica::ReplicaMsg;
@@ -185,76 +183,4 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router, limits: Con
 
 async fn not_found() -> ApiError {
     ApiError::not_found("not_found", "no such endpoint")
-}
-
-/// Requests in hand per model, each bounded by the queue limit: one more
-/// is answered 429 at once instead of waiting without end.
-#[derive(Clone)]
-pub(super) struct Queues {
-    counts: Arc<Mutex<HashMap<String, usize>>>,
-    limit: usize,
-}
-
-impl Queues {
-    pub(super) fn new(limit: usize) -> Self {
-        Self {
-            counts: Arc::new(Mutex::new(HashMap::new())),
-            limit,
-        }
-    }
-
-    /// A slot for a request for `model`, or 429 if its queue is full.
-    pub(super) fn take(&self, model: &str) -> Result<QueueSlot, ApiError> {
-        let mut counts = self
-            .counts
-            .lock()
-            .map_err(|_| ApiError::internal("queue bookkeeping"))?;
-        let n = counts.entry(model.to_string()).or_insert(0);
-        if *n >= self.limit {
-            return Err(ApiError::too_many(format!(
-                "{} requests for {model} are already waiting or running on this node; retry shortly",
-                self.limit
-            )));
-        }
-        *n += 1;
-        Ok(QueueSlot {
-            counts: self.counts.clone(),
-            model: model.to_string(),
-        })
-    }
-}
-
-/// Counts a request against its model's bound until dropped.
-pub(super) struct QueueSlot {
-    counts: Arc<Mutex<HashMap<String, usize>>>,
-    model: String,
-}
-
-impl Drop for QueueSlot {
-    fn drop(&mut self) {
-        if let Ok(mut counts) = self.counts.lock() {
-            if let Some(n) = counts.get_mut(&self.model) {
-                *n = n.saturating_sub(1);
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_full_queue_answers_429_until_a_slot_is_let_go() -> Result<(), ApiError> {
-        let queues = Queues::new(2);
-        let first = queues.take("m")?;
-        let _second = queues.take("m")?;
-        let refused = queues.take("m").err().map(|e| e.status.as_u16());
-        assert_eq!(refused, Some(429));
-        // Another model has a queue of its own.
-        let _other = queues.take("n")?;
-        drop(first);
-        queues.take("m")?;
-        Ok(())
-    }
 }

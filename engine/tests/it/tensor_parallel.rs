@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use tessera_engine::dist::collectives::{Group, SingleRank, TcpRing};
+use tessera_engine::dist::shard::ShardSpec;
 use tessera_engine::model::{
     Architecture, ForwardOutput, LoadError, Matrix, ModelConfig, RopeScaling, StageInput,
     TensorSource, Transformer, Workspace,
@@ -17,7 +18,6 @@ use tessera_engine::model::{
 use tessera_engine::ops::RopeStyle;
 use tessera_engine::quant::QMatrix;
 use tessera_engine::threadpool::ThreadPool;
-use tessera_engine::dist::shard::ShardSpec;
 
 fn config() -> ModelConfig {
     ModelConfig {

@@ -7,11 +7,13 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use tessera_protos::v1::generation_chunk;
 
-use crate::api::answer::{named, pump, sse_channel, Begun};
+use crate::api::answer::{pump, Begun};
 use crate::api::anthropic;
+use crate::api::body::parse;
+use crate::api::context::Api;
 use crate::api::error::{ApiError, ErrorShape, Shaped};
 use crate::api::generation::chunk_error;
-use crate::api::{parse, Api};
+use crate::api::sse::{named, sse_channel};
 
 /// Anthropic's error shape.
 pub(in crate::api) struct Anthropic;

@@ -12,11 +12,12 @@ use serde_json::{json, Value};
 use tessera_protos::v1::{self, generation_chunk};
 
 use crate::api::answer::{pump, Begun};
+use crate::api::body::parse;
+use crate::api::context::{now_unix, Api};
 use crate::api::error::{ApiError, ErrorShape, Shaped};
 use crate::api::generation::chunk_error;
 use crate::api::ollama;
 use crate::api::ready::Target;
-use crate::api::{now_unix, parse, Api};
 
 /// Ollama's error shape.
 pub(in crate::api) struct Ollama;

@@ -13,11 +13,13 @@ use serde_json::{json, Value};
 use tessera_protos::v1::{self, generation_chunk};
 
 use super::{Answer, ChatRequest, ChunkWriter};
-use crate::api::answer::{data, pump, sse_channel, Begun, EventSender};
+use crate::api::answer::{pump, Begun};
+use crate::api::body::parse;
+use crate::api::context::{now_unix, Api};
 use crate::api::error::ApiError;
 use crate::api::generation::chunk_error;
 use crate::api::ready::{rank0_ready, Target};
-use crate::api::{now_unix, parse, Api};
+use crate::api::sse::{data, sse_channel, EventSender};
 
 pub(in crate::api) async fn chat_completions(
     State(api): State<Api>,

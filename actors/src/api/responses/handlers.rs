@@ -7,11 +7,13 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use tessera_protos::v1::generation_chunk;
 
-use crate::api::answer::{named, pump, sse_channel, Begun};
+use crate::api::answer::{pump, Begun};
+use crate::api::body::parse;
+use crate::api::context::{now_unix, Api};
 use crate::api::error::ApiError;
 use crate::api::generation::chunk_error;
 use crate::api::responses;
-use crate::api::{now_unix, parse, Api};
+use crate::api::sse::{named, sse_channel};
 
 pub(in crate::api) async fn responses(
     State(api): State<Api>,
