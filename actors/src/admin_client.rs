@@ -9,7 +9,7 @@
 //! one named in [`ConnectOptions::node`]); place, delete, add-model and
 //! download by the master.
 //!
-//! [`AdminClient::generate`] runs the API's own [`Generation`] (resend until
+//! [`AdminClient::generate`] runs the same [`Generation`] as the API (resend until
 //! the task appears, watch the instance, cancel on drop), fed the state by
 //! a small actor that asks the admin service for it.
 
@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use tessera_protos::v1::{self, generation_chunk};
 
-use crate::api::generation::Generation;
 use crate::bus::{Bus, BusError};
+use crate::generation::Generation;
 use crate::keys::{AdminMethod, KeyError, Keys};
 use crate::replica::StateView;
 
@@ -411,7 +411,7 @@ impl AdminClient {
             }),
             Err(error) => {
                 state.abort();
-                Err(AdminClientError::Generation(error.message))
+                Err(AdminClientError::Generation(error.to_string()))
             }
         }
     }
@@ -512,7 +512,7 @@ impl GenerationStream {
         loop {
             let kind = match self.generation.as_mut()?.next().await? {
                 Ok(kind) => kind,
-                Err(error) => return Some(Err(AdminClientError::Generation(error.message))),
+                Err(error) => return Some(Err(AdminClientError::Generation(error.to_string()))),
             };
             match kind {
                 generation_chunk::Kind::Token(token) => {

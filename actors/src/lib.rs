@@ -20,7 +20,8 @@
 //!   Downloads actor ([`downloads_actor`]), which runs [`downloads`] jobs
 //!   ([`gguf_split`]: a split GGUF's shards per stage, joined into one file).
 //! - [`admin`]: the admin service's error model, typed and on the wire.
-//! - [`api`]: the HTTP API (axum).
+//! - [`generation`]: one generation followed from its command to its last
+//!   chunk, for the HTTP API (crate `tessera-api`) and [`admin_client`].
 
 /// The longest one actor waits for another's answer: a stuck actor becomes
 /// an error where it is asked, never a hang.
@@ -28,7 +29,6 @@ pub const ACTOR_CALL_MS: u64 = 10_000;
 
 pub mod admin;
 pub mod admin_client;
-pub mod api;
 pub mod bus;
 pub mod catalogue;
 pub mod downloads;
@@ -37,6 +37,7 @@ pub mod election;
 pub mod election_actor;
 #[cfg(test)]
 mod failover_sim;
+pub mod generation;
 pub mod gguf_card;
 pub mod gguf_split;
 pub mod keys;

@@ -48,8 +48,6 @@ pub struct NodeOptions {
     /// Where to start looking for this node's slot of ring ports (`None`:
     /// a place picked from the node id; see [`claim_ring_slot`]).
     pub ring_port_base: Option<u16>,
-    /// The HTTP API, if served.
-    pub api: Option<crate::api::ApiOptions>,
     /// Where model files live.
     pub models: crate::downloads::ModelStore,
     /// Use local model files only: never reach the hub.
@@ -154,11 +152,10 @@ pub fn runner_endpoint(listen: &[String]) -> Result<(Vec<String>, String), NodeE
 /// A running node; dropping it does not stop it, [`RunningNode::shutdown`] does.
 pub struct RunningNode {
     pub node_id: String,
-    /// Where the HTTP API listens, if it is served.
-    pub api_address: Option<std::net::SocketAddr>,
     bus: Bus,
     replica: ActorRef<ReplicaMsg>,
     election: ActorRef<ElectionMsg>,
+    leadership: Leadership,
     worker: Option<ActorRef<WorkerMsg>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     _token: zenoh::liveliness::LivelinessToken,
@@ -221,6 +218,21 @@ impl RunningNode {
             .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(5)))
             .await;
         self.bus.close().await;
+    }
+
+    /// The node's typed zenoh session.
+    pub fn bus(&self) -> &Bus {
+        &self.bus
+    }
+
+    /// The replica: the log, and the state it publishes.
+    pub fn replica(&self) -> &ActorRef<ReplicaMsg> {
+        &self.replica
+    }
+
+    /// The master this node follows, as the election publishes it.
+    pub fn leadership(&self) -> &Leadership {
+        &self.leadership
     }
 
     /// Messages dropped as malformed or invalid so far.
@@ -387,35 +399,12 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
         .map_err(actor_error)?;
         worker = Some(actor);
     }
-    let mut api_address = None;
-    if let Some(mut api) = options.api.clone() {
-        api.cluster_dir = Some(
-            tessera_trust::ClusterDir::of(&options.data_dir)
-                .path()
-                .to_path_buf(),
-        );
-        let listen = api.listen;
-        let (address, task) = crate::api::serve(
-            api,
-            node_id.clone(),
-            bus.clone(),
-            replica.clone(),
-            leadership.clone(),
-        )
-        .await
-        .map_err(|source| NodeError::Io {
-            path: format!("the HTTP API address {listen}"),
-            source,
-        })?;
-        api_address = Some(address);
-        tasks.push(task);
-    }
     Ok(RunningNode {
-        api_address,
         node_id,
         bus,
         replica,
         election,
+        leadership,
         worker,
         tasks,
         _token: token,

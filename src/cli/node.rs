@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use tessera_actors::api::{ApiKeys, ApiOptions};
 use tessera_actors::node::{self, NodeOptions};
+use tessera_api::{ApiKeys, ApiOptions};
 
 #[derive(Debug, Args)]
 pub struct NodeArgs {
@@ -160,6 +160,22 @@ pub fn run(mut args: NodeArgs) -> anyhow::Result<()> {
     }
     let keys = api_keys(args.api_keys, &data_dir)?;
     let open_to_the_network = !args.no_api && keys.is_empty() && !args.api_host.is_loopback();
+    let api = (!args.no_api).then(|| {
+        let mut api = ApiOptions::new(std::net::SocketAddr::new(args.api_host, args.api_port));
+        api.auto_place = !args.no_auto_place;
+        api.cors_origins = args.cors_origin;
+        api.queue_limit = args.queue_limit.max(1);
+        api.preload = args.models.clone();
+        api.idle_timeout = std::time::Duration::from_secs(args.api_idle_timeout);
+        api.max_connections = usize::try_from(args.api_max_connections).unwrap_or(usize::MAX);
+        api.api_keys = keys;
+        api.cluster_dir = Some(
+            tessera_trust::ClusterDir::of(&data_dir)
+                .path()
+                .to_path_buf(),
+        );
+        api
+    });
     let options = NodeOptions {
         namespace: args.namespace,
         listen: args.listen,
@@ -174,17 +190,6 @@ pub fn run(mut args: NodeArgs) -> anyhow::Result<()> {
         data_dir,
         worker: !args.no_worker,
         ring_port_base: args.ring_port_base,
-        api: (!args.no_api).then(|| {
-            let mut api = ApiOptions::new(std::net::SocketAddr::new(args.api_host, args.api_port));
-            api.auto_place = !args.no_auto_place;
-            api.cors_origins = args.cors_origin;
-            api.queue_limit = args.queue_limit.max(1);
-            api.preload = args.models.clone();
-            api.idle_timeout = std::time::Duration::from_secs(args.api_idle_timeout);
-            api.max_connections = usize::try_from(args.api_max_connections).unwrap_or(usize::MAX);
-            api.api_keys = keys;
-            api
-        }),
         max_concurrent: args.max_concurrent,
         runner_threads: args
             .runner_threads
@@ -199,12 +204,22 @@ pub fn run(mut args: NodeArgs) -> anyhow::Result<()> {
         let running = node::start(options.clone())
             .await
             .with_context(|| format!("starting the node in {}", options.data_dir.display()))?;
+        let (api_address, api_task) = match api {
+            Some(api) => match serve_api(api, &running).await {
+                Ok((address, task)) => (Some(address), Some(task)),
+                Err(error) => {
+                    running.shutdown().await;
+                    return Err(error);
+                }
+            },
+            None => (None, None),
+        };
         // One line for scripts and tests: who this node is.
         println!(
             "{}",
             serde_json::json!({
                 "node_id": running.node_id,
-                "api": running.api_address.map(|a| a.to_string()),
+                "api": api_address.map(|a| a.to_string()),
                 "namespace": options.namespace,
                 "data_dir": options.data_dir,
             })
@@ -215,7 +230,7 @@ pub fn run(mut args: NodeArgs) -> anyhow::Result<()> {
             options.namespace,
             options.data_dir.display()
         );
-        if let Some(address) = running.api_address {
+        if let Some(address) = api_address {
             eprintln!("HTTP API on http://{address} (OpenAI-compatible: /v1/chat/completions)");
             eprintln!("dashboard on http://{address}/");
         }
@@ -228,9 +243,29 @@ pub fn run(mut args: NodeArgs) -> anyhow::Result<()> {
         }
         wait_for_signal().await?;
         eprintln!("stopping: flushing the event log");
+        if let Some(task) = api_task {
+            task.abort();
+        }
         running.shutdown().await;
         Ok(())
     })
+}
+
+/// Serves the HTTP API on a started node.
+async fn serve_api(
+    api: ApiOptions,
+    running: &node::RunningNode,
+) -> anyhow::Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listen = api.listen;
+    tessera_api::serve(
+        api,
+        running.node_id.clone(),
+        running.bus().clone(),
+        running.replica().clone(),
+        running.leadership().clone(),
+    )
+    .await
+    .with_context(|| format!("serving the HTTP API on {listen}"))
 }
 
 /// `--join TOKEN`: obtains this node's certificate (unless it has one),

@@ -7,16 +7,16 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use tessera_protos::v1::generation_chunk;
 
-use crate::api::answer::{pump, Begun};
-use crate::api::anthropic;
-use crate::api::body::parse;
-use crate::api::context::Api;
-use crate::api::error::{ApiError, ErrorShape, Shaped};
-use crate::api::generation::chunk_error;
-use crate::api::sse::{named, sse_channel};
+use crate::answer::{next_chunk, pump, Begun};
+use crate::anthropic;
+use crate::body::parse;
+use crate::context::Api;
+use crate::error::chunk_error;
+use crate::error::{ApiError, ErrorShape, Shaped};
+use crate::sse::{named, sse_channel};
 
 /// Anthropic's error shape.
-pub(in crate::api) struct Anthropic;
+pub(crate) struct Anthropic;
 
 impl ErrorShape for Anthropic {
     fn body(error: &ApiError) -> serde_json::Value {
@@ -26,7 +26,7 @@ impl ErrorShape for Anthropic {
 
 type AnthropicError = Shaped<Anthropic>;
 
-pub(in crate::api) async fn messages(
+pub(crate) async fn messages(
     State(api): State<Api>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, AnthropicError> {
@@ -44,7 +44,7 @@ pub(in crate::api) async fn messages(
             slot,
         } = begun;
         let mut chunks = vec![first];
-        while let Some(next) = generation.next().await {
+        while let Some(next) = next_chunk(&mut generation).await {
             match next? {
                 generation_chunk::Kind::Error(error) => return Err(chunk_error(&error).into()),
                 kind => chunks.push(kind),

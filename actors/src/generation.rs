@@ -19,7 +19,6 @@ use zenoh::handlers::FifoChannelHandler;
 use zenoh::pubsub::Subscriber;
 use zenoh::sample::{Sample, SampleKind};
 
-use super::error::ApiError;
 use crate::bus::Bus;
 use crate::replica::StateView;
 
@@ -34,6 +33,18 @@ const GONE_GRACE: Duration = Duration::from_millis(300);
 /// The error kind of a generation whose instance went away; the API
 /// answers 503 and, before any token was sent, tries again.
 pub const INSTANCE_LOST: &str = "instance_lost";
+
+/// Why a generation could not go on, before or between chunks (the
+/// cluster's own errors come as error chunks).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GenerationError {
+    /// The cluster could not take or answer it now: retrying may help.
+    #[error("{0}")]
+    Unavailable(String),
+    /// This node failed at its own part (a subscription, a key).
+    #[error("{0}")]
+    Internal(String),
+}
 
 type Liveliness = Subscriber<FifoChannelHandler<Sample>>;
 
@@ -75,16 +86,16 @@ impl Generation {
         instance_id: &str,
         params: v1::TextGenerationParams,
         timeout: Duration,
-    ) -> Result<Self, ApiError> {
+    ) -> Result<Self, GenerationError> {
         let command_id = uuid::Uuid::now_v7().to_string();
         let key = bus
             .keys
             .chunks(&command_id)
-            .map_err(|e| ApiError::internal(e.to_string()))?;
+            .map_err(|e| GenerationError::Internal(e.to_string()))?;
         let chunks = bus
             .subscribe(key)
             .await
-            .map_err(|e| ApiError::internal(format!("subscribing to chunks: {e}")))?;
+            .map_err(|e| GenerationError::Internal(format!("subscribing to chunks: {e}")))?;
         let command = Command {
             command_id: command_id.clone(),
             origin_node_id: node_id.to_string(),
@@ -96,7 +107,7 @@ impl Generation {
         tracing::debug!(command_id, "generation command sent");
         bus.put(&bus.keys.commands(), &command)
             .await
-            .map_err(|e| ApiError::unavailable(format!("sending the request: {e}")))?;
+            .map_err(|e| GenerationError::Unavailable(format!("sending the request: {e}")))?;
         Ok(Self {
             bus: bus.clone(),
             state: state.clone(),
@@ -120,7 +131,7 @@ impl Generation {
     }
 
     /// The next chunk; after a finish or an error chunk, `None`.
-    pub async fn next(&mut self) -> Option<Result<generation_chunk::Kind, ApiError>> {
+    pub async fn next(&mut self) -> Option<Result<generation_chunk::Kind, GenerationError>> {
         if self.done {
             return None;
         }
@@ -135,7 +146,7 @@ impl Generation {
             tokio::select! {
                 _ = tokio::time::sleep_until(deadline) => {
                     self.done = true;
-                    return Some(Err(ApiError::unavailable(format!(
+                    return Some(Err(GenerationError::Unavailable(format!(
                         "no answer from the instance within {:?}",
                         self.timeout
                     ))));
@@ -145,7 +156,7 @@ impl Generation {
                         Ok(sample) => sample,
                         Err(error) => {
                             self.done = true;
-                            return Some(Err(ApiError::internal(format!(
+                            return Some(Err(GenerationError::Internal(format!(
                                 "chunk stream closed: {error}"
                             ))));
                         }
@@ -312,15 +323,5 @@ impl Drop for Generation {
                 let _ = bus.put(&bus.keys.commands(), &command).await;
             });
         }
-    }
-}
-
-/// An error chunk as an HTTP error (before any answer was sent).
-pub fn chunk_error(error: &v1::ErrorChunk) -> ApiError {
-    match error.kind.as_str() {
-        "not_found" => ApiError::not_found("model_not_found", error.message.clone()),
-        "invalid_request" => ApiError::bad_request(error.message.clone()),
-        "cancelled" | INSTANCE_LOST => ApiError::unavailable(error.message.clone()),
-        _ => ApiError::internal(format!("{} ({})", error.message, error.kind)),
     }
 }

@@ -18,7 +18,7 @@ use tessera_protos::v1;
 use super::context::Api;
 use super::error::ApiError;
 use super::sse::{data, sse_channel};
-use crate::replica::ReplicaMsg;
+use tessera_actors::replica::ReplicaMsg;
 
 /// The most state messages a stream sends a second: a burst of events
 /// (a download's progress, a batch of tasks) becomes one message.
@@ -136,7 +136,7 @@ pub(super) async fn state_at(
     State(api): State<Api>,
     Query(query): Query<AtQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let view = call_t!(api.replica, ReplicaMsg::View, crate::ACTOR_CALL_MS)
+    let view = call_t!(api.replica, ReplicaMsg::View, tessera_actors::ACTOR_CALL_MS)
         .map_err(|e| ApiError::unavailable(format!("the node's log did not answer: {e}")))?;
     let index = query.index;
     let replayed = tokio::task::spawn_blocking(move || {

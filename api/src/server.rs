@@ -16,10 +16,10 @@ use super::context::{Api, Queues};
 use super::error::ApiError;
 use super::options::ApiOptions;
 use super::{anthropic, auth, cluster, dashboard, join, live, ollama, openai, responses};
-use crate::bus::Bus;
-use crate::election_actor::Leadership;
-use crate::replica::ReplicaMsg;
 use ractor::call_t;
+use tessera_actors::bus::Bus;
+use tessera_actors::election_actor::Leadership;
+use tessera_actors::replica::ReplicaMsg;
 
 /// Serves the API until the task is aborted; returns the bound address.
 pub async fn serve(
@@ -48,7 +48,7 @@ pub async fn serve(
     let max_body = options.max_body_bytes;
     let listener = tokio::net::TcpListener::bind(options.listen).await?;
     let address = listener.local_addr()?;
-    let state = call_t!(replica, ReplicaMsg::Watch, crate::ACTOR_CALL_MS)
+    let state = call_t!(replica, ReplicaMsg::Watch, tessera_actors::ACTOR_CALL_MS)
         .map_err(|e| std::io::Error::other(format!("watching the state: {e}")))?;
     let api = Api {
         node_id,
@@ -137,7 +137,7 @@ struct ConnectionLimits {
 /// exhaust the node's file descriptors).
 async fn accept_loop(listener: tokio::net::TcpListener, app: Router, limits: ConnectionLimits) {
     let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
-    let mut refusals = crate::throttle::Throttle::new(Duration::from_secs(5));
+    let mut refusals = tessera_actors::throttle::Throttle::new(Duration::from_secs(5));
     loop {
         let (tcp, peer) = match listener.accept().await {
             Ok(accepted) => accepted,

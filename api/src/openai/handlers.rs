@@ -13,15 +13,15 @@ use serde_json::{json, Value};
 use tessera_protos::v1::{self, generation_chunk};
 
 use super::{Answer, ChatRequest, ChunkWriter};
-use crate::api::answer::{pump, Begun};
-use crate::api::body::parse;
-use crate::api::context::{now_unix, Api};
-use crate::api::error::ApiError;
-use crate::api::generation::chunk_error;
-use crate::api::ready::{rank0_ready, Target};
-use crate::api::sse::{data, sse_channel, EventSender};
+use crate::answer::{next_chunk, pump, Begun};
+use crate::body::parse;
+use crate::context::{now_unix, Api};
+use crate::error::chunk_error;
+use crate::error::ApiError;
+use crate::ready::{rank0_ready, Target};
+use crate::sse::{data, sse_channel, EventSender};
 
-pub(in crate::api) async fn chat_completions(
+pub(crate) async fn chat_completions(
     State(api): State<Api>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -47,7 +47,7 @@ pub(in crate::api) async fn chat_completions(
                 generation_chunk::Kind::Error(error) => return Err(chunk_error(&error)),
                 kind => answer.push(&kind),
             }
-            chunk = generation.next().await;
+            chunk = next_chunk(&mut generation).await;
         }
         drop(slot);
         let logprobs = request.logprobs.unwrap_or(false);
@@ -122,9 +122,9 @@ async fn wait_with_progress(
     }
 }
 
-pub(in crate::api) async fn models(State(api): State<Api>) -> Result<Json<Value>, ApiError> {
+pub(crate) async fn models(State(api): State<Api>) -> Result<Json<Value>, ApiError> {
     let state = api.state().await?;
-    let mut cards: Vec<v1::ModelCard> = crate::catalogue::all(&state);
+    let mut cards: Vec<v1::ModelCard> = tessera_actors::catalogue::all(&state);
     for instance in state.instances.values() {
         if let Some(card) = &instance.model {
             if !cards.iter().any(|c| c.model_id == card.model_id) {
@@ -153,8 +153,8 @@ pub(in crate::api) async fn models(State(api): State<Api>) -> Result<Json<Value>
                 "context_length": card.context_length,
                 "instances": instances.len(),
                 "ready": ready,
-                "downloaded_on": crate::placement::downloaded_on(&state, &card.model_id),
-                "partly_downloaded_on": crate::placement::partly_on(&state, &card.model_id),
+                "downloaded_on": tessera_actors::placement::downloaded_on(&state, &card.model_id),
+                "partly_downloaded_on": tessera_actors::placement::partly_on(&state, &card.model_id),
             })
         })
         .collect();

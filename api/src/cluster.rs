@@ -21,9 +21,9 @@ use super::context::Api;
 use super::error::ApiError;
 use super::ready::rank0_ready;
 use super::sse::sse_channel;
-use crate::admin::AdminFailure;
-use crate::keys::AdminMethod;
-use crate::replica::ReplicaMsg;
+use tessera_actors::admin::AdminFailure;
+use tessera_actors::keys::AdminMethod;
+use tessera_actors::replica::ReplicaMsg;
 
 impl Api {
     /// Asks the admin service; a query no node answers (no master yet, an
@@ -39,7 +39,7 @@ impl Api {
         loop {
             match self.bus.query(&key, request, answer_within(method)).await {
                 Ok(reply) => return Ok(reply),
-                Err(crate::bus::BusError::NoReply { .. }) if Instant::now() < deadline => {
+                Err(tessera_actors::bus::BusError::NoReply { .. }) if Instant::now() < deadline => {
                     tracing::debug!(key, "no answer yet; asking again");
                 }
                 Err(error) => {
@@ -70,7 +70,7 @@ pub(super) async fn node_id(State(api): State<Api>) -> Json<Value> {
 /// that hold each model's files, as this node's state has it.
 pub(super) async fn models(State(api): State<Api>) -> Result<Json<Value>, ApiError> {
     let state = api.state().await?;
-    serde_json::to_value(crate::catalogue::listings(&state))
+    serde_json::to_value(tessera_actors::catalogue::listings(&state))
         .map(Json)
         .map_err(|e| ApiError::internal(e.to_string()))
 }
@@ -412,7 +412,7 @@ pub(super) async fn set_draft(
         };
         // This node's state may not hold the update yet.
         let report = (state.last_index >= reply.index)
-            .then(|| crate::plan::rank0_draft(&state, instance))
+            .then(|| tessera_actors::plan::rank0_draft(&state, instance))
             .flatten();
         match report {
             Some(Some(report)) if !report.error.is_empty() => {
@@ -460,7 +460,7 @@ pub(super) async fn events(State(api): State<Api>, Query(query): Query<EventsQue
                     to: u64::MAX,
                     reply
                 },
-                crate::ACTOR_CALL_MS
+                tessera_actors::ACTOR_CALL_MS
             )
             .unwrap_or_default();
             for mut event in events {

@@ -7,15 +7,15 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use tessera_protos::v1::generation_chunk;
 
-use crate::api::answer::{pump, Begun};
-use crate::api::body::parse;
-use crate::api::context::{now_unix, Api};
-use crate::api::error::ApiError;
-use crate::api::generation::chunk_error;
-use crate::api::responses;
-use crate::api::sse::{named, sse_channel};
+use crate::answer::{next_chunk, pump, Begun};
+use crate::body::parse;
+use crate::context::{now_unix, Api};
+use crate::error::chunk_error;
+use crate::error::ApiError;
+use crate::responses;
+use crate::sse::{named, sse_channel};
 
-pub(in crate::api) async fn responses(
+pub(crate) async fn responses(
     State(api): State<Api>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -45,7 +45,7 @@ pub(in crate::api) async fn responses(
                     writer.write(&kind);
                 }
             }
-            chunk = generation.next().await;
+            chunk = next_chunk(&mut generation).await;
         }
         return Err(ApiError::internal("the answer ended without a finish"));
     }

@@ -11,16 +11,16 @@ use axum::Json;
 use serde_json::{json, Value};
 use tessera_protos::v1::{self, generation_chunk};
 
-use crate::api::answer::{pump, Begun};
-use crate::api::body::parse;
-use crate::api::context::{now_unix, Api};
-use crate::api::error::{ApiError, ErrorShape, Shaped};
-use crate::api::generation::chunk_error;
-use crate::api::ollama;
-use crate::api::ready::Target;
+use crate::answer::{next_chunk, pump, Begun};
+use crate::body::parse;
+use crate::context::{now_unix, Api};
+use crate::error::chunk_error;
+use crate::error::{ApiError, ErrorShape, Shaped};
+use crate::ollama;
+use crate::ready::Target;
 
 /// Ollama's error shape.
-pub(in crate::api) struct Ollama;
+pub(crate) struct Ollama;
 
 impl ErrorShape for Ollama {
     fn body(error: &ApiError) -> Value {
@@ -30,13 +30,13 @@ impl ErrorShape for Ollama {
 
 type OllamaError = Shaped<Ollama>;
 
-pub(in crate::api) async fn version() -> Json<Value> {
+pub(crate) async fn version() -> Json<Value> {
     Json(json!({"version": env!("CARGO_PKG_VERSION")}))
 }
 
-pub(in crate::api) async fn tags(State(api): State<Api>) -> Result<Json<Value>, OllamaError> {
+pub(crate) async fn tags(State(api): State<Api>) -> Result<Json<Value>, OllamaError> {
     let state = api.state().await?;
-    let mut cards = crate::catalogue::all(&state);
+    let mut cards = tessera_actors::catalogue::all(&state);
     for card in state.instances.values().filter_map(|i| i.model.as_ref()) {
         if !cards.iter().any(|c| c.model_id == card.model_id) {
             cards.push(card.clone());
@@ -114,7 +114,7 @@ async fn ollama_answer(
                     }
                 }
             }
-            chunk = generation.next().await;
+            chunk = next_chunk(&mut generation).await;
         }
         return Err(ApiError::internal("the answer ended without a finish").into());
     }
@@ -148,7 +148,7 @@ async fn ollama_answer(
         .into_response())
 }
 
-pub(in crate::api) async fn chat(
+pub(crate) async fn chat(
     State(api): State<Api>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, OllamaError> {
@@ -160,7 +160,7 @@ pub(in crate::api) async fn chat(
     ollama_answer(api, model, stream, ollama::Shape::Chat, params, target).await
 }
 
-pub(in crate::api) async fn generate(
+pub(crate) async fn generate(
     State(api): State<Api>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, OllamaError> {

@@ -7,7 +7,7 @@ use tessera_protos::v1::{self, download_progress::State as Ds, runner_status::St
 
 use super::context::Api;
 use super::error::ApiError;
-use crate::keys::AdminMethod;
+use tessera_actors::keys::AdminMethod;
 
 /// What a request's `model` names.
 pub(super) struct Target {
@@ -121,8 +121,8 @@ impl Api {
                 context: card.context_length,
             });
         }
-        let Some(card) = crate::catalogue::placed_or_known(&state, model) else {
-            let known: Vec<String> = crate::catalogue::all(&state)
+        let Some(card) = tessera_actors::catalogue::placed_or_known(&state, model) else {
+            let known: Vec<String> = tessera_actors::catalogue::all(&state)
                 .into_iter()
                 .map(|c| c.model_id)
                 .collect();

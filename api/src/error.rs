@@ -10,9 +10,9 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
-use tessera_protos::v1::AdminErrorKind;
-
-use crate::admin::{self, AdminFailure};
+use tessera_actors::admin::{self, AdminFailure};
+use tessera_actors::generation::{GenerationError, INSTANCE_LOST};
+use tessera_protos::v1::{self, AdminErrorKind};
 
 /// The one mapping from the domain's error kind to the HTTP status.
 pub fn status_of(kind: AdminErrorKind) -> StatusCode {
@@ -180,6 +180,25 @@ fn respond(error: &ApiError, body: serde_json::Value) -> Response {
         }
     }
     response
+}
+
+/// An error chunk as an HTTP error (before any answer was sent).
+pub fn chunk_error(error: &v1::ErrorChunk) -> ApiError {
+    match error.kind.as_str() {
+        "not_found" => ApiError::not_found("model_not_found", error.message.clone()),
+        "invalid_request" => ApiError::bad_request(error.message.clone()),
+        "cancelled" | INSTANCE_LOST => ApiError::unavailable(error.message.clone()),
+        _ => ApiError::internal(format!("{} ({})", error.message, error.kind)),
+    }
+}
+
+impl From<GenerationError> for ApiError {
+    fn from(error: GenerationError) -> Self {
+        match error {
+            GenerationError::Unavailable(message) => ApiError::unavailable(message),
+            GenerationError::Internal(message) => ApiError::internal(message),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -11,9 +11,9 @@ use tessera_protos::v1;
 
 use super::error::ApiError;
 use super::options::ApiOptions;
-use crate::bus::Bus;
-use crate::election_actor::Leadership;
-use crate::replica::{ReplicaMsg, StateView};
+use tessera_actors::bus::Bus;
+use tessera_actors::election_actor::Leadership;
+use tessera_actors::replica::{ReplicaMsg, StateView};
 
 #[derive(Clone)]
 pub(super) struct Api {

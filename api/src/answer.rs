@@ -8,7 +8,9 @@ use tessera_protos::v1::{self, generation_chunk};
 
 use super::context::{Api, QueueSlot};
 use super::error::ApiError;
-use super::generation::{self, chunk_error, Generation};
+use tessera_actors::generation::{self, Generation};
+
+use super::error::chunk_error;
 use super::ready::{rank0_ready, Target};
 
 /// A generation under way: the first chunk is in hand, so errors before
@@ -45,7 +47,7 @@ impl Api {
                 self.options.chunk_timeout,
             )
             .await?;
-            let first = generation.next().await;
+            let first = next_chunk(&mut generation).await;
             tracing::debug!(command_id = generation.command_id, attempt, "first chunk");
             let first = match first {
                 Some(Ok(generation_chunk::Kind::Error(error))) => {
@@ -121,6 +123,13 @@ impl Api {
     }
 }
 
+/// The generation's next chunk, its failure as an HTTP error.
+pub(crate) async fn next_chunk(
+    generation: &mut Generation,
+) -> Option<Result<generation_chunk::Kind, ApiError>> {
+    Some(generation.next().await?.map_err(ApiError::from))
+}
+
 /// Sends what each chunk of a generation becomes (`render` maps a chunk,
 /// or an error, to the items to send) until the answer ends or the client
 /// leaves; dropping the generation then cancels it. False if the client
@@ -143,7 +152,7 @@ pub(super) async fn pump<T>(
             }
         }
         chunk = tokio::select! {
-            next = generation.next() => next,
+            next = next_chunk(&mut generation) => next,
             _ = tx.closed() => return false,
         };
     }

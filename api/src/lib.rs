@@ -40,7 +40,6 @@ mod context;
 mod dashboard;
 pub mod error;
 pub mod extension;
-pub(crate) mod generation;
 mod join;
 mod live;
 pub mod ollama;
