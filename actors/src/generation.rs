@@ -20,7 +20,7 @@ use zenoh::pubsub::Subscriber;
 use zenoh::sample::{Sample, SampleKind};
 
 use crate::bus::Bus;
-use crate::replica::StateView;
+use crate::cluster::replica::StateView;
 
 /// How often a generation looks at the state.
 const WATCH_EVERY: Duration = Duration::from_millis(200);

@@ -18,14 +18,14 @@ use tessera_state::{Journal, State};
 use zenoh::sample::SampleKind;
 
 use crate::admin::{self, decode_request, AdminFailure};
+use crate::bus::keys::{AdminMethod, KeyError, Keys};
 pub use crate::bus::zenoh_config;
 use crate::bus::{Asked, Bus, BusError, Signatures};
-use crate::election_actor::{ElectionActor, ElectionArgs, ElectionMsg, Leadership};
-use crate::keys::{AdminMethod, KeyError, Keys};
-use crate::local_events::LocalEvents;
-use crate::master::MasterMsg;
-use crate::placement;
-use crate::replica::{Replica, ReplicaArgs, ReplicaMsg};
+use crate::cluster::election::actor::{ElectionActor, ElectionArgs, ElectionMsg, Leadership};
+use crate::cluster::local_events::LocalEvents;
+use crate::cluster::master::MasterMsg;
+use crate::cluster::placement;
+use crate::cluster::replica::{Replica, ReplicaArgs, ReplicaMsg};
 use crate::worker::{Worker, WorkerArgs, WorkerMsg};
 
 /// How a node starts.
@@ -49,7 +49,7 @@ pub struct NodeOptions {
     /// a place picked from the node id; see [`claim_ring_slot`]).
     pub ring_port_base: Option<u16>,
     /// Where model files live.
-    pub models: crate::downloads::ModelStore,
+    pub models: crate::worker::downloads::ModelStore,
     /// Use local model files only: never reach the hub.
     pub offline: bool,
 }
@@ -175,9 +175,9 @@ pub struct RingSlot {
 /// that start at once rarely try the same slot), wrapping within
 /// [`placement::RING_PORTS`].
 pub fn claim_ring_slot(preferred: Option<u16>, node_id: &str) -> Result<RingSlot, NodeError> {
-    use crate::placement::{RING_PORTS, RING_SLOT};
+    use crate::cluster::placement::{RING_PORTS, RING_SLOT};
     let slots = (RING_PORTS.end - RING_PORTS.start) / RING_SLOT;
-    let picked = crate::placement::fnv1a(node_id.as_bytes());
+    let picked = crate::cluster::placement::fnv1a(node_id.as_bytes());
     let (first, from_slot) = match preferred {
         Some(base) => (Some(base), 0),
         None => (None, (picked % u64::from(slots)) as u16),
@@ -343,7 +343,7 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
             },
         )?))
     };
-    let downloader = Arc::new(crate::downloads::Downloader {
+    let downloader = Arc::new(crate::worker::downloads::Downloader {
         store: options.models.clone(),
         client,
         parallel: 4,
@@ -445,7 +445,7 @@ struct Router {
     election: ActorRef<ElectionMsg>,
     leadership: Leadership,
     /// Its hub client builds custom model cards (`add_model`).
-    downloader: Arc<crate::downloads::Downloader>,
+    downloader: Arc<crate::worker::downloads::Downloader>,
 }
 
 impl Router {
@@ -516,13 +516,13 @@ impl Router {
     async fn card_from_hub(
         &self,
         request: &v1::AddModelRequest,
-    ) -> Result<crate::gguf_card::BuiltCard, AdminFailure> {
+    ) -> Result<crate::catalogue::gguf_card::BuiltCard, AdminFailure> {
         let Some(client) = &self.downloader.client else {
             return Err(AdminFailure::Unavailable(
                 "the master node is offline (--offline): it cannot read the hub".into(),
             ));
         };
-        let choice = crate::gguf_card::Choice {
+        let choice = crate::catalogue::gguf_card::Choice {
             file: request.file.clone(),
             quant: request.quant.clone(),
         };
@@ -878,7 +878,7 @@ pub fn gather_node_info(data_dir: &Path) -> v1::NodeInfo {
         }
     }
     addresses.sort_by(|a, b| (a.kind, &a.ip).cmp(&(b.kind, &b.ip)));
-    let disk_available_bytes = crate::downloads::free_space(data_dir).unwrap_or(0);
+    let disk_available_bytes = crate::worker::downloads::free_space(data_dir).unwrap_or(0);
     v1::NodeInfo {
         hostname: System::host_name().unwrap_or_default(),
         os: System::name().unwrap_or_default(),

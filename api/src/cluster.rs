@@ -22,8 +22,8 @@ use super::error::ApiError;
 use super::ready::rank0_ready;
 use super::sse::sse_channel;
 use tessera_actors::admin::AdminFailure;
-use tessera_actors::keys::AdminMethod;
-use tessera_actors::replica::ReplicaMsg;
+use tessera_actors::bus::keys::AdminMethod;
+use tessera_actors::cluster::replica::ReplicaMsg;
 
 impl Api {
     /// Asks the admin service; a query no node answers (no master yet, an
@@ -412,7 +412,7 @@ pub(super) async fn set_draft(
         };
         // This node's state may not hold the update yet.
         let report = (state.last_index >= reply.index)
-            .then(|| tessera_actors::plan::rank0_draft(&state, instance))
+            .then(|| tessera_actors::worker::plan::rank0_draft(&state, instance))
             .flatten();
         match report {
             Some(Some(report)) if !report.error.is_empty() => {

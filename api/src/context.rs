@@ -12,8 +12,8 @@ use tessera_protos::v1;
 use super::error::ApiError;
 use super::options::ApiOptions;
 use tessera_actors::bus::Bus;
-use tessera_actors::election_actor::Leadership;
-use tessera_actors::replica::{ReplicaMsg, StateView};
+use tessera_actors::cluster::election::actor::Leadership;
+use tessera_actors::cluster::replica::{ReplicaMsg, StateView};
 
 #[derive(Clone)]
 pub(super) struct Api {

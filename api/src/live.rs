@@ -18,7 +18,7 @@ use tessera_protos::v1;
 use super::context::Api;
 use super::error::ApiError;
 use super::sse::{data, sse_channel};
-use tessera_actors::replica::ReplicaMsg;
+use tessera_actors::cluster::replica::ReplicaMsg;
 
 /// The most state messages a stream sends a second: a burst of events
 /// (a download's progress, a batch of tasks) becomes one message.

@@ -7,7 +7,7 @@ use tessera_protos::v1::{self, download_progress::State as Ds, runner_status::St
 
 use super::context::Api;
 use super::error::ApiError;
-use tessera_actors::keys::AdminMethod;
+use tessera_actors::bus::keys::AdminMethod;
 
 /// What a request's `model` names.
 pub(super) struct Target {

@@ -18,8 +18,8 @@ use super::options::ApiOptions;
 use super::{anthropic, auth, cluster, dashboard, join, live, ollama, openai, responses};
 use ractor::call_t;
 use tessera_actors::bus::Bus;
-use tessera_actors::election_actor::Leadership;
-use tessera_actors::replica::ReplicaMsg;
+use tessera_actors::cluster::election::actor::Leadership;
+use tessera_actors::cluster::replica::ReplicaMsg;
 
 /// Serves the API until the task is aborted; returns the bound address.
 pub async fn serve(

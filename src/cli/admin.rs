@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde::Serialize;
-use tessera_actors::admin_client::{
+use tessera_actors::admin::client::{
     AdminClient, ConnectOptions, GenerationEvent, GenerationStream,
 };
 use tessera_protos::v1;
@@ -508,7 +508,7 @@ async fn draft(client: &AdminClient, args: &DraftArgs, json: bool) -> anyhow::Re
             .ok_or_else(|| anyhow::anyhow!("instance {} went away", args.instance))?;
         // The node that answers may not hold the update yet.
         let report = (state.last_index >= reply.index)
-            .then(|| tessera_actors::plan::rank0_draft(&state, instance))
+            .then(|| tessera_actors::worker::plan::rank0_draft(&state, instance))
             .flatten();
         if let Some(report) = report {
             break Some(report);

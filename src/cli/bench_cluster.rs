@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Args;
 use serde::Serialize;
-use tessera_actors::admin_client::{AdminClient, ConnectOptions};
+use tessera_actors::admin::client::{AdminClient, ConnectOptions};
 use tessera_protos::v1::{self, command, event, Command, IndexedEvent};
 
 use super::stats;

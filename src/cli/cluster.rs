@@ -119,7 +119,7 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
                 bail!("revoking needs this machine's credentials of a secured cluster (--cluster-dir)");
             }
             let reply = super::support::client_runtime()?.block_on(async {
-                let client = tessera_actors::admin_client::AdminClient::connect(options).await?;
+                let client = tessera_actors::admin::client::AdminClient::connect(options).await?;
                 let reply = client.revoke(&name).await;
                 let _ = client.close().await;
                 anyhow::Ok(reply?)

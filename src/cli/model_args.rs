@@ -80,11 +80,11 @@ pub fn resolve_model(model: &str) -> anyhow::Result<PathBuf> {
         return Ok(as_path.to_path_buf());
     }
     let models = super::support::default_data_dir().join("models");
-    let hub_style = models.join(tessera_actors::downloads::folder_name(model));
+    let hub_style = models.join(tessera_actors::worker::downloads::folder_name(model));
     if model.contains('/') && !hub_style.is_dir() || model.ends_with(".gguf") {
         bail!("model path {model} does not exist");
     }
-    let folder = models.join(tessera_actors::downloads::folder_name(model));
+    let folder = models.join(tessera_actors::worker::downloads::folder_name(model));
     if !folder.is_dir() {
         bail!(
             "model `{model}` not found: it is not a path, and {} does not exist{}",

@@ -107,7 +107,7 @@ pub struct NodeArgs {
     pub queue_limit: usize,
     /// Generations an instance runs at once in one batch (written into
     /// each instance this node places as master, so the cluster agrees).
-    #[arg(long, default_value_t = tessera_actors::plan::DEFAULT_MAX_CONCURRENT,
+    #[arg(long, default_value_t = tessera_actors::worker::plan::DEFAULT_MAX_CONCURRENT,
           value_parser = clap::value_parser!(u32).range(1..=256))]
     pub max_concurrent: u32,
 }
@@ -181,7 +181,7 @@ pub fn run(mut args: NodeArgs) -> anyhow::Result<()> {
         listen: args.listen,
         connect: args.connect,
         multicast: !args.no_multicast,
-        models: tessera_actors::downloads::ModelStore::new(
+        models: tessera_actors::worker::downloads::ModelStore::new(
             data_dir.join("models"),
             args.models_dirs,
             args.staged_models_dirs,

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use anyhow::{anyhow, Context};
 use clap::Args;
-use tessera_actors::placement::shard_from_proto;
+use tessera_actors::cluster::placement::shard_from_proto;
 use tessera_actors::runner::engine::{EngineBackend, EngineSetup};
 use tessera_actors::runner::zenoh_link::ZenohLink;
 use tessera_actors::runner::{RunnerArgs as ActorArgs, RunnerExit, RunnerOutput};
@@ -173,7 +173,7 @@ fn engine_setup(args: &RunnerArgs) -> anyhow::Result<(EngineSetup, usize)> {
         ring_id: instance.instance_id.clone(),
         ring_security: ring_security(instance.ring_sealed)?,
         threads: args.threads,
-        max_concurrent: tessera_actors::plan::max_concurrent(&instance),
+        max_concurrent: tessera_actors::worker::plan::max_concurrent(&instance),
     };
     Ok((setup, world))
 }

@@ -239,7 +239,7 @@ fn a_split_gguf_repository_is_added_from_its_headers_and_placed_over_two_nodes()
     .unwrap_or_else(|| panic!("not ready:\n{}\n{}", first.log(), second.log()));
 
     // Each node holds the shards its stage needs, joined into one file.
-    let folder = tessera_actors::downloads::folder_name(&model_id);
+    let folder = tessera_actors::worker::downloads::folder_name(&model_id);
     let mut held = Vec::new();
     for rank in placed["ranks"].as_array().expect("ranks") {
         let node = [&first, &second]

@@ -326,7 +326,7 @@ fn a_joined_node_serves_a_tensor_instance_and_strangers_see_nothing() {
 /// Puts, with the credentials in `folder`, an event of the log in the name
 /// of `master` and a report in its name: both must be refused.
 fn forge(ns: &str, via: u16, folder: &Path, master: &str, who: &str) {
-    use tessera_actors::admin_client::{AdminClient, ConnectOptions};
+    use tessera_actors::admin::client::{AdminClient, ConnectOptions};
     use tessera_protos::v1;
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {

@@ -5,7 +5,7 @@ use std::net::TcpListener;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use tessera_actors::admin_client::{AdminClient, ConnectOptions};
+use tessera_actors::admin::client::{AdminClient, ConnectOptions};
 
 /// The `tessera` binary cargo built for these tests.
 pub const BIN: &str = env!("CARGO_BIN_EXE_tessera");

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tessera_engine::serve::GenerateRequest;
 use tessera_protos::v1::generation_chunk;
 
-use crate::runner_protocol::DraftOrder;
+use crate::worker::runner_protocol::DraftOrder;
 
 /// Loading progress is reported at most this often (it goes into the log).
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);

@@ -28,7 +28,7 @@ use tessera_engine::text::tokenizer::Tokenizer;
 use tessera_protos::v1::{self, generation_chunk};
 
 use super::backend::{Backend, BackendError, EngineEvent};
-use crate::runner_protocol::DraftOrder;
+use crate::worker::runner_protocol::DraftOrder;
 
 /// How long the ranks of an instance may take to all reach the ring.
 const CONNECT_WAIT: Duration = Duration::from_secs(60);

@@ -23,7 +23,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tessera_protos::v1::{self, generation_chunk, runner_status::State as Rs};
 use tokio::sync::oneshot;
 
-use crate::runner_protocol::{DraftOrder, Order};
+use crate::worker::runner_protocol::{DraftOrder, Order};
 use backend::{spawn_engine, Backend, BackendError, EngineCommand, EngineEvent, EngineHandle};
 
 /// The last status is put again this often until the node is heard from:

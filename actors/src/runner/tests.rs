@@ -96,7 +96,7 @@ impl Backend for FakeBackend {
 
     fn set_draft(
         &mut self,
-        draft: Option<&crate::runner_protocol::DraftOrder>,
+        draft: Option<&crate::worker::runner_protocol::DraftOrder>,
     ) -> Result<u64, BackendError> {
         self.calls.lock().expect("calls").push("set_draft");
         match draft {
@@ -498,7 +498,7 @@ async fn the_status_is_repeated_until_the_node_is_heard_from_and_a_lost_node_end
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rank_0_sets_a_draft_once_reports_it_and_a_refused_one_with_why() {
-    use crate::runner_protocol::DraftOrder;
+    use crate::worker::runner_protocol::DraftOrder;
     let mut h = start(0, 1, fake(3)).await;
     h.walk_to_ready().await;
     let order = |method: v1::DraftMethod, model: &str, tokens: u32| DraftOrder {

@@ -9,9 +9,9 @@ use ractor::ActorRef;
 use tessera_protos::v1;
 
 use super::{RunnerMsg, RunnerOutput};
+use crate::bus::keys::{KeyError, Keys};
 use crate::bus::{Author, Bus, Signatures};
-use crate::keys::{KeyError, Keys};
-use crate::runner_protocol::order_from_task;
+use crate::worker::runner_protocol::order_from_task;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {

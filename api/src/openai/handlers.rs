@@ -153,8 +153,8 @@ pub(crate) async fn models(State(api): State<Api>) -> Result<Json<Value>, ApiErr
                 "context_length": card.context_length,
                 "instances": instances.len(),
                 "ready": ready,
-                "downloaded_on": tessera_actors::placement::downloaded_on(&state, &card.model_id),
-                "partly_downloaded_on": tessera_actors::placement::partly_on(&state, &card.model_id),
+                "downloaded_on": tessera_actors::cluster::placement::downloaded_on(&state, &card.model_id),
+                "partly_downloaded_on": tessera_actors::cluster::placement::partly_on(&state, &card.model_id),
             })
         })
         .collect();

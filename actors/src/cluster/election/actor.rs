@@ -1,4 +1,4 @@
-//! The Election actor: runs [`crate::election::Election`] over zenoh. When
+//! The Election actor: runs [`crate::cluster::election::Election`] over zenoh. When
 //! this node wins it starts a Master; when another node leads it points the
 //! Replica at that master (and stops a Master of its own, if any).
 
@@ -11,9 +11,9 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tessera_protos::v1::{election_message, ElectionMessage};
 
 use crate::bus::Bus;
-use crate::election::{Credentials, Election, Output};
-use crate::master::{Master, MasterArgs, MasterMsg};
-use crate::replica::ReplicaMsg;
+use crate::cluster::election::{Credentials, Election, Output};
+use crate::cluster::master::{Master, MasterArgs, MasterMsg};
+use crate::cluster::replica::ReplicaMsg;
 
 /// Which node leads, shared with the router tasks and the admin service.
 #[derive(Clone, Default)]
@@ -90,7 +90,7 @@ pub struct ElectionState {
 /// (a loaded machine); their victories settle it within one exchange, and
 /// only the node still leading afterwards starts indexing, so the log never
 /// gets two events at one index.
-const SETTLE_MS: u64 = crate::election::HEARTBEAT_MS;
+const SETTLE_MS: u64 = crate::cluster::election::HEARTBEAT_MS;
 
 impl ElectionState {
     fn now_ms(&self) -> u64 {

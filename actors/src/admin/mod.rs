@@ -3,6 +3,8 @@
 //! catalogue) and as `AdminError` on the wire, where both the kind's code
 //! and its old string are filled.
 
+pub mod client;
+
 use tessera_protos::v1::{self, AdminErrorKind};
 
 /// Why an admin request was refused; the message says it to a person.

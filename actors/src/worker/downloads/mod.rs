@@ -12,6 +12,9 @@
 //! progress at most once a second; a split GGUF's shards are then joined
 //! into the one file a runner loads.
 
+pub mod actor;
+pub mod gguf_split;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -23,7 +26,7 @@ use tessera_hub::weights::{self, Stage, INDEX_FILE, SINGLE_FILE, SUPPORT_FILES};
 use tessera_hub::{CancellationToken, FileProgress, HubClient, RepoFile, RepoListing};
 use tessera_protos::v1::{self, download_progress::State as Ds};
 
-use crate::gguf_split::{
+use crate::worker::downloads::gguf_split::{
     index_shards, joined_name, read_index, shards_for, split_shards, IndexedShard, JoinJob,
 };
 

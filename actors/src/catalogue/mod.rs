@@ -1,6 +1,8 @@
 //! The model cards this build knows (`resources/model_cards/*.toml`,
 //! compiled in), as the wire type placement uses.
 
+pub mod gguf_card;
+
 use serde::Deserialize;
 use tessera_engine::model::llama::served_context;
 use tessera_engine::model::Architecture;
@@ -10,20 +12,20 @@ use crate::admin::AdminFailure;
 
 /// Every card shipped in `resources/model_cards/`.
 const CARDS: &[&str] = &[
-    include_str!("../../resources/model_cards/smollm2-135m-instruct-q4_1.toml"),
-    include_str!("../../resources/model_cards/smollm2-1.7b-instruct.toml"),
-    include_str!("../../resources/model_cards/qwen2.5-0.5b-instruct.toml"),
-    include_str!("../../resources/model_cards/qwen3-0.6b.toml"),
-    include_str!("../../resources/model_cards/llama-3.1-8b-instruct.toml"),
-    include_str!("../../resources/model_cards/qwen2.5-7b-instruct.toml"),
-    include_str!("../../resources/model_cards/qwen3-8b.toml"),
-    include_str!("../../resources/model_cards/mistral-7b-instruct-v0.3.toml"),
-    include_str!("../../resources/model_cards/phi-3.5-mini-instruct-q4_k_m.toml"),
-    include_str!("../../resources/model_cards/gemma-3-12b-it-q4_k_m.toml"),
-    include_str!("../../resources/model_cards/qwen3-30b-a3b-q4_k_m.toml"),
-    include_str!("../../resources/model_cards/qwen3-30b-a3b-q8_0.toml"),
-    include_str!("../../resources/model_cards/mixtral-8x7b-instruct-v0.1-q8_0.toml"),
-    include_str!("../../resources/model_cards/qwen3.5-35b-a3b.toml"),
+    include_str!("../../../resources/model_cards/smollm2-135m-instruct-q4_1.toml"),
+    include_str!("../../../resources/model_cards/smollm2-1.7b-instruct.toml"),
+    include_str!("../../../resources/model_cards/qwen2.5-0.5b-instruct.toml"),
+    include_str!("../../../resources/model_cards/qwen3-0.6b.toml"),
+    include_str!("../../../resources/model_cards/llama-3.1-8b-instruct.toml"),
+    include_str!("../../../resources/model_cards/qwen2.5-7b-instruct.toml"),
+    include_str!("../../../resources/model_cards/qwen3-8b.toml"),
+    include_str!("../../../resources/model_cards/mistral-7b-instruct-v0.3.toml"),
+    include_str!("../../../resources/model_cards/phi-3.5-mini-instruct-q4_k_m.toml"),
+    include_str!("../../../resources/model_cards/gemma-3-12b-it-q4_k_m.toml"),
+    include_str!("../../../resources/model_cards/qwen3-30b-a3b-q4_k_m.toml"),
+    include_str!("../../../resources/model_cards/qwen3-30b-a3b-q8_0.toml"),
+    include_str!("../../../resources/model_cards/mixtral-8x7b-instruct-v0.1-q8_0.toml"),
+    include_str!("../../../resources/model_cards/qwen3.5-35b-a3b.toml"),
 ];
 
 #[derive(Deserialize)]
@@ -79,11 +81,11 @@ pub enum CardError {
     Hub(#[from] tessera_hub::HubError),
 }
 
-impl From<crate::gguf_card::GgufCardError> for CardError {
-    fn from(error: crate::gguf_card::GgufCardError) -> Self {
+impl From<crate::catalogue::gguf_card::GgufCardError> for CardError {
+    fn from(error: crate::catalogue::gguf_card::GgufCardError) -> Self {
         match error {
-            crate::gguf_card::GgufCardError::Invalid(message) => Self::Invalid(message),
-            crate::gguf_card::GgufCardError::Hub(error) => Self::Hub(error),
+            crate::catalogue::gguf_card::GgufCardError::Invalid(message) => Self::Invalid(message),
+            crate::catalogue::gguf_card::GgufCardError::Hub(error) => Self::Hub(error),
         }
     }
 }
@@ -206,8 +208,8 @@ pub fn listings(state: &v1::ClusterState) -> v1::ListModelsReply {
     let models = all(state)
         .into_iter()
         .map(|card| v1::ModelListing {
-            downloaded_on: crate::placement::downloaded_on(state, &card.model_id),
-            partly_on: crate::placement::partly_on(state, &card.model_id),
+            downloaded_on: crate::cluster::placement::downloaded_on(state, &card.model_id),
+            partly_on: crate::cluster::placement::partly_on(state, &card.model_id),
             card: Some(card),
         })
         .collect();
@@ -220,14 +222,14 @@ pub fn listings(state: &v1::ClusterState) -> v1::ListModelsReply {
 /// Builds a card from a hub repository. A safetensors one: from its
 /// `config.json` and file listing, the model id its name (`OWNER/NAME`).
 /// A GGUF one (or any, when `choice` names a file or a quantization): from
-/// the headers of the chosen file ([`crate::gguf_card`]), the model id
+/// the headers of the chosen file ([`crate::catalogue::gguf_card`]), the model id
 /// `OWNER/NAME:QUANT`.
 pub async fn card_from_hub(
     client: &tessera_hub::HubClient,
     repo: &str,
     revision: &str,
-    choice: &crate::gguf_card::Choice,
-) -> Result<crate::gguf_card::BuiltCard, CardError> {
+    choice: &crate::catalogue::gguf_card::Choice,
+) -> Result<crate::catalogue::gguf_card::BuiltCard, CardError> {
     let revision = if revision.is_empty() {
         "main"
     } else {
@@ -241,7 +243,7 @@ pub async fn card_from_hub(
     let gguf = listing.files.iter().any(|f| f.path.ends_with(".gguf"));
     let chosen = !choice.file.is_empty() || !choice.quant.is_empty();
     if gguf && (chosen || !safetensors) {
-        return Ok(crate::gguf_card::card_from_hub(client, &listing, choice).await?);
+        return Ok(crate::catalogue::gguf_card::card_from_hub(client, &listing, choice).await?);
     }
     if chosen {
         return Err(CardError::Invalid(format!(
@@ -259,7 +261,7 @@ pub async fn card_from_hub(
     let config = client
         .fetch_small(repo, &listing.commit, "config.json")
         .await?;
-    Ok(crate::gguf_card::BuiltCard {
+    Ok(crate::catalogue::gguf_card::BuiltCard {
         card: card_from_config(repo, &listing, &config)?,
         bytes_fetched: config.len() as u64,
     })

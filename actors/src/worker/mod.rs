@@ -1,4 +1,4 @@
-//! The Worker actor: asks the pure [`plan`] for its next step and takes it.
+//! The Worker actor: asks the pure [`plan`](mod@plan) for its next step and takes it.
 //! Each runner is a `tessera runner` child process owned by its
 //! [`RunnerSupervisor`], a linked child of this actor: the worker hands it
 //! the orders (`Task`s for `runner/{id}/tasks`) and the statuses that arrive
@@ -6,7 +6,12 @@
 //! of a task and the end of its child. A runner that failed is started
 //! again, once its failure is in the log, after a [`Backoff`].
 //!
-//! [`RunnerSupervisor`]: crate::runner_supervisor::RunnerSupervisor
+//! [`RunnerSupervisor`]: crate::worker::runner_supervisor::RunnerSupervisor
+
+pub mod downloads;
+pub mod plan;
+pub mod runner_protocol;
+pub mod runner_supervisor;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -17,13 +22,13 @@ use ractor::{call_t, Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tessera_protos::v1::{self, event, runner_status::State as Rs};
 
 use crate::bus::{Bus, RouteGuard};
-use crate::downloads::{Downloader, Outcome};
-use crate::downloads_actor::{DownloadEnded, DownloadsActor, DownloadsArgs, DownloadsMsg};
-use crate::local_events::LocalEvents;
-use crate::plan::{plan, Downloads, LocalDownload, LocalRunner, Part, Phase, Step};
-use crate::replica::{ReplicaMsg, StateView};
-use crate::runner_protocol::task_for_step;
-use crate::runner_supervisor::{
+use crate::cluster::local_events::LocalEvents;
+use crate::cluster::replica::{ReplicaMsg, StateView};
+use crate::worker::downloads::actor::{DownloadEnded, DownloadsActor, DownloadsArgs, DownloadsMsg};
+use crate::worker::downloads::{Downloader, Outcome};
+use crate::worker::plan::{plan, Downloads, LocalDownload, LocalRunner, Part, Phase, Step};
+use crate::worker::runner_protocol::task_for_step;
+use crate::worker::runner_supervisor::{
     Backoff, RunnerCommand, RunnerReport, RunnerSupervisor, SupervisorArgs, SupervisorMsg,
     SHUTDOWN_GRACE,
 };

@@ -16,8 +16,8 @@ use tessera_protos::v1::{
 
 use crate::admin::AdminFailure;
 use crate::bus::Bus;
-use crate::placement::{self, NodeCapacity, PlacementRequest};
-use crate::replica::ReplicaMsg;
+use crate::cluster::placement::{self, NodeCapacity, PlacementRequest};
+use crate::cluster::replica::ReplicaMsg;
 
 pub enum MasterMsg {
     Command(Command),
@@ -636,7 +636,7 @@ fn instance_id_for(model_id: &str, command_id: &str) -> String {
     let hash = placement::fnv1a(command_id.as_bytes());
     format!(
         "{}-{:08x}",
-        crate::downloads::folder_name(model_id),
+        crate::worker::downloads::folder_name(model_id),
         hash as u32
     )
 }

@@ -20,10 +20,12 @@
 //!   wakes), the smaller node id stays and the other steps down: the rule
 //!   compares what never changes, so both always reach the same verdict.
 //!   The node that steps down drops the events it wrote as master when it
-//!   follows ([`crate::log_sync`]).
+//!   follows ([`crate::cluster::log_sync`]).
 //! - Input is checked: messages from nodes without a liveliness token (not
 //!   members) are ignored, and a campaign may raise the clock by one only,
 //!   as the rules do; a forged or runaway clock cannot force a round.
+
+pub mod actor;
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};

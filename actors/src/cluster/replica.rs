@@ -2,7 +2,7 @@
 //! persists each event before applying it, strictly in index order, buffers
 //! what arrives early and fills gaps from the master's event-log queryable.
 //! After a change of master it first brings its log into agreement with the
-//! new master's ([`crate::log_sync`]): a tail that a losing master wrote is
+//! new master's ([`crate::cluster::log_sync`]): a tail that a losing master wrote is
 //! dropped before anything of the new master's is taken.
 
 use std::collections::BTreeMap;
@@ -16,13 +16,13 @@ use tessera_state::Journal;
 use tokio::sync::watch;
 
 use crate::bus::Bus;
-use crate::log_sync::{LocalLog, LogSync};
+use crate::cluster::log_sync::{LocalLog, LogSync};
 use crate::throttle::Throttle;
 
 /// At most this many early events are held while a gap is filled.
 const MAX_BUFFERED: usize = 10_000;
 /// Catch-up replies are capped at this many events; ask again for more.
-pub const MAX_RANGE: u64 = crate::log_sync::MAX_PROBE;
+pub const MAX_RANGE: u64 = crate::cluster::log_sync::MAX_PROBE;
 
 pub enum ReplicaMsg {
     /// An indexed event published by the master.

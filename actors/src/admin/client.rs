@@ -18,10 +18,10 @@ use std::time::Duration;
 
 use tessera_protos::v1::{self, generation_chunk};
 
+use crate::bus::keys::{AdminMethod, KeyError, Keys};
 use crate::bus::{Bus, BusError};
+use crate::cluster::replica::StateView;
 use crate::generation::Generation;
-use crate::keys::{AdminMethod, KeyError, Keys};
-use crate::replica::StateView;
 
 /// What the generation watch waits for the state at most.
 const STATE_FOR_WATCH: Duration = Duration::from_millis(800);

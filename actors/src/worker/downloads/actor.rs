@@ -5,7 +5,7 @@
 //! The worker decides and this actor does, as with runners: the decision
 //! stays one pure function over one state.
 //!
-//! [`plan`]: crate::plan::plan
+//! [`plan`]: crate::worker::plan::plan
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,8 +14,8 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, DerivedActorRef};
 use tessera_hub::CancellationToken;
 use tessera_protos::v1::{self, download_progress::State as Ds, event};
 
-use crate::downloads::{Downloader, Outcome};
-use crate::local_events::LocalEvents;
+use crate::cluster::local_events::LocalEvents;
+use crate::worker::downloads::{Downloader, Outcome};
 
 /// A job's end, as the actor that asked for it is told.
 #[derive(Debug)]

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use tessera_protos::v1::{self, task::Kind};
 
-use crate::plan::Step;
+use crate::worker::plan::Step;
 
 /// Rank 0's speculative decoding, as the runner is told it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -84,7 +84,7 @@ pub fn task_for_step(step: &Step, generation: Option<&v1::Task>) -> Option<v1::T
         // The worker adds the draft model's path, which it knows.
         Step::SetDraft { runner_id, draft } => bare(Kind::SetDraft(v1::SetDraftTask {
             runner_id: runner_id.clone(),
-            draft: draft.as_ref().map(crate::plan::Draft::to_proto),
+            draft: draft.as_ref().map(crate::worker::plan::Draft::to_proto),
             draft_path: String::new(),
         })),
     })
@@ -228,7 +228,7 @@ mod tests {
     fn a_draft_step_becomes_a_set_draft_order_with_the_path_the_worker_adds() {
         let step = Step::SetDraft {
             runner_id: "r".into(),
-            draft: Some(crate::plan::Draft {
+            draft: Some(crate::worker::plan::Draft {
                 method: v1::DraftMethod::DraftModel,
                 model_id: "small".into(),
                 tokens: 5,

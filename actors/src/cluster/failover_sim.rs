@@ -10,8 +10,8 @@ use tessera_protos::v1::{
     event, ElectionMessage, Event, EventLogReply, IndexedEvent, NodeTimedOut, SessionId,
 };
 
-use crate::election::{Credentials, Election, Output, Role, HEARTBEAT_MS};
-use crate::log_sync::LogSync;
+use crate::cluster::election::{Credentials, Election, Output, Role, HEARTBEAT_MS};
+use crate::cluster::log_sync::LogSync;
 
 const TICK_MS: u64 = 10;
 
@@ -296,7 +296,7 @@ impl Sim {
         let Some(session) = self.nodes[m].writing_session(self.now) else {
             return;
         };
-        let reply = crate::log_sync::reply_from(&self.nodes[m].log, asked_from, session);
+        let reply = crate::cluster::log_sync::reply_from(&self.nodes[m].log, asked_from, session);
         self.nodes[i].catching_up = true;
         let at = self.now + 5 + self.rng.below(40);
         self.nodes[i]

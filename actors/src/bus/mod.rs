@@ -2,6 +2,8 @@
 //! messages in. A payload that does not decode is dropped, counted and
 //! logged; it never reaches an actor.
 
+pub mod keys;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +17,7 @@ use zenoh::liveliness::LivelinessToken;
 use zenoh::pubsub::Subscriber;
 use zenoh::sample::Sample;
 
-use crate::keys::Keys;
+use crate::bus::keys::Keys;
 
 /// Why a publication or a query failed.
 #[derive(Debug, thiserror::Error)]

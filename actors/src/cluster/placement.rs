@@ -103,10 +103,9 @@ pub fn files_held(progress: &v1::DownloadProgress) -> Option<bool> {
     );
     completed.then(|| {
         progress.shards.is_empty()
-            || progress
-                .shards
-                .iter()
-                .any(|shard| crate::plan::Part::of(Some(shard)) == crate::plan::Part::Whole)
+            || progress.shards.iter().any(|shard| {
+                crate::worker::plan::Part::of(Some(shard)) == crate::worker::plan::Part::Whole
+            })
     })
 }
 
@@ -712,10 +711,10 @@ mod tests {
     fn shipped_card(id: &str) -> ModelCard {
         let text = match id {
             "qwen3-30b-a3b-q4_k_m" => {
-                include_str!("../../resources/model_cards/qwen3-30b-a3b-q4_k_m.toml")
+                include_str!("../../../resources/model_cards/qwen3-30b-a3b-q4_k_m.toml")
             }
             "mixtral-8x7b-instruct-v0.1-q8_0" => {
-                include_str!("../../resources/model_cards/mixtral-8x7b-instruct-v0.1-q8_0.toml")
+                include_str!("../../../resources/model_cards/mixtral-8x7b-instruct-v0.1-q8_0.toml")
             }
             other => panic!("no card {other} in these tests"),
         };

@@ -222,7 +222,7 @@ mod tests {
     use prost::Message;
 
     use super::*;
-    use crate::keys::Keys;
+    use crate::bus::keys::Keys;
 
     /// A session of its own that reaches no one (no listening, no
     /// scouting), whose subscriber hears its own puts.

@@ -22,7 +22,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::oneshot;
 
 use crate::bus::Bus;
-use crate::local_events::LocalEvents;
+use crate::cluster::local_events::LocalEvents;
 
 /// Lines of a runner's stderr kept for the diagnostics of its failure.
 const STDERR_TAIL: usize = 20;
@@ -385,7 +385,7 @@ mod tests {
     use tokio::sync::mpsc;
 
     use super::*;
-    use crate::keys::Keys;
+    use crate::bus::keys::Keys;
 
     #[test]
     fn the_backoff_doubles_to_a_ceiling_and_is_forgotten_after_a_clean_stop() {
