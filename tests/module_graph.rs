@@ -11,6 +11,9 @@
 //! re-exported item uses the file that defines it). A parent's `mod child;`
 //! is not a use; a path that starts with a child module's name is.
 
+// Test code: an unwrap or expect that fails is a failed test, with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 

@@ -24,7 +24,6 @@
 //! - [`serve`]: requests in, tokens out: the executor of one rank's steps,
 //!   the sampler, speculative decoding, continuous batching, and a
 //!   one-request [`serve::Session`].
-//! - `hf_export`, `testing`: support for tests (hidden from the docs).
 //!
 //! # Invariants
 //! - **The engine knows nothing of actors, zenoh or HTTP**: no dependency on
@@ -34,15 +33,11 @@
 
 pub mod dist;
 pub mod formats;
-#[doc(hidden)]
-pub mod hf_export;
 pub mod logits;
 pub mod memory;
 pub mod model;
 pub mod ops;
 pub mod quant;
 pub mod serve;
-#[doc(hidden)]
-pub mod testing;
 pub mod text;
 pub mod threadpool;

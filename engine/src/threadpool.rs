@@ -217,6 +217,7 @@ pub struct DisjointSlice<T> {
 
 // SAFETY: access is only through `part`, whose contract forbids overlap.
 unsafe impl<T: Send> Send for DisjointSlice<T> {}
+// SAFETY: as for Send: threads sharing it write disjoint parts only.
 unsafe impl<T: Send> Sync for DisjointSlice<T> {}
 
 impl<T> DisjointSlice<T> {

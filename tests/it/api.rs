@@ -26,13 +26,11 @@ pub(crate) struct Node {
 
 impl Node {
     pub(crate) fn start(dir: &Path, extra: &[&str]) -> Node {
-        let models = dir
-            .join("models")
-            .join(tessera_engine::testing::DEFAULT_MODEL_DIR);
+        let models = dir.join("models").join(tessera_testkit::DEFAULT_MODEL_DIR);
         std::fs::create_dir_all(&models).expect("models dir");
         std::os::unix::fs::symlink(
-            tessera_engine::testing::default_model_path(),
-            models.join(tessera_engine::testing::DEFAULT_MODEL_FILE),
+            tessera_testkit::default_model_path(),
+            models.join(tessera_testkit::DEFAULT_MODEL_FILE),
         )
         .expect("link the model");
         let log = dir.with_extension("log");
@@ -119,7 +117,7 @@ fn greedy(prompt: &str, max_tokens: u32) -> String {
         .args(["generate", "--chat", prompt, "--json"])
         .args(["--max-tokens", &max_tokens.to_string()])
         .arg("--model")
-        .arg(tessera_engine::testing::default_model_path())
+        .arg(tessera_testkit::default_model_path())
         .output()
         .expect("generate runs");
     assert!(out.status.success());

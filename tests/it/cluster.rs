@@ -118,13 +118,11 @@ impl Drop for Node {
 /// Gives a node's data dir the default model, as `tessera node` would find
 /// it after a download.
 pub(crate) fn with_model(dir: &Path) -> &Path {
-    let models = dir
-        .join("models")
-        .join(tessera_engine::testing::DEFAULT_MODEL_DIR);
+    let models = dir.join("models").join(tessera_testkit::DEFAULT_MODEL_DIR);
     std::fs::create_dir_all(&models).expect("models dir");
     std::os::unix::fs::symlink(
-        tessera_engine::testing::default_model_path(),
-        models.join(tessera_engine::testing::DEFAULT_MODEL_FILE),
+        tessera_testkit::default_model_path(),
+        models.join(tessera_testkit::DEFAULT_MODEL_FILE),
     )
     .expect("link the model");
     dir
@@ -676,7 +674,7 @@ pub(crate) fn admin_generate(
 
 #[test]
 fn placed_instances_reach_ready_and_generate_what_one_machine_does() {
-    let model = tessera_engine::testing::default_model_path();
+    let model = tessera_testkit::default_model_path();
     let root = tempfile::tempdir().expect("temp dir");
     let ns = "generate-test";
     let ports: Vec<u16> = (0..2).map(|_| free_port()).collect();
@@ -749,8 +747,8 @@ impl LocalHub {
         let dir = root.join(repo);
         std::fs::create_dir_all(&dir).expect("repo");
         std::os::unix::fs::symlink(
-            tessera_engine::testing::default_model_path(),
-            dir.join(tessera_engine::testing::DEFAULT_MODEL_FILE),
+            tessera_testkit::default_model_path(),
+            dir.join(tessera_testkit::DEFAULT_MODEL_FILE),
         )
         .expect("link");
         LocalHub::start(root)
@@ -855,8 +853,8 @@ fn placing_the_default_model_downloads_it_from_the_hub_first() {
     .unwrap_or_else(|| panic!("not ready:\n{}", node.log()));
     eprintln!("place -> Ready through a download: {took:?}");
     let model = "smollm2-135m-instruct-q4_1";
-    let file = tessera_engine::testing::DEFAULT_MODEL_FILE;
-    let size = std::fs::metadata(tessera_engine::testing::default_model_path())
+    let file = tessera_testkit::DEFAULT_MODEL_FILE;
+    let size = std::fs::metadata(tessera_testkit::default_model_path())
         .expect("model")
         .len();
     let downloaded = node.dir.join("models").join(model).join(file);
@@ -1016,11 +1014,11 @@ fn placing_the_default_model_downloads_it_from_the_hub_first() {
 /// (from the index), an interrupted file resumes, and both reach Ready.
 #[test]
 fn a_pipeline_instance_downloads_only_each_nodes_files() {
-    use tessera_engine::hf_export::{export_llama_gguf, ExportDType};
+    use tessera_testkit::hf_export::{export_llama_gguf, ExportDType};
     let tmp = tempfile::tempdir().expect("tempdir");
     let repo_name = "acme/smollm2-st";
     let repo = tmp.path().join("hub").join(repo_name);
-    let gguf = tessera_engine::testing::default_model_path();
+    let gguf = tessera_testkit::default_model_path();
     export_llama_gguf(&gguf, &repo, ExportDType::BF16, 4).expect("export");
     let quantized = tessera_engine::serve::LoadedModel::load(&gguf, |_, _| {}).expect("gguf loads");
     std::fs::write(

@@ -739,12 +739,10 @@ fn an_instance_whose_runners_keep_failing_is_given_up_and_its_requests_fail_fast
     // The model's file, whole in size but with a broken header: every
     // runner fails to load it.
     let dir = root.path().join("a");
-    let models = dir
-        .join("models")
-        .join(tessera_engine::testing::DEFAULT_MODEL_DIR);
+    let models = dir.join("models").join(tessera_testkit::DEFAULT_MODEL_DIR);
     std::fs::create_dir_all(&models).expect("models dir");
-    let broken = models.join(tessera_engine::testing::DEFAULT_MODEL_FILE);
-    std::fs::copy(tessera_engine::testing::default_model_path(), &broken).expect("copy");
+    let broken = models.join(tessera_testkit::DEFAULT_MODEL_FILE);
+    std::fs::copy(tessera_testkit::default_model_path(), &broken).expect("copy");
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .open(&broken)

@@ -155,7 +155,7 @@ fn a_split_gguf_repository_is_added_from_its_headers_and_placed_over_two_nodes()
     let repo_name = "acme/SmolLM2-135M-Instruct-GGUF";
     let repo = tmp.path().join("hub").join(repo_name);
     std::fs::create_dir_all(&repo).expect("repo");
-    let model = tessera_engine::testing::default_model_path();
+    let model = tessera_testkit::default_model_path();
     let hub = LocalHub::start(&tmp.path().join("hub"));
     let ns = "gguf-split";
     let ports = [free_port(), free_port()];

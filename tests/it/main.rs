@@ -3,6 +3,9 @@
 //! nodes on loopback, the dashboard in a real browser, and the CLI's
 //! generate, replay and distributed modes.
 
+// Test code: an unwrap or expect that fails is a failed test, with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod api;
 mod cluster;
 mod dashboard;

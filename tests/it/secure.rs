@@ -142,7 +142,7 @@ fn a_joined_node_serves_a_tensor_instance_and_strangers_see_nothing() {
     let prompt = "The quick brown fox";
     let single = Command::new(BIN)
         .args(["generate", "--model"])
-        .arg(tessera_engine::testing::default_model_path())
+        .arg(tessera_testkit::default_model_path())
         .args(["--prompt", prompt, "--max-tokens", "16", "--json"])
         .output()
         .expect("generate");

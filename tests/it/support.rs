@@ -17,9 +17,7 @@ pub fn tessera(args: &[&str]) -> Output {
 
 /// The default model's GGUF file, as `scripts/fetch-model` installed it.
 pub fn model() -> String {
-    tessera_engine::testing::default_model_path()
-        .display()
-        .to_string()
+    tessera_testkit::default_model_path().display().to_string()
 }
 
 /// A TCP port free on loopback now.

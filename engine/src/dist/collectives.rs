@@ -1149,7 +1149,7 @@ mod tests {
         security: RingSecurity,
         body: impl Fn(&mut TcpRing) -> T + Send + Sync + Clone + 'static,
     ) -> Vec<T> {
-        let (listeners, addrs) = crate::testing::loopback_listeners(n);
+        let (listeners, addrs) = tessera_testkit::loopback_listeners(n);
         let handles: Vec<_> = listeners
             .into_iter()
             .enumerate()

@@ -587,7 +587,7 @@ mod tests {
     fn tok() -> &'static Tokenizer {
         static TOK: OnceLock<Tokenizer> = OnceLock::new();
         TOK.get_or_init(|| {
-            let path = crate::testing::default_model_path();
+            let path = tessera_testkit::default_model_path();
             let mut file = std::fs::File::open(&path).unwrap_or_else(|e| {
                 panic!(
                     "test model {} is missing ({e}); run scripts/fetch-model (or set TESSERA_TEST_MODEL)",

@@ -428,7 +428,9 @@ fn byte_to_char_table() -> [char; 256] {
         table[b as usize] = if printable {
             char::from(b)
         } else {
-            let c = char::from_u32(256 + n).expect("valid code point");
+            // 256 + n stays below 512 (n counts at most 256 bytes), far
+            // from the surrogates: always a character.
+            let c = char::from_u32(256 + n).unwrap_or(char::REPLACEMENT_CHARACTER);
             n += 1;
             c
         };
@@ -1287,7 +1289,7 @@ mod tests {
     );
 
     fn model_path() -> PathBuf {
-        crate::testing::default_model_path()
+        tessera_testkit::default_model_path()
     }
 
     fn metadata() -> &'static Metadata {

@@ -160,14 +160,14 @@ fn check_invariance_with(model: &LoadedModel, executor: Executor<'_>, max_sequen
 
 #[test]
 fn eight_concurrent_requests_each_get_what_they_get_alone() {
-    let model = LoadedModel::load(&tessera_engine::testing::default_model_path(), |_, _| {})
+    let model = LoadedModel::load(&tessera_testkit::default_model_path(), |_, _| {})
         .expect("default model loads");
     check_invariance(&model, Executor::single(&model.transformer, 2));
 }
 
 #[test]
 fn batching_is_invariant_through_tensor_and_pipeline_parallelism() {
-    let path = tessera_engine::testing::default_model_path();
+    let path = tessera_testkit::default_model_path();
     for sharding in [Sharding::Tensor, Sharding::Pipeline] {
         // Dropping the executor (inside the batch) lets the other ranks go.
         on_ranks(&path, sharding, 2, check_invariance);
@@ -232,7 +232,7 @@ fn long_system_prompt() -> String {
 
 #[test]
 fn a_shared_system_prompt_is_taken_from_the_cache_and_gives_cold_tokens() {
-    let model = LoadedModel::load(&tessera_engine::testing::default_model_path(), |_, _| {})
+    let model = LoadedModel::load(&tessera_testkit::default_model_path(), |_, _| {})
         .expect("default model loads");
     let mut batch = Batch::new(
         &model,
@@ -267,7 +267,7 @@ fn a_shared_system_prompt_is_taken_from_the_cache_and_gives_cold_tokens() {
 
 #[test]
 fn a_small_pool_evicts_idle_blocks_and_makes_requests_wait() {
-    let model = LoadedModel::load(&tessera_engine::testing::default_model_path(), |_, _| {})
+    let model = LoadedModel::load(&tessera_testkit::default_model_path(), |_, _| {})
         .expect("default model loads");
     let requests = requests(12);
     let mut reference = Batch::new(
@@ -312,7 +312,7 @@ fn a_small_pool_evicts_idle_blocks_and_makes_requests_wait() {
 
 #[test]
 fn cancelling_one_of_eight_leaves_the_others_complete_and_identical() {
-    let model = LoadedModel::load(&tessera_engine::testing::default_model_path(), |_, _| {})
+    let model = LoadedModel::load(&tessera_testkit::default_model_path(), |_, _| {})
         .expect("default model loads");
     let requests = requests(16);
     let mut batch = Batch::new(
@@ -365,7 +365,7 @@ fn cancelling_one_of_eight_leaves_the_others_complete_and_identical() {
 
 #[test]
 fn a_request_bigger_than_the_pool_is_refused_with_its_token_counts() {
-    let model = LoadedModel::load(&tessera_engine::testing::default_model_path(), |_, _| {})
+    let model = LoadedModel::load(&tessera_testkit::default_model_path(), |_, _| {})
         .expect("default model loads");
     let mut batch = Batch::new(
         &model,
@@ -455,7 +455,7 @@ impl Group for DiesMidBatch {
 
 #[test]
 fn a_rank_that_dies_mid_batch_fails_every_request_of_the_instance_at_once() {
-    let path = tessera_engine::testing::default_model_path();
+    let path = tessera_testkit::default_model_path();
     for sharding in [Sharding::Tensor, Sharding::Pipeline] {
         let (failed, followers) =
             on_ranks_with(&path, sharding, 2, DiesMidBatch::wrap, |model, executor| {

@@ -139,7 +139,7 @@ pub(crate) fn on_ranks_with<T>(
     body: impl FnOnce(&LoadedModel, Executor<'_>) -> T,
 ) -> (T, Vec<Result<(), ExecError>>) {
     let layers = model_config(path).expect("config").layers;
-    let (listeners, addrs) = tessera_engine::testing::loopback_listeners(world);
+    let (listeners, addrs) = tessera_testkit::loopback_listeners(world);
     let mut listeners = listeners.into_iter();
     let own = listeners.next().expect("rank 0 listener");
     let workers: Vec<_> = listeners
@@ -187,7 +187,7 @@ fn distributed_outputs(
 }
 
 fn check(sharding: Sharding, world: usize) {
-    let path: PathBuf = tessera_engine::testing::default_model_path();
+    let path: PathBuf = tessera_testkit::default_model_path();
     let cases = cases();
     let model = LoadedModel::load(&path, |_, _| {}).expect("loads");
     let mut single = Session::new(&model, 2);

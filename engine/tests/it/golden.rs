@@ -70,7 +70,7 @@ fn messages(case: &Value) -> Vec<ChatMessage> {
 
 #[test]
 fn matches_llama_cpp_on_the_shared_golden_set() {
-    let model = LoadedModel::load(&tessera_engine::testing::default_model_path(), |_, _| {})
+    let model = LoadedModel::load(&tessera_testkit::default_model_path(), |_, _| {})
         .expect("default model loads");
     let mut session = Session::new(&model, 2);
     let golden = load_cases("llamacpp-smollm2-135m-q4_1.json");
@@ -125,7 +125,7 @@ fn matches_llama_cpp_on_the_shared_golden_set() {
 
 #[test]
 fn logits_match_llama_cpp_at_the_first_generated_position() {
-    let model = LoadedModel::load(&tessera_engine::testing::default_model_path(), |_, _| {})
+    let model = LoadedModel::load(&tessera_testkit::default_model_path(), |_, _| {})
         .expect("default model loads");
     let mut session = Session::new(&model, 2);
     let golden = load_cases("llamacpp-smollm2-135m-q4_1.json");
@@ -172,7 +172,7 @@ fn logits_match_llama_cpp_at_the_first_generated_position() {
 fn matches_llama_cpp_on_our_own_cases() {
     // Multi-turn chats, system prompts, non-ASCII text, code, raw prompts
     // (tests/data/README.md says how they were made).
-    let model = LoadedModel::load(&tessera_engine::testing::default_model_path(), |_, _| {})
+    let model = LoadedModel::load(&tessera_testkit::default_model_path(), |_, _| {})
         .expect("default model loads");
     let mut session = Session::new(&model, 2);
     let extra = load_cases("llamacpp-extra-cases.json");

@@ -51,7 +51,7 @@ fn q4_k_m_type(name: &str, cols: usize, layers: usize) -> Option<GgmlDType> {
 /// Writes the default model with each tensor requantized by `retype` (a
 /// name and its column count to a type; `None` keeps the tensor).
 pub(crate) fn requantized(dest: &Path, retype: impl Fn(&str, usize) -> Option<GgmlDType>) {
-    let source = tessera_engine::testing::default_model_path();
+    let source = tessera_testkit::default_model_path();
     let mut file = std::fs::File::open(&source).expect("model");
     let content = gguf_file::Content::read(&mut file).expect("gguf");
     let mut names: Vec<&String> = content.tensor_infos.keys().collect();

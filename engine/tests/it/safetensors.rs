@@ -6,9 +6,9 @@
 use std::ops::ControlFlow;
 
 use serde_json::{json, Value};
-use tessera_engine::hf_export::{export_llama_gguf, ExportDType};
 use tessera_engine::serve::{GenerateRequest, LoadedModel, Prompt, Session};
 use tessera_engine::text::chat_template::ChatMessage;
+use tessera_testkit::hf_export::{export_llama_gguf, ExportDType};
 
 /// Steps compared: up to the first where llama.cpp's top-1/top-2 margin is
 /// below this. The folder holds the same weights in f32 and the GGUF path
@@ -33,7 +33,7 @@ fn read_json(file: &str) -> Value {
 
 #[test]
 fn safetensors_folder_generates_what_the_gguf_generates() {
-    let gguf = tessera_engine::testing::default_model_path();
+    let gguf = tessera_testkit::default_model_path();
     let dir = tempfile::tempdir().expect("temp dir");
     export_llama_gguf(&gguf, dir.path(), ExportDType::F32, 3).expect("export");
     // Tokenizer files, as a Hugging Face repo has them.
@@ -141,7 +141,7 @@ fn safetensors_folder_generates_what_the_gguf_generates() {
 fn a_template_that_writes_bos_gets_one_bos() {
     use tessera_engine::text::chat_template::ChatTemplate;
     use tessera_engine::text::tokenizer::Tokenizer;
-    let gguf = tessera_engine::testing::default_model_path();
+    let gguf = tessera_testkit::default_model_path();
     let model = LoadedModel::load(&gguf, |_, _| {}).expect("gguf loads");
     let dir = tempfile::tempdir().expect("temp dir");
     let json = model.tokenizer.to_tokenizer_json().expect("tokenizer.json");

@@ -167,7 +167,7 @@ fn check_identical(
 }
 
 fn model() -> LoadedModel {
-    LoadedModel::load(&tessera_engine::testing::default_model_path(), |_, _| {})
+    LoadedModel::load(&tessera_testkit::default_model_path(), |_, _| {})
         .expect("default model loads")
 }
 
@@ -185,7 +185,7 @@ fn prompt_lookup_gives_plain_decodings_tokens_alone_and_eight_at_once() {
 
 #[test]
 fn prompt_lookup_is_identical_through_tensor_and_pipeline_parallelism() {
-    let path = tessera_engine::testing::default_model_path();
+    let path = tessera_testkit::default_model_path();
     for sharding in [Sharding::Tensor, Sharding::Pipeline] {
         on_ranks(&path, sharding, 2, |model, executor| {
             let outputs = check_identical(model, executor, ngram(4));

@@ -191,10 +191,7 @@ fn default_prompts() -> Vec<(String, Prompt)> {
 /// The default model (Q4_1, its head Q8_0).
 #[test]
 fn default_model_tensor_ranks_compute_what_one_machine_does() {
-    check(
-        &tessera_engine::testing::default_model_path(),
-        &default_prompts(),
-    );
+    check(&tessera_testkit::default_model_path(), &default_prompts());
 }
 
 /// The default model in Q4_K_M's mix of K-quants (super-blocks of 256,

@@ -178,7 +178,7 @@ fn single(fused: bool) -> Vec<Vec<f32>> {
 
 /// Every rank's logits, ranks as threads on a loopback ring.
 fn tensor_parallel(world: usize, fused: bool) -> Vec<Vec<Option<Vec<f32>>>> {
-    let (listeners, addrs) = tessera_engine::testing::loopback_listeners(world);
+    let (listeners, addrs) = tessera_testkit::loopback_listeners(world);
     let ranks: Vec<_> = listeners
         .into_iter()
         .enumerate()

@@ -525,6 +525,8 @@ signed_entry!(
     8,
     |b| [b.d],
     18,
+    // SAFETY: called by the entry's kernel, compiled for these features and
+    // run only where they are; `wb` starts a whole block inside `rows`.
     |wb: *const u8| unsafe { nibbles_x2(wb.add(2)) }
 );
 
@@ -540,6 +542,8 @@ signed_entry!(
     8,
     |b| [b.d],
     18,
+    // SAFETY: called by the entry's kernel, compiled for these features and
+    // run only where they are; `wb` starts a whole block inside `rows`.
     |wb: *const u8| unsafe { nibbles_x2_gfni(wb.add(2)) }
 );
 
@@ -553,6 +557,8 @@ signed_entry!(
     16,
     |b| [b.d],
     22,
+    // SAFETY: called by the entry's kernel, compiled for these features and
+    // run only where they are; `wb` starts a whole block inside `rows`.
     |wb: *const u8| unsafe { _mm512_broadcast_i64x4(q5_0_unsigned(wb)) }
 );
 
@@ -566,6 +572,8 @@ signed_entry!(
     0x80,
     |b| [b.d],
     34,
+    // SAFETY: called by the entry's kernel, compiled for these features and
+    // run only where they are; `wb` starts a whole block inside `rows`.
     |wb: *const u8| unsafe {
         let q = _mm512_broadcast_i64x4(_mm256_loadu_si256(wb.add(2) as *const __m256i));
         _mm512_xor_si512(q, _mm512_set1_epi8(0x80u8 as i8))
@@ -607,6 +615,8 @@ unsigned_entry!(
     available,
     dot8_unsigned,
     20,
+    // SAFETY: called by the entry's kernel, compiled for these features and
+    // run only where they are; `wb` starts a whole block inside `rows`.
     |wb: *const u8| unsafe { (nibbles_x2(wb.add(4)), scale_and_minimum(wb)) }
 );
 
@@ -618,6 +628,8 @@ unsigned_entry!(
     gfni_available,
     dot8_unsigned,
     20,
+    // SAFETY: called by the entry's kernel, compiled for these features and
+    // run only where they are; `wb` starts a whole block inside `rows`.
     |wb: *const u8| unsafe { (nibbles_x2_gfni(wb.add(4)), scale_and_minimum(wb)) }
 );
 
@@ -629,6 +641,8 @@ unsigned_entry!(
     available,
     dot8_unsigned,
     24,
+    // SAFETY: called by the entry's kernel, compiled for these features and
+    // run only where they are; `wb` starts a whole block inside `rows`.
     |wb: *const u8| unsafe {
         let q = _mm512_broadcast_i64x4(super::avx2::q5_1_values(wb));
         (q, scale_and_minimum(wb))

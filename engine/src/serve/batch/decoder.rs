@@ -222,7 +222,7 @@ mod tests {
 
     #[test]
     fn a_prompt_ending_in_an_open_think_tag_starts_in_reasoning() {
-        let model = LoadedModel::load(&crate::testing::default_model_path(), |_, _| {})
+        let model = LoadedModel::load(&tessera_testkit::default_model_path(), |_, _| {})
             .expect("the default model loads");
         let format = model.output_format.clone();
         let opens = |text: &str| {

@@ -1,5 +1,11 @@
-//! Helpers for tests (of this crate and of others): where the default model
-//! is, and the listeners of a loopback ring.
+//! What the workspace's tests share: where the default model is, the
+//! listeners of a loopback ring, and [`hf_export`] (a GGUF as a Hugging
+//! Face folder). A dev-dependency only: none of it ships.
+
+// Test support: a failure here (no free port) is the test's failure.
+#![allow(clippy::expect_used)]
+
+pub mod hf_export;
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;

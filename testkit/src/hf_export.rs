@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::{DType, Device, Tensor};
 
-use crate::formats::hf_dir::{HfConfig, CONFIG_FILE, INDEX_FILE, SINGLE_FILE};
+use tessera_engine::formats::hf_dir::{HfConfig, CONFIG_FILE, INDEX_FILE, SINGLE_FILE};
 
 /// The dtype the exported safetensors files hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -558,14 +558,14 @@ impl Meta<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::formats::hf_dir::{HfDirError, HfModelDir};
     use std::collections::BTreeSet;
+    use tessera_engine::formats::hf_dir::{HfDirError, HfModelDir};
 
     /// The test GGUF: `TESSERA_TEST_MODEL`, else under `$TESSERA_HOME`, else
     /// under `$HOME/.tessera`. Missing is a failure, never a skip, so CI
     /// cannot silently pass without exercising the loader.
     fn test_model() -> PathBuf {
-        crate::testing::default_model_path()
+        crate::default_model_path()
     }
 
     /// One GGUF tensor dequantized to f32 (GGUF row order) and its shape.
