@@ -2,7 +2,8 @@
 //!
 //! # Layout
 //! - [`state`]: [`State`], the fold of the indexed event log, with the pure
-//!   [`State::apply`] and the canonical [`State::digest`].
+//!   [`State::apply`] and the canonical [`State::digest`]; `apply` holds
+//!   how each kind of event changes it, one function per kind.
 //! - [`log`]: [`EventLog`], the sled-backed log of `IndexedEvent`s
 //!   (`crc32 ‖ protobuf` under a big-endian u64 key) and its State snapshots.
 //! - [`replay`]: folding a log back into a [`State`], from the nearest
@@ -20,6 +21,7 @@
 //! - Equal states have equal encodings (all maps are ordered), hence equal
 //!   digests, on every node and in `tessera replay`.
 
+mod apply;
 pub mod log;
 pub mod replay;
 pub mod state;

@@ -4,7 +4,10 @@ use std::fmt;
 use std::ops::Deref;
 
 use prost::Message;
-use tessera_protos::v1::{self, event::Kind, ClusterState, IndexedEvent, SessionId};
+use tessera_protos::v1::{ClusterState, IndexedEvent, SessionId};
+
+pub use crate::apply::Ignored;
+use crate::apply::apply_kind;
 
 /// The cluster state at some index of the event log.
 ///
@@ -22,30 +25,6 @@ pub enum Applied {
     Changed,
     /// The event was consumed (the index advanced) but changed nothing else.
     Ignored(Ignored),
-}
-
-/// Why an in-order event changed nothing but the last index.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum Ignored {
-    #[error("event has no body")]
-    EmptyEvent,
-    #[error("{event} lacks its {field}")]
-    MissingField {
-        event: &'static str,
-        field: &'static str,
-    },
-    #[error("{event} names unknown {kind} {id:?}")]
-    Unknown {
-        event: &'static str,
-        kind: &'static str,
-        id: String,
-    },
-    #[error("{event} names {kind} {id:?} which already exists")]
-    AlreadyExists {
-        event: &'static str,
-        kind: &'static str,
-        id: String,
-    },
 }
 
 /// An event that cannot be applied at all: the state is left unchanged.
@@ -192,7 +171,7 @@ impl State {
         self.check(event)?;
         let outcome = match event.event.as_ref().and_then(|e| e.kind.as_ref()) {
             None => Err(Ignored::EmptyEvent),
-            Some(kind) => self.apply_kind(kind, event.index),
+            Some(kind) => apply_kind(&mut self.inner, kind, event.index),
         };
         self.inner.last_index = event.index;
         if !event.origin_node_id.is_empty() {
@@ -212,277 +191,11 @@ impl State {
         })
     }
 
-    fn apply_kind(&mut self, kind: &Kind, index: u64) -> Result<(), Ignored> {
-        let s = &mut self.inner;
-        match kind {
-            Kind::NodeGatheredInfo(e) => {
-                const EV: &str = "NodeGatheredInfo";
-                require(!e.node_id.is_empty(), EV, "node_id")?;
-                let info = e.info.clone().ok_or(Ignored::MissingField {
-                    event: EV,
-                    field: "info",
-                })?;
-                s.nodes.insert(
-                    e.node_id.clone(),
-                    v1::NodeState {
-                        info: Some(info),
-                        updated_at_index: index,
-                    },
-                );
-            }
-            Kind::NodeTimedOut(e) => {
-                known(
-                    s.nodes.remove(&e.node_id).is_some(),
-                    "NodeTimedOut",
-                    "node",
-                    &e.node_id,
-                )?;
-                s.topology.retain(|edge| {
-                    edge.source_node_id != e.node_id && edge.sink_node_id != e.node_id
-                });
-                s.downloads.remove(&e.node_id);
-            }
-            Kind::TopologyEdgeCreated(e) => {
-                const EV: &str = "TopologyEdgeCreated";
-                let edge = e.edge.as_ref().ok_or(Ignored::MissingField {
-                    event: EV,
-                    field: "edge",
-                })?;
-                known(
-                    s.nodes.contains_key(&edge.source_node_id),
-                    EV,
-                    "node",
-                    &edge.source_node_id,
-                )?;
-                known(
-                    s.nodes.contains_key(&edge.sink_node_id),
-                    EV,
-                    "node",
-                    &edge.sink_node_id,
-                )?;
-                match s
-                    .topology
-                    .binary_search_by(|probe| edge_key(probe).cmp(&edge_key(edge)))
-                {
-                    Ok(at) => s.topology[at] = edge.clone(),
-                    Err(at) => s.topology.insert(at, edge.clone()),
-                }
-            }
-            Kind::TopologyEdgeDeleted(e) => {
-                const EV: &str = "TopologyEdgeDeleted";
-                let edge = e.edge.as_ref().ok_or(Ignored::MissingField {
-                    event: EV,
-                    field: "edge",
-                })?;
-                let at = s
-                    .topology
-                    .binary_search_by(|probe| edge_key(probe).cmp(&edge_key(edge)))
-                    .map_err(|_| Ignored::Unknown {
-                        event: EV,
-                        kind: "edge",
-                        id: format!("{}->{}", edge.source_node_id, edge.sink_node_id),
-                    })?;
-                s.topology.remove(at);
-            }
-            Kind::InstanceCreated(e) => {
-                const EV: &str = "InstanceCreated";
-                let instance = e.instance.as_ref().ok_or(Ignored::MissingField {
-                    event: EV,
-                    field: "instance",
-                })?;
-                require(!instance.instance_id.is_empty(), EV, "instance_id")?;
-                require(!instance.ranks.is_empty(), EV, "ranks")?;
-                fresh(
-                    !s.instances.contains_key(&instance.instance_id),
-                    EV,
-                    "instance",
-                    &instance.instance_id,
-                )?;
-                for rank in &instance.ranks {
-                    known(
-                        s.nodes.contains_key(&rank.node_id),
-                        EV,
-                        "node",
-                        &rank.node_id,
-                    )?;
-                }
-                if let Some(model) = &instance.model {
-                    s.given_up.remove(&model.model_id);
-                }
-                s.instances
-                    .insert(instance.instance_id.clone(), instance.clone());
-            }
-            Kind::InstanceDeleted(e) => {
-                let instance = s.instances.remove(&e.instance_id);
-                if let Some(model) = instance.as_ref().and_then(|i| i.model.as_ref()) {
-                    if !e.reason.is_empty() {
-                        s.given_up.insert(model.model_id.clone(), e.reason.clone());
-                    }
-                }
-                known(
-                    instance.is_some(),
-                    "InstanceDeleted",
-                    "instance",
-                    &e.instance_id,
-                )?;
-                // Its runners and tasks go with it: nothing is left to show
-                // them as ready or running.
-                for rank in instance.iter().flat_map(|i| &i.ranks) {
-                    s.runners.remove(&rank.runner_id);
-                }
-                s.tasks.retain(|_, task| task.instance_id != e.instance_id);
-            }
-            Kind::InstanceDraftModelUpdated(e) => {
-                const EV: &str = "InstanceDraftModelUpdated";
-                let draft = match &e.draft {
-                    // Method unspecified is off, as no draft is.
-                    Some(d) if d.method() == v1::DraftMethod::Unspecified => None,
-                    draft => draft.as_ref(),
-                };
-                if let Some(draft) = draft {
-                    if draft.method() == v1::DraftMethod::DraftModel {
-                        require(!draft.draft_model.is_empty(), EV, "draft.draft_model")?;
-                    }
-                    require(draft.num_draft_tokens > 0, EV, "draft.num_draft_tokens")?;
-                }
-                let instance = s.instances.get_mut(&e.instance_id);
-                known(instance.is_some(), EV, "instance", &e.instance_id)?;
-                if let Some(instance) = instance {
-                    instance.draft = draft.cloned();
-                }
-            }
-            Kind::RunnerStatusUpdated(e) => {
-                const EV: &str = "RunnerStatusUpdated";
-                let status = e.status.as_ref().ok_or(Ignored::MissingField {
-                    event: EV,
-                    field: "status",
-                })?;
-                let is_known = s.runners.contains_key(&e.runner_id)
-                    || s.instances
-                        .values()
-                        .any(|i| i.ranks.iter().any(|r| r.runner_id == e.runner_id));
-                known(is_known, EV, "runner", &e.runner_id)?;
-                require(status.state.is_some(), EV, "status.state")?;
-                // A runner that has shut down is gone: it leaves the state.
-                if matches!(status.state, Some(v1::runner_status::State::Shutdown(_))) {
-                    s.runners.remove(&e.runner_id);
-                } else {
-                    s.runners.insert(e.runner_id.clone(), status.clone());
-                }
-            }
-            Kind::RunnerDeleted(e) => {
-                known(
-                    s.runners.remove(&e.runner_id).is_some(),
-                    "RunnerDeleted",
-                    "runner",
-                    &e.runner_id,
-                )?;
-            }
-            Kind::TaskCreated(e) => {
-                const EV: &str = "TaskCreated";
-                let task = e.task.as_ref().ok_or(Ignored::MissingField {
-                    event: EV,
-                    field: "task",
-                })?;
-                require(!task.task_id.is_empty(), EV, "task_id")?;
-                require(task.kind.is_some(), EV, "kind")?;
-                fresh(
-                    !s.tasks.contains_key(&task.task_id),
-                    EV,
-                    "task",
-                    &task.task_id,
-                )?;
-                known(
-                    s.instances.contains_key(&task.instance_id),
-                    EV,
-                    "instance",
-                    &task.instance_id,
-                )?;
-                if !task.command_id.is_empty() {
-                    fresh(
-                        !s.recent_command_ids.contains(&task.command_id),
-                        EV,
-                        "command",
-                        &task.command_id,
-                    )?;
-                    if s.recent_command_ids.len() >= RECENT_COMMANDS {
-                        s.recent_command_ids.remove(0);
-                    }
-                    s.recent_command_ids.push(task.command_id.clone());
-                }
-                s.tasks.insert(task.task_id.clone(), task.clone());
-            }
-            Kind::TaskAcknowledged(e) => {
-                let task = s.tasks.get_mut(&e.task_id);
-                known(task.is_some(), "TaskAcknowledged", "task", &e.task_id)?;
-                if let Some(task) = task {
-                    task.acknowledged = true;
-                }
-            }
-            Kind::TaskStatusUpdated(e) => {
-                let task = s.tasks.get_mut(&e.task_id);
-                known(task.is_some(), "TaskStatusUpdated", "task", &e.task_id)?;
-                if let Some(task) = task {
-                    task.status = e.status;
-                    task.error.clone_from(&e.error);
-                }
-            }
-            Kind::TaskDeleted(e) => {
-                known(
-                    s.tasks.remove(&e.task_id).is_some(),
-                    "TaskDeleted",
-                    "task",
-                    &e.task_id,
-                )?;
-            }
-            Kind::NodeDownloadProgress(e) => {
-                const EV: &str = "NodeDownloadProgress";
-                let progress = e.progress.as_ref().ok_or(Ignored::MissingField {
-                    event: EV,
-                    field: "progress",
-                })?;
-                require(!progress.model_id.is_empty(), EV, "progress.model_id")?;
-                known(s.nodes.contains_key(&e.node_id), EV, "node", &e.node_id)?;
-                s.downloads
-                    .entry(e.node_id.clone())
-                    .or_default()
-                    .models
-                    .insert(progress.model_id.clone(), progress.clone());
-            }
-            Kind::ModelCardAdded(e) => {
-                const EV: &str = "ModelCardAdded";
-                let card = e.card.as_ref().ok_or(Ignored::MissingField {
-                    event: EV,
-                    field: "card",
-                })?;
-                require(!card.model_id.is_empty(), EV, "card.model_id")?;
-                require(card.n_layers > 0, EV, "card.n_layers")?;
-                s.custom_cards.insert(card.model_id.clone(), card.clone());
-            }
-            Kind::MemberRevoked(e) => {
-                require(!e.holder.is_empty(), "MemberRevoked", "holder")?;
-                if let Err(at) = s.revoked.binary_search(&e.holder) {
-                    s.revoked.insert(at, e.holder.clone());
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// The session of the last applied event, if any.
     pub fn session(&self) -> Option<&SessionId> {
         self.inner.session.as_ref()
     }
 }
-
-/// The order the topology list is kept in, and its identity: one edge per
-/// (source, sink, address).
-fn edge_key(edge: &v1::TopologyEdge) -> (&str, &str, &str) {
-    (&edge.source_node_id, &edge.sink_node_id, &edge.address)
-}
-
-/// How many task command ids the state remembers for de-duplication.
-pub const RECENT_COMMANDS: usize = 1024;
 
 /// Whether a command with this id already made a task (it is being sent
 /// again, or is still running).
@@ -490,38 +203,6 @@ pub fn command_applied(state: &ClusterState, command_id: &str) -> bool {
     !command_id.is_empty()
         && (state.recent_command_ids.iter().any(|id| id == command_id)
             || state.tasks.values().any(|t| t.command_id == command_id))
-}
-
-fn require(present: bool, event: &'static str, field: &'static str) -> Result<(), Ignored> {
-    if present {
-        Ok(())
-    } else {
-        Err(Ignored::MissingField { event, field })
-    }
-}
-
-fn known(present: bool, event: &'static str, kind: &'static str, id: &str) -> Result<(), Ignored> {
-    if present {
-        Ok(())
-    } else {
-        Err(Ignored::Unknown {
-            event,
-            kind,
-            id: id.to_owned(),
-        })
-    }
-}
-
-fn fresh(absent: bool, event: &'static str, kind: &'static str, id: &str) -> Result<(), Ignored> {
-    if absent {
-        Ok(())
-    } else {
-        Err(Ignored::AlreadyExists {
-            event,
-            kind,
-            id: id.to_owned(),
-        })
-    }
 }
 
 /// A 32-byte BLAKE3 digest of a state's canonical encoding; shown as hex.
@@ -540,6 +221,8 @@ impl fmt::Display for Digest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::apply::RECENT_COMMANDS;
+    use tessera_protos::v1;
     use v1::event::Kind as K;
 
     fn session(master: &str, clock: u64) -> Option<SessionId> {
