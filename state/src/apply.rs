@@ -54,7 +54,11 @@ pub(crate) fn apply_kind(s: &mut ClusterState, kind: &Kind, index: u64) -> Resul
     }
 }
 
-fn node_gathered_info(s: &mut ClusterState, e: &v1::NodeGatheredInfo, index: u64) -> Result<(), Ignored> {
+fn node_gathered_info(
+    s: &mut ClusterState,
+    e: &v1::NodeGatheredInfo,
+    index: u64,
+) -> Result<(), Ignored> {
     const EV: &str = "NodeGatheredInfo";
     require(!e.node_id.is_empty(), EV, "node_id")?;
     let info = e.info.clone().ok_or(Ignored::MissingField {
@@ -78,9 +82,8 @@ fn node_timed_out(s: &mut ClusterState, e: &v1::NodeTimedOut) -> Result<(), Igno
         "node",
         &e.node_id,
     )?;
-    s.topology.retain(|edge| {
-        edge.source_node_id != e.node_id && edge.sink_node_id != e.node_id
-    });
+    s.topology
+        .retain(|edge| edge.source_node_id != e.node_id && edge.sink_node_id != e.node_id);
     s.downloads.remove(&e.node_id);
     Ok(())
 }
@@ -183,7 +186,10 @@ fn instance_deleted(s: &mut ClusterState, e: &v1::InstanceDeleted) -> Result<(),
     Ok(())
 }
 
-fn instance_draft_model_updated(s: &mut ClusterState, e: &v1::InstanceDraftModelUpdated) -> Result<(), Ignored> {
+fn instance_draft_model_updated(
+    s: &mut ClusterState,
+    e: &v1::InstanceDraftModelUpdated,
+) -> Result<(), Ignored> {
     const EV: &str = "InstanceDraftModelUpdated";
     let draft = match &e.draft {
         // Method unspecified is off, as no draft is.
@@ -300,7 +306,10 @@ fn task_deleted(s: &mut ClusterState, e: &v1::TaskDeleted) -> Result<(), Ignored
     Ok(())
 }
 
-fn node_download_progress(s: &mut ClusterState, e: &v1::NodeDownloadProgress) -> Result<(), Ignored> {
+fn node_download_progress(
+    s: &mut ClusterState,
+    e: &v1::NodeDownloadProgress,
+) -> Result<(), Ignored> {
     const EV: &str = "NodeDownloadProgress";
     let progress = e.progress.as_ref().ok_or(Ignored::MissingField {
         event: EV,

@@ -6,8 +6,8 @@ use std::ops::Deref;
 use prost::Message;
 use tessera_protos::v1::{ClusterState, IndexedEvent, SessionId};
 
-pub use crate::apply::Ignored;
 use crate::apply::apply_kind;
+pub use crate::apply::Ignored;
 
 /// The cluster state at some index of the event log.
 ///

@@ -16,6 +16,7 @@ use tessera_protos::v1::{
 
 use crate::admin::AdminFailure;
 use crate::bus::Bus;
+use crate::cluster::commands::{self, download_event, draft_update, find_card, Fresh};
 use crate::cluster::placement::{self, NodeCapacity, PlacementRequest};
 use crate::cluster::replica::ReplicaMsg;
 
@@ -146,194 +147,29 @@ impl MasterState {
         Ok(true)
     }
 
-    /// The events a command stands for, or why it is refused.
+    /// The events a command stands for ([`commands::decide`]); a
+    /// generation with nowhere to run is refused to its client here.
     async fn events_for(&self, command: &Command) -> Result<Vec<Event>, ActorProcessingErr> {
         let state = self.state().await?;
-        let events = match &command.kind {
-            Some(command::Kind::PlaceInstance(place)) => {
-                let Some(card) = find_card(&state, &place.model_id) else {
-                    tracing::warn!(model = %place.model_id, "place: unknown model");
-                    return Ok(Vec::new());
-                };
-                let nodes = NodeCapacity::from_state(&state);
-                let request = PlacementRequest {
-                    model: &card,
-                    sharding: v1::Sharding::try_from(place.sharding)
-                        .unwrap_or(v1::Sharding::Unspecified),
-                    min_nodes: place.min_nodes as usize,
-                    node_ids: &place.node_ids,
-                    max_concurrent: self.max_concurrent_for(place.max_concurrent),
-                    draft: None,
-                };
-                let instance_id = if command.command_id.is_empty() {
-                    uuid::Uuid::now_v7().to_string()
-                } else {
-                    format!("instance-{}", command.command_id)
-                };
-                let used = placement::used_ring_addresses(&state);
-                match placement::place(&request, &nodes, &instance_id, &used, |rank| {
-                    format!("{instance_id}-rank{rank}")
-                }) {
-                    Ok(placed) => vec![Event {
-                        kind: Some(event::Kind::InstanceCreated(v1::InstanceCreated {
-                            instance: Some(self.with_ring_secret(placed.instance)?),
-                        })),
-                    }],
-                    Err(error) => {
-                        tracing::warn!(%error, "place refused");
-                        Vec::new()
-                    }
-                }
-            }
-            Some(command::Kind::CreateInstance(create)) => vec![Event {
-                kind: Some(event::Kind::InstanceCreated(v1::InstanceCreated {
-                    instance: create.instance.clone(),
-                })),
-            }],
-            Some(command::Kind::DeleteInstance(delete)) => vec![Event {
-                kind: Some(event::Kind::InstanceDeleted(v1::InstanceDeleted {
-                    instance_id: delete.instance_id.clone(),
-                    ..Default::default()
-                })),
-            }],
-            Some(command::Kind::TextGeneration(_))
-                if tessera_state::command_applied(&state, &command.command_id) =>
-            {
-                // Sent again by an API node that has not seen its task yet.
-                tracing::debug!(command_id = command.command_id, "already applied");
-                Vec::new()
-            }
-            Some(command::Kind::TextGeneration(generation)) => {
-                let model_id = generation
-                    .params
-                    .as_ref()
-                    .map(|p| p.model_id.clone())
-                    .unwrap_or_default();
-                // The named instance, or any instance of the model whose
-                // rank 0 is ready.
-                let ready = |i: &&v1::Instance| {
-                    i.ranks.first().is_some_and(|r| {
-                        matches!(
-                            state
-                                .runners
-                                .get(&r.runner_id)
-                                .and_then(|s| s.state.as_ref()),
-                            Some(v1::runner_status::State::Ready(_))
-                                | Some(v1::runner_status::State::Running(_))
-                        )
-                    })
-                };
-                let instance = state.instances.values().filter(ready).find(|i| {
-                    if generation.instance_id.is_empty() {
-                        i.model.as_ref().is_some_and(|m| m.model_id == model_id)
-                    } else {
-                        i.instance_id == generation.instance_id
-                    }
-                });
-                let Some(instance) = instance else {
-                    tracing::warn!(model_id, "generation: no ready instance");
-                    self.refuse_generation(&command.command_id, &model_id).await;
-                    return Ok(Vec::new());
-                };
-                vec![Event {
-                    kind: Some(event::Kind::TaskCreated(v1::TaskCreated {
-                        task: Some(v1::Task {
-                            task_id: uuid::Uuid::now_v7().to_string(),
-                            instance_id: instance.instance_id.clone(),
-                            command_id: command.command_id.clone(),
-                            status: v1::TaskStatus::Pending as i32,
-                            acknowledged: false,
-                            error: String::new(),
-                            kind: Some(v1::task::Kind::TextGeneration(v1::TextGenerationTask {
-                                params: generation.params.clone(),
-                                reply_node_id: command.origin_node_id.clone(),
-                            })),
-                        }),
-                    })),
-                }]
-            }
-            Some(command::Kind::TaskFinished(finished)) => {
-                if state.tasks.contains_key(&finished.task_id) {
-                    vec![Event {
-                        kind: Some(event::Kind::TaskDeleted(v1::TaskDeleted {
-                            task_id: finished.task_id.clone(),
-                        })),
-                    }]
-                } else {
-                    Vec::new()
-                }
-            }
-            Some(command::Kind::CancelTask(cancel)) => {
-                let task = state.tasks.values().find(|t| {
-                    (!cancel.task_id.is_empty() && t.task_id == cancel.task_id)
-                        || (!cancel.command_id.is_empty() && t.command_id == cancel.command_id)
-                });
-                match task {
-                    Some(task) => vec![Event {
-                        kind: Some(event::Kind::TaskStatusUpdated(v1::TaskStatusUpdated {
-                            task_id: task.task_id.clone(),
-                            status: v1::TaskStatus::Cancelled as i32,
-                            error: "cancelled".into(),
-                        })),
-                    }],
-                    None => Vec::new(),
-                }
-            }
-            Some(command::Kind::StartDownload(c)) => {
-                let request = download_request(v1::DownloadAction::Start, &c.node_id, &c.model_id);
-                let mut events = Vec::new();
-                match download_event(&state, &request, &command.command_id) {
-                    Ok(mut event) => {
-                        if let (Some(event::Kind::NodeDownloadProgress(p)), Some(shard)) =
-                            (event.kind.as_mut(), &c.shard)
-                        {
-                            if let Some(progress) = p.progress.as_mut() {
-                                progress.shards.push(*shard);
-                            }
-                        }
-                        events.push(event);
-                    }
-                    Err(e) => tracing::warn!(reason = %e, "download refused"),
-                }
-                events
-            }
-            Some(command::Kind::CancelDownload(c)) => {
-                let request = download_request(v1::DownloadAction::Cancel, &c.node_id, &c.model_id);
-                download_event(&state, &request, &command.command_id)
-                    .map_err(|e| tracing::warn!(reason = %e, "cancel refused"))
-                    .into_iter()
-                    .collect()
-            }
-            Some(command::Kind::DeleteDownload(c)) => {
-                let request = download_request(v1::DownloadAction::Delete, &c.node_id, &c.model_id);
-                download_event(&state, &request, &command.command_id)
-                    .map_err(|e| tracing::warn!(reason = %e, "delete refused"))
-                    .into_iter()
-                    .collect()
-            }
-            Some(command::Kind::SetInstanceDraftModel(set)) => {
-                match draft_update(&state, &set.instance_id, set.draft.as_ref()) {
-                    Ok((event, _)) => vec![event],
-                    Err(failure) => {
-                        tracing::warn!(reason = %failure, "draft refused");
-                        Vec::new()
-                    }
-                }
-            }
-            Some(command::Kind::AddModelCard(add)) => match &add.card {
-                Some(card) if crate::catalogue::card(&card.model_id).is_none() => vec![Event {
-                    kind: Some(event::Kind::ModelCardAdded(v1::ModelCardAdded {
-                        card: Some(card.clone()),
-                    })),
-                }],
-                _ => Vec::new(),
-            },
-            _ => {
-                tracing::debug!("command not handled");
-                Vec::new()
-            }
+        let placing = matches!(command.kind, Some(command::Kind::PlaceInstance(_)));
+        let ring_secret = if placing {
+            tessera_engine::dist::ring_security::new_secret()
+                .map_err(ActorProcessingErr::from)?
+                .to_vec()
+        } else {
+            Vec::new()
         };
-        Ok(events)
+        let fresh = Fresh {
+            id: uuid::Uuid::now_v7().to_string(),
+            ring_secret,
+            secured: self.secured,
+            max_concurrent: self.max_concurrent,
+        };
+        let decision = commands::decide(&state, command, fresh);
+        if let Some(model_id) = &decision.unplaceable_generation {
+            self.refuse_generation(&command.command_id, model_id).await;
+        }
+        Ok(decision.events)
     }
 
     /// Tells a waiting client that its generation has nowhere to run.
@@ -422,14 +258,6 @@ impl MasterState {
             .to_vec();
         instance.ring_sealed = self.secured;
         Ok(instance)
-    }
-
-    fn max_concurrent_for(&self, asked: u32) -> u32 {
-        if asked > 0 {
-            asked
-        } else {
-            self.max_concurrent
-        }
     }
 
     /// Places `card` on the nodes of `state` and logs the instance; the
@@ -703,180 +531,153 @@ impl MasterState {
     }
 }
 
-fn download_request(
-    action: v1::DownloadAction,
-    node_id: &str,
-    model_id: &str,
-) -> v1::DownloadRequest {
-    v1::DownloadRequest {
-        action: action as i32,
-        node_id: node_id.to_string(),
-        model_id: model_id.to_string(),
+impl MasterState {
+    /// Deletes an instance at an admin's request.
+    async fn delete(
+        &mut self,
+        request: &v1::DeleteInstanceRequest,
+    ) -> Result<v1::DeleteInstanceReply, ActorProcessingErr> {
+        let known = self
+            .state()
+            .await?
+            .instances
+            .contains_key(&request.instance_id);
+        let answer = if !known {
+            v1::DeleteInstanceReply {
+                command_id: String::new(),
+                error: Some(
+                    AdminFailure::NotFound(format!("no instance {:?}", request.instance_id))
+                        .to_proto(),
+                ),
+            }
+        } else {
+            self.index(Event {
+                kind: Some(event::Kind::InstanceDeleted(v1::InstanceDeleted {
+                    instance_id: request.instance_id.clone(),
+                    ..Default::default()
+                })),
+            })
+            .await?;
+            v1::DeleteInstanceReply::default()
+        };
+        Ok(answer)
     }
-}
 
-/// The event a download request stands for, or why it is refused.
-fn download_event(
-    state: &ClusterState,
-    request: &v1::DownloadRequest,
-    request_id: &str,
-) -> Result<Event, AdminFailure> {
-    use v1::download_progress::State as Ds;
-    let node = state
-        .nodes
-        .get(&request.node_id)
-        .ok_or_else(|| AdminFailure::NotFound(format!("no node {:?}", request.node_id)))?;
-    if node.info.as_ref().is_some_and(|i| i.no_worker) {
-        return Err(AdminFailure::InvalidArgument(format!(
-            "node {} runs no models (--no-worker)",
-            request.node_id
-        )));
+    /// Starts, cancels or deletes a download at an admin's request.
+    async fn download(
+        &mut self,
+        request: &v1::DownloadRequest,
+    ) -> Result<v1::DownloadReply, ActorProcessingErr> {
+        let command_id = uuid::Uuid::now_v7().to_string();
+        let cluster = self.state().await?;
+        let answer = match download_event(&cluster, request, &command_id) {
+            Ok(event) => {
+                if self.index(event).await? {
+                    v1::DownloadReply {
+                        command_id,
+                        error: None,
+                    }
+                } else {
+                    v1::DownloadReply {
+                        command_id: String::new(),
+                        error: Some(AdminFailure::Internal("the log refused it".into()).to_proto()),
+                    }
+                }
+            }
+            Err(failure) => v1::DownloadReply {
+                command_id: String::new(),
+                error: Some(failure.to_proto()),
+            },
+        };
+        Ok(answer)
     }
-    let card = find_card(state, &request.model_id)
-        .ok_or_else(|| AdminFailure::NotFound(format!("unknown model {:?}", request.model_id)))?;
-    let current = state
-        .downloads
-        .get(&request.node_id)
-        .and_then(|d| d.models.get(&request.model_id))
-        .and_then(|p| p.state.as_ref());
-    let request_id = request_id.to_string();
-    let new_state = match v1::DownloadAction::try_from(request.action) {
-        Ok(v1::DownloadAction::Start) => Ds::Pending(v1::DownloadPending {
-            total_bytes: card.storage_size_bytes,
-            request_id,
-        }),
-        Ok(v1::DownloadAction::Cancel) => {
-            if !matches!(current, Some(Ds::Pending(_) | Ds::Ongoing(_))) {
-                return Err(AdminFailure::NotFound(format!(
-                    "no download of {} in progress on {}",
-                    request.model_id, request.node_id
-                )));
-            }
-            Ds::Cancelled(v1::DownloadCancelled { request_id })
-        }
-        Ok(v1::DownloadAction::Delete) => {
-            let user = state.instances.values().find(|i| {
-                i.model
-                    .as_ref()
-                    .is_some_and(|m| m.model_id == request.model_id)
-                    && i.ranks.iter().any(|r| r.node_id == request.node_id)
-            });
-            if let Some(user) = user {
-                return Err(AdminFailure::Conflict(format!(
-                    "instance {} uses {} on {}: delete the instance first",
-                    user.instance_id, request.model_id, request.node_id
-                )));
-            }
-            if matches!(current, Some(Ds::Completed(c)) if c.read_only) {
-                return Err(AdminFailure::Conflict(format!(
-                    "{} on {} is in a read-only model folder and is never deleted",
-                    request.model_id, request.node_id
-                )));
-            }
-            Ds::Deleted(v1::DownloadDeleted { request_id })
-        }
-        _ => {
-            return Err(AdminFailure::InvalidArgument(
-                "the action must be start, cancel or delete".into(),
-            ))
-        }
-    };
-    Ok(Event {
-        kind: Some(event::Kind::NodeDownloadProgress(
-            v1::NodeDownloadProgress {
-                node_id: request.node_id.clone(),
-                progress: Some(v1::DownloadProgress {
-                    model_id: request.model_id.clone(),
-                    state: Some(new_state),
-                    shards: Vec::new(),
-                }),
-            },
-        )),
-    })
-}
 
-/// The InstanceDraftModelUpdated event that sets `draft` on an instance
-/// (none, or method unspecified: off), with the instance as it will be;
-/// or why not, with nothing changed: an unknown instance or draft model, a
-/// token count out of 1..=16 (0 is the default, 4), a prompt lookup that
-/// names a model, a draft model that does not fit beside the instance on
-/// rank 0's node.
-fn draft_update(
-    state: &ClusterState,
-    instance_id: &str,
-    draft: Option<&v1::InstanceDraft>,
-) -> Result<(Event, v1::Instance), AdminFailure> {
-    use tessera_engine::serve::speculative::{DEFAULT_DRAFT_TOKENS, MAX_DRAFT_TOKENS};
-    let instance = state
-        .instances
-        .get(instance_id)
-        .ok_or_else(|| AdminFailure::NotFound(format!("no instance {instance_id:?}")))?;
-    let asked = draft.filter(|d| d.method() != v1::DraftMethod::Unspecified);
-    let draft = match asked {
-        None => None,
-        Some(asked) => {
-            let tokens = match asked.num_draft_tokens {
-                0 => DEFAULT_DRAFT_TOKENS as u32,
-                n if n as usize > MAX_DRAFT_TOKENS => {
-                    return Err(AdminFailure::InvalidArgument(format!(
-                        "num_draft_tokens must be between 1 and {MAX_DRAFT_TOKENS}, got {n}"
-                    )))
-                }
-                n => n,
-            };
-            let mut draft = v1::InstanceDraft {
-                method: asked.method,
-                draft_model: String::new(),
-                num_draft_tokens: tokens,
-                draft_card: None,
-            };
-            if asked.method() == v1::DraftMethod::DraftModel {
-                if asked.draft_model.is_empty() {
-                    return Err(AdminFailure::InvalidArgument(
-                        "a draft_model draft names its model (draft_model)".into(),
-                    ));
-                }
-                let card = find_card(state, &asked.draft_model).ok_or_else(|| {
-                    AdminFailure::NotFound(format!("unknown draft model {:?}", asked.draft_model))
-                })?;
-                draft.draft_model = card.model_id.clone();
-                draft.draft_card = Some(card);
-                let nodes = NodeCapacity::from_state(state);
-                placement::draft_fits(&nodes, instance, &draft)
-                    .map_err(|e| AdminFailure::DoesNotFit(e.to_string()))?;
-            } else if !asked.draft_model.is_empty() {
-                return Err(AdminFailure::InvalidArgument(format!(
-                    "prompt lookup (ngram) needs no model, but draft_model is {:?}",
-                    asked.draft_model
-                )));
+    /// Adds a model card at an admin's request (not over a built-in one).
+    async fn add_card(
+        &mut self,
+        card: v1::ModelCard,
+    ) -> Result<v1::AddModelReply, ActorProcessingErr> {
+        let answer = if crate::catalogue::card(&card.model_id).is_some() {
+            v1::AddModelReply {
+                error: Some(
+                    AdminFailure::Conflict(format!("{} is a built-in model", card.model_id))
+                        .to_proto(),
+                ),
+                ..Default::default()
             }
-            Some(draft)
-        }
-    };
-    let updated = v1::Instance {
-        draft: draft.clone(),
-        ..instance.clone()
-    };
-    let event = Event {
-        kind: Some(event::Kind::InstanceDraftModelUpdated(
-            v1::InstanceDraftModelUpdated {
-                instance_id: instance_id.to_string(),
-                draft,
-            },
-        )),
-    };
-    Ok((event, updated))
-}
+        } else {
+            let stored = self
+                .index(Event {
+                    kind: Some(event::Kind::ModelCardAdded(v1::ModelCardAdded {
+                        card: Some(card.clone()),
+                    })),
+                })
+                .await?;
+            if stored {
+                v1::AddModelReply {
+                    card: Some(card),
+                    command_id: uuid::Uuid::now_v7().to_string(),
+                    // The node that built the card says what it fetched.
+                    bytes_fetched: 0,
+                    error: None,
+                }
+            } else {
+                v1::AddModelReply {
+                    error: Some(
+                        AdminFailure::InvalidArgument("the card was refused by the log".into())
+                            .to_proto(),
+                    ),
+                    ..Default::default()
+                }
+            }
+        };
+        Ok(answer)
+    }
 
-/// A model card from the state's instances or the built-in catalogue.
-fn find_card(state: &ClusterState, model_id: &str) -> Option<v1::ModelCard> {
-    state
-        .instances
-        .values()
-        .filter_map(|i| i.model.as_ref())
-        .find(|m| m.model_id == model_id)
-        .cloned()
-        .or_else(|| crate::catalogue::find(state, model_id))
+    /// Logs a worker's report, once and in its sender's order; a runner's
+    /// report also counts its failures.
+    async fn local(&mut self, local: LocalEvent) -> Result<(), ActorProcessingErr> {
+        let last = self.seen.get(&local.origin_node_id).copied().unwrap_or(0);
+        if local.origin_seq <= last {
+            return Ok(()); // a re-send
+        }
+        if local.previous_seq > last {
+            // One before it was lost (sent to the master before this
+            // one): its sender sends both again, in order.
+            tracing::debug!(
+                origin = local.origin_node_id,
+                seq = local.origin_seq,
+                missing = local.previous_seq,
+                "a report arrived before the one it follows"
+            );
+            return Ok(());
+        }
+        let Some(event) = local.event else {
+            return Ok(());
+        };
+        // Workers speak only for themselves.
+        let speaker = match &event.kind {
+            Some(event::Kind::NodeGatheredInfo(info)) => Some(&info.node_id),
+            Some(event::Kind::NodeDownloadProgress(p)) => Some(&p.node_id),
+            _ => None,
+        };
+        if let Some(speaker) = speaker {
+            if *speaker != local.origin_node_id {
+                let key = self.bus.keys.local_events();
+                self.bus.count_dropped(&key, "node info for another node");
+                return Ok(());
+            }
+        }
+        self.seen
+            .insert(local.origin_node_id.clone(), local.origin_seq);
+        let runner = runner_report(&event);
+        self.index_from(event, local.origin_node_id, local.origin_seq)
+            .await?;
+        if let Some((runner_id, failed)) = runner {
+            self.on_runner_report(&runner_id, failed).await?;
+        }
+        Ok(())
+    }
 }
 
 impl Actor for Master {
@@ -935,146 +736,18 @@ impl Actor for Master {
                 let _ = reply.send(answer);
             }
             MasterMsg::Delete(request, reply) => {
-                let known = state
-                    .state()
-                    .await?
-                    .instances
-                    .contains_key(&request.instance_id);
-                let answer = if !known {
-                    v1::DeleteInstanceReply {
-                        command_id: String::new(),
-                        error: Some(
-                            AdminFailure::NotFound(format!(
-                                "no instance {:?}",
-                                request.instance_id
-                            ))
-                            .to_proto(),
-                        ),
-                    }
-                } else {
-                    state
-                        .index(Event {
-                            kind: Some(event::Kind::InstanceDeleted(v1::InstanceDeleted {
-                                instance_id: request.instance_id.clone(),
-                                ..Default::default()
-                            })),
-                        })
-                        .await?;
-                    v1::DeleteInstanceReply::default()
-                };
+                let answer = state.delete(&request).await?;
                 let _ = reply.send(answer);
             }
             MasterMsg::Download(request, reply) => {
-                let command_id = uuid::Uuid::now_v7().to_string();
-                let cluster = state.state().await?;
-                let answer = match download_event(&cluster, &request, &command_id) {
-                    Ok(event) => {
-                        if state.index(event).await? {
-                            v1::DownloadReply {
-                                command_id,
-                                error: None,
-                            }
-                        } else {
-                            v1::DownloadReply {
-                                command_id: String::new(),
-                                error: Some(
-                                    AdminFailure::Internal("the log refused it".into()).to_proto(),
-                                ),
-                            }
-                        }
-                    }
-                    Err(failure) => v1::DownloadReply {
-                        command_id: String::new(),
-                        error: Some(failure.to_proto()),
-                    },
-                };
+                let answer = state.download(&request).await?;
                 let _ = reply.send(answer);
             }
             MasterMsg::AddCard(card, reply) => {
-                let answer = if crate::catalogue::card(&card.model_id).is_some() {
-                    v1::AddModelReply {
-                        error: Some(
-                            AdminFailure::Conflict(format!(
-                                "{} is a built-in model",
-                                card.model_id
-                            ))
-                            .to_proto(),
-                        ),
-                        ..Default::default()
-                    }
-                } else {
-                    let stored = state
-                        .index(Event {
-                            kind: Some(event::Kind::ModelCardAdded(v1::ModelCardAdded {
-                                card: Some(card.clone()),
-                            })),
-                        })
-                        .await?;
-                    if stored {
-                        v1::AddModelReply {
-                            card: Some(card),
-                            command_id: uuid::Uuid::now_v7().to_string(),
-                            // The node that built the card says what it fetched.
-                            bytes_fetched: 0,
-                            error: None,
-                        }
-                    } else {
-                        v1::AddModelReply {
-                            error: Some(
-                                AdminFailure::InvalidArgument(
-                                    "the card was refused by the log".into(),
-                                )
-                                .to_proto(),
-                            ),
-                            ..Default::default()
-                        }
-                    }
-                };
+                let answer = state.add_card(card).await?;
                 let _ = reply.send(answer);
             }
-            MasterMsg::Local(local) => {
-                let last = state.seen.get(&local.origin_node_id).copied().unwrap_or(0);
-                if local.origin_seq <= last {
-                    return Ok(()); // a re-send
-                }
-                if local.previous_seq > last {
-                    // One before it was lost (sent to the master before this
-                    // one): its sender sends both again, in order.
-                    tracing::debug!(
-                        origin = local.origin_node_id,
-                        seq = local.origin_seq,
-                        missing = local.previous_seq,
-                        "a report arrived before the one it follows"
-                    );
-                    return Ok(());
-                }
-                let Some(event) = local.event else {
-                    return Ok(());
-                };
-                // Workers speak only for themselves.
-                let speaker = match &event.kind {
-                    Some(event::Kind::NodeGatheredInfo(info)) => Some(&info.node_id),
-                    Some(event::Kind::NodeDownloadProgress(p)) => Some(&p.node_id),
-                    _ => None,
-                };
-                if let Some(speaker) = speaker {
-                    if *speaker != local.origin_node_id {
-                        let key = state.bus.keys.local_events();
-                        state.bus.count_dropped(&key, "node info for another node");
-                        return Ok(());
-                    }
-                }
-                state
-                    .seen
-                    .insert(local.origin_node_id.clone(), local.origin_seq);
-                let runner = runner_report(&event);
-                state
-                    .index_from(event, local.origin_node_id, local.origin_seq)
-                    .await?;
-                if let Some((runner_id, failed)) = runner {
-                    state.on_runner_report(&runner_id, failed).await?;
-                }
-            }
+            MasterMsg::Local(local) => state.local(local).await?,
             MasterMsg::SetDraft(request, reply) => {
                 let answer = state.set_draft(&request).await?;
                 let _ = reply.send(answer);

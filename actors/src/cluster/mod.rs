@@ -5,7 +5,8 @@
 //!   [`election::actor`], which runs it over zenoh and starts the
 //!   [`master`] on the winner.
 //! - [`master`]: the Master actor, the log's one writer: commands and
-//!   local events in, indexed events out.
+//!   local events in, indexed events out; [`commands`]: what a command
+//!   stands for, decided from the state alone (pure).
 //! - [`placement`]: which nodes run a model and how it is split (pure).
 //! - [`replica`]: every node's copy of the log, persisted in order, with
 //!   catch-up; [`log_sync`]: how a follower's log comes to agree with its
@@ -13,6 +14,7 @@
 //! - [`local_events`]: this node's reports to the master, in one ordered
 //!   sequence that survives a master change.
 
+pub mod commands;
 pub mod election;
 #[cfg(test)]
 mod failover_sim;
