@@ -244,108 +244,20 @@ impl RunningNode {
 /// Starts a node.
 pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
     let node_id = node_identity(&options.data_dir)?;
-    let keys = Keys::new(&options.namespace)?;
-    let events_dir = options.data_dir.join("events");
-    let journal = Journal::open(&events_dir, Journal::DEFAULT_SNAPSHOT_EVERY)
-        .map_err(|e| NodeError::Log(format!("{}: {e}", events_dir.display())))?;
-    let clock = journal.state().session().map_or(0, |s| s.election_clock);
-    // Any other node in the log (even one this node timed out while it led
-    // alone): this node has been in a cluster and rejoins it.
-    let logged = journal.state().as_proto();
-    let was_member = logged
-        .nodes
-        .keys()
-        .chain(logged.local_seqs.keys())
-        .chain(logged.session.iter().map(|s| &s.master_node_id))
-        .any(|node| *node != node_id);
-    tracing::info!(
-        node_id,
-        last_index = journal.state().last_index(),
-        "opened the event log"
-    );
+    let log = OpenedLog::open(&options.data_dir, &node_id)?;
     let ring_slot = claim_ring_slot(options.ring_port_base, &node_id)?;
     tracing::info!(base = ring_slot.base, "ring ports");
     let (listen, runner_endpoint) = runner_endpoint(&options.listen)?;
     // After `tessera cluster init` or `--join`: every link is mutual TLS.
     let credentials = tessera_trust::ClusterDir::of(&options.data_dir).credentials();
-    if credentials.is_some() {
-        tracing::info!("secured cluster: mutual TLS against the cluster's authority");
-    } else {
-        tracing::warn!(
-            "open cluster: any machine that reaches this node's zenoh port can join it; \
-             secure it with `tessera cluster init`"
-        );
-    }
-    let mut config = zenoh_config(
-        "peer",
-        &listen,
-        &options.connect,
-        options.multicast,
-        credentials.as_ref(),
-    )?;
-    crate::bus::deny_revoked(&mut config, &logged.revoked)?;
-    let signatures = match &credentials {
-        Some(credentials) => Some(Arc::new(Signatures::load(credentials)?)),
-        None => None,
-    };
-    if let Some(signatures) = &signatures {
-        signatures
-            .verifier
-            .set_revoked(logged.revoked.iter().cloned());
-        if let Err(error) = tessera_trust::handshake::install() {
-            tracing::warn!(%error, "revoked members are refused by their signatures only");
-        }
-        tessera_trust::handshake::set_revoked(logged.revoked.iter().cloned());
-    }
-    let session = zenoh::open(config).await.map_err(BusError::zenoh)?;
-    let bus = Bus::new(session, keys).with_signatures(signatures.clone());
-    let applied = Arc::new(AtomicU64::new(0));
-    let actor_error = |e: ractor::SpawnErr| NodeError::Actor(e.to_string());
-    let (replica, _) = Actor::spawn(
-        None,
-        Replica,
-        ReplicaArgs {
-            journal,
-            bus: bus.clone(),
-            applied: applied.clone(),
-        },
-    )
-    .await
-    .map_err(actor_error)?;
-    let leadership = Leadership::default();
-    let (election, _) = Actor::spawn(
-        None,
-        ElectionActor,
-        ElectionArgs {
-            node_id: node_id.clone(),
-            bus: bus.clone(),
-            replica: replica.clone(),
-            applied: applied.clone(),
-            clock,
-            was_member,
-            leadership: leadership.clone(),
-            max_concurrent: options.max_concurrent,
-            secured: credentials.is_some(),
-        },
-    )
-    .await
-    .map_err(actor_error)?;
-
+    let (bus, signatures) = open_bus(&options, &listen, credentials.as_ref(), &log.revoked).await?;
+    let secured = credentials.is_some();
+    let (replica, election, leadership) =
+        spawn_cluster_actors(&options, &node_id, &bus, log, secured).await?;
     let token = bus.declare_token(bus.keys.alive(&node_id)?).await?;
-
-    let client = if options.offline {
-        None
-    } else {
-        Some(Arc::new(tessera_hub::HubClient::from_env().map_err(
-            |e| NodeError::Config {
-                key: "HF_ENDPOINT".into(),
-                reason: e.to_string(),
-            },
-        )?))
-    };
     let downloader = Arc::new(crate::worker::downloads::Downloader {
         store: options.models.clone(),
-        client,
+        client: hub_client(options.offline)?,
         parallel: 4,
     });
     let router = Router {
@@ -360,7 +272,6 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
     if let Some(signatures) = signatures {
         tasks.push(refuse_the_revoked(signatures, &replica).await?);
     }
-    let mut worker = None;
     // Every node reports itself (a node without a worker too: it is a
     // member, shown by `admin nodes`, but placement skips it).
     let events = Arc::new(LocalEvents::new(bus.clone(), node_id.clone()));
@@ -375,30 +286,28 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
         ring_slot.base,
         replica.clone(),
     )));
-    if options.worker {
-        let exe = std::env::current_exe().map_err(|source| NodeError::Io {
-            path: "the tessera binary".into(),
-            source,
-        })?;
-        let (actor, _) = Actor::spawn(
-            None,
-            Worker,
-            WorkerArgs {
-                node_id: node_id.clone(),
-                bus: bus.clone(),
-                replica: replica.clone(),
-                events,
-                exe,
-                data_dir: options.data_dir.clone(),
-                threads: options.runner_threads.max(1),
-                runner_endpoint,
-                downloader,
-            },
-        )
-        .await
-        .map_err(actor_error)?;
-        worker = Some(actor);
-    }
+    let worker = if options.worker {
+        let args = WorkerArgs {
+            node_id: node_id.clone(),
+            bus: bus.clone(),
+            replica: replica.clone(),
+            events,
+            exe: std::env::current_exe().map_err(|source| NodeError::Io {
+                path: "the tessera binary".into(),
+                source,
+            })?,
+            data_dir: options.data_dir.clone(),
+            threads: options.runner_threads.max(1),
+            runner_endpoint,
+            downloader,
+        };
+        let (actor, _) = Actor::spawn(None, Worker, args)
+            .await
+            .map_err(actor_error)?;
+        Some(actor)
+    } else {
+        None
+    };
     Ok(RunningNode {
         node_id,
         bus,
@@ -410,6 +319,140 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
         _token: token,
         _ring_slot: ring_slot,
     })
+}
+
+fn actor_error(error: ractor::SpawnErr) -> NodeError {
+    NodeError::Actor(error.to_string())
+}
+
+/// The node's event log as it was left, and what the node learns from it
+/// before it meets anyone.
+struct OpenedLog {
+    journal: Journal,
+    /// The election clock of the last session in the log.
+    clock: u64,
+    /// Any other node is in the log (even one this node timed out while it
+    /// led alone): this node has been in a cluster and rejoins it.
+    was_member: bool,
+    /// The members revoked so far, refused before any message is read.
+    revoked: Vec<String>,
+}
+
+impl OpenedLog {
+    fn open(data_dir: &Path, node_id: &str) -> Result<Self, NodeError> {
+        let events_dir = data_dir.join("events");
+        let journal = Journal::open(&events_dir, Journal::DEFAULT_SNAPSHOT_EVERY)
+            .map_err(|e| NodeError::Log(format!("{}: {e}", events_dir.display())))?;
+        let clock = journal.state().session().map_or(0, |s| s.election_clock);
+        let logged = journal.state().as_proto();
+        let was_member = logged
+            .nodes
+            .keys()
+            .chain(logged.local_seqs.keys())
+            .chain(logged.session.iter().map(|s| &s.master_node_id))
+            .any(|node| node != node_id);
+        let revoked = logged.revoked.clone();
+        tracing::info!(
+            node_id,
+            last_index = journal.state().last_index(),
+            "opened the event log"
+        );
+        Ok(Self {
+            journal,
+            clock,
+            was_member,
+            revoked,
+        })
+    }
+}
+
+/// The node's zenoh session: mutual TLS with signed messages where the
+/// node holds cluster credentials, revoked members refused from the start.
+async fn open_bus(
+    options: &NodeOptions,
+    listen: &[String],
+    credentials: Option<&tessera_trust::Credentials>,
+    revoked: &[String],
+) -> Result<(Bus, Option<Arc<Signatures>>), NodeError> {
+    if credentials.is_some() {
+        tracing::info!("secured cluster: mutual TLS against the cluster's authority");
+    } else {
+        tracing::warn!(
+            "open cluster: any machine that reaches this node's zenoh port can join it; \
+             secure it with `tessera cluster init`"
+        );
+    }
+    let mut config = zenoh_config(
+        "peer",
+        listen,
+        &options.connect,
+        options.multicast,
+        credentials,
+    )?;
+    crate::bus::deny_revoked(&mut config, revoked)?;
+    let signatures = match credentials {
+        Some(credentials) => Some(Arc::new(Signatures::load(credentials)?)),
+        None => None,
+    };
+    if let Some(signatures) = &signatures {
+        signatures.verifier.set_revoked(revoked.iter().cloned());
+        if let Err(error) = tessera_trust::handshake::install() {
+            tracing::warn!(%error, "revoked members are refused by their signatures only");
+        }
+        tessera_trust::handshake::set_revoked(revoked.iter().cloned());
+    }
+    let session = zenoh::open(config).await.map_err(BusError::zenoh)?;
+    let keys = Keys::new(&options.namespace)?;
+    let bus = Bus::new(session, keys).with_signatures(signatures.clone());
+    Ok((bus, signatures))
+}
+
+/// The Replica (the log) and the Election (which starts the Master on
+/// the winner), and the leadership the election publishes.
+async fn spawn_cluster_actors(
+    options: &NodeOptions,
+    node_id: &str,
+    bus: &Bus,
+    log: OpenedLog,
+    secured: bool,
+) -> Result<(ActorRef<ReplicaMsg>, ActorRef<ElectionMsg>, Leadership), NodeError> {
+    let applied = Arc::new(AtomicU64::new(0));
+    let replica_args = ReplicaArgs {
+        journal: log.journal,
+        bus: bus.clone(),
+        applied: applied.clone(),
+    };
+    let (replica, _) = Actor::spawn(None, Replica, replica_args)
+        .await
+        .map_err(actor_error)?;
+    let leadership = Leadership::default();
+    let election_args = ElectionArgs {
+        node_id: node_id.to_string(),
+        bus: bus.clone(),
+        replica: replica.clone(),
+        applied,
+        clock: log.clock,
+        was_member: log.was_member,
+        leadership: leadership.clone(),
+        max_concurrent: options.max_concurrent,
+        secured,
+    };
+    let (election, _) = Actor::spawn(None, ElectionActor, election_args)
+        .await
+        .map_err(actor_error)?;
+    Ok((replica, election, leadership))
+}
+
+/// The hub client downloads use; none when the node is offline.
+fn hub_client(offline: bool) -> Result<Option<Arc<tessera_hub::HubClient>>, NodeError> {
+    if offline {
+        return Ok(None);
+    }
+    let client = tessera_hub::HubClient::from_env().map_err(|e| NodeError::Config {
+        key: "HF_ENDPOINT".into(),
+        reason: e.to_string(),
+    })?;
+    Ok(Some(Arc::new(client)))
 }
 
 /// Keeps the verifier's revoked members those of the log, as it grows.

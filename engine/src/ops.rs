@@ -710,6 +710,10 @@ mod f16_tests {
     #[test]
     fn many_head_kernels_are_each_heads_single_kernel_bit_for_bit() {
         if !f16_simd::available() {
+            tessera_testkit::not_run_here(
+                "ops::many_head_kernels_are_each_heads_single_kernel_bit_for_bit",
+                "the AVX2+FMA+F16C kernels (this CPU lacks them)",
+            );
             return;
         }
         #[target_feature(enable = "avx2,fma,f16c")]

@@ -1,6 +1,9 @@
 //! The client against the local mirror: resume, verification, 429,
 //! cancellation and errors, over real HTTP on loopback.
 
+// Test code: an unwrap or expect that fails is a failed test, with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

@@ -49,3 +49,24 @@ pub fn loopback_listeners(n: usize) -> (Vec<TcpListener>, Vec<SocketAddr>) {
         .collect();
     (listeners, addrs)
 }
+
+/// Says that `test` could not run its `path` on this machine (a CPU
+/// feature it lacks, say), so that no test passes silently in its place:
+/// on stderr, and as a line of the file `TESSERA_NOT_RUN_HERE` names, which
+/// `scripts/test` prints as a summary at its end.
+pub fn not_run_here(test: &str, path: &str) {
+    use std::io::Write;
+    let line = format!("not run here: {test}: {path}");
+    eprintln!("{line}");
+    let Some(file) = std::env::var_os("TESSERA_NOT_RUN_HERE") else {
+        return;
+    };
+    let appended = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&file)
+        .and_then(|mut f| writeln!(f, "{line}"));
+    if let Err(error) = appended {
+        eprintln!("could not record it in {}: {error}", file.to_string_lossy());
+    }
+}

@@ -787,7 +787,12 @@ mod tests {
         let (avx2, vnni) = kernels::x86_paths();
         eprintln!("this CPU: AVX2 {avx2}, AVX-512 VNNI {vnni}");
         if !vnni {
-            return; // Only the AVX2 path exists here; the other tests cover it.
+            // Only the AVX2 path exists here; the other tests cover it.
+            tessera_testkit::not_run_here(
+                "quant::vnni_kernels_give_the_avx2_kernels_bits",
+                "the AVX-512 VNNI kernels (this CPU lacks them)",
+            );
+            return;
         }
         for format in BLOCK32_FORMATS {
             let cols = 576;
@@ -930,6 +935,13 @@ mod tests {
                         );
                     }
                 }
+            }
+            #[cfg(target_arch = "x86_64")]
+            if !kernels::avx512_available() {
+                tessera_testkit::not_run_here(
+                    "quant::k_quant_many_token_kernels_give_each_tokens_bits",
+                    &format!("the AVX-512 kernels of {format:?}, if any (this CPU lacks AVX-512)"),
+                );
             }
             if let Some(dot8) = kernels.dot8 {
                 let mut out = vec![[0.0; 8]; rows];

@@ -2,6 +2,9 @@
 //! its own binary, and linking the engine and candle into each one cost CI
 //! minutes and gigabytes of disk.
 
+// Test code: an unwrap or expect that fails is a failed test, with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod architectures;
 mod batching;
 mod distributed;
