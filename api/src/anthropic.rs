@@ -249,22 +249,25 @@ impl MessagesRequest {
                 "stop sequences must not be empty",
             ));
         }
-        Ok(v1::TextGenerationParams {
-            model_id: self.model.clone(),
-            messages,
-            raw_prompt: None,
-            tools_json,
-            sampling: Some(v1::SamplingParams {
-                temperature: self.temperature,
-                top_p: self.top_p,
-                top_k: self.top_k,
-                max_tokens: Some(self.max_tokens),
-                stop,
-                ..Default::default()
-            }),
-            enable_thinking: None,
-            speculative: super::extension::speculative(self.tessera.as_ref()),
-        })
+        crate::valid::checked(
+            v1::TextGenerationParams {
+                model_id: self.model.clone(),
+                messages,
+                raw_prompt: None,
+                tools_json,
+                sampling: Some(v1::SamplingParams {
+                    temperature: self.temperature,
+                    top_p: self.top_p,
+                    top_k: self.top_k,
+                    max_tokens: Some(self.max_tokens),
+                    stop,
+                    ..Default::default()
+                }),
+                enable_thinking: None,
+                speculative: super::extension::speculative(self.tessera.as_ref()),
+            },
+            "",
+        )
     }
 }
 

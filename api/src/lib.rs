@@ -14,6 +14,8 @@
 //! - [`answer`]: a generation from its first chunk to the client (tried
 //!   again when its instance went away).
 //! - [`sse`]: server-sent events, and [`body`]: a JSON body or a 400.
+//! - [`valid`]: the one check of a generation's parameters, the engine's
+//!   own, which every dialect's mapper ends with.
 //! - one module per dialect, the pure mapper (`openai`, `anthropic`,
 //!   `ollama`, `responses`), with its HTTP handlers in `{dialect}/handlers`.
 //! - [`cluster`]: `/models`, `/instance/...`, `/download/...`, `/models/add`,
@@ -49,6 +51,7 @@ mod ready;
 pub mod responses;
 mod server;
 mod sse;
+mod valid;
 
 pub use auth::ApiKeys;
 pub use options::ApiOptions;

@@ -162,15 +162,18 @@ impl ChatRequest {
                 ..Default::default()
             });
         }
-        Ok(v1::TextGenerationParams {
-            model_id: self.model.clone(),
-            messages,
-            raw_prompt: None,
-            tools_json: self.tools.iter().flatten().map(Value::to_string).collect(),
-            sampling: Some(sampling(self.options.as_ref(), context)?),
-            enable_thinking: None,
-            speculative: super::extension::speculative(self.tessera.as_ref()),
-        })
+        crate::valid::checked(
+            v1::TextGenerationParams {
+                model_id: self.model.clone(),
+                messages,
+                raw_prompt: None,
+                tools_json: self.tools.iter().flatten().map(Value::to_string).collect(),
+                sampling: Some(sampling(self.options.as_ref(), context)?),
+                enable_thinking: None,
+                speculative: super::extension::speculative(self.tessera.as_ref()),
+            },
+            "options.",
+        )
     }
 }
 
@@ -199,15 +202,18 @@ impl GenerateRequest {
                 ..Default::default()
             });
         }
-        Ok(v1::TextGenerationParams {
-            model_id: self.model.clone(),
-            messages,
-            raw_prompt: raw.then(|| self.prompt.clone()),
-            tools_json: Vec::new(),
-            sampling: Some(sampling(self.options.as_ref(), context)?),
-            enable_thinking: None,
-            speculative: super::extension::speculative(self.tessera.as_ref()),
-        })
+        crate::valid::checked(
+            v1::TextGenerationParams {
+                model_id: self.model.clone(),
+                messages,
+                raw_prompt: raw.then(|| self.prompt.clone()),
+                tools_json: Vec::new(),
+                sampling: Some(sampling(self.options.as_ref(), context)?),
+                enable_thinking: None,
+                speculative: super::extension::speculative(self.tessera.as_ref()),
+            },
+            "options.",
+        )
     }
 }
 

@@ -120,7 +120,6 @@ pub struct InFunction {
 
 /// Stop strings a request may give.
 const MAX_STOPS: usize = 16;
-const MAX_TOP_LOGPROBS: u32 = 20;
 
 fn range(param: &str, value: Option<f32>, low: f32, high: f32) -> Result<(), ApiError> {
     match value {
@@ -187,12 +186,6 @@ impl ChatRequest {
         range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)?;
         range("presence_penalty", self.presence_penalty, -2.0, 2.0)?;
         range("repetition_penalty", self.repetition_penalty, 0.01, 10.0)?;
-        if self.top_logprobs.is_some_and(|k| k > MAX_TOP_LOGPROBS) {
-            return Err(ApiError::invalid(
-                "top_logprobs",
-                format!("top_logprobs must be at most {MAX_TOP_LOGPROBS}"),
-            ));
-        }
         let max_tokens = self.max_completion_tokens.or(self.max_tokens);
         match max_tokens {
             Some(0) => {
@@ -283,33 +276,36 @@ impl ChatRequest {
             Vec::new()
         };
         let logprobs = self.logprobs.unwrap_or(false);
-        Ok(v1::TextGenerationParams {
-            model_id: self.model.clone(),
-            messages,
-            raw_prompt: None,
-            tools_json,
-            sampling: Some(v1::SamplingParams {
-                temperature: self.temperature,
-                top_p: self.top_p,
-                top_k: self.top_k,
-                min_p: self.min_p,
-                repetition_penalty: self.repetition_penalty,
-                presence_penalty: self.presence_penalty,
-                frequency_penalty: self.frequency_penalty,
-                seed: self.seed,
-                max_tokens,
-                stop,
-                stop_token_ids: Vec::new(),
-                logprobs,
-                top_logprobs: if logprobs {
-                    self.top_logprobs.unwrap_or(0)
-                } else {
-                    0
-                },
-            }),
-            enable_thinking: None,
-            speculative: super::extension::speculative(self.tessera.as_ref()),
-        })
+        crate::valid::checked(
+            v1::TextGenerationParams {
+                model_id: self.model.clone(),
+                messages,
+                raw_prompt: None,
+                tools_json,
+                sampling: Some(v1::SamplingParams {
+                    temperature: self.temperature,
+                    top_p: self.top_p,
+                    top_k: self.top_k,
+                    min_p: self.min_p,
+                    repetition_penalty: self.repetition_penalty,
+                    presence_penalty: self.presence_penalty,
+                    frequency_penalty: self.frequency_penalty,
+                    seed: self.seed,
+                    max_tokens,
+                    stop,
+                    stop_token_ids: Vec::new(),
+                    logprobs,
+                    top_logprobs: if logprobs {
+                        self.top_logprobs.unwrap_or(0)
+                    } else {
+                        0
+                    },
+                }),
+                enable_thinking: None,
+                speculative: super::extension::speculative(self.tessera.as_ref()),
+            },
+            "",
+        )
     }
 }
 

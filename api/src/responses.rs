@@ -220,20 +220,23 @@ impl ResponsesRequest {
         } else {
             Vec::new()
         };
-        Ok(v1::TextGenerationParams {
-            model_id: self.model.clone(),
-            messages,
-            raw_prompt: None,
-            tools_json,
-            sampling: Some(v1::SamplingParams {
-                temperature: self.temperature,
-                top_p: self.top_p,
-                max_tokens: self.max_output_tokens,
-                ..Default::default()
-            }),
-            enable_thinking: None,
-            speculative: super::extension::speculative(self.tessera.as_ref()),
-        })
+        crate::valid::checked(
+            v1::TextGenerationParams {
+                model_id: self.model.clone(),
+                messages,
+                raw_prompt: None,
+                tools_json,
+                sampling: Some(v1::SamplingParams {
+                    temperature: self.temperature,
+                    top_p: self.top_p,
+                    max_tokens: self.max_output_tokens,
+                    ..Default::default()
+                }),
+                enable_thinking: None,
+                speculative: super::extension::speculative(self.tessera.as_ref()),
+            },
+            "",
+        )
     }
 }
 

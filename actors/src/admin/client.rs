@@ -376,6 +376,13 @@ impl AdminClient {
         mut params: v1::TextGenerationParams,
         chunk_timeout: Duration,
     ) -> Result<GenerationStream, AdminClientError> {
+        // The engine's own checks, here at the edge: refused before it is sent.
+        if let Err(error) = crate::runner::request::request_from(&params) {
+            return Err(AdminClientError::Refused {
+                kind: "invalid_request".into(),
+                message: error.to_string(),
+            });
+        }
         let instances = self.instances().await?;
         let instance_id = match instances.instances.iter().find(|i| i.instance_id == target) {
             Some(instance) => {
