@@ -150,18 +150,7 @@ impl Api {
         }
         let model = target.model_id.as_str();
         let state = self.state().await?;
-        let of_model = |state: &v1::ClusterState| -> (bool, bool) {
-            let mut any = false;
-            let mut ready = false;
-            for instance in state.instances.values() {
-                if instance.model.as_ref().is_some_and(|m| m.model_id == model) {
-                    any = true;
-                    ready |= rank0_ready(state, instance);
-                }
-            }
-            (any, ready)
-        };
-        let (any, ready) = of_model(&state);
+        let (any, ready) = of_model(&state, model);
         if ready {
             return Ok(());
         }
@@ -177,46 +166,57 @@ impl Api {
                     ),
                 ));
             }
-            // Just after start-up the nodes may not have reported yet.
-            let waiting = Instant::now();
-            let mut state = state;
-            while !state
+            self.place(model).await?;
+        }
+        self.wait_until_ready(model, place).await
+    }
+
+    /// Places an instance of `model` (once the nodes have reported, just
+    /// after start-up).
+    async fn place(&self, model: &str) -> Result<(), ApiError> {
+        let has_a_worker = |state: &v1::ClusterState| {
+            state
                 .nodes
                 .values()
                 .any(|n| n.info.as_ref().is_some_and(|i| !i.no_worker))
-                && waiting.elapsed() < Duration::from_secs(10)
-            {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                state = self.state().await?;
-            }
-            tracing::info!(model, "no instance; placing one");
-            let reply: v1::PlaceInstanceReply = self
-                .ask(
-                    AdminMethod::Place,
-                    &v1::PlaceInstanceRequest {
-                        model_id: model.to_string(),
-                        sharding: v1::Sharding::Pipeline as i32,
-                        min_nodes: 1,
-                        node_ids: Vec::new(),
-                        // Asked again under the same id: placed once.
-                        request_id: uuid::Uuid::now_v7().to_string(),
-                    },
-                )
-                .await?;
-            if let Some(error) = reply.error {
-                return Err(ApiError {
-                    code: Some("model_does_not_fit"),
-                    ..ApiError::unavailable(format!("placing {model}: {}", error.message))
-                });
-            }
+        };
+        // Just after start-up the nodes may not have reported yet.
+        let _ = self
+            .state_where(Instant::now() + Duration::from_secs(10), has_a_worker)
+            .await;
+        tracing::info!(model, "no instance; placing one");
+        let reply: v1::PlaceInstanceReply = self
+            .ask(
+                AdminMethod::Place,
+                &v1::PlaceInstanceRequest {
+                    model_id: model.to_string(),
+                    sharding: v1::Sharding::Pipeline as i32,
+                    min_nodes: 1,
+                    node_ids: Vec::new(),
+                    // Asked again under the same id: placed once.
+                    request_id: uuid::Uuid::now_v7().to_string(),
+                },
+            )
+            .await?;
+        match reply.error {
+            Some(error) => Err(ApiError {
+                code: Some("model_does_not_fit"),
+                ..ApiError::unavailable(format!("placing {model}: {}", error.message))
+            }),
+            None => Ok(()),
         }
-        // Placed (now or before): wait for it to be ready.
+    }
+
+    /// Waits, on each change of the state, until an instance of `model`
+    /// is ready; says at once why not when it never will be.
+    async fn wait_until_ready(&self, model: &str, placed_here: bool) -> Result<(), ApiError> {
         let started = Instant::now();
+        let deadline = started + self.options.ready_timeout;
+        let mut changes = self.state.clone();
         let mut last_report = Instant::now();
         loop {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            let state = self.state().await?;
-            match of_model(&state) {
+            let state = changes.borrow_and_update().clone();
+            match of_model(&state, model) {
                 (_, true) => {
                     tracing::info!(model, waited = ?started.elapsed(), "instance ready");
                     return Ok(());
@@ -225,7 +225,7 @@ impl Api {
                     let reason = state.given_up.get(model).cloned().unwrap_or_default();
                     return Err(given_up(model, &reason));
                 }
-                (false, _) if !place => {
+                (false, _) if !placed_here => {
                     return Err(ApiError::not_found(
                         "model_not_placed",
                         format!("the instance of {model:?} is gone"),
@@ -240,18 +240,57 @@ impl Api {
                     return Err(ApiError::unavailable(reason));
                 }
             }
-            if started.elapsed() > self.options.ready_timeout {
+            if last_report.elapsed() > Duration::from_secs(5) {
+                last_report = Instant::now();
+                tracing::info!(model, waited = ?started.elapsed(), "waiting for the instance");
+            }
+            // The next change, or a moment later (the download grace ends
+            // without a change).
+            let wake = deadline.min(Instant::now() + Duration::from_secs(1));
+            let changed = tokio::time::timeout_at(wake.into(), changes.changed()).await;
+            if let Ok(Err(_)) = changed {
+                return Err(ApiError::unavailable("the node's state is gone (stopping?)"));
+            }
+            if Instant::now() >= deadline {
                 return Err(ApiError::unavailable(format!(
                     "{model} is not ready after {:?}",
                     self.options.ready_timeout
                 )));
             }
-            if last_report.elapsed() > Duration::from_secs(5) {
-                last_report = Instant::now();
-                tracing::info!(model, waited = ?started.elapsed(), "waiting for the instance");
-            }
         }
     }
+
+    /// The state once `wanted` holds of it, or the last one at `deadline`.
+    async fn state_where(
+        &self,
+        deadline: Instant,
+        wanted: impl Fn(&v1::ClusterState) -> bool,
+    ) -> std::sync::Arc<v1::ClusterState> {
+        let mut changes = self.state.clone();
+        let found = tokio::time::timeout_at(
+            deadline.into(),
+            changes.wait_for(|state| wanted(state)),
+        )
+        .await;
+        if let Ok(Ok(state)) = found {
+            return state.clone();
+        }
+        let last = self.state.borrow().clone();
+        last
+    }
+}
+
+/// Whether `state` has an instance of `model`, and whether one is ready.
+fn of_model(state: &v1::ClusterState, model: &str) -> (bool, bool) {
+    let mut any = false;
+    let mut ready = false;
+    for instance in state.instances.values() {
+        if instance.model.as_ref().is_some_and(|m| m.model_id == model) {
+            any = true;
+            ready |= rank0_ready(state, instance);
+        }
+    }
+    (any, ready)
 }
 
 /// Whether every rank of `instance` has a runner ready (or running).
