@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use tessera_protos::v1;
 
 use super::body::parse;
-use super::context::Api;
+use super::context::{stopped, Api};
 use super::error::ApiError;
 use super::ready::rank0_ready;
 use super::sse::sse_channel;
@@ -451,6 +451,7 @@ pub(super) struct EventsQuery {
 pub(super) async fn events(State(api): State<Api>, Query(query): Query<EventsQuery>) -> Response {
     let (tx, response) = sse_channel();
     let mut next = query.from.unwrap_or(1).max(1);
+    let mut stopping = api.stopping.clone();
     tokio::spawn(async move {
         loop {
             let events = call_t!(
@@ -476,6 +477,7 @@ pub(super) async fn events(State(api): State<Api>, Query(query): Query<EventsQue
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(100)) => {}
                 _ = tx.closed() => return,
+                _ = stopped(&mut stopping) => return,
             }
         }
     });

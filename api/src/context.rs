@@ -28,6 +28,9 @@ pub(super) struct Api {
     /// which only appear at a start).
     pub(super) secured: bool,
     pub(super) options: Arc<ApiOptions>,
+    /// Turns true when the API stops: endless streams (the state, the
+    /// events) end then, so that the drain does not wait on them.
+    pub(super) stopping: tokio::sync::watch::Receiver<bool>,
     /// Requests in hand per model.
     pub(super) queues: Queues,
 }
@@ -36,6 +39,11 @@ impl Api {
     pub(super) async fn state(&self) -> Result<Arc<v1::ClusterState>, ApiError> {
         Ok(self.state.borrow().clone())
     }
+}
+
+/// Once the API is told to stop (or its server is gone).
+pub(super) async fn stopped(stopping: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = stopping.wait_for(|stop| *stop).await;
 }
 
 /// Seconds since the Unix epoch (0 if the clock is before it).

@@ -55,4 +55,4 @@ mod valid;
 
 pub use auth::ApiKeys;
 pub use options::ApiOptions;
-pub use server::serve;
+pub use server::{serve, ApiServer};

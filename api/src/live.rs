@@ -15,7 +15,7 @@ use tessera_state::{ReplayError, ReplayOptions};
 
 use tessera_protos::v1;
 
-use super::context::Api;
+use super::context::{stopped, Api};
 use super::error::ApiError;
 use super::sse::{data, sse_channel};
 use tessera_actors::cluster::replica::ReplicaMsg;
@@ -91,6 +91,7 @@ pub(super) async fn state_stream(State(api): State<Api>) -> Response {
     let (tx, response) = sse_channel();
     tokio::spawn(async move {
         let mut view = api.state.clone();
+        let mut stopping = api.stopping.clone();
         loop {
             let state = tessera_state::State::from_proto((**view.borrow_and_update()).clone());
             let cluster = api.cluster_json();
@@ -104,6 +105,7 @@ pub(super) async fn state_stream(State(api): State<Api>) -> Response {
             tokio::select! {
                 _ = tokio::time::sleep(STREAM_INTERVAL) => {}
                 _ = tx.closed() => return,
+                _ = stopped(&mut stopping) => return,
             }
             // Wait for a new state, or a new leadership, or the client to go.
             loop {
@@ -118,6 +120,7 @@ pub(super) async fn state_stream(State(api): State<Api>) -> Response {
                         }
                     }
                     _ = tx.closed() => return,
+                    _ = stopped(&mut stopping) => return,
                 }
             }
         }

@@ -249,7 +249,9 @@ impl Api {
             let wake = deadline.min(Instant::now() + Duration::from_secs(1));
             let changed = tokio::time::timeout_at(wake.into(), changes.changed()).await;
             if let Ok(Err(_)) = changed {
-                return Err(ApiError::unavailable("the node's state is gone (stopping?)"));
+                return Err(ApiError::unavailable(
+                    "the node's state is gone (stopping?)",
+                ));
             }
             if Instant::now() >= deadline {
                 return Err(ApiError::unavailable(format!(
@@ -267,11 +269,8 @@ impl Api {
         wanted: impl Fn(&v1::ClusterState) -> bool,
     ) -> std::sync::Arc<v1::ClusterState> {
         let mut changes = self.state.clone();
-        let found = tokio::time::timeout_at(
-            deadline.into(),
-            changes.wait_for(|state| wanted(state)),
-        )
-        .await;
+        let found =
+            tokio::time::timeout_at(deadline.into(), changes.wait_for(|state| wanted(state))).await;
         if let Ok(Ok(state)) = found {
             return state.clone();
         }

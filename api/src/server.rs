@@ -10,9 +10,10 @@ use axum::http::{HeaderValue, Method};
 use axum::routing::{delete, get, post, put};
 use axum::Router;
 use ractor::ActorRef;
+use tokio::sync::watch;
 use tower_http::cors::{AllowOrigin, Any, CorsLayer};
 
-use super::context::{Api, Queues};
+use super::context::{stopped, Api, Queues};
 use super::error::ApiError;
 use super::options::ApiOptions;
 use super::{anthropic, auth, cluster, dashboard, join, live, ollama, openai, responses};
@@ -21,35 +22,43 @@ use tessera_actors::bus::Bus;
 use tessera_actors::cluster::election::actor::Leadership;
 use tessera_actors::cluster::replica::ReplicaMsg;
 
-/// Serves the API until the task is aborted; returns the bound address.
+/// A serving API: where it listens, and how to stop it.
+pub struct ApiServer {
+    pub address: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ApiServer {
+    /// Stops taking connections, lets the requests in flight finish (each
+    /// connection closes after its current answer) for up to `drain`, then
+    /// closes what is left.
+    pub async fn shutdown(self, drain: Duration) {
+        let _ = self.stop.send(true);
+        let mut task = self.task;
+        if tokio::time::timeout(drain, &mut task).await.is_err() {
+            tracing::warn!(
+                ?drain,
+                "API requests still running after the drain; closing them"
+            );
+            task.abort();
+        }
+    }
+}
+
+/// Serves the API until [`ApiServer::shutdown`].
 pub async fn serve(
     options: ApiOptions,
     node_id: String,
     bus: Bus,
     replica: ActorRef<ReplicaMsg>,
     leadership: Leadership,
-) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let cors = if options.cors_origins.is_empty() {
-        CorsLayer::new()
-            .allow_origin(Any)
-            .allow_methods(Any)
-            .allow_headers(Any)
-    } else {
-        let origins: Vec<HeaderValue> = options
-            .cors_origins
-            .iter()
-            .filter_map(|o| HeaderValue::from_str(o).ok())
-            .collect();
-        CorsLayer::new()
-            .allow_origin(AllowOrigin::list(origins))
-            .allow_methods([Method::GET, Method::POST, Method::DELETE])
-            .allow_headers(Any)
-    };
-    let max_body = options.max_body_bytes;
+) -> std::io::Result<ApiServer> {
     let listener = tokio::net::TcpListener::bind(options.listen).await?;
     let address = listener.local_addr()?;
     let state = call_t!(replica, ReplicaMsg::Watch, tessera_actors::ACTOR_CALL_MS)
         .map_err(|e| std::io::Error::other(format!("watching the state: {e}")))?;
+    let (stop, stopping) = watch::channel(false);
     let api = Api {
         node_id,
         bus,
@@ -63,8 +72,34 @@ pub async fn serve(
         }),
         queues: Queues::new(options.queue_limit),
         options: Arc::new(options),
+        stopping: stopping.clone(),
     };
-    let app = Router::new()
+    let app = router(&api);
+    tracing::info!(%address, "HTTP API listening");
+    for model in api.options.preload.clone() {
+        let api = api.clone();
+        tokio::spawn(async move {
+            match api.resolve_placing(&model, true).await {
+                Ok(_) => tracing::info!(model, "serving"),
+                Err(error) => tracing::error!(model, %error, "could not serve the model"),
+            }
+        });
+    }
+    let limits = ConnectionLimits {
+        idle_timeout: api.options.idle_timeout,
+        max_connections: api.options.max_connections.max(1),
+    };
+    let task = tokio::spawn(accept_loop(listener, app, limits, stopping));
+    Ok(ApiServer {
+        address,
+        stop,
+        task,
+    })
+}
+
+/// Every endpoint, behind the body limit, the key check and CORS.
+fn router(api: &Api) -> Router {
+    Router::new()
         .route(
             "/v1/chat/completions",
             post(openai::handlers::chat_completions),
@@ -99,30 +134,33 @@ pub async fn serve(
             delete(cluster::delete_download),
         )
         .fallback(not_found)
-        .layer(DefaultBodyLimit::max(max_body))
+        .layer(DefaultBodyLimit::max(api.options.max_body_bytes))
         // Inside CORS: a browser's preflight carries no key.
         .layer(axum::middleware::from_fn_with_state(
             api.options.api_keys.clone(),
             auth::require_key,
         ))
-        .layer(cors)
-        .with_state(api.clone());
-    tracing::info!(%address, "HTTP API listening");
-    for model in api.options.preload.clone() {
-        let api = api.clone();
-        tokio::spawn(async move {
-            match api.resolve_placing(&model, true).await {
-                Ok(_) => tracing::info!(model, "serving"),
-                Err(error) => tracing::error!(model, %error, "could not serve the model"),
-            }
-        });
+        .layer(cors(&api.options))
+        .with_state(api.clone())
+}
+
+/// Any origin, or the listed ones.
+fn cors(options: &ApiOptions) -> CorsLayer {
+    if options.cors_origins.is_empty() {
+        return CorsLayer::new()
+            .allow_origin(Any)
+            .allow_methods(Any)
+            .allow_headers(Any);
     }
-    let limits = ConnectionLimits {
-        idle_timeout: api.options.idle_timeout,
-        max_connections: api.options.max_connections.max(1),
-    };
-    let task = tokio::spawn(accept_loop(listener, app, limits));
-    Ok((address, task))
+    let origins: Vec<HeaderValue> = options
+        .cors_origins
+        .iter()
+        .filter_map(|o| HeaderValue::from_str(o).ok())
+        .collect();
+    CorsLayer::new()
+        .allow_origin(AllowOrigin::list(origins))
+        .allow_methods([Method::GET, Method::POST, Method::DELETE])
+        .allow_headers(Any)
 }
 
 #[derive(Clone, Copy)]
@@ -134,12 +172,23 @@ struct ConnectionLimits {
 /// Accepts connections and serves HTTP/1.1 on each, with a header-read and
 /// idle timeout (a slow or silent client does not hold a connection) and a
 /// bound on connections (one over it is closed at once, so a flood cannot
-/// exhaust the node's file descriptors).
-async fn accept_loop(listener: tokio::net::TcpListener, app: Router, limits: ConnectionLimits) {
+/// exhaust the node's file descriptors). When `stopping` turns true it
+/// takes no more, and returns once every connection has closed after its
+/// current answer.
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    limits: ConnectionLimits,
+    mut stopping: watch::Receiver<bool>,
+) {
     let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     let mut refusals = tessera_actors::throttle::Throttle::new(Duration::from_secs(5));
     loop {
-        let (tcp, peer) = match listener.accept().await {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stopped(&mut stopping) => break,
+        };
+        let (tcp, peer) = match accepted {
             Ok(accepted) => accepted,
             Err(error) => {
                 // Out of file descriptors, say: wait a moment, then go on.
@@ -161,24 +210,53 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router, limits: Con
             drop(tcp);
             continue;
         };
-        // Small SSE writes must leave at once: with Nagle's algorithm a
-        // token waits for the client's delayed ACK (40 ms on Linux).
-        if let Err(error) = tcp.set_nodelay(true) {
-            tracing::debug!(%error, "TCP_NODELAY on an API connection");
-        }
-        let service = hyper_util::service::TowerToHyperService::new(app.clone());
-        tokio::spawn(async move {
-            let served = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(limits.idle_timeout)
-                .serve_connection(hyper_util::rt::TokioIo::new(tcp), service)
-                .await;
-            if let Err(error) = served {
-                tracing::debug!(%peer, %error, "API connection ended");
-            }
-            drop(permit);
-        });
+        tokio::spawn(serve_connection(
+            tcp,
+            peer,
+            app.clone(),
+            limits,
+            stopping.clone(),
+            permit,
+        ));
     }
+    drop(listener);
+    tracing::info!("HTTP API stopped taking connections; draining");
+    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
+    let _ = permits.acquire_many(all).await;
+}
+
+/// One connection, until it closes or, once the API is stopping, until its
+/// current answer is sent.
+async fn serve_connection(
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    app: Router,
+    limits: ConnectionLimits,
+    mut stopping: watch::Receiver<bool>,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) {
+    // Small SSE writes must leave at once: with Nagle's algorithm a
+    // token waits for the client's delayed ACK (40 ms on Linux).
+    if let Err(error) = tcp.set_nodelay(true) {
+        tracing::debug!(%error, "TCP_NODELAY on an API connection");
+    }
+    let service = hyper_util::service::TowerToHyperService::new(app);
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(limits.idle_timeout)
+        .serve_connection(hyper_util::rt::TokioIo::new(tcp), service);
+    tokio::pin!(connection);
+    let served = tokio::select! {
+        served = connection.as_mut() => served,
+        _ = stopped(&mut stopping) => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
+    if let Err(error) = served {
+        tracing::debug!(%peer, %error, "API connection ended");
+    }
+    drop(permit);
 }
 
 async fn not_found() -> ApiError {

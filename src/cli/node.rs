@@ -204,16 +204,17 @@ pub fn run(mut args: NodeArgs) -> anyhow::Result<()> {
         let running = node::start(options.clone())
             .await
             .with_context(|| format!("starting the node in {}", options.data_dir.display()))?;
-        let (api_address, api_task) = match api {
+        let api_server = match api {
             Some(api) => match serve_api(api, &running).await {
-                Ok((address, task)) => (Some(address), Some(task)),
+                Ok(server) => Some(server),
                 Err(error) => {
                     running.shutdown().await;
                     return Err(error);
                 }
             },
-            None => (None, None),
+            None => None,
         };
+        let api_address = api_server.as_ref().map(|server| server.address);
         // One line for scripts and tests: who this node is.
         println!(
             "{}",
@@ -243,19 +244,23 @@ pub fn run(mut args: NodeArgs) -> anyhow::Result<()> {
         }
         wait_for_signal().await?;
         eprintln!("stopping: flushing the event log");
-        if let Some(task) = api_task {
-            task.abort();
+        if let Some(server) = api_server {
+            // Answers under way get a moment to finish; new requests are refused.
+            server.shutdown(API_DRAIN).await;
         }
         running.shutdown().await;
         Ok(())
     })
 }
 
+/// How long answers under way may take to finish when the node stops.
+const API_DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Serves the HTTP API on a started node.
 async fn serve_api(
     api: ApiOptions,
     running: &node::RunningNode,
-) -> anyhow::Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>)> {
+) -> anyhow::Result<tessera_api::ApiServer> {
     let listen = api.listen;
     tessera_api::serve(
         api,
