@@ -242,14 +242,26 @@ pub fn run(mut args: NodeArgs) -> anyhow::Result<()> {
                  (or bind --api-host 127.0.0.1)"
             );
         }
-        wait_for_signal().await?;
+        let mut health = running.health();
+        let fatal = tokio::select! {
+            signal = wait_for_signal() => {
+                signal?;
+                None
+            }
+            fatal = health.wait_for(|h| h.fatal.is_some()) => {
+                fatal.ok().and_then(|h| h.fatal.clone())
+            }
+        };
         eprintln!("stopping: flushing the event log");
         if let Some(server) = api_server {
             // Answers under way get a moment to finish; new requests are refused.
             server.shutdown(API_DRAIN).await;
         }
         running.shutdown().await;
-        Ok(())
+        match fatal {
+            Some(reason) => anyhow::bail!("the node stopped: {reason}"),
+            None => Ok(()),
+        }
     })
 }
 

@@ -322,6 +322,8 @@ impl SyntheticEvents {
             gathered_at_unix_ms: 1_764_000_000_000 + self.next_index * 10,
             no_worker: false,
             ring_port_base: 0,
+            actor_restarts: 0,
+            last_actor_failure: String::new(),
         }
     }
 }

@@ -86,6 +86,7 @@ pub fn hex(bytes: &[u8]) -> String {
 
 pub struct Worker;
 
+#[derive(Clone)]
 pub struct WorkerArgs {
     pub node_id: String,
     pub bus: Bus,

@@ -38,6 +38,12 @@ impl Leadership {
         self.lock().local_master.clone()
     }
 
+    /// No master known: where a new Election starts (one that failed may
+    /// have left its own Master here).
+    fn clear(&self) {
+        *self.lock() = LeadershipInner::default();
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, LeadershipInner> {
         self.inner
             .lock()
@@ -54,6 +60,7 @@ pub enum ElectionMsg {
 
 pub struct ElectionActor;
 
+#[derive(Clone)]
 pub struct ElectionArgs {
     pub node_id: String,
     pub bus: Bus,
@@ -117,6 +124,7 @@ impl Actor for ElectionActor {
         args: ElectionArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
         myself.send_interval(Duration::from_millis(25), || ElectionMsg::Tick);
+        args.leadership.clear();
         Ok(ElectionState {
             election: Election::new(args.node_id.clone(), args.clock, 0, args.was_member),
             node_id: args.node_id,

@@ -4,6 +4,8 @@
 //! (node info). The router tasks here turn zenoh samples into actor
 //! messages and answer the queryables.
 
+pub mod supervisor;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -15,18 +17,22 @@ use tessera_protos::v1::{
     GetStateReply, IndexedEvent, ListNodesReply, LocalEvent, NodeSummary,
 };
 use tessera_state::{Journal, State};
+use tokio::sync::watch;
 use zenoh::sample::SampleKind;
 
 use crate::admin::{self, decode_request, AdminFailure};
 use crate::bus::keys::{AdminMethod, KeyError, Keys};
 pub use crate::bus::zenoh_config;
 use crate::bus::{Asked, Bus, BusError, Signatures};
-use crate::cluster::election::actor::{ElectionActor, ElectionArgs, ElectionMsg, Leadership};
+use crate::cluster::election::actor::{ElectionMsg, Leadership};
 use crate::cluster::local_events::LocalEvents;
 use crate::cluster::master::MasterMsg;
 use crate::cluster::placement;
-use crate::cluster::replica::{Replica, ReplicaArgs, ReplicaMsg};
-use crate::worker::{Worker, WorkerArgs, WorkerMsg};
+use crate::cluster::replica::{ReplicaArgs, ReplicaMsg};
+use supervisor::{
+    Children, Current, ElectionSettings, Health, NodeSupervisor, SupervisorArgs, SupervisorMsg,
+    WorkerSettings,
+};
 
 /// How a node starts.
 #[derive(Clone, Debug)]
@@ -153,10 +159,10 @@ pub fn runner_endpoint(listen: &[String]) -> Result<(Vec<String>, String), NodeE
 pub struct RunningNode {
     pub node_id: String,
     bus: Bus,
-    replica: ActorRef<ReplicaMsg>,
-    election: ActorRef<ElectionMsg>,
+    supervisor: ActorRef<SupervisorMsg>,
+    children: Children,
+    health: watch::Receiver<Health>,
     leadership: Leadership,
-    worker: Option<ActorRef<WorkerMsg>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     _token: zenoh::liveliness::LivelinessToken,
     _ring_slot: RingSlot,
@@ -202,22 +208,37 @@ pub fn claim_ring_slot(preferred: Option<u16>, node_id: &str) -> Result<RingSlot
 impl RunningNode {
     /// Stops the actors, flushes the log and closes the session.
     pub async fn shutdown(self) {
+        // Children that end from here on are not restarted.
+        let _ = ractor::call_t!(
+            self.supervisor,
+            SupervisorMsg::Stopping,
+            crate::ACTOR_CALL_MS
+        );
         for task in &self.tasks {
             task.abort();
         }
-        if let Some(worker) = &self.worker {
+        if let Some(worker) = &self.children.worker {
             // Its runners are told to shut down and waited for.
             let _ = worker
+                .get()
                 .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(10)))
                 .await;
         }
-        self.election.stop(Some("shutdown".into()));
+        self.children.election.get().stop(Some("shutdown".into()));
         // The replica flushes its log as it stops.
         let _ = self
+            .children
             .replica
             .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(5)))
             .await;
+        self.supervisor.stop(Some("shutdown".into()));
         self.bus.close().await;
+    }
+
+    /// How the node's actors are doing; `fatal` set: the node cannot go on
+    /// and should be shut down.
+    pub fn health(&self) -> watch::Receiver<Health> {
+        self.health.clone()
     }
 
     /// The node's typed zenoh session.
@@ -227,7 +248,7 @@ impl RunningNode {
 
     /// The replica: the log, and the state it publishes.
     pub fn replica(&self) -> &ActorRef<ReplicaMsg> {
-        &self.replica
+        &self.children.replica
     }
 
     /// The master this node follows, as the election publishes it.
@@ -252,69 +273,66 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
     let credentials = tessera_trust::ClusterDir::of(&options.data_dir).credentials();
     let (bus, signatures) = open_bus(&options, &listen, credentials.as_ref(), &log.revoked).await?;
     let secured = credentials.is_some();
-    let (replica, election, leadership) =
-        spawn_cluster_actors(&options, &node_id, &bus, log, secured).await?;
     let token = bus.declare_token(bus.keys.alive(&node_id)?).await?;
     let downloader = Arc::new(crate::worker::downloads::Downloader {
         store: options.models.clone(),
         client: hub_client(options.offline)?,
         parallel: 4,
     });
+    // Every node reports itself (a node without a worker too: it is a
+    // member, shown by `admin nodes`, but placement skips it).
+    let events = Arc::new(LocalEvents::new(bus.clone(), node_id.clone()));
+    let (health_tx, health) = watch::channel(Health::default());
+    let leadership = Leadership::default();
+    let args = supervisor_args(SupervisedParts {
+        options: &options,
+        node_id: &node_id,
+        bus: &bus,
+        log,
+        secured,
+        leadership: &leadership,
+        events: &events,
+        runner_endpoint,
+        downloader: &downloader,
+        health: health_tx,
+    })?;
+    let (supervisor, _) = Actor::spawn(None, NodeSupervisor, args)
+        .await
+        .map_err(actor_error)?;
+    let children = ractor::call_t!(supervisor, SupervisorMsg::Children, crate::ACTOR_CALL_MS)
+        .map_err(|e| NodeError::Actor(e.to_string()))?;
+    let replica = children.replica.clone();
     let router = Router {
-        downloader: downloader.clone(),
+        downloader,
         node_id: node_id.clone(),
         bus: bus.clone(),
         replica: replica.clone(),
-        election: election.clone(),
+        election: children.election.clone(),
         leadership: leadership.clone(),
     };
     let mut tasks = router.spawn_all().await?;
     if let Some(signatures) = signatures {
         tasks.push(refuse_the_revoked(signatures, &replica).await?);
     }
-    // Every node reports itself (a node without a worker too: it is a
-    // member, shown by `admin nodes`, but placement skips it).
-    let events = Arc::new(LocalEvents::new(bus.clone(), node_id.clone()));
     tasks.push(tokio::spawn(resend_unindexed_reports(
         events.clone(),
         replica.clone(),
     )));
     tasks.push(tokio::spawn(publish_node_info(
-        events.clone(),
+        events,
         options.data_dir.clone(),
         options.worker,
         ring_slot.base,
-        replica.clone(),
+        replica,
+        health.clone(),
     )));
-    let worker = if options.worker {
-        let args = WorkerArgs {
-            node_id: node_id.clone(),
-            bus: bus.clone(),
-            replica: replica.clone(),
-            events,
-            exe: std::env::current_exe().map_err(|source| NodeError::Io {
-                path: "the tessera binary".into(),
-                source,
-            })?,
-            data_dir: options.data_dir.clone(),
-            threads: options.runner_threads.max(1),
-            runner_endpoint,
-            downloader,
-        };
-        let (actor, _) = Actor::spawn(None, Worker, args)
-            .await
-            .map_err(actor_error)?;
-        Some(actor)
-    } else {
-        None
-    };
     Ok(RunningNode {
         node_id,
         bus,
-        replica,
-        election,
+        supervisor,
+        children,
+        health,
         leadership,
-        worker,
         tasks,
         _token: token,
         _ring_slot: ring_slot,
@@ -407,29 +425,44 @@ async fn open_bus(
     Ok((bus, signatures))
 }
 
-/// The Replica (the log) and the Election (which starts the Master on
-/// the winner), and the leadership the election publishes.
-async fn spawn_cluster_actors(
-    options: &NodeOptions,
-    node_id: &str,
-    bus: &Bus,
+/// What the supervisor's children are made of.
+struct SupervisedParts<'a> {
+    options: &'a NodeOptions,
+    node_id: &'a str,
+    bus: &'a Bus,
     log: OpenedLog,
     secured: bool,
-) -> Result<(ActorRef<ReplicaMsg>, ActorRef<ElectionMsg>, Leadership), NodeError> {
+    leadership: &'a Leadership,
+    events: &'a Arc<LocalEvents>,
+    runner_endpoint: String,
+    downloader: &'a Arc<crate::worker::downloads::Downloader>,
+    health: watch::Sender<Health>,
+}
+
+/// The Replica (the log), the Election (which starts the Master on the
+/// winner) and the Worker (if this node runs models), for the supervisor.
+fn supervisor_args(parts: SupervisedParts<'_>) -> Result<SupervisorArgs, NodeError> {
+    let SupervisedParts {
+        options,
+        node_id,
+        bus,
+        log,
+        secured,
+        leadership,
+        events,
+        runner_endpoint,
+        downloader,
+        health,
+    } = parts;
     let applied = Arc::new(AtomicU64::new(0));
-    let replica_args = ReplicaArgs {
+    let replica = ReplicaArgs {
         journal: log.journal,
         bus: bus.clone(),
         applied: applied.clone(),
     };
-    let (replica, _) = Actor::spawn(None, Replica, replica_args)
-        .await
-        .map_err(actor_error)?;
-    let leadership = Leadership::default();
-    let election_args = ElectionArgs {
+    let election = ElectionSettings {
         node_id: node_id.to_string(),
         bus: bus.clone(),
-        replica: replica.clone(),
         applied,
         clock: log.clock,
         was_member: log.was_member,
@@ -437,10 +470,29 @@ async fn spawn_cluster_actors(
         max_concurrent: options.max_concurrent,
         secured,
     };
-    let (election, _) = Actor::spawn(None, ElectionActor, election_args)
-        .await
-        .map_err(actor_error)?;
-    Ok((replica, election, leadership))
+    let worker = if options.worker {
+        Some(WorkerSettings {
+            node_id: node_id.to_string(),
+            bus: bus.clone(),
+            events: events.clone(),
+            exe: std::env::current_exe().map_err(|source| NodeError::Io {
+                path: "the tessera binary".into(),
+                source,
+            })?,
+            data_dir: options.data_dir.clone(),
+            threads: options.runner_threads.max(1),
+            runner_endpoint,
+            downloader: downloader.clone(),
+        })
+    } else {
+        None
+    };
+    Ok(SupervisorArgs {
+        replica,
+        election,
+        worker,
+        health,
+    })
 }
 
 /// The hub client downloads use; none when the node is offline.
@@ -485,7 +537,8 @@ struct Router {
     node_id: String,
     bus: Bus,
     replica: ActorRef<ReplicaMsg>,
-    election: ActorRef<ElectionMsg>,
+    /// The Election as it is now (the supervisor may have restarted it).
+    election: Current<ElectionMsg>,
     leadership: Leadership,
     /// Its hub client builds custom model cards (`add_model`).
     downloader: Arc<crate::worker::downloads::Downloader>,
@@ -670,7 +723,7 @@ impl Router {
         let mut tasks = vec![
             self.bus
                 .route(keys.election(), move |_, message: ElectionMessage| {
-                    let _ = election.cast(ElectionMsg::Message(message));
+                    let _ = election.get().cast(ElectionMsg::Message(message));
                 })
                 .await?,
             self.route_liveliness().await?,
@@ -781,7 +834,7 @@ impl Router {
                     SampleKind::Put => ElectionMsg::NodeAlive(node.to_string()),
                     SampleKind::Delete => ElectionMsg::NodeGone(node.to_string()),
                 };
-                let _ = this.election.cast(message);
+                let _ = this.election.get().cast(message);
             }
         }))
     }
@@ -939,6 +992,8 @@ pub fn gather_node_info(data_dir: &Path) -> v1::NodeInfo {
             .map_or(0, |d| d.as_millis() as u64),
         no_worker: false,
         ring_port_base: 0,
+        actor_restarts: 0,
+        last_actor_failure: String::new(),
     }
 }
 
@@ -965,15 +1020,24 @@ async fn publish_node_info(
     worker: bool,
     ring_port_base: u16,
     replica: ActorRef<ReplicaMsg>,
+    health: watch::Receiver<Health>,
 ) {
     let node_id = events.node_id().to_string();
     let mut last_sent: Option<(u64, std::time::Instant)> = None;
+    let mut restarts_sent = 0;
     let mut interval = tokio::time::interval(Duration::from_millis(500));
     loop {
         interval.tick().await;
+        let (actor_restarts, last_actor_failure) = {
+            let health = health.borrow();
+            let restarts: u32 = health.restarts.values().sum();
+            (restarts, health.last_failure.clone().unwrap_or_default())
+        };
         let info = v1::NodeInfo {
             no_worker: !worker,
             ring_port_base: u32::from(ring_port_base),
+            actor_restarts,
+            last_actor_failure,
             ..gather_node_info(&data_dir)
         };
         let available = info.memory_available_bytes;
@@ -981,7 +1045,7 @@ async fn publish_node_info(
             .map(|state| state.nodes.contains_key(&node_id))
             .unwrap_or(false);
         let due = match last_sent {
-            _ if !known => true,
+            _ if !known || actor_restarts != restarts_sent => true,
             None => true,
             Some((previous, at)) => {
                 let change = previous.abs_diff(available) as f64 / previous.max(1) as f64;
@@ -996,7 +1060,10 @@ async fn publish_node_info(
             info: Some(info),
         });
         match events.publish(event).await {
-            Ok(()) => last_sent = Some((available, std::time::Instant::now())),
+            Ok(()) => {
+                last_sent = Some((available, std::time::Instant::now()));
+                restarts_sent = actor_restarts;
+            }
             Err(error) => tracing::warn!(%error, "publishing node info"),
         }
     }
@@ -1026,5 +1093,77 @@ mod tests {
             assert_ne!(endpoint, given);
         }
         Ok(())
+    }
+
+    /// A node of its own on loopback, offline, running no models.
+    async fn lone_node(dir: &Path) -> Result<RunningNode, NodeError> {
+        start(NodeOptions {
+            namespace: "supervised".into(),
+            listen: vec!["tcp/127.0.0.1:0".into()],
+            connect: Vec::new(),
+            multicast: false,
+            data_dir: dir.to_path_buf(),
+            worker: false,
+            runner_threads: 1,
+            max_concurrent: 1,
+            ring_port_base: None,
+            models: crate::worker::downloads::ModelStore::new(
+                dir.join("models"),
+                Vec::new(),
+                Vec::new(),
+            ),
+            offline: true,
+        })
+        .await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_election_is_restarted_and_reported() {
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let node = lone_node(dir.path()).await.expect("a node starts");
+        let mut health = node.health();
+        let first = node.children.election.get();
+        first.kill();
+        let restarted = tokio::time::timeout(
+            Duration::from_secs(20),
+            health.wait_for(|h| h.restarts.get("Election") == Some(&1)),
+        )
+        .await
+        .map(|seen| seen.map(|h| h.clone()));
+        assert!(
+            matches!(restarted, Ok(Ok(_))),
+            "no restart: {:?}",
+            *node.health().borrow()
+        );
+        let now = node.children.election.get();
+        assert_ne!(now.get_id(), first.get_id());
+        assert!(
+            now.get_status() <= ractor::ActorStatus::Running,
+            "{:?}",
+            now.get_status()
+        );
+        assert!(health.borrow().fatal.is_none());
+        assert!(health.borrow().last_failure.is_some());
+        node.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_replica_stops_the_node_with_the_reason() {
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let node = lone_node(dir.path()).await.expect("a node starts");
+        let mut health = node.health();
+        node.children.replica.kill();
+        let fatal = tokio::time::timeout(
+            Duration::from_secs(20),
+            health.wait_for(|h| h.fatal.is_some()),
+        )
+        .await
+        .map(|seen| seen.map(|h| h.clone()));
+        assert!(
+            matches!(fatal, Ok(Ok(_))),
+            "not fatal: {:?}",
+            *node.health().borrow()
+        );
+        node.shutdown().await;
     }
 }
