@@ -26,8 +26,8 @@ use std::time::Duration;
 use crate::dist::collectives::{CollectiveError, Group, SingleRank};
 use crate::logits::BestToken;
 use crate::model::paged::{BlockId, KvPool};
-use crate::model::transformer::ForwardError;
 use crate::model::transformer::RowOutput;
+use crate::model::transformer::{ForwardError, Pass};
 use crate::model::{ForwardOutput, SeqSpan, StageInput, Transformer, Workspace};
 use crate::threadpool::ThreadPool;
 
@@ -496,8 +496,13 @@ impl<'m> Executor<'m> {
         let input = StageInput::Tokens(tokens);
         let logits = RowOutput::Logits;
         let mut single = SingleRank;
-        let out =
-            model.forward_batch(input, spans, logits, kv, workspace, &self.pool, &mut single)?;
+        let step = Pass {
+            kv,
+            ws: workspace,
+            pool: &self.pool,
+            group: &mut single,
+        };
+        let out = model.forward_batch(input, spans, logits, step)?;
         match out {
             ForwardOutput::Logits(logits) => Ok(logits),
             ForwardOutput::Hidden(_)
@@ -549,15 +554,13 @@ impl<'m> Executor<'m> {
             group.recv_prev(&mut self.hidden)?;
             StageInput::Hidden(&self.hidden)
         };
-        let out = model.forward_batch(
-            input,
-            spans,
-            output,
-            &mut self.kv,
-            &mut self.workspace,
-            &self.pool,
+        let step = Pass {
+            kv: &mut self.kv,
+            ws: &mut self.workspace,
+            pool: &self.pool,
             group,
-        )?;
+        };
+        let out = model.forward_batch(input, spans, output, step)?;
         let mut have_logits = false;
         let mut have_best = false;
         match out {

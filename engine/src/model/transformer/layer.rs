@@ -14,21 +14,19 @@ use crate::ops;
 use crate::threadpool::{split_range, DisjointSlice, ThreadPool};
 
 use super::io::{ForwardError, SeqSpan};
-use super::workspace::Workspace;
+use super::workspace::{Pass, Workspace};
 use super::{Attention, Layer, Mixer, Mlp, Transformer, Whole};
 
 impl Transformer {
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn layer_forward(
         &self,
         layer: &Layer,
         tokens: usize,
         spans: &[SeqSpan<'_>],
-        kv: &mut KvPool,
-        ws: &mut Workspace,
-        pool: &ThreadPool,
-        group: &mut dyn Group,
+        step: &mut Pass<'_, '_>,
     ) -> Result<(), ForwardError> {
+        let (kv, ws, pool) = (&mut *step.kv, &mut *step.ws, step.pool);
+        let group = &mut *step.group;
         let cfg = &self.config;
         let h = cfg.hidden;
         let n = tokens;
@@ -42,7 +40,13 @@ impl Transformer {
         );
         let o_bias = match &layer.mixer {
             Mixer::Attention(attn) => {
-                self.attention_block(attn, n, spans, kv, ws, pool, group)?;
+                let mut step = Pass {
+                    kv: &mut *kv,
+                    ws: &mut *ws,
+                    pool,
+                    group: &mut *group,
+                };
+                self.attention_block(attn, n, spans, &mut step)?;
                 attn.o_bias.as_deref()
             }
             Mixer::Linear { net, state_offset } => {
@@ -124,17 +128,15 @@ impl Transformer {
 
     /// Attention over `ws.normed` into `ws.proj`, before o_proj's bias and
     /// the reduction.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn attention_block(
         &self,
         attn: &Attention,
         n: usize,
         spans: &[SeqSpan<'_>],
-        kv: &mut KvPool,
-        ws: &mut Workspace,
-        pool: &ThreadPool,
-        group: &mut dyn Group,
+        step: &mut Pass<'_, '_>,
     ) -> Result<(), ForwardError> {
+        let (kv, ws, pool) = (&mut *step.kv, &mut *step.ws, step.pool);
+        let group = &mut *step.group;
         let cfg = &self.config;
         let (h, qd, kvd, hd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
         ws.acts.set(&ws.normed[..n * h], n, h);

@@ -15,7 +15,7 @@ pub use cache::KvCache;
 pub use io::{ForwardError, ForwardOutput, RowOutput, SeqSpan, StageInput};
 pub(in crate::model) use split::HeadLayout;
 pub use split::{TensorLayout, TensorSplit};
-pub use workspace::Workspace;
+pub use workspace::{Pass, Workspace};
 
 use std::ops::Range;
 
@@ -284,7 +284,13 @@ impl Transformer {
             state: 0,
         };
         let logits = RowOutput::Logits;
-        let out = self.forward_batch(input, &[span], logits, &mut cache.pool, ws, pool, group)?;
+        let step = Pass {
+            kv: &mut cache.pool,
+            ws,
+            pool,
+            group,
+        };
+        let out = self.forward_batch(input, &[span], logits, step)?;
         cache.len = start + tokens;
         Ok(out)
     }
@@ -296,17 +302,19 @@ impl Transformer {
     /// is in the batch. The last stage returns one row of logits per span
     /// that asks for them, in span order (or their best tokens, see
     /// [`RowOutput`]); other stages the hidden states of every token.
-    #[allow(clippy::too_many_arguments)]
     pub fn forward_batch<'w>(
         &self,
         input: StageInput<'_>,
         spans: &[SeqSpan<'_>],
         output: RowOutput,
-        kv: &mut KvPool,
-        ws: &'w mut Workspace,
-        pool: &ThreadPool,
-        group: &mut dyn Group,
+        step: Pass<'_, 'w>,
     ) -> Result<ForwardOutput<'w>, ForwardError> {
+        let Pass {
+            kv,
+            ws,
+            pool,
+            group,
+        } = step;
         let cfg = &self.config;
         let hidden = cfg.hidden;
         let tokens = match &input {
@@ -377,7 +385,13 @@ impl Transformer {
             }
         }
         for layer in &self.layers {
-            self.layer_forward(layer, tokens, spans, kv, ws, pool, group)?;
+            let mut step = Pass {
+                kv: &mut *kv,
+                ws: &mut *ws,
+                pool,
+                group: &mut *group,
+            };
+            self.layer_forward(layer, tokens, spans, &mut step)?;
         }
         let wanted: usize = spans.iter().map(|s| s.logits).sum();
         if !self.is_last_stage() || wanted == 0 {

@@ -122,3 +122,14 @@ impl Workspace {
         }
     }
 }
+
+/// What one forward pass works with besides the model: the KV pool, the
+/// scratch buffers, the threads and the rank's group (a tensor or pipeline
+/// split's peers; `SingleRank` alone).
+/// (`'w`: how long the answer, which borrows the workspace, may live.)
+pub struct Pass<'a, 'w> {
+    pub kv: &'a mut crate::model::paged::KvPool,
+    pub ws: &'w mut Workspace,
+    pub pool: &'a crate::threadpool::ThreadPool,
+    pub group: &'a mut dyn crate::dist::collectives::Group,
+}
