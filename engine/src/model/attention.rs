@@ -19,7 +19,7 @@ use half::f16;
 
 use super::config::ModelConfig;
 use super::transformer::{HeadLayout, SeqSpan};
-use crate::model::paged::{BlockId, KvPool, BLOCK_TOKENS};
+use crate::model::paged::{BlockId, BLOCK_TOKENS};
 use crate::ops;
 use crate::threadpool::{split_range, DisjointSlice, ThreadPool};
 
@@ -47,26 +47,47 @@ pub(super) struct Scoring {
     pub softcap: Option<f32>,
 }
 
+/// A step's queries: each token's query heads, and where it sits (its
+/// sequence, `spans[token_span[t]]`, and its position).
+pub(super) struct Queries<'a> {
+    pub q: &'a [f32],
+    pub spans: &'a [SeqSpan<'a>],
+    pub token_span: &'a [u32],
+    pub positions: &'a [usize],
+}
+
+/// Where attention writes: its output, and each thread's `stride` floats
+/// of scratch.
+pub(super) struct Buffers<'a> {
+    pub out: &'a mut [f32],
+    pub scratch: &'a mut [f32],
+    pub stride: usize,
+}
+
 /// One layer's attention: `out[t, head] = softmax(q[t, head] · K) V` over
-/// the positions token `t`'s sequence (`spans[token_span[t]]`) has seen,
-/// for `positions.len()` tokens, each head against its KV head in
-/// `layout`. `scratch` holds `stride` floats per thread.
-#[allow(clippy::too_many_arguments)]
+/// the positions token `t`'s sequence has seen, for every token of
+/// `queries`, each head against its KV head in `layout`; `layer` is the
+/// layer's keys and values in the pool.
 pub(super) fn attention(
     cfg: &ModelConfig,
     layout: HeadLayout,
     scoring: Scoring,
-    q: &[f32],
-    kv: &KvPool,
-    layer: usize,
-    spans: &[SeqSpan<'_>],
-    token_span: &[u32],
-    positions: &[usize],
-    out: &mut [f32],
-    scratch: &mut [f32],
-    stride: usize,
+    queries: Queries<'_>,
+    (keys, values): (&[f16], &[f16]),
+    buffers: Buffers<'_>,
     pool: &ThreadPool,
 ) {
+    let Queries {
+        q,
+        spans,
+        token_span,
+        positions,
+    } = queries;
+    let Buffers {
+        out,
+        scratch,
+        stride,
+    } = buffers;
     let group = layout.group;
     // Sharing conversions across heads leaves fewer, larger work items:
     // worth it once there are enough of them to keep every thread busy.
@@ -76,7 +97,6 @@ pub(super) fn attention(
         1
     };
     let chunks = group.div_ceil(at_once);
-    let (keys, values) = kv.layer(layer);
     let job = Job {
         heads: cfg.heads,
         hd: cfg.head_dim,
@@ -106,8 +126,14 @@ pub(super) fn attention(
             let row = t * job.heads * job.hd;
             // SAFETY: (t, head) pairs are disjoint across threads.
             let o = unsafe { out_view.part(row + heads.start * job.hd..row + heads.end * job.hd) };
-            let table = spans[token_span[t] as usize].table;
-            job.attend(t, kv_head, heads, table, positions[t] + 1, o, scratch);
+            let item = Item {
+                t,
+                kv_head,
+                heads,
+                table: spans[token_span[t] as usize].table,
+                seen: positions[t] + 1,
+            };
+            job.attend(&item, o, scratch);
         }
     });
 }
@@ -124,31 +150,13 @@ struct Job<'a> {
 }
 
 impl Job<'_> {
-    /// Query heads `heads` (all of KV head `kv_head`) of token `t`, whose
-    /// sequence has seen `seen` positions through `table`, into `out`.
-    #[allow(clippy::too_many_arguments)]
-    fn attend(
-        &self,
-        t: usize,
-        kv_head: usize,
-        heads: Range<usize>,
-        table: &[BlockId],
-        seen: usize,
-        out: &mut [f32],
-        scratch: &mut [f32],
-    ) {
-        let item = Item {
-            t,
-            kv_head,
-            heads,
-            table,
-            seen,
-        };
+    /// One work item's query heads into `out`.
+    fn attend(&self, item: &Item<'_>, out: &mut [f32], scratch: &mut [f32]) {
         match item.heads.len() {
-            1 => self.attend_heads::<1>(&item, out, scratch),
-            2 => self.attend_heads::<2>(&item, out, scratch),
-            3 => self.attend_heads::<3>(&item, out, scratch),
-            _ => self.attend_heads::<4>(&item, out, scratch),
+            1 => self.attend_heads::<1>(item, out, scratch),
+            2 => self.attend_heads::<2>(item, out, scratch),
+            3 => self.attend_heads::<3>(item, out, scratch),
+            _ => self.attend_heads::<4>(item, out, scratch),
         }
     }
 

@@ -4,7 +4,7 @@
 use half::f16;
 
 use crate::dist::collectives::Group;
-use crate::model::attention::{self, Scoring};
+use crate::model::attention::{self, Buffers, Queries, Scoring};
 use crate::model::config::{Activation, LayerRope};
 use crate::model::gather::{grown, project};
 use crate::model::moe::ExpertSplits;
@@ -203,21 +203,19 @@ impl Transformer {
                 .unwrap_or(1.0 / (hd as f32).sqrt()),
             softcap: cfg.variant.attn_softcap,
         };
-        attention::attention(
-            cfg,
-            self.heads,
-            scoring,
-            &ws.q[..n * qd],
-            kv,
-            attn.kv_layer,
+        let queries = Queries {
+            q: &ws.q[..n * qd],
             spans,
-            &ws.token_span[..n],
-            &ws.positions[..n],
-            &mut ws.attn[..n * qd],
-            &mut ws.scores,
-            ws.scores_stride,
-            pool,
-        );
+            token_span: &ws.token_span[..n],
+            positions: &ws.positions[..n],
+        };
+        let buffers = Buffers {
+            out: &mut ws.attn[..n * qd],
+            scratch: &mut ws.scores,
+            stride: ws.scores_stride,
+        };
+        let layer_kv = kv.layer(attn.kv_layer);
+        attention::attention(cfg, self.heads, scoring, queries, layer_kv, buffers, pool);
         if attn.output_gate {
             for (o, g) in ws.attn[..n * qd].iter_mut().zip(&ws.attn_gate[..n * qd]) {
                 *o *= ops::sigmoid(*g);
