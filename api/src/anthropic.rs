@@ -114,6 +114,45 @@ impl MessagesRequest {
     }
 
     pub fn to_params(&self, context: u32) -> Result<v1::TextGenerationParams, ApiError> {
+        self.check_fields(context)?;
+        let mut messages = self.system_message()?.into_iter().collect::<Vec<_>>();
+        for (index, m) in self.messages.iter().enumerate() {
+            push_messages(index, m, &mut messages)?;
+        }
+        let tools_json = self.tools_json();
+        let stop = self.stop_sequences.clone().unwrap_or_default();
+        if stop.iter().any(String::is_empty) {
+            return Err(ApiError::invalid(
+                "stop_sequences",
+                "stop sequences must not be empty",
+            ));
+        }
+        crate::valid::checked(
+            v1::TextGenerationParams {
+                model_id: self.model.clone(),
+                messages,
+                raw_prompt: None,
+                tools_json,
+                sampling: Some(v1::SamplingParams {
+                    temperature: self.temperature,
+                    top_p: self.top_p,
+                    top_k: self.top_k,
+                    max_tokens: Some(self.max_tokens),
+                    stop,
+                    ..Default::default()
+                }),
+                enable_thinking: None,
+                speculative: super::extension::speculative(self.tessera.as_ref()),
+            },
+            "",
+        )
+    }
+}
+
+impl MessagesRequest {
+    /// Messages, a token limit within the context (0: unknown), and
+    /// Anthropic's ranges (the engine's own limits are checked at the end).
+    fn check_fields(&self, context: u32) -> Result<(), ApiError> {
         if self.messages.is_empty() {
             return Err(ApiError::invalid("messages", "messages must not be empty"));
         }
@@ -144,131 +183,112 @@ impl MessagesRequest {
                 format!("top_p must be between 0 and 1, got {p}"),
             ));
         }
-        let mut messages = Vec::new();
-        match &self.system {
-            Some(System::Text(text)) if !text.is_empty() => messages.push(v1::ChatMessage {
-                role: "system".into(),
+        Ok(())
+    }
+
+    /// The `system` field as a system message, unless it is empty.
+    fn system_message(&self) -> Result<Option<v1::ChatMessage>, ApiError> {
+        let text = match &self.system {
+            Some(System::Text(text)) => text.clone(),
+            Some(System::Blocks(blocks)) => text_of(
+                &Content::Blocks(blocks.iter().map(clone_text).collect()),
+                "system",
+            )?,
+            None => String::new(),
+        };
+        Ok((!text.is_empty()).then(|| v1::ChatMessage {
+            role: "system".into(),
+            content: text,
+            ..Default::default()
+        }))
+    }
+
+    /// The tools in OpenAI's function shape, unless `tool_choice` is none.
+    fn tools_json(&self) -> Vec<String> {
+        let tools_wanted = !matches!(&self.tool_choice, Some(c) if c.get("type").and_then(Value::as_str) == Some("none"));
+        if !tools_wanted {
+            return Vec::new();
+        }
+        self.tools
+            .iter()
+            .flatten()
+            .map(|t| {
+                json!({
+                    "type": "function",
+                    "function": {
+                        "name": t.name,
+                        "description": t.description.clone().unwrap_or_default(),
+                        "parameters": t.input_schema.clone().unwrap_or(json!({"type": "object"})),
+                    }
+                })
+                .to_string()
+            })
+            .collect()
+    }
+}
+
+/// Message `index` as wire messages: its text, thinking and tool uses in
+/// one, and each tool result as a message of its own.
+fn push_messages(
+    index: usize,
+    m: &InMessage,
+    messages: &mut Vec<v1::ChatMessage>,
+) -> Result<(), ApiError> {
+    let param = format!("messages[{index}]");
+    if m.role != "user" && m.role != "assistant" {
+        return Err(ApiError::invalid(
+            &format!("{param}.role"),
+            format!("role must be user or assistant, not {:?}", m.role),
+        ));
+    }
+    let blocks = match &m.content {
+        Content::Text(text) => {
+            messages.push(v1::ChatMessage {
+                role: m.role.clone(),
                 content: text.clone(),
                 ..Default::default()
+            });
+            return Ok(());
+        }
+        Content::Blocks(blocks) => blocks,
+    };
+    let mut message = v1::ChatMessage {
+        role: m.role.clone(),
+        ..Default::default()
+    };
+    for block in blocks {
+        match block {
+            Block::Text { text } => message.content.push_str(text),
+            Block::Thinking { thinking } => message.reasoning_content.push_str(thinking),
+            Block::ToolUse { id, name, input } => message.tool_calls.push(v1::ToolCall {
+                id: id.clone(),
+                name: name.clone(),
+                arguments_json: input.to_string(),
             }),
-            Some(System::Blocks(blocks)) => {
-                let text = text_of(
-                    &Content::Blocks(blocks.iter().map(clone_text).collect()),
-                    "system",
-                )?;
-                if !text.is_empty() {
-                    messages.push(v1::ChatMessage {
-                        role: "system".into(),
-                        content: text,
-                        ..Default::default()
-                    });
-                }
-            }
-            _ => {}
-        }
-        for (index, m) in self.messages.iter().enumerate() {
-            let param = format!("messages[{index}]");
-            if m.role != "user" && m.role != "assistant" {
-                return Err(ApiError::invalid(
-                    &format!("{param}.role"),
-                    format!("role must be user or assistant, not {:?}", m.role),
-                ));
-            }
-            let blocks = match &m.content {
-                Content::Text(text) => {
-                    messages.push(v1::ChatMessage {
-                        role: m.role.clone(),
-                        content: text.clone(),
-                        ..Default::default()
-                    });
-                    continue;
-                }
-                Content::Blocks(blocks) => blocks,
-            };
-            let mut message = v1::ChatMessage {
-                role: m.role.clone(),
+            Block::ToolResult {
+                tool_use_id,
+                content,
+            } => messages.push(v1::ChatMessage {
+                role: "tool".into(),
+                content: match content {
+                    Some(c) => text_of(c, &format!("{param}.content"))?,
+                    None => String::new(),
+                },
+                tool_call_id: tool_use_id.clone(),
                 ..Default::default()
-            };
-            for block in blocks {
-                match block {
-                    Block::Text { text } => message.content.push_str(text),
-                    Block::Thinking { thinking } => message.reasoning_content.push_str(thinking),
-                    Block::ToolUse { id, name, input } => message.tool_calls.push(v1::ToolCall {
-                        id: id.clone(),
-                        name: name.clone(),
-                        arguments_json: input.to_string(),
-                    }),
-                    Block::ToolResult {
-                        tool_use_id,
-                        content,
-                    } => messages.push(v1::ChatMessage {
-                        role: "tool".into(),
-                        content: match content {
-                            Some(c) => text_of(c, &format!("{param}.content"))?,
-                            None => String::new(),
-                        },
-                        tool_call_id: tool_use_id.clone(),
-                        ..Default::default()
-                    }),
-                    Block::Image {} => {
-                        return Err(ApiError::invalid(
-                            &format!("{param}.content"),
-                            "images are not supported",
-                        ))
-                    }
-                }
-            }
-            if !message.content.is_empty() || !message.tool_calls.is_empty() {
-                messages.push(message);
+            }),
+            Block::Image {} => {
+                return Err(ApiError::invalid(
+                    &format!("{param}.content"),
+                    "images are not supported",
+                ))
             }
         }
-        let tools_wanted = !matches!(&self.tool_choice, Some(c) if c.get("type").and_then(Value::as_str) == Some("none"));
-        let tools_json = if tools_wanted {
-            self.tools
-                .iter()
-                .flatten()
-                .map(|t| {
-                    json!({
-                        "type": "function",
-                        "function": {
-                            "name": t.name,
-                            "description": t.description.clone().unwrap_or_default(),
-                            "parameters": t.input_schema.clone().unwrap_or(json!({"type": "object"})),
-                        }
-                    })
-                    .to_string()
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let stop = self.stop_sequences.clone().unwrap_or_default();
-        if stop.iter().any(String::is_empty) {
-            return Err(ApiError::invalid(
-                "stop_sequences",
-                "stop sequences must not be empty",
-            ));
-        }
-        crate::valid::checked(
-            v1::TextGenerationParams {
-                model_id: self.model.clone(),
-                messages,
-                raw_prompt: None,
-                tools_json,
-                sampling: Some(v1::SamplingParams {
-                    temperature: self.temperature,
-                    top_p: self.top_p,
-                    top_k: self.top_k,
-                    max_tokens: Some(self.max_tokens),
-                    stop,
-                    ..Default::default()
-                }),
-                enable_thinking: None,
-                speculative: super::extension::speculative(self.tessera.as_ref()),
-            },
-            "",
-        )
     }
+    if !message.content.is_empty() || !message.tool_calls.is_empty() {
+        messages.push(message);
+    }
+    Ok(())
 }
 
 fn clone_text(block: &Block) -> Block {

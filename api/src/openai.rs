@@ -171,110 +171,17 @@ impl ChatRequest {
     /// The generation this request asks for; `context` is the model's
     /// context length (0: unknown).
     pub fn to_params(&self, context: u32) -> Result<v1::TextGenerationParams, ApiError> {
-        if self.model.trim().is_empty() {
-            return Err(ApiError::invalid("model", "model must not be empty"));
-        }
-        if self.messages.is_empty() {
-            return Err(ApiError::invalid("messages", "messages must not be empty"));
-        }
-        if self.n.is_some_and(|n| n != 1) {
-            return Err(ApiError::invalid("n", "only n = 1 is supported"));
-        }
-        range("temperature", self.temperature, 0.0, 2.0)?;
-        range("top_p", self.top_p, 0.0, 1.0)?;
-        range("min_p", self.min_p, 0.0, 1.0)?;
-        range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)?;
-        range("presence_penalty", self.presence_penalty, -2.0, 2.0)?;
-        range("repetition_penalty", self.repetition_penalty, 0.01, 10.0)?;
+        self.check_fields()?;
         let max_tokens = self.max_completion_tokens.or(self.max_tokens);
-        match max_tokens {
-            Some(0) => {
-                return Err(ApiError::invalid(
-                    "max_tokens",
-                    "max_tokens must be at least 1",
-                ))
-            }
-            Some(n) if context > 0 && n > context => {
-                return Err(ApiError::invalid(
-                    "max_tokens",
-                    format!("max_tokens {n} is beyond the model's context of {context} tokens"),
-                ))
-            }
-            _ => {}
-        }
-        let stop = match &self.stop {
-            None => Vec::new(),
-            Some(Stop::One(s)) => vec![s.clone()],
-            Some(Stop::Many(list)) => list.clone(),
-        };
-        if stop.len() > MAX_STOPS {
-            return Err(ApiError::invalid(
-                "stop",
-                format!("at most {MAX_STOPS} stop strings"),
-            ));
-        }
-        if stop.iter().any(String::is_empty) {
-            return Err(ApiError::invalid("stop", "stop strings must not be empty"));
-        }
-        let mut messages = Vec::with_capacity(self.messages.len());
-        for (index, m) in self.messages.iter().enumerate() {
-            let role = match m.role.as_str() {
-                "system" | "developer" => "system",
-                "user" => "user",
-                "assistant" => "assistant",
-                "tool" => "tool",
-                other => {
-                    return Err(ApiError::invalid(
-                        &format!("messages[{index}].role"),
-                        format!("unknown role {other:?} (system, user, assistant or tool)"),
-                    ))
-                }
-            };
-            let mut tool_calls = Vec::new();
-            for call in m.tool_calls.iter().flatten() {
-                let arguments_json = match &call.function.arguments {
-                    Value::String(text) => {
-                        serde_json::from_str::<Value>(text).map_err(|e| {
-                            ApiError::invalid(
-                                &format!("messages[{index}].tool_calls"),
-                                format!("arguments are not JSON: {e}"),
-                            )
-                        })?;
-                        text.clone()
-                    }
-                    other => other.to_string(),
-                };
-                tool_calls.push(v1::ToolCall {
-                    id: call.id.clone().unwrap_or_default(),
-                    name: call.function.name.clone(),
-                    arguments_json,
-                });
-            }
-            messages.push(v1::ChatMessage {
-                role: role.to_string(),
-                content: content_text(m.content.as_ref(), index)?,
-                reasoning_content: m.reasoning_content.clone().unwrap_or_default(),
-                tool_calls,
-                tool_call_id: m.tool_call_id.clone().unwrap_or_default(),
-                name: m.name.clone().unwrap_or_default(),
-            });
-        }
-        let tools_wanted = !matches!(&self.tool_choice, Some(Value::String(s)) if s == "none");
-        let tools_json = if tools_wanted {
-            self.tools
-                .iter()
-                .flatten()
-                .map(|t| {
-                    if t.get("function").is_none() && t.get("name").is_none() {
-                        Err(ApiError::invalid("tools", "each tool needs a function"))
-                    } else {
-                        Ok(t.to_string())
-                    }
-                })
-                .collect::<Result<Vec<_>, _>>()?
-        } else {
-            Vec::new()
-        };
+        check_max_tokens(max_tokens, context)?;
+        let stop = self.stops()?;
+        let messages = self
+            .messages
+            .iter()
+            .enumerate()
+            .map(|(index, m)| chat_message(index, m))
+            .collect::<Result<Vec<_>, _>>()?;
+        let tools_json = self.tools_json()?;
         let logprobs = self.logprobs.unwrap_or(false);
         crate::valid::checked(
             v1::TextGenerationParams {
@@ -307,6 +214,126 @@ impl ChatRequest {
             "",
         )
     }
+}
+
+impl ChatRequest {
+    /// The fields OpenAI bounds: a model, messages, one choice, and its
+    /// documented ranges (the engine's own limits are checked at the end).
+    fn check_fields(&self) -> Result<(), ApiError> {
+        if self.model.trim().is_empty() {
+            return Err(ApiError::invalid("model", "model must not be empty"));
+        }
+        if self.messages.is_empty() {
+            return Err(ApiError::invalid("messages", "messages must not be empty"));
+        }
+        if self.n.is_some_and(|n| n != 1) {
+            return Err(ApiError::invalid("n", "only n = 1 is supported"));
+        }
+        range("temperature", self.temperature, 0.0, 2.0)?;
+        range("top_p", self.top_p, 0.0, 1.0)?;
+        range("min_p", self.min_p, 0.0, 1.0)?;
+        range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)?;
+        range("presence_penalty", self.presence_penalty, -2.0, 2.0)?;
+        range("repetition_penalty", self.repetition_penalty, 0.01, 10.0)
+    }
+
+    /// The stop strings: at most [`MAX_STOPS`], none empty.
+    fn stops(&self) -> Result<Vec<String>, ApiError> {
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(list)) => list.clone(),
+        };
+        if stop.len() > MAX_STOPS {
+            return Err(ApiError::invalid(
+                "stop",
+                format!("at most {MAX_STOPS} stop strings"),
+            ));
+        }
+        if stop.iter().any(String::is_empty) {
+            return Err(ApiError::invalid("stop", "stop strings must not be empty"));
+        }
+        Ok(stop)
+    }
+
+    /// The tools as JSON, unless `tool_choice` is `"none"`.
+    fn tools_json(&self) -> Result<Vec<String>, ApiError> {
+        let tools_wanted = !matches!(&self.tool_choice, Some(Value::String(s)) if s == "none");
+        if !tools_wanted {
+            return Ok(Vec::new());
+        }
+        self.tools
+            .iter()
+            .flatten()
+            .map(|t| {
+                if t.get("function").is_none() && t.get("name").is_none() {
+                    Err(ApiError::invalid("tools", "each tool needs a function"))
+                } else {
+                    Ok(t.to_string())
+                }
+            })
+            .collect()
+    }
+}
+
+/// At least one token, and no more than the model's context (0: unknown).
+fn check_max_tokens(max_tokens: Option<u32>, context: u32) -> Result<(), ApiError> {
+    match max_tokens {
+        Some(0) => Err(ApiError::invalid(
+            "max_tokens",
+            "max_tokens must be at least 1",
+        )),
+        Some(n) if context > 0 && n > context => Err(ApiError::invalid(
+            "max_tokens",
+            format!("max_tokens {n} is beyond the model's context of {context} tokens"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Message `index` on the wire: its role mapped, its tool calls' arguments
+/// checked as JSON.
+fn chat_message(index: usize, m: &InMessage) -> Result<v1::ChatMessage, ApiError> {
+    let role = match m.role.as_str() {
+        "system" | "developer" => "system",
+        "user" => "user",
+        "assistant" => "assistant",
+        "tool" => "tool",
+        other => {
+            return Err(ApiError::invalid(
+                &format!("messages[{index}].role"),
+                format!("unknown role {other:?} (system, user, assistant or tool)"),
+            ))
+        }
+    };
+    let mut tool_calls = Vec::new();
+    for call in m.tool_calls.iter().flatten() {
+        let arguments_json = match &call.function.arguments {
+            Value::String(text) => {
+                serde_json::from_str::<Value>(text).map_err(|e| {
+                    ApiError::invalid(
+                        &format!("messages[{index}].tool_calls"),
+                        format!("arguments are not JSON: {e}"),
+                    )
+                })?;
+                text.clone()
+            }
+            other => other.to_string(),
+        };
+        tool_calls.push(v1::ToolCall {
+            id: call.id.clone().unwrap_or_default(),
+            name: call.function.name.clone(),
+            arguments_json,
+        });
+    }
+    Ok(v1::ChatMessage {
+        role: role.to_string(),
+        content: content_text(m.content.as_ref(), index)?,
+        reasoning_content: m.reasoning_content.clone().unwrap_or_default(),
+        tool_calls,
+        tool_call_id: m.tool_call_id.clone().unwrap_or_default(),
+        name: m.name.clone().unwrap_or_default(),
+    })
 }
 
 pub fn finish_reason(reason: i32) -> &'static str {

@@ -82,6 +82,60 @@ impl ResponsesRequest {
     }
 
     pub fn to_params(&self, context: u32) -> Result<v1::TextGenerationParams, ApiError> {
+        self.check_fields(context)?;
+        let mut messages = Vec::new();
+        if let Some(instructions) = self.instructions.as_ref().filter(|i| !i.is_empty()) {
+            messages.push(v1::ChatMessage {
+                role: "system".into(),
+                content: instructions.clone(),
+                ..Default::default()
+            });
+        }
+        match &self.input {
+            Input::Text(text) => {
+                if text.is_empty() {
+                    return Err(ApiError::invalid("input", "input must not be empty"));
+                }
+                messages.push(v1::ChatMessage {
+                    role: "user".into(),
+                    content: text.clone(),
+                    ..Default::default()
+                });
+            }
+            Input::Items(items) => {
+                if items.is_empty() {
+                    return Err(ApiError::invalid("input", "input must not be empty"));
+                }
+                for (index, item) in items.iter().enumerate() {
+                    messages.push(input_item(index, item)?);
+                }
+            }
+        }
+        let tools_json = self.tools_json();
+        crate::valid::checked(
+            v1::TextGenerationParams {
+                model_id: self.model.clone(),
+                messages,
+                raw_prompt: None,
+                tools_json,
+                sampling: Some(v1::SamplingParams {
+                    temperature: self.temperature,
+                    top_p: self.top_p,
+                    max_tokens: self.max_output_tokens,
+                    ..Default::default()
+                }),
+                enable_thinking: None,
+                speculative: super::extension::speculative(self.tessera.as_ref()),
+            },
+            "",
+        )
+    }
+}
+
+impl ResponsesRequest {
+    /// No stored conversation, a token limit within the context (0:
+    /// unknown), and the documented temperature range.
+    fn check_fields(&self, context: u32) -> Result<(), ApiError> {
         if self.previous_response_id.is_some() {
             return Err(ApiError::invalid(
                 "previous_response_id",
@@ -111,132 +165,88 @@ impl ResponsesRequest {
                 format!("temperature must be between 0 and 2, got {t}"),
             ));
         }
-        let mut messages = Vec::new();
-        if let Some(instructions) = self.instructions.as_ref().filter(|i| !i.is_empty()) {
-            messages.push(v1::ChatMessage {
-                role: "system".into(),
-                content: instructions.clone(),
-                ..Default::default()
-            });
-        }
-        match &self.input {
-            Input::Text(text) => {
-                if text.is_empty() {
-                    return Err(ApiError::invalid("input", "input must not be empty"));
-                }
-                messages.push(v1::ChatMessage {
-                    role: "user".into(),
-                    content: text.clone(),
-                    ..Default::default()
-                });
-            }
-            Input::Items(items) => {
-                if items.is_empty() {
-                    return Err(ApiError::invalid("input", "input must not be empty"));
-                }
-                for (index, item) in items.iter().enumerate() {
-                    let param = format!("input[{index}]");
-                    match item["type"].as_str().unwrap_or("message") {
-                        "message" => {
-                            let role = match item["role"].as_str() {
-                                Some("system" | "developer") => "system",
-                                Some("user") => "user",
-                                Some("assistant") => "assistant",
-                                other => {
-                                    return Err(ApiError::invalid(
-                                        &format!("{param}.role"),
-                                        format!("unknown role {other:?}"),
-                                    ))
-                                }
-                            };
-                            messages.push(v1::ChatMessage {
-                                role: role.into(),
-                                content: text_content(
-                                    &item["content"],
-                                    &format!("{param}.content"),
-                                )?,
-                                ..Default::default()
-                            });
-                        }
-                        "function_call" => {
-                            let call = v1::ToolCall {
-                                id: item["call_id"].as_str().unwrap_or_default().to_string(),
-                                name: item["name"].as_str().unwrap_or_default().to_string(),
-                                arguments_json: item["arguments"]
-                                    .as_str()
-                                    .unwrap_or("{}")
-                                    .to_string(),
-                            };
-                            serde_json::from_str::<Value>(&call.arguments_json).map_err(|e| {
-                                ApiError::invalid(
-                                    &format!("{param}.arguments"),
-                                    format!("arguments are not JSON: {e}"),
-                                )
-                            })?;
-                            messages.push(v1::ChatMessage {
-                                role: "assistant".into(),
-                                tool_calls: vec![call],
-                                ..Default::default()
-                            });
-                        }
-                        "function_call_output" => messages.push(v1::ChatMessage {
-                            role: "tool".into(),
-                            content: match &item["output"] {
-                                Value::String(s) => s.clone(),
-                                other => other.to_string(),
-                            },
-                            tool_call_id: item["call_id"].as_str().unwrap_or_default().to_string(),
-                            ..Default::default()
-                        }),
-                        other => {
-                            return Err(ApiError::invalid(
-                                &format!("{param}.type"),
-                                format!("input items of type {other:?} are not supported"),
-                            ))
-                        }
-                    }
-                }
-            }
-        }
+        Ok(())
+    }
+
+    /// The function tools in Chat Completions' nested shape (which the
+    /// templates want), unless `tool_choice` is `"none"`.
+    fn tools_json(&self) -> Vec<String> {
         let tools_wanted = !matches!(&self.tool_choice, Some(Value::String(s)) if s == "none");
-        let tools_json = if tools_wanted {
-            self.tools
-                .iter()
-                .flatten()
-                .map(|t| {
-                    // Responses' function tools are flat; the template wants
-                    // Chat Completions' nested shape.
-                    json!({
-                        "type": "function",
-                        "function": {
-                            "name": t["name"],
-                            "description": t.get("description").cloned().unwrap_or(json!("")),
-                            "parameters": t.get("parameters").cloned().unwrap_or(json!({"type": "object"})),
-                        }
-                    })
-                    .to_string()
+        if !tools_wanted {
+            return Vec::new();
+        }
+        self.tools
+            .iter()
+            .flatten()
+            .map(|t| {
+                json!({
+                    "type": "function",
+                    "function": {
+                        "name": t["name"],
+                        "description": t.get("description").cloned().unwrap_or(json!("")),
+                        "parameters": t.get("parameters").cloned().unwrap_or(json!({"type": "object"})),
+                    }
                 })
-                .collect()
-        } else {
-            Vec::new()
-        };
-        crate::valid::checked(
-            v1::TextGenerationParams {
-                model_id: self.model.clone(),
-                messages,
-                raw_prompt: None,
-                tools_json,
-                sampling: Some(v1::SamplingParams {
-                    temperature: self.temperature,
-                    top_p: self.top_p,
-                    max_tokens: self.max_output_tokens,
-                    ..Default::default()
-                }),
-                enable_thinking: None,
-                speculative: super::extension::speculative(self.tessera.as_ref()),
+                .to_string()
+            })
+            .collect()
+    }
+}
+
+/// Input item `index` as a wire message: a message, a function call (its
+/// arguments checked as JSON) or a function call's output.
+fn input_item(index: usize, item: &Value) -> Result<v1::ChatMessage, ApiError> {
+    let param = format!("input[{index}]");
+    match item["type"].as_str().unwrap_or("message") {
+        "message" => {
+            let role = match item["role"].as_str() {
+                Some("system" | "developer") => "system",
+                Some("user") => "user",
+                Some("assistant") => "assistant",
+                other => {
+                    return Err(ApiError::invalid(
+                        &format!("{param}.role"),
+                        format!("unknown role {other:?}"),
+                    ))
+                }
+            };
+            Ok(v1::ChatMessage {
+                role: role.into(),
+                content: text_content(&item["content"], &format!("{param}.content"))?,
+                ..Default::default()
+            })
+        }
+        "function_call" => {
+            let call = v1::ToolCall {
+                id: item["call_id"].as_str().unwrap_or_default().to_string(),
+                name: item["name"].as_str().unwrap_or_default().to_string(),
+                arguments_json: item["arguments"].as_str().unwrap_or("{}").to_string(),
+            };
+            serde_json::from_str::<Value>(&call.arguments_json).map_err(|e| {
+                ApiError::invalid(
+                    &format!("{param}.arguments"),
+                    format!("arguments are not JSON: {e}"),
+                )
+            })?;
+            Ok(v1::ChatMessage {
+                role: "assistant".into(),
+                tool_calls: vec![call],
+                ..Default::default()
+            })
+        }
+        "function_call_output" => Ok(v1::ChatMessage {
+            role: "tool".into(),
+            content: match &item["output"] {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
             },
-            "",
-        )
+            tool_call_id: item["call_id"].as_str().unwrap_or_default().to_string(),
+            ..Default::default()
+        }),
+        other => Err(ApiError::invalid(
+            &format!("{param}.type"),
+            format!("input items of type {other:?} are not supported"),
+        )),
     }
 }
 
