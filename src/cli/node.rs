@@ -158,24 +158,9 @@ pub fn run(mut args: NodeArgs) -> anyhow::Result<()> {
     if let Some(token) = args.join.take() {
         join_with(&token, &data_dir, &mut args)?;
     }
-    let keys = api_keys(args.api_keys, &data_dir)?;
+    let keys = api_keys(std::mem::take(&mut args.api_keys), &data_dir)?;
     let open_to_the_network = !args.no_api && keys.is_empty() && !args.api_host.is_loopback();
-    let api = (!args.no_api).then(|| {
-        let mut api = ApiOptions::new(std::net::SocketAddr::new(args.api_host, args.api_port));
-        api.auto_place = !args.no_auto_place;
-        api.cors_origins = args.cors_origin;
-        api.queue_limit = args.queue_limit.max(1);
-        api.preload = args.models.clone();
-        api.idle_timeout = std::time::Duration::from_secs(args.api_idle_timeout);
-        api.max_connections = usize::try_from(args.api_max_connections).unwrap_or(usize::MAX);
-        api.api_keys = keys;
-        api.cluster_dir = Some(
-            tessera_trust::ClusterDir::of(&data_dir)
-                .path()
-                .to_path_buf(),
-        );
-        api
-    });
+    let api = (!args.no_api).then(|| api_options(&args, keys, &data_dir));
     let options = NodeOptions {
         namespace: args.namespace,
         listen: args.listen,
@@ -200,69 +185,90 @@ pub fn run(mut args: NodeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(async move {
-        let running = node::start(options.clone())
-            .await
-            .with_context(|| format!("starting the node in {}", options.data_dir.display()))?;
-        let api_server = match api {
-            Some(api) => match serve_api(api, &running).await {
-                Ok(server) => Some(server),
-                Err(error) => {
-                    running.shutdown().await;
-                    return Err(error);
-                }
-            },
-            None => None,
-        };
-        let api_address = api_server.as_ref().map(|server| server.address);
-        // One line for scripts and tests: who this node is.
-        println!(
-            "{}",
-            serde_json::json!({
-                "node_id": running.node_id,
-                "api": api_address.map(|a| a.to_string()),
-                "namespace": options.namespace,
-                "data_dir": options.data_dir,
-            })
-        );
-        eprintln!(
-            "node {} running in namespace {:?} (data in {}); Ctrl-C to stop",
-            running.node_id,
-            options.namespace,
-            options.data_dir.display()
-        );
-        if let Some(address) = api_address {
-            eprintln!("HTTP API on http://{address} (OpenAI-compatible: /v1/chat/completions)");
-            eprintln!("dashboard on http://{address}/");
-        }
-        if open_to_the_network {
-            tracing::warn!(
-                "the HTTP API has no key and listens beyond this machine: anyone who \
-                 reaches it can use the models and change the cluster; set --api-key \
-                 (or bind --api-host 127.0.0.1)"
-            );
-        }
-        let mut health = running.health();
-        let fatal = tokio::select! {
-            signal = wait_for_signal() => {
-                signal?;
-                None
+    runtime.block_on(run_node(options, api, open_to_the_network))
+}
+
+/// The HTTP API's options from the node's flags.
+fn api_options(args: &NodeArgs, keys: ApiKeys, data_dir: &std::path::Path) -> ApiOptions {
+    let mut api = ApiOptions::new(std::net::SocketAddr::new(args.api_host, args.api_port));
+    api.auto_place = !args.no_auto_place;
+    api.cors_origins = args.cors_origin.clone();
+    api.queue_limit = args.queue_limit.max(1);
+    api.preload = args.models.clone();
+    api.idle_timeout = std::time::Duration::from_secs(args.api_idle_timeout);
+    api.max_connections = usize::try_from(args.api_max_connections).unwrap_or(usize::MAX);
+    api.api_keys = keys;
+    api.cluster_dir = Some(tessera_trust::ClusterDir::of(data_dir).path().to_path_buf());
+    api
+}
+
+/// Runs the node (and its API) until a signal, or until it cannot go on.
+async fn run_node(
+    options: NodeOptions,
+    api: Option<ApiOptions>,
+    open_to_the_network: bool,
+) -> anyhow::Result<()> {
+    let running = node::start(options.clone())
+        .await
+        .with_context(|| format!("starting the node in {}", options.data_dir.display()))?;
+    let api_server = match api {
+        Some(api) => match serve_api(api, &running).await {
+            Ok(server) => Some(server),
+            Err(error) => {
+                running.shutdown().await;
+                return Err(error);
             }
-            fatal = health.wait_for(|h| h.fatal.is_some()) => {
-                fatal.ok().and_then(|h| h.fatal.clone())
-            }
-        };
-        eprintln!("stopping: flushing the event log");
-        if let Some(server) = api_server {
-            // Answers under way get a moment to finish; new requests are refused.
-            server.shutdown(API_DRAIN).await;
+        },
+        None => None,
+    };
+    let api_address = api_server.as_ref().map(|server| server.address);
+    // One line for scripts and tests: who this node is.
+    println!(
+        "{}",
+        serde_json::json!({
+            "node_id": running.node_id,
+            "api": api_address.map(|a| a.to_string()),
+            "namespace": options.namespace,
+            "data_dir": options.data_dir,
+        })
+    );
+    eprintln!(
+        "node {} running in namespace {:?} (data in {}); Ctrl-C to stop",
+        running.node_id,
+        options.namespace,
+        options.data_dir.display()
+    );
+    if let Some(address) = api_address {
+        eprintln!("HTTP API on http://{address} (OpenAI-compatible: /v1/chat/completions)");
+        eprintln!("dashboard on http://{address}/");
+    }
+    if open_to_the_network {
+        tracing::warn!(
+            "the HTTP API has no key and listens beyond this machine: anyone who \
+             reaches it can use the models and change the cluster; set --api-key \
+             (or bind --api-host 127.0.0.1)"
+        );
+    }
+    let mut health = running.health();
+    let fatal = tokio::select! {
+        signal = wait_for_signal() => {
+            signal?;
+            None
         }
-        running.shutdown().await;
-        match fatal {
-            Some(reason) => anyhow::bail!("the node stopped: {reason}"),
-            None => Ok(()),
+        fatal = health.wait_for(|h| h.fatal.is_some()) => {
+            fatal.ok().and_then(|h| h.fatal.clone())
         }
-    })
+    };
+    eprintln!("stopping: flushing the event log");
+    if let Some(server) = api_server {
+        // Answers under way get a moment to finish; new requests are refused.
+        server.shutdown(API_DRAIN).await;
+    }
+    running.shutdown().await;
+    match fatal {
+        Some(reason) => anyhow::bail!("the node stopped: {reason}"),
+        None => Ok(()),
+    }
 }
 
 /// How long answers under way may take to finish when the node stops.

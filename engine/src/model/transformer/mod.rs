@@ -338,6 +338,32 @@ impl Transformer {
         ws.index_tokens(spans);
         self.embed_input(input, tokens, ws)?;
 
+        self.rope_angles(spans, tokens, ws);
+        for layer in &self.layers {
+            let mut step = Pass {
+                kv: &mut *kv,
+                ws: &mut *ws,
+                pool,
+                group: &mut *group,
+            };
+            self.layer_forward(layer, tokens, spans, &mut step)?;
+        }
+        let wanted: usize = spans.iter().map(|s| s.logits).sum();
+        if !self.is_last_stage() || wanted == 0 {
+            return Ok(ForwardOutput::Hidden(&ws.x[..tokens * hidden]));
+        }
+        self.final_norm_rows(spans, ws);
+        // A whole model or a tensor rank (which has every layer) has the head.
+        if self.is_first_stage() {
+            return self.head(wanted, output, ws, pool, group);
+        }
+        Ok(ForwardOutput::Normed(&ws.normed[..wanted * hidden]))
+    }
+
+    /// Each token's rotary angles (and the local ones of a family with two
+    /// bases), scaled by the attention factor where the scaling has one.
+    fn rope_angles(&self, spans: &[SeqSpan<'_>], tokens: usize, ws: &mut Workspace) {
+        let cfg = &self.config;
         let pairs = cfg.rotary_dims / 2;
         let by_length = cfg.rope_depends_on_length();
         for t in 0..tokens {
@@ -384,25 +410,6 @@ impl Transformer {
                 *v *= attention_factor;
             }
         }
-        for layer in &self.layers {
-            let mut step = Pass {
-                kv: &mut *kv,
-                ws: &mut *ws,
-                pool,
-                group: &mut *group,
-            };
-            self.layer_forward(layer, tokens, spans, &mut step)?;
-        }
-        let wanted: usize = spans.iter().map(|s| s.logits).sum();
-        if !self.is_last_stage() || wanted == 0 {
-            return Ok(ForwardOutput::Hidden(&ws.x[..tokens * hidden]));
-        }
-        self.final_norm_rows(spans, ws);
-        // A whole model or a tensor rank (which has every layer) has the head.
-        if self.is_first_stage() {
-            return self.head(wanted, output, ws, pool, group);
-        }
-        Ok(ForwardOutput::Normed(&ws.normed[..wanted * hidden]))
     }
 
     /// Checks the spans against the input and the pool; returns the longest
