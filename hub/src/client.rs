@@ -640,27 +640,7 @@ impl HubClient {
             response = request.send() => response.map_err(|e| network(what, &e))?,
             _ = cancel.cancelled() => return Err(HubError::Cancelled),
         };
-        let status = response.status();
-        let start = match status {
-            StatusCode::PARTIAL_CONTENT => match content_range_start(response.headers()) {
-                Some(start) if start == have => have,
-                _ => {
-                    // Not the part asked for: start over.
-                    remove(partial)?;
-                    return Err(HubError::Network {
-                        what: what.into(),
-                        message: "the server answered a different range".into(),
-                    });
-                }
-            },
-            // The server ignored the range: the whole file follows.
-            StatusCode::OK => 0,
-            StatusCode::RANGE_NOT_SATISFIABLE => {
-                remove(partial)?;
-                return Err(status_error(what, status, response.headers()));
-            }
-            _ => return Err(status_error(what, status, response.headers())),
-        };
+        let start = resume_start(&response, have, partial, what)?;
         let total = if file.size > 0 {
             file.size
         } else {
@@ -673,96 +653,22 @@ impl HubClient {
         // hasher, which first hashes the part already on disk. Hashing is
         // the costliest step (about 1.3 GB/s), so it must not hold up the
         // writes.
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<Batch>(WRITE_QUEUE);
-        let (hash_tx, mut hash_rx) = tokio::sync::mpsc::channel::<Batch>(WRITE_QUEUE);
-        let path = partial.to_path_buf();
-        let prefix_path = partial.to_path_buf();
-        let hasher = tokio::task::spawn_blocking(move || -> Result<_, HubError> {
-            let mut hasher = Sha256::new();
-            if start > 0 {
-                hash_prefix(&prefix_path, start, &mut hasher)?;
-            }
-            while let Some(batch) = hash_rx.blocking_recv() {
-                for chunk in batch.iter() {
-                    hasher.update(chunk);
-                }
-            }
-            Ok(hasher.finalize())
-        });
+        let (tx, rx) = tokio::sync::mpsc::channel::<Batch>(WRITE_QUEUE);
+        let (hash_tx, hash_rx) = tokio::sync::mpsc::channel::<Batch>(WRITE_QUEUE);
+        let hasher = spawn_hasher(partial.to_path_buf(), start, hash_rx);
         let on_disk = Arc::new(AtomicU64::new(start));
-        let writer_on_disk = on_disk.clone();
-        let writer = tokio::task::spawn_blocking(move || -> Result<_, HubError> {
-            let file = if start > 0 {
-                std::fs::OpenOptions::new().append(true).open(&path)
-            } else {
-                std::fs::File::create(&path)
-            }
-            .map_err(HubError::io(&path))?;
-            let mut file = file;
-            let mut len = start;
-            let mut written_back = start;
-            while let Some(batch) = rx.blocking_recv() {
-                write_batch(&mut file, &batch).map_err(HubError::io(&path))?;
-                len += batch.iter().map(|chunk| chunk.len() as u64).sum::<u64>();
-                writer_on_disk.store(len, Ordering::Relaxed);
-                if len - written_back >= WRITEBACK_EVERY {
-                    start_writeback(&file, written_back, len - written_back);
-                    written_back = len;
-                }
-            }
-            // On disk before it is renamed into place and called complete
-            // (most of it is already: writeback started as it arrived).
-            file.sync_data().map_err(HubError::io(&path))?;
-            Ok(len)
-        });
-        let mut failure = None;
-        // Chunks go on in batches: one wake-up of each thread per batch.
-        let mut batch: Vec<Bytes> = Vec::new();
-        let mut batch_bytes = 0;
-        let send = |batch: &mut Vec<Bytes>, bytes: &mut usize| {
-            let ready = Arc::new(std::mem::take(batch));
-            *bytes = 0;
-            let (tx, hash_tx) = (tx.clone(), hash_tx.clone());
-            async move {
-                let hashed = hash_tx.send(ready.clone()).await;
-                tx.send(ready).await.is_ok() && hashed.is_ok()
-            }
+        let writer = spawn_writer(partial.to_path_buf(), start, rx, on_disk.clone());
+        let sinks = Sinks {
+            disk: tx,
+            hash: hash_tx,
         };
-        loop {
-            let chunk = tokio::select! {
-                chunk = response.chunk() => chunk,
-                _ = cancel.cancelled() => {
-                    failure = Some(HubError::Cancelled);
-                    break;
-                }
-            };
-            match chunk {
-                Ok(Some(chunk)) => {
-                    *fetched += chunk.len() as u64;
-                    progress
-                        .fetched
-                        .fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                    progress
-                        .on_disk
-                        .store(on_disk.load(Ordering::Relaxed), Ordering::Relaxed);
-                    batch_bytes += chunk.len();
-                    batch.push(chunk);
-                    if batch_bytes >= BATCH_BYTES && !send(&mut batch, &mut batch_bytes).await {
-                        break; // The writer or hasher failed; its error follows.
-                    }
-                }
-                Ok(None) => break,
-                Err(error) => {
-                    failure = Some(network(what, &error));
-                    break;
-                }
-            }
-        }
-        if !batch.is_empty() {
-            send(&mut batch, &mut batch_bytes).await;
-        }
-        drop(tx);
-        drop(hash_tx);
+        let counts = Counts {
+            progress,
+            on_disk: &on_disk,
+            fetched,
+        };
+        // The channels close when `receive` returns (it owns the senders).
+        let failure = receive(&mut response, cancel, what, sinks, counts).await;
         // What arrived is kept on disk, so the next try resumes after it.
         let len = writer.await.map_err(|e| network(what, &e))??;
         let digest = hasher.await.map_err(|e| network(what, &e))??;
@@ -780,8 +686,172 @@ impl HubClient {
             size: total,
             ..file.clone()
         };
-        verify(&sized, server_sha, partial, len, hex(&digest))
+        verify(&sized, server_sha, partial, len, digest)
     }
+}
+
+/// Where each batch of the body goes: the writer and the hasher.
+struct Sinks {
+    disk: tokio::sync::mpsc::Sender<Batch>,
+    hash: tokio::sync::mpsc::Sender<Batch>,
+}
+
+impl Sinks {
+    /// Sends `batch` (emptied) to both; false if either has stopped.
+    async fn send(&self, batch: &mut Vec<Bytes>) -> bool {
+        let ready = Arc::new(std::mem::take(batch));
+        let hashed = self.hash.send(ready.clone()).await;
+        self.disk.send(ready).await.is_ok() && hashed.is_ok()
+    }
+}
+
+/// What a download reports as its body arrives.
+struct Counts<'a> {
+    progress: &'a FileProgress,
+    /// The writer's length on disk.
+    on_disk: &'a AtomicU64,
+    /// Bytes fetched by this try.
+    fetched: &'a mut u64,
+}
+
+/// Reads the body into `sinks` in batches (one wake-up of each thread per
+/// batch) until its end, a cancel or a network error: the error, if any.
+async fn receive(
+    response: &mut reqwest::Response,
+    cancel: &CancellationToken,
+    what: &str,
+    sinks: Sinks,
+    counts: Counts<'_>,
+) -> Option<HubError> {
+    let mut failure = None;
+    let mut batch: Vec<Bytes> = Vec::new();
+    let mut batch_bytes = 0;
+    loop {
+        let chunk = tokio::select! {
+            chunk = response.chunk() => chunk,
+            _ = cancel.cancelled() => {
+                failure = Some(HubError::Cancelled);
+                break;
+            }
+        };
+        match chunk {
+            Ok(Some(chunk)) => {
+                *counts.fetched += chunk.len() as u64;
+                let progress = counts.progress;
+                progress
+                    .fetched
+                    .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                progress
+                    .on_disk
+                    .store(counts.on_disk.load(Ordering::Relaxed), Ordering::Relaxed);
+                batch_bytes += chunk.len();
+                batch.push(chunk);
+                if batch_bytes >= BATCH_BYTES {
+                    batch_bytes = 0;
+                    if !sinks.send(&mut batch).await {
+                        break; // The writer or hasher failed; its error follows.
+                    }
+                }
+            }
+            Ok(None) => break,
+            Err(error) => {
+                failure = Some(network(what, &error));
+                break;
+            }
+        }
+    }
+    if !batch.is_empty() {
+        sinks.send(&mut batch).await;
+    }
+    failure
+}
+
+/// Where the body of `response` starts in the file: at `have` for the
+/// range asked for, at 0 for a server that sends the whole file. A
+/// different range, or one past the end, starts the file over.
+fn resume_start(
+    response: &reqwest::Response,
+    have: u64,
+    partial: &Path,
+    what: &str,
+) -> Result<u64, HubError> {
+    let status = response.status();
+    match status {
+        StatusCode::PARTIAL_CONTENT => match content_range_start(response.headers()) {
+            Some(start) if start == have => Ok(have),
+            _ => {
+                // Not the part asked for: start over.
+                remove(partial)?;
+                Err(HubError::Network {
+                    what: what.into(),
+                    message: "the server answered a different range".into(),
+                })
+            }
+        },
+        // The server ignored the range: the whole file follows.
+        StatusCode::OK => Ok(0),
+        StatusCode::RANGE_NOT_SATISFIABLE => {
+            remove(partial)?;
+            Err(status_error(what, status, response.headers()))
+        }
+        _ => Err(status_error(what, status, response.headers())),
+    }
+}
+
+/// The SHA-256 of the file as it grows: the `start` bytes already on disk,
+/// then each batch as it arrives (hex, once the channel closes). Hashing is
+/// the costliest step, so it runs beside the writes, not before them.
+fn spawn_hasher(
+    partial: PathBuf,
+    start: u64,
+    mut batches: tokio::sync::mpsc::Receiver<Batch>,
+) -> tokio::task::JoinHandle<Result<String, HubError>> {
+    tokio::task::spawn_blocking(move || {
+        let mut hasher = Sha256::new();
+        if start > 0 {
+            hash_prefix(&partial, start, &mut hasher)?;
+        }
+        while let Some(batch) = batches.blocking_recv() {
+            for chunk in batch.iter() {
+                hasher.update(chunk);
+            }
+        }
+        Ok(hex(&hasher.finalize()))
+    })
+}
+
+/// Appends each batch to the file after its first `start` bytes (with
+/// writeback started as it goes), publishing the length on disk; synced
+/// once the channel closes. Returns the file's length.
+fn spawn_writer(
+    path: PathBuf,
+    start: u64,
+    mut batches: tokio::sync::mpsc::Receiver<Batch>,
+    on_disk: Arc<AtomicU64>,
+) -> tokio::task::JoinHandle<Result<u64, HubError>> {
+    tokio::task::spawn_blocking(move || {
+        let mut file = if start > 0 {
+            std::fs::OpenOptions::new().append(true).open(&path)
+        } else {
+            std::fs::File::create(&path)
+        }
+        .map_err(HubError::io(&path))?;
+        let mut len = start;
+        let mut written_back = start;
+        while let Some(batch) = batches.blocking_recv() {
+            write_batch(&mut file, &batch).map_err(HubError::io(&path))?;
+            len += batch.iter().map(|chunk| chunk.len() as u64).sum::<u64>();
+            on_disk.store(len, Ordering::Relaxed);
+            if len - written_back >= WRITEBACK_EVERY {
+                start_writeback(&file, written_back, len - written_back);
+                written_back = len;
+            }
+        }
+        // On disk before it is renamed into place and called complete
+        // (most of it is already: writeback started as it arrived).
+        file.sync_data().map_err(HubError::io(&path))?;
+        Ok(len)
+    })
 }
 
 /// Writes a batch of chunks with `writev`, straight from the network's

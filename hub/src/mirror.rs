@@ -424,18 +424,8 @@ async fn resolve(
     if let Err(e) = file.seek(SeekFrom::Start(start)).await {
         return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string());
     }
-    struct Body_ {
-        file: tokio::fs::File,
-        left: u64,
-        sent: u64,
-        cut: Option<u64>,
-        corrupt: bool,
-        inner: Arc<Inner>,
-        key: String,
-        pace: Option<(std::time::Instant, u64)>,
-    }
     let rate = inner.faults.bytes_per_second.load(Ordering::SeqCst);
-    let state = Body_ {
+    let state = ServedBody {
         file,
         left: body_len,
         sent: 0,
@@ -445,53 +435,89 @@ async fn resolve(
         key,
         pace: (rate > 0).then(|| (std::time::Instant::now(), rate)),
     };
-    let stream = futures_util::stream::unfold(state, |mut s| async move {
-        if s.left == 0 {
+    let stream = futures_util::stream::unfold(state, ServedBody::next);
+    let mut response = Response::new(Body::from_stream(stream));
+    *response.status_mut() = status;
+    set_file_headers(
+        response.headers_mut(),
+        &sha,
+        len,
+        body_len,
+        (status, start, end),
+    );
+    response
+}
+
+/// A file's body as the mirror serves it, with the faults it was told to
+/// inject: a cut connection, a corrupted byte, a paced rate.
+struct ServedBody {
+    file: tokio::fs::File,
+    left: u64,
+    sent: u64,
+    cut: Option<u64>,
+    corrupt: bool,
+    inner: Arc<Inner>,
+    key: String,
+    pace: Option<(std::time::Instant, u64)>,
+}
+
+impl ServedBody {
+    /// The next piece of the body, and the body after it.
+    async fn next(mut self) -> Option<(std::io::Result<bytes::Bytes>, Self)> {
+        if self.left == 0 {
             return None;
         }
-        if s.cut.is_some_and(|cut| s.sent >= cut) {
+        if self.cut.is_some_and(|cut| self.sent >= cut) {
             // Drop the connection mid-body, as a flaky network would.
             return Some((
                 Err(std::io::Error::other("connection cut by fault injection")),
-                Body_ { left: 0, ..s },
+                Self { left: 0, ..self },
             ));
         }
-        let mut want = (s.left as usize).min(CHUNK);
-        if let Some(cut) = s.cut {
-            want = want.min((cut - s.sent) as usize).max(1);
+        let mut want = (self.left as usize).min(CHUNK);
+        if let Some(cut) = self.cut {
+            want = want.min((cut - self.sent) as usize).max(1);
         }
-        if let Some((started, rate)) = s.pace {
+        if let Some((started, rate)) = self.pace {
             // Small pieces, each sent once the rate allows all of it.
             want = want.min((rate / 10).max(1) as usize);
-            let until = (s.sent + want as u64) as f64 / rate as f64;
+            let until = (self.sent + want as u64) as f64 / rate as f64;
             let due = started + std::time::Duration::from_secs_f64(until);
             tokio::time::sleep_until(due.into()).await;
         }
         // Filled straight from the file, without zeroing it first.
         let mut buf = BytesMut::with_capacity(want);
-        let read = match (&mut s.file).take(want as u64).read_buf(&mut buf).await {
+        let read = match (&mut self.file).take(want as u64).read_buf(&mut buf).await {
             Ok(0) => {
                 return Some((
                     Err(std::io::Error::other("file shrank while served")),
-                    Body_ { left: 0, ..s },
+                    Self { left: 0, ..self },
                 ))
             }
             Ok(n) => n,
-            Err(e) => return Some((Err(e), Body_ { left: 0, ..s })),
+            Err(e) => return Some((Err(e), Self { left: 0, ..self })),
         };
-        if s.corrupt {
+        if self.corrupt {
             buf[0] ^= 0xff;
-            s.corrupt = false;
+            self.corrupt = false;
         }
-        s.left -= read as u64;
-        s.sent += read as u64;
-        s.inner.stats.add(&s.key, read as u64);
-        Some((Ok(buf.freeze()), s))
-    });
+        self.left -= read as u64;
+        self.sent += read as u64;
+        self.inner.stats.add(&self.key, read as u64);
+        Some((Ok(buf.freeze()), self))
+    }
+}
+
+/// A file's headers: its length, its SHA-256 as the hub's ETags, and the
+/// range served.
+fn set_file_headers(
+    headers: &mut HeaderMap,
+    sha: &str,
+    len: u64,
+    body_len: u64,
+    (status, start, end): (StatusCode, u64, u64),
+) {
     let quoted = format!("\"{sha}\"");
-    let mut response = Response::new(Body::from_stream(stream));
-    *response.status_mut() = status;
-    let headers = response.headers_mut();
     let mut set = |name: &str, value: String| {
         if let (Ok(name), Ok(value)) = (
             header::HeaderName::from_bytes(name.as_bytes()),
@@ -509,7 +535,6 @@ async fn resolve(
     if status == StatusCode::PARTIAL_CONTENT {
         set("content-range", format!("bytes {start}-{end}/{len}"));
     }
-    response
 }
 
 #[cfg(test)]

@@ -269,50 +269,28 @@ pub fn run(args: ApiBenchArgs) -> anyhow::Result<()> {
         // 3. Load.
         let deadline = Instant::now() + Duration::from_secs_f64(args.seconds);
         let started = Instant::now();
-        let mut tasks = Vec::new();
-        for c in 0..args.clients {
-            let client = client.clone();
-            let url = url.clone();
-            let model = args.model.clone();
-            let references = references.clone();
-            let (prompts, max_tokens) = (args.prompts, args.max_tokens);
-            tasks.push(tokio::spawn(async move {
-                let mut ttfts = Vec::new();
-                let (mut mismatched, mut busy, mut errors) = (0, 0, Vec::new());
-                let mut tokens = 0;
-                let mut k = c;
-                while Instant::now() < deadline {
-                    let p = k % prompts;
-                    match stream_once(&client, &url, &model, &prompt(p), max_tokens).await {
-                        Outcome::Done(s) => {
-                            ttfts.push(s.ttft.as_secs_f64() * 1e3);
-                            tokens += s.completion_tokens;
-                            if s.text != references[p] {
-                                mismatched += 1;
-                            }
-                            k += 1;
-                        }
-                        Outcome::Busy(wait) => {
-                            busy += 1;
-                            tokio::time::sleep(wait).await;
-                        }
-                        Outcome::Failed(e) => errors.push(e),
-                    }
-                }
-                (ttfts, mismatched, busy, errors, tokens)
-            }));
-        }
-        let mut ttfts = Vec::new();
-        let (mut mismatched, mut busy, mut errors) = (0, 0, Vec::new());
-        let mut completion_tokens = 0;
+        let load = Load {
+            client: client.clone(),
+            url: url.clone(),
+            model: args.model.clone(),
+            references,
+            max_tokens: args.max_tokens,
+            deadline,
+        };
+        let tasks: Vec<_> = (0..args.clients)
+            .map(|c| tokio::spawn(load.clone().client(c)))
+            .collect();
+        let mut total = Tally::default();
         for task in tasks {
-            let (t, m, b, e, n) = task.await.context("a client task")?;
-            completion_tokens += n;
-            ttfts.extend(t);
-            mismatched += m;
-            busy += b;
-            errors.extend(e);
+            total.add(task.await.context("a client task")?);
         }
+        let Tally {
+            mut ttfts,
+            mismatched,
+            busy,
+            errors,
+            tokens: completion_tokens,
+        } = total;
         let elapsed = started.elapsed().as_secs_f64();
         ttfts.sort_by(f64::total_cmp);
         let report = Report {
@@ -339,4 +317,73 @@ pub fn run(args: ApiBenchArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
         Ok(())
     })
+}
+
+/// What each client of the load runs against.
+#[derive(Clone)]
+struct Load {
+    client: reqwest::Client,
+    url: String,
+    model: String,
+    /// Each prompt's answer alone: a batched answer must be the same.
+    references: Vec<String>,
+    max_tokens: u32,
+    deadline: Instant,
+}
+
+/// What the clients saw.
+#[derive(Default)]
+struct Tally {
+    ttfts: Vec<f64>,
+    mismatched: usize,
+    busy: usize,
+    errors: Vec<String>,
+    tokens: u64,
+}
+
+impl Tally {
+    fn add(&mut self, other: Tally) {
+        self.ttfts.extend(other.ttfts);
+        self.mismatched += other.mismatched;
+        self.busy += other.busy;
+        self.errors.extend(other.errors);
+        self.tokens += other.tokens;
+    }
+}
+
+impl Load {
+    /// One client: requests one after another, from prompt `first` on,
+    /// until the deadline (waiting as told when the node is busy).
+    async fn client(self, first: usize) -> Tally {
+        let mut tally = Tally::default();
+        let prompts = self.references.len();
+        let mut k = first;
+        while Instant::now() < self.deadline {
+            let p = k % prompts;
+            let outcome = stream_once(
+                &self.client,
+                &self.url,
+                &self.model,
+                &prompt(p),
+                self.max_tokens,
+            )
+            .await;
+            match outcome {
+                Outcome::Done(s) => {
+                    tally.ttfts.push(s.ttft.as_secs_f64() * 1e3);
+                    tally.tokens += s.completion_tokens;
+                    if s.text != self.references[p] {
+                        tally.mismatched += 1;
+                    }
+                    k += 1;
+                }
+                Outcome::Busy(wait) => {
+                    tally.busy += 1;
+                    tokio::time::sleep(wait).await;
+                }
+                Outcome::Failed(e) => tally.errors.push(e),
+            }
+        }
+        tally
+    }
 }

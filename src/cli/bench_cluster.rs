@@ -82,36 +82,15 @@ pub fn run(args: ClusterBenchArgs) -> anyhow::Result<()> {
             let command_id = format!("bench-{}-{i}", std::process::id());
             let place = i % 2 == 0;
             let (kind, expect_instance) = if place {
-                let instance_id = format!("instance-{command_id}");
-                let kind = command::Kind::CreateInstance(v1::CreateInstance {
-                    instance: Some(v1::Instance {
-                        max_concurrent: 0,
-                        ring_secret: Vec::new(),
-                        ring_sealed: false,
-                        draft: None,
-                        instance_id: instance_id.clone(),
-                        model: Some(card.clone()),
-                        sharding: v1::Sharding::Pipeline as i32,
-                        ranks: vec![v1::InstanceRank {
-                            rank: 0,
-                            node_id: host.clone(),
-                            runner_id: format!("{instance_id}-rank0"),
-                            shard: None,
-                            ring_address: String::new(),
-                        }],
-                    }),
-                });
-                (kind, instance_id)
+                create_on(&host, &card, &command_id)
             } else {
                 let Some(instance) = placed.pop() else {
                     bail!("nothing placed to delete");
                 };
-                (
-                    command::Kind::DeleteInstance(v1::DeleteInstance {
-                        instance_id: instance.clone(),
-                    }),
-                    instance,
-                )
+                let delete = v1::DeleteInstance {
+                    instance_id: instance.clone(),
+                };
+                (command::Kind::DeleteInstance(delete), instance)
             };
             let command = Command {
                 command_id: command_id.clone(),
@@ -120,36 +99,7 @@ pub fn run(args: ClusterBenchArgs) -> anyhow::Result<()> {
             };
             let started = Instant::now();
             bus.put(&bus.keys.commands(), &command).await?;
-            loop {
-                let sample = tokio::time::timeout(Duration::from_secs(5), events.recv_async())
-                    .await
-                    .map_err(|_| {
-                        anyhow::anyhow!(
-                            "no indexed event for command {i} within 5 s (is a master up?)"
-                        )
-                    })?
-                    .map_err(|e| anyhow::anyhow!("subscriber closed: {e}"))?;
-                let Some(indexed) =
-                    bus.decode::<IndexedEvent>("events/global", &sample.payload().to_bytes())
-                else {
-                    continue;
-                };
-                let matches = match indexed.event.and_then(|e| e.kind) {
-                    Some(event::Kind::InstanceCreated(created)) => {
-                        place
-                            && created
-                                .instance
-                                .is_some_and(|inst| inst.instance_id == expect_instance)
-                    }
-                    Some(event::Kind::InstanceDeleted(deleted)) => {
-                        !place && deleted.instance_id == expect_instance
-                    }
-                    _ => false,
-                };
-                if matches {
-                    break;
-                }
-            }
+            wait_for_event(bus, &events, i, place, &expect_instance).await?;
             times.push(started.elapsed().as_secs_f64() * 1e3);
             if place {
                 placed.push(expect_instance);
@@ -168,4 +118,68 @@ pub fn run(args: ClusterBenchArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
         Ok(())
     })
+}
+
+/// A command that creates an instance of `card` with one rank on `host`,
+/// and the instance's id.
+fn create_on(host: &str, card: &v1::ModelCard, command_id: &str) -> (command::Kind, String) {
+    let instance_id = format!("instance-{command_id}");
+    let kind = command::Kind::CreateInstance(v1::CreateInstance {
+        instance: Some(v1::Instance {
+            max_concurrent: 0,
+            ring_secret: Vec::new(),
+            ring_sealed: false,
+            draft: None,
+            instance_id: instance_id.clone(),
+            model: Some(card.clone()),
+            sharding: v1::Sharding::Pipeline as i32,
+            ranks: vec![v1::InstanceRank {
+                rank: 0,
+                node_id: host.to_string(),
+                runner_id: format!("{instance_id}-rank0"),
+                shard: None,
+                ring_address: String::new(),
+            }],
+        }),
+    });
+    (kind, instance_id)
+}
+
+/// Waits for the indexed event of command `i`: the creation (`place`) or
+/// the deletion of `expect_instance`.
+async fn wait_for_event(
+    bus: &tessera_actors::bus::Bus,
+    events: &zenoh::pubsub::Subscriber<zenoh::handlers::FifoChannelHandler<zenoh::sample::Sample>>,
+    i: usize,
+    place: bool,
+    expect_instance: &str,
+) -> anyhow::Result<()> {
+    loop {
+        let sample = tokio::time::timeout(Duration::from_secs(5), events.recv_async())
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!("no indexed event for command {i} within 5 s (is a master up?)")
+            })?
+            .map_err(|e| anyhow::anyhow!("subscriber closed: {e}"))?;
+        let Some(indexed) =
+            bus.decode::<IndexedEvent>("events/global", &sample.payload().to_bytes())
+        else {
+            continue;
+        };
+        let matches = match indexed.event.and_then(|e| e.kind) {
+            Some(event::Kind::InstanceCreated(created)) => {
+                place
+                    && created
+                        .instance
+                        .is_some_and(|inst| inst.instance_id == expect_instance)
+            }
+            Some(event::Kind::InstanceDeleted(deleted)) => {
+                !place && deleted.instance_id == expect_instance
+            }
+            _ => false,
+        };
+        if matches {
+            return Ok(());
+        }
+    }
 }

@@ -114,27 +114,11 @@ pub fn run(args: LogBenchArgs) -> anyhow::Result<()> {
         append.push(append_rate);
         commit.push(commit_rate);
 
-        let log = EventLog::open_existing(&commit_dir)?;
-        let start = Instant::now();
-        let replayed = replay(
-            &log,
-            ReplayOptions {
-                until: None,
-                use_snapshots: false,
-            },
-        )?;
-        full.push(events.len() as f64 / start.elapsed().as_secs_f64());
-        digests_match &= replayed.state.digest() == expected_digest;
-        drop(log);
-
-        // Reopening is part of a restart's cost: time it with the fold.
-        let start = Instant::now();
-        let log = EventLog::open_existing(&commit_dir)?;
-        let replayed = replay(&log, ReplayOptions::default())?;
-        from_snap.push(start.elapsed().as_secs_f64());
-        folded = replayed.events_applied;
-        digests_match &= replayed.state.digest() == expected_digest;
-        drop(log);
+        let timed = time_replays(&commit_dir, events.len(), expected_digest)?;
+        full.push(timed.full_events_per_s);
+        from_snap.push(timed.from_snapshot_seconds);
+        folded = timed.folded;
+        digests_match &= timed.digests_match;
         for name in ["raw", "append", "commit"] {
             std::fs::remove_dir_all(base.path().join(format!("{name}-{rep}"))).ok();
         }
@@ -170,6 +154,46 @@ pub fn run(args: LogBenchArgs) -> anyhow::Result<()> {
         "a replay did not reproduce the in-memory state"
     );
     Ok(())
+}
+
+/// One repetition's replays of a committed log.
+struct Replays {
+    full_events_per_s: f64,
+    /// Reopening and folding from the last snapshot: a restart's cost.
+    from_snapshot_seconds: f64,
+    folded: u64,
+    digests_match: bool,
+}
+
+/// Replays the log in `dir` (`events` long) in full, then reopens it and
+/// replays from its last snapshot, each checked against `expected`.
+fn time_replays(
+    dir: &std::path::Path,
+    events: usize,
+    expected: tessera_state::state::Digest,
+) -> anyhow::Result<Replays> {
+    let log = EventLog::open_existing(dir)?;
+    let start = Instant::now();
+    let every_event = ReplayOptions {
+        until: None,
+        use_snapshots: false,
+    };
+    let replayed = replay(&log, every_event)?;
+    let full_events_per_s = events as f64 / start.elapsed().as_secs_f64();
+    let mut digests_match = replayed.state.digest() == expected;
+    drop(log);
+    // Reopening is part of a restart's cost: time it with the fold.
+    let start = Instant::now();
+    let log = EventLog::open_existing(dir)?;
+    let replayed = replay(&log, ReplayOptions::default())?;
+    let from_snapshot_seconds = start.elapsed().as_secs_f64();
+    digests_match &= replayed.state.digest() == expected;
+    Ok(Replays {
+        full_events_per_s,
+        from_snapshot_seconds,
+        folded: replayed.events_applied,
+        digests_match,
+    })
 }
 
 /// Writes `count` items with `write(i, flush_now)` and returns items per

@@ -221,6 +221,21 @@ fn first_layers_draft(model: &Path, layers: usize) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// The prompts of `--prompts` (a JSON list of strings), if given.
+fn own_prompts(path: Option<&std::path::Path>) -> anyhow::Result<Option<Vec<String>>> {
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let prompts: Vec<String> = serde_json::from_str(&text)
+        .with_context(|| format!("{}: a JSON list of strings", path.display()))?;
+    if prompts.is_empty() {
+        bail!("{}: no prompts", path.display());
+    }
+    Ok(Some(prompts))
+}
+
 pub fn measure<'m>(
     bench: &SpecBench,
     model: &'m LoadedModel,
@@ -234,19 +249,7 @@ pub fn measure<'m>(
         ..speculation(&bench.source, bench.draft_tokens, model)?
     };
     let draft = format!("{:?}", speculation.source);
-    let own = match &bench.prompts {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            let prompts: Vec<String> = serde_json::from_str(&text)
-                .with_context(|| format!("{}: a JSON list of strings", path.display()))?;
-            if prompts.is_empty() {
-                bail!("{}: no prompts", path.display());
-            }
-            Some(prompts)
-        }
-        None => None,
-    };
+    let own = own_prompts(bench.prompts.as_deref())?;
     let requests = requests(bench.workload, bench.gen_tokens, own);
     let mut session = Session::with_executor(model, executor);
     let run =

@@ -100,95 +100,10 @@ impl SyntheticEvents {
         self.instance_serial += 1;
         let instance_id = format!("instance-{:06}", self.instance_serial);
         let model_id = "smollm2-135m-instruct-q4_1".to_string();
-        let ranks: Vec<v1::InstanceRank> = self
-            .nodes
-            .iter()
-            .take(2)
-            .enumerate()
-            .map(|(rank, node)| v1::InstanceRank {
-                rank: rank as u32,
-                node_id: node.clone(),
-                runner_id: format!("{instance_id}-runner-{rank}"),
-                shard: Some(v1::ShardSpec {
-                    kind: Some(v1::shard_spec::Kind::Pipeline(v1::PipelineShard {
-                        start_layer: 15 * rank as u32,
-                        end_layer: 15 * (rank as u32 + 1),
-                        n_layers: 30,
-                    })),
-                }),
-                ring_address: format!("10.0.0.{}:{}", rank + 1, 53000 + rank),
-            })
-            .collect();
-        for rank in &ranks {
-            for percent in [0u64, 50, 100] {
-                let total = 98_000_000;
-                let state = if percent == 100 {
-                    v1::download_progress::State::Completed(v1::DownloadCompleted {
-                        total_bytes: total,
-                        read_only: false,
-                        path: String::new(),
-                    })
-                } else {
-                    v1::download_progress::State::Ongoing(v1::DownloadOngoing {
-                        downloaded_bytes: total * percent / 100,
-                        total_bytes: total,
-                        bytes_per_second: 50_000_000,
-                        eta_ms: 1000,
-                        files: vec![],
-                    })
-                };
-                self.pending
-                    .push_back(Kind::NodeDownloadProgress(v1::NodeDownloadProgress {
-                        node_id: rank.node_id.clone(),
-                        progress: Some(v1::DownloadProgress {
-                            model_id: model_id.clone(),
-                            state: Some(state),
-                            shards: Vec::new(),
-                        }),
-                    }));
-            }
-        }
-        self.pending
-            .push_back(Kind::InstanceCreated(v1::InstanceCreated {
-                instance: Some(v1::Instance {
-                    max_concurrent: 0,
-                    ring_secret: Vec::new(),
-                    ring_sealed: false,
-                    draft: None,
-                    instance_id: instance_id.clone(),
-                    model: Some(v1::ModelCard {
-                        model_id: model_id.clone(),
-                        n_layers: 30,
-                        ..Default::default()
-                    }),
-                    sharding: v1::Sharding::Pipeline as i32,
-                    ranks: ranks.clone(),
-                }),
-            }));
-        let lifecycle = [
-            RunnerState::Connecting(v1::RunnerConnecting {}),
-            RunnerState::Connected(v1::RunnerConnected {}),
-            RunnerState::Loading(v1::RunnerLoading {
-                layers_loaded: 0,
-                layers_total: 15,
-                bytes_loaded: 0,
-            }),
-            RunnerState::Loading(v1::RunnerLoading {
-                layers_loaded: 15,
-                layers_total: 15,
-                bytes_loaded: 49_000_000,
-            }),
-            RunnerState::Loaded(v1::RunnerLoaded {
-                resident_bytes: 60_000_000,
-            }),
-            RunnerState::WarmingUp(v1::RunnerWarmingUp {}),
-            RunnerState::Ready(v1::RunnerReady::default()),
-        ];
-        for state in lifecycle {
-            for rank in &ranks {
-                self.push_runner(&rank.runner_id, state.clone());
-            }
-        }
+        let ranks = self.ranks_of(&instance_id);
+        self.push_downloads(&ranks, &model_id);
+        self.push_instance_created(&instance_id, &model_id, &ranks);
+        self.push_lifecycle(&ranks);
         let generations = self.rng.gen_range(20..200);
         for _ in 0..generations {
             self.plan_generation(&instance_id, &model_id, &ranks);
@@ -218,6 +133,115 @@ impl SyntheticEvents {
                 &rank.runner_id,
                 RunnerState::Shutdown(v1::RunnerShutdown {}),
             );
+        }
+    }
+
+    /// Two pipeline ranks on the first two nodes.
+    fn ranks_of(&self, instance_id: &str) -> Vec<v1::InstanceRank> {
+        self.nodes
+            .iter()
+            .take(2)
+            .enumerate()
+            .map(|(rank, node)| v1::InstanceRank {
+                rank: rank as u32,
+                node_id: node.clone(),
+                runner_id: format!("{instance_id}-runner-{rank}"),
+                shard: Some(v1::ShardSpec {
+                    kind: Some(v1::shard_spec::Kind::Pipeline(v1::PipelineShard {
+                        start_layer: 15 * rank as u32,
+                        end_layer: 15 * (rank as u32 + 1),
+                        n_layers: 30,
+                    })),
+                }),
+                ring_address: format!("10.0.0.{}:{}", rank + 1, 53000 + rank),
+            })
+            .collect()
+    }
+
+    /// Each rank's node downloads the model: 0%, 50%, done.
+    fn push_downloads(&mut self, ranks: &[v1::InstanceRank], model_id: &str) {
+        for rank in ranks {
+            for percent in [0u64, 50, 100] {
+                let total = 98_000_000;
+                let state = if percent == 100 {
+                    v1::download_progress::State::Completed(v1::DownloadCompleted {
+                        total_bytes: total,
+                        read_only: false,
+                        path: String::new(),
+                    })
+                } else {
+                    v1::download_progress::State::Ongoing(v1::DownloadOngoing {
+                        downloaded_bytes: total * percent / 100,
+                        total_bytes: total,
+                        bytes_per_second: 50_000_000,
+                        eta_ms: 1000,
+                        files: vec![],
+                    })
+                };
+                self.pending
+                    .push_back(Kind::NodeDownloadProgress(v1::NodeDownloadProgress {
+                        node_id: rank.node_id.clone(),
+                        progress: Some(v1::DownloadProgress {
+                            model_id: model_id.to_string(),
+                            state: Some(state),
+                            shards: Vec::new(),
+                        }),
+                    }));
+            }
+        }
+    }
+
+    fn push_instance_created(
+        &mut self,
+        instance_id: &str,
+        model_id: &str,
+        ranks: &[v1::InstanceRank],
+    ) {
+        self.pending
+            .push_back(Kind::InstanceCreated(v1::InstanceCreated {
+                instance: Some(v1::Instance {
+                    max_concurrent: 0,
+                    ring_secret: Vec::new(),
+                    ring_sealed: false,
+                    draft: None,
+                    instance_id: instance_id.to_string(),
+                    model: Some(v1::ModelCard {
+                        model_id: model_id.to_string(),
+                        n_layers: 30,
+                        ..Default::default()
+                    }),
+                    sharding: v1::Sharding::Pipeline as i32,
+                    ranks: ranks.to_vec(),
+                }),
+            }));
+    }
+
+    /// Every rank's runner from connecting to ready, rank by rank at each
+    /// state.
+    fn push_lifecycle(&mut self, ranks: &[v1::InstanceRank]) {
+        let lifecycle = [
+            RunnerState::Connecting(v1::RunnerConnecting {}),
+            RunnerState::Connected(v1::RunnerConnected {}),
+            RunnerState::Loading(v1::RunnerLoading {
+                layers_loaded: 0,
+                layers_total: 15,
+                bytes_loaded: 0,
+            }),
+            RunnerState::Loading(v1::RunnerLoading {
+                layers_loaded: 15,
+                layers_total: 15,
+                bytes_loaded: 49_000_000,
+            }),
+            RunnerState::Loaded(v1::RunnerLoaded {
+                resident_bytes: 60_000_000,
+            }),
+            RunnerState::WarmingUp(v1::RunnerWarmingUp {}),
+            RunnerState::Ready(v1::RunnerReady::default()),
+        ];
+        for state in lifecycle {
+            for rank in ranks {
+                self.push_runner(&rank.runner_id, state.clone());
+            }
         }
     }
 

@@ -193,6 +193,90 @@ impl ReplicaState {
     }
 }
 
+impl ReplicaState {
+    /// An event the master published: committed if it is the next one,
+    /// kept for later (and a catch-up asked for) if it is ahead. False if
+    /// it is not from the master this replica follows (dropped).
+    fn on_global(&mut self, myself: &ActorRef<ReplicaMsg>, event: IndexedEvent) -> bool {
+        if !self.sync.from_master(&event) {
+            // Not the master we follow (a stale master, garbage, or
+            // a new master we have not heard of yet: its heartbeat
+            // will bring us back to it through a catch-up).
+            let key = self.bus.keys.global_events();
+            self.bus.count_dropped(&key, "not from the current master");
+            return false;
+        }
+        if self.sync.verified() && event.index == self.last() + 1 {
+            if let Err(error) = self.commit(&event) {
+                if self.errors.allow("live") {
+                    tracing::error!(%error, index = event.index, "could not persist an event");
+                }
+            }
+            self.drain();
+        } else if event.index > self.last() && self.early.len() < MAX_BUFFERED {
+            self.master_last = self.master_last.max(event.index);
+            self.early.insert(event.index, event);
+            request_catch_up(myself, self);
+        }
+        true
+    }
+
+    /// The master's own commit: only the master this replica follows
+    /// writes (a Master that has just stepped down finds its session
+    /// gone), and the event is durable before the master publishes it, so
+    /// an event anyone has seen survives the master's SIGKILL.
+    fn commit_from_master(&mut self, event: &IndexedEvent) -> Result<(), String> {
+        let result = if self.sync.from_master(event) {
+            self.commit(event)
+                .and_then(|()| self.journal.flush().map_err(|error| error.to_string()))
+        } else {
+            Err(format!(
+                "event {} is from {:?}, not from the master followed",
+                event.index, event.session
+            ))
+        };
+        self.drain();
+        result
+    }
+
+    /// Follows `session`'s master, which has written up to `last_index`.
+    fn follow(
+        &mut self,
+        myself: &ActorRef<ReplicaMsg>,
+        session: SessionId,
+        last_index: u64,
+        is_me: bool,
+    ) {
+        if self.sync.master() != Some(&session) {
+            self.early.clear();
+            self.master_last = 0;
+            tracing::debug!(?session, is_me, "replica follows a new master");
+        }
+        self.sync.follow(session, is_me);
+        self.master_last = self.master_last.max(last_index);
+        if self.behind() {
+            request_catch_up(myself, self);
+        }
+    }
+
+    /// The events `from..=to` of the log (at most [`MAX_RANGE`]).
+    fn range(&self, from: u64, to: u64) -> Vec<IndexedEvent> {
+        let to = to.min(self.last()).min(from.saturating_add(MAX_RANGE - 1));
+        if from == 0 || from > to {
+            Vec::new()
+        } else {
+            self.journal
+                .log()
+                .range(from, to)
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap_or_else(|error| {
+                    tracing::error!(%error, "reading the log for a catch-up");
+                    Vec::new()
+                })
+        }
+    }
+}
+
 impl Actor for Replica {
     type Msg = ReplicaMsg;
     type State = ReplicaState;
@@ -229,43 +313,12 @@ impl Actor for Replica {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             ReplicaMsg::Global(event) => {
-                if !state.sync.from_master(&event) {
-                    // Not the master we follow (a stale master, garbage, or
-                    // a new master we have not heard of yet: its heartbeat
-                    // will bring us back to it through a catch-up).
-                    let key = state.bus.keys.global_events();
-                    state.bus.count_dropped(&key, "not from the current master");
+                if !state.on_global(&myself, event) {
                     return Ok(());
-                }
-                if state.sync.verified() && event.index == state.last() + 1 {
-                    if let Err(error) = state.commit(&event) {
-                        if state.errors.allow("live") {
-                            tracing::error!(%error, index = event.index, "could not persist an event");
-                        }
-                    }
-                    state.drain();
-                } else if event.index > state.last() && state.early.len() < MAX_BUFFERED {
-                    state.master_last = state.master_last.max(event.index);
-                    state.early.insert(event.index, event);
-                    request_catch_up(&myself, state);
                 }
             }
             ReplicaMsg::Commit(event, reply) => {
-                // Only the master this replica follows writes: a Master that
-                // has just stepped down finds its session gone.
-                // Durable before the master publishes it: an event anyone
-                // has seen survives the master's SIGKILL.
-                let result = if state.sync.from_master(&event) {
-                    state
-                        .commit(&event)
-                        .and_then(|()| state.journal.flush().map_err(|error| error.to_string()))
-                } else {
-                    Err(format!(
-                        "event {} is from {:?}, not from the master followed",
-                        event.index, event.session
-                    ))
-                };
-                state.drain();
+                let result = state.commit_from_master(&event);
                 let _ = reply.send(result);
             }
             ReplicaMsg::CatchUp { asked_from, reply } => {
@@ -287,16 +340,7 @@ impl Actor for Replica {
                     master_node_id: node_id,
                     election_clock: clock,
                 };
-                if state.sync.master() != Some(&session) {
-                    state.early.clear();
-                    state.master_last = 0;
-                    tracing::debug!(?session, is_me, "replica follows a new master");
-                }
-                state.sync.follow(session, is_me);
-                state.master_last = state.master_last.max(last_index);
-                if state.behind() {
-                    request_catch_up(&myself, state);
-                }
+                state.follow(&myself, session, last_index, is_me);
             }
             ReplicaMsg::GetState(reply) => {
                 let _ = reply.send(state.view.borrow().clone());
@@ -305,21 +349,7 @@ impl Actor for Replica {
                 let _ = reply.send(state.view.subscribe());
             }
             ReplicaMsg::GetRange { from, to, reply } => {
-                let to = to.min(state.last()).min(from.saturating_add(MAX_RANGE - 1));
-                let events = if from == 0 || from > to {
-                    Vec::new()
-                } else {
-                    state
-                        .journal
-                        .log()
-                        .range(from, to)
-                        .collect::<Result<Vec<_>, _>>()
-                        .unwrap_or_else(|error| {
-                            tracing::error!(%error, "reading the log for a catch-up");
-                            Vec::new()
-                        })
-                };
-                let _ = reply.send(events);
+                let _ = reply.send(state.range(from, to));
             }
             ReplicaMsg::View(reply) => {
                 let _ = reply.send(state.journal.log().view());

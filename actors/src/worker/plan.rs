@@ -307,14 +307,25 @@ fn progress(state: Option<&Rs>) -> Option<u8> {
     })
 }
 
-/// The next step for `node_id`, if any.
+/// The next step for `node_id`, if any: in this order, the runners to
+/// stop, the downloads, the runners to create, each runner's next state,
+/// rank 0's draft, and the generations.
 pub fn plan(
     state: &ClusterState,
     node_id: &str,
     runners: &BTreeMap<String, LocalRunner>,
     downloads: &Downloads,
 ) -> Option<Step> {
-    // 1. Runners without an instance, or failed ones.
+    stop_orphans(state, runners)
+        .or_else(|| plan_downloads(state, node_id, downloads))
+        .or_else(|| create_runners(state, node_id, runners, downloads))
+        .or_else(|| advance_runners(state, runners))
+        .or_else(|| set_drafts(state, runners, downloads))
+        .or_else(|| generations(state, runners))
+}
+
+/// Step 1: runners without an instance, or failed ones.
+fn stop_orphans(state: &ClusterState, runners: &BTreeMap<String, LocalRunner>) -> Option<Step> {
     for (runner_id, runner) in runners {
         let orphaned = !state.instances.contains_key(&runner.instance_id);
         let failed = matches!(status(state, runner_id), Some(Rs::Failed(_)));
@@ -329,11 +340,16 @@ pub fn plan(
             });
         }
     }
-    // 2. Downloads.
-    if let Some(step) = plan_downloads(state, node_id, downloads) {
-        return Some(step);
-    }
-    // 3. Ranks placed here without a runner, once their files are here.
+    None
+}
+
+/// Step 3: ranks placed here without a runner, once their files are here.
+fn create_runners(
+    state: &ClusterState,
+    node_id: &str,
+    runners: &BTreeMap<String, LocalRunner>,
+    downloads: &Downloads,
+) -> Option<Step> {
     for instance in state.instances.values() {
         for rank in instance.ranks.iter().filter(|r| r.node_id == node_id) {
             let files_here = instance.model.as_ref().is_none_or(|m| {
@@ -350,7 +366,12 @@ pub fn plan(
             }
         }
     }
-    // 4. Along the state machine.
+    None
+}
+
+/// Step 4: each runner along the state machine (connect when every rank
+/// has a runner, load, warm up when every rank has loaded).
+fn advance_runners(state: &ClusterState, runners: &BTreeMap<String, LocalRunner>) -> Option<Step> {
     for (runner_id, runner) in runners {
         let Some(instance) = state.instances.get(&runner.instance_id) else {
             continue;
@@ -390,7 +411,16 @@ pub fn plan(
             }
         }
     }
-    // 4, for rank 0: the instance's draft, once it takes generations.
+    None
+}
+
+/// Step 4, for rank 0: the instance's draft, once it takes generations
+/// and the draft model's files are here.
+fn set_drafts(
+    state: &ClusterState,
+    runners: &BTreeMap<String, LocalRunner>,
+    downloads: &Downloads,
+) -> Option<Step> {
     for (runner_id, runner) in runners.iter().filter(|(_, r)| r.rank == 0) {
         let Some(instance) = state.instances.get(&runner.instance_id) else {
             continue;
@@ -416,8 +446,12 @@ pub fn plan(
             return Some(step);
         }
     }
-    // 5 and 6. Generations, on rank 0 only: cancellations of what it
-    // runs, then the oldest pending tasks while its batch has room.
+    None
+}
+
+/// Steps 5 and 6, on rank 0 only: cancellations of what it runs, then the
+/// oldest pending tasks while its batch has room.
+fn generations(state: &ClusterState, runners: &BTreeMap<String, LocalRunner>) -> Option<Step> {
     for (runner_id, runner) in runners.iter().filter(|(_, r)| r.rank == 0) {
         for task_id in runner.tasks.difference(&runner.cancelling) {
             let cancelled = state

@@ -413,34 +413,7 @@ impl ModelConfig {
                 self.variant
             ));
         }
-        if let RopeScaling::Dynamic {
-            factor,
-            original_context,
-        } = self.rope_scaling
-        {
-            if !(factor.is_finite() && factor >= 1.0) || original_context == 0 {
-                return fail(format!(
-                    "dynamic RoPE needs a factor of at least 1 and max_position_embeddings, \
-                     found {factor} and {original_context}"
-                ));
-            }
-        }
-        if let RopeScaling::LongRope { long, short, .. } = &self.rope_scaling {
-            let pairs = self.rotary_dims / 2;
-            if long.len() != pairs
-                || short.len() != pairs
-                || long
-                    .iter()
-                    .chain(short)
-                    .any(|f| !(f.is_finite() && *f > 0.0))
-            {
-                return fail(format!(
-                    "LongRoPE needs {pairs} positive long and short factors, found {} and {}",
-                    long.len(),
-                    short.len()
-                ));
-            }
-        }
+        self.validate_rope_scaling()?;
         if let Some(linear) = &self.variant.linear {
             validate_linear(linear, self.layers)?;
         }
@@ -455,6 +428,40 @@ impl ModelConfig {
                     "{} experts with {} per token and {} rows each: need 1 <= per token <= experts <= 1024 and rows > 0",
                     moe.experts, moe.experts_per_token, moe.expert_ffn
                 ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A dynamic scaling's factor and original context; LongRoPE's factors,
+    /// one positive pair per rotary pair.
+    fn validate_rope_scaling(&self) -> Result<(), ConfigError> {
+        if let RopeScaling::Dynamic {
+            factor,
+            original_context,
+        } = self.rope_scaling
+        {
+            if !(factor.is_finite() && factor >= 1.0) || original_context == 0 {
+                return Err(ConfigError(format!(
+                    "dynamic RoPE needs a factor of at least 1 and max_position_embeddings, \
+                     found {factor} and {original_context}"
+                )));
+            }
+        }
+        if let RopeScaling::LongRope { long, short, .. } = &self.rope_scaling {
+            let pairs = self.rotary_dims / 2;
+            if long.len() != pairs
+                || short.len() != pairs
+                || long
+                    .iter()
+                    .chain(short)
+                    .any(|f| !(f.is_finite() && *f > 0.0))
+            {
+                return Err(ConfigError(format!(
+                    "LongRoPE needs {pairs} positive long and short factors, found {} and {}",
+                    long.len(),
+                    short.len()
+                )));
             }
         }
         Ok(())

@@ -24,10 +24,9 @@
 use std::ops::Range;
 
 use super::config::LinearAttention;
-use super::gather::{project, ColumnSplit, GatherBuffers};
+use super::gather::{project, ColumnSplit, GatherBuffers, Ranks, Rows};
 use super::transformer::{ForwardError, SeqSpan};
 use super::weights::{LoadError, Matrix, TensorSource};
-use crate::dist::collectives::Group;
 use crate::model::paged::KvPool;
 use crate::ops;
 use crate::quant::Activations;
@@ -139,6 +138,14 @@ impl LinearSplit {
         }
         runs
     }
+}
+
+/// Where a linear-attention layer's recurrent state lives: each span's
+/// slot in the pool, this layer's `offset` in the slot.
+pub struct RecurrentState<'a, 'b> {
+    pub spans: &'a [SeqSpan<'b>],
+    pub kv: &'a mut KvPool,
+    pub offset: usize,
 }
 
 impl GatedDeltaNet {
@@ -267,21 +274,22 @@ impl GatedDeltaNet {
     /// `normed`; `states` are the spans' slots and `offset` this layer's
     /// place in each slot. On a tensor rank, `splits` says how every
     /// rank's value heads and output rows make whole rows.
-    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
-        n: usize,
+        rows: Rows<'_>,
         hidden: usize,
-        spans: &[SeqSpan<'_>],
-        kv: &mut KvPool,
-        offset: usize,
-        normed: &[f32],
-        proj: &mut [f32],
+        state: RecurrentState<'_, '_>,
         ws: &mut LinearWorkspace,
-        pool: &ThreadPool,
+        ranks: &mut Ranks<'_>,
         splits: Option<(&ColumnSplit, &ColumnSplit)>,
-        group: &mut dyn Group,
     ) -> Result<(), ForwardError> {
+        let Rows {
+            n,
+            input: normed,
+            out: proj,
+        } = rows;
+        let RecurrentState { spans, kv, offset } = state;
+        let pool = ranks.pool;
         let shape = &self.shape;
         ws.ensure(shape, n);
         self.project(n, hidden, normed, ws, pool)?;
@@ -309,17 +317,12 @@ impl GatedDeltaNet {
         let vw = self.shape.v_width();
         let (local, out) = (&ws.out[..n * vw], &mut proj[..n * hidden]);
         let (acts, gathers) = (&mut ws.acts, &mut ws.gathers);
-        project::<ForwardError>(
-            &self.w_out,
-            splits,
+        let rows = Rows {
             n,
-            local,
+            input: local,
             out,
-            acts,
-            gathers,
-            pool,
-            group,
-        )
+        };
+        project::<ForwardError>(&self.w_out, splits, rows, acts, gathers, ranks)
     }
 
     /// The input projections: q, k, v and z of this rank's heads, b and a

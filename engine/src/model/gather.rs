@@ -19,6 +19,20 @@ use crate::dist::collectives::{CollectiveError, Group};
 use crate::quant::Activations;
 use crate::threadpool::ThreadPool;
 
+/// The threads a product runs on, and the rank's peers (a tensor split's
+/// other ranks; `SingleRank` alone).
+pub struct Ranks<'a> {
+    pub pool: &'a ThreadPool,
+    pub group: &'a mut dyn Group,
+}
+
+/// `n` rows in, and where the `n` rows out go.
+pub struct Rows<'a> {
+    pub n: usize,
+    pub input: &'a [f32],
+    pub out: &'a mut [f32],
+}
+
 /// Which columns of a row of `width` values each rank holds: per rank,
 /// its runs of consecutive columns in the order its local rows keep them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -139,15 +153,15 @@ impl GatherBuffers {
     /// every rank's `local` (`rows x input.own`) gathered into whole rows,
     /// `matmul` of them into this rank's output columns, and those gathered
     /// into `out` (`rows x output.width`).
-    #[allow(clippy::too_many_arguments)]
     pub fn split_rows<E: From<CollectiveError>>(
         &mut self,
         group: &mut dyn Group,
-        input: &ColumnSplit,
-        output: &ColumnSplit,
-        rows: usize,
-        local: &[f32],
-        out: &mut [f32],
+        (input, output): (&ColumnSplit, &ColumnSplit),
+        Rows {
+            n: rows,
+            input: local,
+            out,
+        }: Rows<'_>,
         matmul: impl FnOnce(&[f32], &mut [f32]) -> Result<(), E>,
     ) -> Result<(), E> {
         let whole = grown(&mut self.whole, rows * input.width());
@@ -164,23 +178,23 @@ impl GatherBuffers {
 /// and the output's rows are split) over whole input rows gathered from
 /// every rank, this rank computing its output rows and gathering the
 /// others'.
-#[allow(clippy::too_many_arguments)]
 pub fn project<E: From<CollectiveError> + From<candle_core::Error>>(
     w: &Matrix,
     splits: Option<(&ColumnSplit, &ColumnSplit)>,
-    n: usize,
-    local: &[f32],
-    out: &mut [f32],
+    rows: Rows<'_>,
     acts: &mut Activations,
     gathers: &mut GatherBuffers,
-    pool: &ThreadPool,
-    group: &mut dyn Group,
+    ranks: &mut Ranks<'_>,
 ) -> Result<(), E> {
+    let (n, pool) = (rows.n, ranks.pool);
     let Some((input, output)) = splits else {
+        let Rows {
+            input: local, out, ..
+        } = rows;
         acts.set(local, n, local.len() / n.max(1));
         return Ok(w.matmul(acts, n, local, out, pool)?);
     };
-    gathers.split_rows(group, input, output, n, local, out, |whole, part| {
+    gathers.split_rows(&mut *ranks.group, (input, output), rows, |whole, part| {
         acts.set(whole, n, input.width());
         Ok::<_, E>(w.matmul(acts, n, whole, part, pool)?)
     })

@@ -223,72 +223,87 @@ pub(crate) fn rope_scaling(
                 ConfigError("rope_scaling dynamic needs max_position_embeddings".into())
             })?,
         }),
-        "yarn" => {
-            if value.get("mscale").is_some() || value.get("mscale_all_dim").is_some() {
-                // DeepSeek's variant of the attention factor.
-                return Err(ConfigError(
-                    "rope_scaling yarn with mscale / mscale_all_dim is not supported".into(),
-                ));
-            }
-            if value.get("truncate").and_then(|v| v.as_bool()) == Some(false) {
-                return Err(ConfigError(
-                    "rope_scaling yarn with truncate false is not supported".into(),
-                ));
-            }
-            let factor = number("factor", 1.0) as f32;
-            let original = value
-                .get("original_max_position_embeddings")
-                .and_then(|v| v.as_u64())
-                .or(max_position.map(|m| m as u64))
-                .ok_or_else(|| {
-                    ConfigError("rope_scaling yarn needs original_max_position_embeddings".into())
-                })?;
-            Ok(RopeScaling::Yarn {
-                factor,
-                original_context: original as usize,
-                // transformers treats 0 (and absence) as the defaults.
-                beta_fast: Some(number("beta_fast", 32.0))
-                    .filter(|b| *b != 0.0)
-                    .unwrap_or(32.0) as f32,
-                beta_slow: Some(number("beta_slow", 1.0))
-                    .filter(|b| *b != 0.0)
-                    .unwrap_or(1.0) as f32,
-                attention_factor: value
-                    .get("attention_factor")
-                    .and_then(|v| v.as_f64())
-                    .map_or(RopeScaling::yarn_default_attention_factor(factor), |a| {
-                        a as f32
-                    }),
-            })
-        }
-        "longrope" | "su" => {
-            let factors = |key: &str| -> Result<Vec<f32>, ConfigError> {
-                value
-                    .get(key)
-                    .and_then(|v| v.as_array())
-                    .and_then(|a| a.iter().map(|f| f.as_f64().map(|f| f as f32)).collect())
-                    .ok_or_else(|| ConfigError(format!("rope_scaling longrope needs {key}")))
-            };
-            Ok(RopeScaling::LongRope {
-                long: factors("long_factor")?,
-                short: factors("short_factor")?,
-                // Filled from the config's top level where the object lacks
-                // them (`with_original_context`).
-                original_context: value
-                    .get("original_max_position_embeddings")
-                    .and_then(|v| v.as_u64())
-                    .unwrap_or(0) as usize,
-                attention_factor: value
-                    .get("attention_factor")
-                    .and_then(|v| v.as_f64())
-                    .map_or(0.0, |a| a as f32),
-            })
-        }
+        "yarn" => yarn_scaling(value, max_position),
+        "longrope" | "su" => longrope_scaling(value),
         other => Err(ConfigError(format!(
             "rope_scaling type `{other}` is not supported \
              (default, linear, dynamic, llama3, yarn, longrope)"
         ))),
     }
+}
+
+/// A number of `value`, or `default`.
+fn number(value: &serde_json::Value, key: &str, default: f64) -> f64 {
+    value.get(key).and_then(|v| v.as_f64()).unwrap_or(default)
+}
+
+/// YaRN's scaling (transformers' defaults where the object leaves them
+/// out); DeepSeek's mscale and `truncate: false` are refused.
+fn yarn_scaling(
+    value: &serde_json::Value,
+    max_position: Option<usize>,
+) -> Result<RopeScaling, ConfigError> {
+    if value.get("mscale").is_some() || value.get("mscale_all_dim").is_some() {
+        // DeepSeek's variant of the attention factor.
+        return Err(ConfigError(
+            "rope_scaling yarn with mscale / mscale_all_dim is not supported".into(),
+        ));
+    }
+    if value.get("truncate").and_then(|v| v.as_bool()) == Some(false) {
+        return Err(ConfigError(
+            "rope_scaling yarn with truncate false is not supported".into(),
+        ));
+    }
+    let factor = number(value, "factor", 1.0) as f32;
+    let original = value
+        .get("original_max_position_embeddings")
+        .and_then(|v| v.as_u64())
+        .or(max_position.map(|m| m as u64))
+        .ok_or_else(|| {
+            ConfigError("rope_scaling yarn needs original_max_position_embeddings".into())
+        })?;
+    Ok(RopeScaling::Yarn {
+        factor,
+        original_context: original as usize,
+        // transformers treats 0 (and absence) as the defaults.
+        beta_fast: Some(number(value, "beta_fast", 32.0))
+            .filter(|b| *b != 0.0)
+            .unwrap_or(32.0) as f32,
+        beta_slow: Some(number(value, "beta_slow", 1.0))
+            .filter(|b| *b != 0.0)
+            .unwrap_or(1.0) as f32,
+        attention_factor: value
+            .get("attention_factor")
+            .and_then(|v| v.as_f64())
+            .map_or(RopeScaling::yarn_default_attention_factor(factor), |a| {
+                a as f32
+            }),
+    })
+}
+
+/// LongRoPE's (and Phi-3's "su") long and short factors.
+fn longrope_scaling(value: &serde_json::Value) -> Result<RopeScaling, ConfigError> {
+    let factors = |key: &str| -> Result<Vec<f32>, ConfigError> {
+        value
+            .get(key)
+            .and_then(|v| v.as_array())
+            .and_then(|a| a.iter().map(|f| f.as_f64().map(|f| f as f32)).collect())
+            .ok_or_else(|| ConfigError(format!("rope_scaling longrope needs {key}")))
+    };
+    Ok(RopeScaling::LongRope {
+        long: factors("long_factor")?,
+        short: factors("short_factor")?,
+        // Filled from the config's top level where the object lacks
+        // them (`with_original_context`).
+        original_context: value
+            .get("original_max_position_embeddings")
+            .and_then(|v| v.as_u64())
+            .unwrap_or(0) as usize,
+        attention_factor: value
+            .get("attention_factor")
+            .and_then(|v| v.as_f64())
+            .map_or(0.0, |a| a as f32),
+    })
 }
 
 #[cfg(test)]

@@ -17,10 +17,9 @@
 use std::ops::Range;
 
 use super::config::{ConfigError, MoeConfig};
-use super::gather::{grown, ColumnSplit, GatherBuffers};
+use super::gather::{grown, ColumnSplit, GatherBuffers, Ranks, Rows};
 use super::transformer::ForwardError;
 use super::weights::{LoadError, Matrix, TensorSource};
-use crate::dist::collectives::Group;
 use crate::formats::hf_dir::HfConfig;
 use crate::ops;
 use crate::quant::{self, Activations, QMatrix};
@@ -271,23 +270,16 @@ impl Experts {
         self.router.size_bytes() + experts + shared
     }
 
-    /// `out` (`n x hidden`) = the weighted sum of each token's experts over
-    /// `normed` (`n x hidden`). On a tensor rank (`splits`) each expert's
-    /// intermediate rows are gathered whole and this rank computes its
-    /// rows of every down projection, then gathers the others' (see
-    /// [`super::gather`]): what one machine computes, bit for bit.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward(
+    /// Each token's experts and weights, the rows sorted by expert, and
+    /// which token each sorted row reads; returns the number of rows.
+    fn route_tokens(
         &self,
+        normed: &[f32],
         n: usize,
         hidden: usize,
-        normed: &[f32],
-        out: &mut [f32],
         ws: &mut MoeWorkspace,
         pool: &ThreadPool,
-        splits: Option<ExpertSplits<'_>>,
-        group: &mut dyn Group,
-    ) -> Result<(), ForwardError> {
+    ) -> Result<usize, ForwardError> {
         let moe = &self.moe;
         let (experts, k) = (moe.experts, moe.experts_per_token);
         ws.acts.set(&normed[..n * hidden], n, hidden);
@@ -309,6 +301,31 @@ impl Experts {
         for (slot, &row) in ws.sorted_row.iter().enumerate() {
             ws.token_of_row[row] = slot / k;
         }
+        Ok(rows)
+    }
+
+    /// `out` (`n x hidden`) = the weighted sum of each token's experts over
+    /// `normed` (`n x hidden`). On a tensor rank (`splits`) each expert's
+    /// intermediate rows are gathered whole and this rank computes its
+    /// rows of every down projection, then gathers the others' (see
+    /// [`super::gather`]): what one machine computes, bit for bit.
+    pub fn forward(
+        &self,
+        rows: Rows<'_>,
+        hidden: usize,
+        ws: &mut MoeWorkspace,
+        ranks: &mut Ranks<'_>,
+        splits: Option<ExpertSplits<'_>>,
+    ) -> Result<(), ForwardError> {
+        let Rows {
+            n,
+            input: normed,
+            out,
+        } = rows;
+        let (pool, group) = (ranks.pool, &mut *ranks.group);
+        let moe = &self.moe;
+        let k = moe.experts_per_token;
+        let rows = self.route_tokens(normed, n, hidden, ws, pool)?;
         let f = moe.expert_ffn;
         ws.gate.resize(rows * f, 0.0);
         ws.up.resize(rows * f, 0.0);
@@ -362,7 +379,16 @@ impl Experts {
             }
         }
         if let Some(shared) = &self.shared {
-            shared.add_to(n, hidden, width, normed, out, ws, pool, splits, group)?;
+            let rows = Rows {
+                n,
+                input: normed,
+                out: &mut *out,
+            };
+            let mut ranks = Ranks {
+                pool,
+                group: &mut *group,
+            };
+            shared.add_to(rows, [hidden, width], ws, &mut ranks, splits)?;
         }
         if let Some(s) = splits {
             let part = &ws.gathers.part[..n * width];
@@ -394,19 +420,20 @@ impl SharedExpert {
     /// `out` (`n x hidden`) on one machine; on a tensor rank into its
     /// `width` columns in `ws.gathers.part`, its intermediate rows gathered
     /// whole first.
-    #[allow(clippy::too_many_arguments)]
     fn add_to(
         &self,
-        n: usize,
-        hidden: usize,
-        width: usize,
-        normed: &[f32],
-        out: &mut [f32],
+        rows: Rows<'_>,
+        [hidden, width]: [usize; 2],
         ws: &mut MoeWorkspace,
-        pool: &ThreadPool,
+        ranks: &mut Ranks<'_>,
         splits: Option<ExpertSplits<'_>>,
-        group: &mut dyn Group,
     ) -> Result<(), ForwardError> {
+        let Rows {
+            n,
+            input: normed,
+            out,
+        } = rows;
+        let (pool, group) = (ranks.pool, &mut *ranks.group);
         let f = self.w_gate.rows();
         ws.shared_gate.resize(n * f, 0.0);
         ws.shared_up.resize(n * f, 0.0);

@@ -117,6 +117,13 @@ impl OutputFormat {
 }
 
 /// What the parser is in the middle of.
+/// Whether the parser can go on with what it has, or waits for more text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Flow {
+    Go,
+    Wait,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
     Content,
@@ -255,139 +262,173 @@ impl OutputParser {
     /// whether the latest text could have completed a JSON value.
     fn process(&mut self, finishing: bool, bracket_arrived: bool, out: &mut Vec<ParsedChunk>) {
         loop {
-            match self.mode {
-                Mode::Content => {
-                    if self.at_message_start && self.format.tool_call == ToolCallSyntax::BareJson {
-                        match self.bare_json_message_start() {
-                            MessageStart::Undecided => return,
-                            MessageStart::JsonCandidate => {
-                                self.mode = Mode::BareJsonCandidate;
-                                continue;
-                            }
-                            MessageStart::NotJson => self.at_message_start = false,
-                        }
-                    }
-                    let tags = self.content_tags.iter().map(|(tag, _)| tag.as_str());
-                    match scan_tags(&self.pending, tags) {
-                        TagScan::Found { start, end, tag } => {
-                            self.emit_pending(start, end, ParsedChunk::Text, out);
-                            self.mode = match self.content_tags.get(tag).map(|(_, kind)| kind) {
-                                Some(ContentTag::Think) => Mode::Reasoning,
-                                _ if self.format.tool_call == ToolCallSyntax::MistralToolCalls => {
-                                    Mode::MistralToolCalls
-                                }
-                                _ => Mode::TaggedToolCall,
-                            };
-                        }
-                        TagScan::NotFound { safe_len } => {
-                            self.emit_pending(safe_len, safe_len, ParsedChunk::Text, out);
-                            return;
-                        }
-                    }
-                }
-                Mode::Reasoning => {
-                    let Some((open, close)) = &self.format.think else {
-                        self.mode = Mode::Content;
-                        continue;
-                    };
-                    // A stray opening tag inside reasoning (a model that writes
-                    // `<think>` although the prompt opened it) is dropped.
-                    match scan_tags(&self.pending, [close.as_str(), open.as_str()].into_iter()) {
-                        TagScan::Found { start, end, tag } => {
-                            self.emit_pending(start, end, ParsedChunk::Reasoning, out);
-                            if tag == 0 {
-                                self.mode = Mode::Content;
-                                self.at_message_start = true;
-                            }
-                        }
-                        TagScan::NotFound { safe_len } => {
-                            self.emit_pending(safe_len, safe_len, ParsedChunk::Reasoning, out);
-                            return;
-                        }
-                    }
-                }
-                Mode::TaggedToolCall => {
-                    let ToolCallSyntax::TaggedJson { open, close } = &self.format.tool_call else {
-                        self.mode = Mode::Content;
-                        continue;
-                    };
-                    let Some(start) = self.pending.find(close.as_str()) else {
-                        return;
-                    };
-                    let body = &self.pending[..start];
-                    let raw = format!("{open}{body}{close}");
-                    if body.trim_start().starts_with(XML_FUNCTION_OPEN) {
-                        out.push(match xml_function_call(body) {
-                            Ok(call) => ParsedChunk::ToolCall(call),
-                            Err(reason) => ParsedChunk::InvalidToolCall { raw, reason },
-                        });
-                    } else {
-                        match serde_json::from_str::<Value>(body.trim()) {
-                            Ok(value) => tool_calls_from_value(&value, &raw, out),
-                            Err(error) => out.push(ParsedChunk::InvalidToolCall {
-                                raw,
-                                reason: format!("tool call is not valid JSON: {error}"),
-                            }),
-                        }
-                    }
-                    self.pending.replace_range(..start + close.len(), "");
-                    self.mode = Mode::Content;
-                }
+            let flow = match self.mode {
+                Mode::Content => self.content(out),
+                Mode::Reasoning => self.reasoning(out),
+                Mode::TaggedToolCall => self.tagged_tool_call(out),
                 Mode::BareJsonCandidate => {
-                    let recheck = bracket_arrived || self.pending.len() < ALWAYS_RECHECK_BELOW;
-                    if !(finishing || recheck) {
-                        return;
-                    }
-                    match bare_json_verdict(&self.pending, finishing) {
-                        None => return,
-                        Some(Some(call)) => {
-                            out.push(ParsedChunk::ToolCall(call));
-                            self.pending.clear();
-                        }
-                        Some(None) => {
-                            let text = std::mem::take(&mut self.pending);
-                            push_merged(out, ParsedChunk::Text(text));
-                        }
-                    }
-                    self.mode = Mode::Content;
-                    self.at_message_start = false;
+                    self.bare_json_candidate(finishing, bracket_arrived, out)
                 }
-                Mode::MistralToolCalls => {
-                    if !(finishing || bracket_arrived) {
-                        return;
-                    }
-                    let body = self.pending.trim_start();
-                    let leading_whitespace = self.pending.len() - body.len();
-                    let mut values = serde_json::Deserializer::from_str(body).into_iter::<Value>();
-                    let parsed = values.next();
-                    let consumed = leading_whitespace + values.byte_offset();
-                    match parsed {
-                        Some(Ok(value)) => {
-                            let raw =
-                                format!("{MISTRAL_TOOL_CALLS_TAG}{}", &self.pending[..consumed]);
-                            tool_calls_from_value(&value, &raw, out);
-                            self.pending.replace_range(..consumed, "");
-                            self.mode = Mode::Content;
-                        }
-                        // Incomplete or malformed: it may still be completed
-                        // (or never be); decide at the end.
-                        _ if !finishing => return,
-                        outcome => {
-                            let reason = match outcome {
-                                Some(Err(error)) if !error.is_eof() => {
-                                    format!("tool calls are not valid JSON: {error}")
-                                }
-                                _ => "unterminated tool calls: the JSON never completed".to_owned(),
-                            };
-                            let raw = format!("{MISTRAL_TOOL_CALLS_TAG}{}", self.pending);
-                            out.push(ParsedChunk::InvalidToolCall { raw, reason });
-                            self.pending.clear();
-                            self.mode = Mode::Content;
-                        }
-                    }
-                }
+                Mode::MistralToolCalls => self.mistral_tool_calls(finishing, bracket_arrived, out),
+            };
+            if flow == Flow::Wait {
+                return;
             }
         }
+    }
+
+    /// Plain text, until a tag (thinking or a tool call) or, at a message's start, what may be a bare JSON tool call.
+    fn content(&mut self, out: &mut Vec<ParsedChunk>) -> Flow {
+        if self.at_message_start && self.format.tool_call == ToolCallSyntax::BareJson {
+            match self.bare_json_message_start() {
+                MessageStart::Undecided => return Flow::Wait,
+                MessageStart::JsonCandidate => {
+                    self.mode = Mode::BareJsonCandidate;
+                    return Flow::Go;
+                }
+                MessageStart::NotJson => self.at_message_start = false,
+            }
+        }
+        let tags = self.content_tags.iter().map(|(tag, _)| tag.as_str());
+        match scan_tags(&self.pending, tags) {
+            TagScan::Found { start, end, tag } => {
+                self.emit_pending(start, end, ParsedChunk::Text, out);
+                self.mode = match self.content_tags.get(tag).map(|(_, kind)| kind) {
+                    Some(ContentTag::Think) => Mode::Reasoning,
+                    _ if self.format.tool_call == ToolCallSyntax::MistralToolCalls => {
+                        Mode::MistralToolCalls
+                    }
+                    _ => Mode::TaggedToolCall,
+                };
+            }
+            TagScan::NotFound { safe_len } => {
+                self.emit_pending(safe_len, safe_len, ParsedChunk::Text, out);
+                return Flow::Wait;
+            }
+        }
+        Flow::Go
+    }
+
+    /// Reasoning, until its closing tag (a stray opening tag is dropped).
+    fn reasoning(&mut self, out: &mut Vec<ParsedChunk>) -> Flow {
+        let Some((open, close)) = &self.format.think else {
+            self.mode = Mode::Content;
+            return Flow::Go;
+        };
+        // A stray opening tag inside reasoning (a model that writes
+        // `<think>` although the prompt opened it) is dropped.
+        match scan_tags(&self.pending, [close.as_str(), open.as_str()].into_iter()) {
+            TagScan::Found { start, end, tag } => {
+                self.emit_pending(start, end, ParsedChunk::Reasoning, out);
+                if tag == 0 {
+                    self.mode = Mode::Content;
+                    self.at_message_start = true;
+                }
+            }
+            TagScan::NotFound { safe_len } => {
+                self.emit_pending(safe_len, safe_len, ParsedChunk::Reasoning, out);
+                return Flow::Wait;
+            }
+        }
+        Flow::Go
+    }
+
+    /// A tool call between tags, once its closing tag is here.
+    fn tagged_tool_call(&mut self, out: &mut Vec<ParsedChunk>) -> Flow {
+        let ToolCallSyntax::TaggedJson { open, close } = &self.format.tool_call else {
+            self.mode = Mode::Content;
+            return Flow::Go;
+        };
+        let Some(start) = self.pending.find(close.as_str()) else {
+            return Flow::Wait;
+        };
+        let body = &self.pending[..start];
+        let raw = format!("{open}{body}{close}");
+        if body.trim_start().starts_with(XML_FUNCTION_OPEN) {
+            out.push(match xml_function_call(body) {
+                Ok(call) => ParsedChunk::ToolCall(call),
+                Err(reason) => ParsedChunk::InvalidToolCall { raw, reason },
+            });
+        } else {
+            match serde_json::from_str::<Value>(body.trim()) {
+                Ok(value) => tool_calls_from_value(&value, &raw, out),
+                Err(error) => out.push(ParsedChunk::InvalidToolCall {
+                    raw,
+                    reason: format!("tool call is not valid JSON: {error}"),
+                }),
+            }
+        }
+        self.pending.replace_range(..start + close.len(), "");
+        self.mode = Mode::Content;
+        Flow::Go
+    }
+
+    /// A message that may be a bare JSON tool call, once that is decided.
+    fn bare_json_candidate(
+        &mut self,
+        finishing: bool,
+        bracket_arrived: bool,
+        out: &mut Vec<ParsedChunk>,
+    ) -> Flow {
+        let recheck = bracket_arrived || self.pending.len() < ALWAYS_RECHECK_BELOW;
+        if !(finishing || recheck) {
+            return Flow::Wait;
+        }
+        match bare_json_verdict(&self.pending, finishing) {
+            None => return Flow::Wait,
+            Some(Some(call)) => {
+                out.push(ParsedChunk::ToolCall(call));
+                self.pending.clear();
+            }
+            Some(None) => {
+                let text = std::mem::take(&mut self.pending);
+                push_merged(out, ParsedChunk::Text(text));
+            }
+        }
+        self.mode = Mode::Content;
+        self.at_message_start = false;
+        Flow::Go
+    }
+
+    /// Mistral's `[TOOL_CALLS]` JSON, once a value completes (or at the end).
+    fn mistral_tool_calls(
+        &mut self,
+        finishing: bool,
+        bracket_arrived: bool,
+        out: &mut Vec<ParsedChunk>,
+    ) -> Flow {
+        if !(finishing || bracket_arrived) {
+            return Flow::Wait;
+        }
+        let body = self.pending.trim_start();
+        let leading_whitespace = self.pending.len() - body.len();
+        let mut values = serde_json::Deserializer::from_str(body).into_iter::<Value>();
+        let parsed = values.next();
+        let consumed = leading_whitespace + values.byte_offset();
+        match parsed {
+            Some(Ok(value)) => {
+                let raw = format!("{MISTRAL_TOOL_CALLS_TAG}{}", &self.pending[..consumed]);
+                tool_calls_from_value(&value, &raw, out);
+                self.pending.replace_range(..consumed, "");
+                self.mode = Mode::Content;
+            }
+            // Incomplete or malformed: it may still be completed
+            // (or never be); decide at the end.
+            _ if !finishing => return Flow::Wait,
+            outcome => {
+                let reason = match outcome {
+                    Some(Err(error)) if !error.is_eof() => {
+                        format!("tool calls are not valid JSON: {error}")
+                    }
+                    _ => "unterminated tool calls: the JSON never completed".to_owned(),
+                };
+                let raw = format!("{MISTRAL_TOOL_CALLS_TAG}{}", self.pending);
+                out.push(ParsedChunk::InvalidToolCall { raw, reason });
+                self.pending.clear();
+                self.mode = Mode::Content;
+            }
+        }
+        Flow::Go
     }
 
     /// Emits `pending[..emit_len]` through `wrap` and drops `pending[..drop_len]`

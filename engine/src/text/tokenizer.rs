@@ -793,6 +793,179 @@ fn sentencepiece_merges(tokens: &[&str], scores: &[f32], vocab: &Vocab) -> Merge
     merges
 }
 
+/// Whether a GGUF vocabulary is SentencePiece BPE (`llama`) rather than
+/// byte-level BPE (`gpt2`); others are refused, saying why.
+fn gguf_is_sentencepiece(metadata: &HashMap<String, GgufValue>) -> Result<bool, TokenizerError> {
+    const MODEL: &str = "tokenizer.ggml.model";
+    let model =
+        gguf_str(metadata, MODEL)?.ok_or_else(|| TokenizerError::MissingKey(MODEL.to_string()))?;
+    match model {
+        "gpt2" => Ok(false),
+        "llama" => Ok(true),
+        "bert" | "t5" | "rwkv" => {
+            Err(TokenizerError::UnsupportedModel {
+                model: model.to_string(),
+                reason: "only byte-level BPE (`gpt2`) and SentencePiece BPE (`llama`) GGUF vocabularies are supported"
+                    .to_string(),
+            })
+        }
+        "none" | "no_vocab" => {
+            Err(TokenizerError::UnsupportedModel {
+                model: model.to_string(),
+                reason: "the model file carries no vocabulary".to_string(),
+            })
+        }
+        other => {
+            Err(TokenizerError::UnsupportedModel {
+                model: other.to_string(),
+                reason: "unknown GGUF tokenizer model; only byte-level BPE (`gpt2`) and SentencePiece BPE (`llama`) are supported".to_string(),
+            })
+        }
+    }
+}
+
+/// Each token's kind from `tokenizer.ggml.token_type` (all normal without it).
+fn gguf_token_kinds(
+    metadata: &HashMap<String, GgufValue>,
+    n_vocab: usize,
+) -> Result<Vec<TokenKind>, TokenizerError> {
+    const TYPES: &str = "tokenizer.ggml.token_type";
+    Ok(match gguf_array(metadata, TYPES)? {
+        None => vec![TokenKind::Normal; n_vocab],
+        Some(types) => {
+            if types.len() != n_vocab {
+                return Err(malformed(
+                    TYPES,
+                    format!("{} entries for {n_vocab} tokens", types.len()),
+                ));
+            }
+            types
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    let t = gguf_int(v).ok_or_else(|| {
+                        malformed(TYPES, format!("element {i} is not an integer"))
+                    })?;
+                    Ok(match t {
+                        2 | 3 => TokenKind::Control,
+                        4 => TokenKind::UserDefined,
+                        5 => TokenKind::Unused,
+                        6 => TokenKind::Byte,
+                        // 1 normal, and unknown values: ordinary entries.
+                        _ => TokenKind::Normal,
+                    })
+                })
+                .collect::<Result<_, TokenizerError>>()?
+        }
+    })
+}
+
+/// Each token's bytes, as llama.cpp's `token_to_piece(special = false)`
+/// gives them.
+fn gguf_token_bytes(tokens: &[&str], kinds: &[TokenKind], sentencepiece: bool) -> Vec<Vec<u8>> {
+    let map = char_to_byte_map();
+    tokens
+        .iter()
+        .zip(kinds)
+        .map(|(t, k)| match k {
+            TokenKind::Control | TokenKind::Unused => Vec::new(),
+            TokenKind::UserDefined => t.as_bytes().to_vec(),
+            TokenKind::Byte => byte_token(t).map_or_else(|| t.as_bytes().to_vec(), |b| vec![b]),
+            // SentencePiece: '▁' stands for a space.
+            TokenKind::Normal if sentencepiece => t.replace('\u{2581}', " ").into_bytes(),
+            TokenKind::Normal => {
+                let mut out = Vec::with_capacity(t.len());
+                byte_level_decode(t, &map, &mut out);
+                out
+            }
+        })
+        .collect()
+}
+
+/// Each token's text and kind in a Hugging Face tokenizer (added tokens:
+/// control when special, else user-defined).
+fn hf_vocabulary(inner: &Pipeline) -> (Vec<String>, Vec<TokenKind>) {
+    let vocab = inner.get_vocab(true);
+    let n_vocab = vocab
+        .values()
+        .max()
+        .map(|m| *m as usize + 1)
+        .unwrap_or(0)
+        .max(inner.get_vocab_size(true));
+    let mut texts = vec![String::new(); n_vocab];
+    for (t, id) in &vocab {
+        texts[*id as usize] = t.clone();
+    }
+    let mut kinds = vec![TokenKind::Normal; n_vocab];
+    for (id, added) in inner.get_added_tokens_decoder() {
+        if let Some(k) = kinds.get_mut(id as usize) {
+            *k = if added.special {
+                TokenKind::Control
+            } else {
+                TokenKind::UserDefined
+            };
+        }
+        if let Some(t) = texts.get_mut(id as usize) {
+            *t = added.content.clone();
+        }
+    }
+    (texts, kinds)
+}
+
+/// Each token's bytes: byte-level decoded, or SentencePiece's (byte
+/// fallback, '▁' for a space).
+fn hf_token_bytes(texts: &[String], kinds: &[TokenKind], byte_level: bool) -> Vec<Vec<u8>> {
+    let map = char_to_byte_map();
+    texts
+        .iter()
+        .zip(kinds)
+        .map(|(t, k)| match k {
+            TokenKind::Control | TokenKind::Unused => Vec::new(),
+            TokenKind::UserDefined => t.as_bytes().to_vec(),
+            TokenKind::Byte | TokenKind::Normal => {
+                if byte_level {
+                    let mut out = Vec::with_capacity(t.len());
+                    byte_level_decode(t, &map, &mut out);
+                    out
+                } else if let Some(b) = byte_token(t) {
+                    // SentencePiece byte fallback.
+                    vec![b]
+                } else {
+                    // SentencePiece-style: '▁' stands for a space.
+                    t.replace('\u{2581}', " ").into_bytes()
+                }
+            }
+        })
+        .collect()
+}
+
+/// The chat template from `tokenizer_config.json`, else from
+/// `chat_template.jinja` beside it.
+fn hf_chat_template(
+    configured: Option<&serde_json::Value>,
+    dir: &Path,
+) -> Result<Option<String>, TokenizerError> {
+    Ok(match configured.and_then(chat_template_from_config) {
+        Some(t) => Some(t),
+        None => {
+            let p = dir.join("chat_template.jinja");
+            if p.is_file() {
+                Some(read_file(&p)?)
+            } else {
+                None
+            }
+        }
+    })
+}
+
+/// A copy of `inner` that reads control tokens written in text as plain
+/// text (a clone shares the model; only the added tokens' matchers copy).
+fn plain_copy(inner: &Pipeline) -> Pipeline {
+    let mut plain = inner.clone();
+    plain.set_encode_special_tokens(true);
+    plain
+}
+
 impl Tokenizer {
     /// Builds the tokenizer from GGUF metadata (the map from
     /// `candle_core::quantized::gguf_file::Content::metadata`).
@@ -803,32 +976,7 @@ impl Tokenizer {
     /// Byte-level BPE (`model = "gpt2"`) and SentencePiece BPE (`"llama"`)
     /// are supported.
     pub fn from_gguf(metadata: &HashMap<String, GgufValue>) -> Result<Self, TokenizerError> {
-        const MODEL: &str = "tokenizer.ggml.model";
-        let model = gguf_str(metadata, MODEL)?
-            .ok_or_else(|| TokenizerError::MissingKey(MODEL.to_string()))?;
-        let sentencepiece = match model {
-            "gpt2" => false,
-            "llama" => true,
-            "bert" | "t5" | "rwkv" => {
-                return Err(TokenizerError::UnsupportedModel {
-                    model: model.to_string(),
-                    reason: "only byte-level BPE (`gpt2`) and SentencePiece BPE (`llama`) GGUF vocabularies are supported"
-                        .to_string(),
-                })
-            }
-            "none" | "no_vocab" => {
-                return Err(TokenizerError::UnsupportedModel {
-                    model: model.to_string(),
-                    reason: "the model file carries no vocabulary".to_string(),
-                })
-            }
-            other => {
-                return Err(TokenizerError::UnsupportedModel {
-                    model: other.to_string(),
-                    reason: "unknown GGUF tokenizer model; only byte-level BPE (`gpt2`) and SentencePiece BPE (`llama`) are supported".to_string(),
-                })
-            }
-        };
+        let sentencepiece = gguf_is_sentencepiece(metadata)?;
 
         const TOKENS: &str = "tokenizer.ggml.tokens";
         let tokens = gguf_str_array(metadata, TOKENS)?
@@ -838,35 +986,7 @@ impl Tokenizer {
         }
         let n_vocab = tokens.len();
 
-        const TYPES: &str = "tokenizer.ggml.token_type";
-        let kinds: Vec<TokenKind> = match gguf_array(metadata, TYPES)? {
-            None => vec![TokenKind::Normal; n_vocab],
-            Some(types) => {
-                if types.len() != n_vocab {
-                    return Err(malformed(
-                        TYPES,
-                        format!("{} entries for {n_vocab} tokens", types.len()),
-                    ));
-                }
-                types
-                    .iter()
-                    .enumerate()
-                    .map(|(i, v)| {
-                        let t = gguf_int(v).ok_or_else(|| {
-                            malformed(TYPES, format!("element {i} is not an integer"))
-                        })?;
-                        Ok(match t {
-                            2 | 3 => TokenKind::Control,
-                            4 => TokenKind::UserDefined,
-                            5 => TokenKind::Unused,
-                            6 => TokenKind::Byte,
-                            // 1 normal, and unknown values: ordinary entries.
-                            _ => TokenKind::Normal,
-                        })
-                    })
-                    .collect::<Result<_, TokenizerError>>()?
-            }
-        };
+        let kinds = gguf_token_kinds(metadata, n_vocab)?;
 
         let bos = gguf_token_id(metadata, "tokenizer.ggml.bos_token_id", n_vocab)?;
         let eos = gguf_token_id(metadata, "tokenizer.ggml.eos_token_id", n_vocab)?;
@@ -897,24 +1017,7 @@ impl Tokenizer {
             }
         }
 
-        // Per-token bytes, as llama.cpp's token_to_piece(special = false) gives them.
-        let map = char_to_byte_map();
-        let per_token: Vec<Vec<u8>> = tokens
-            .iter()
-            .zip(&kinds)
-            .map(|(t, k)| match k {
-                TokenKind::Control | TokenKind::Unused => Vec::new(),
-                TokenKind::UserDefined => t.as_bytes().to_vec(),
-                TokenKind::Byte => byte_token(t).map_or_else(|| t.as_bytes().to_vec(), |b| vec![b]),
-                // SentencePiece: '▁' stands for a space.
-                TokenKind::Normal if sentencepiece => t.replace('\u{2581}', " ").into_bytes(),
-                TokenKind::Normal => {
-                    let mut out = Vec::with_capacity(t.len());
-                    byte_level_decode(t, &map, &mut out);
-                    out
-                }
-            })
-            .collect();
+        let per_token = gguf_token_bytes(&tokens, &kinds, sentencepiece);
         let (bytes, offsets) = flatten_bytes(per_token);
 
         let texts: Vec<String> = tokens.iter().map(|t| t.to_string()).collect();
@@ -929,10 +1032,11 @@ impl Tokenizer {
             first_id.get(t).copied()
         });
 
-        Self::assemble(
+        Ok(Self {
+            inner_plain: plain_copy(&inner),
             inner,
             // Every token's bytes are known: decode by concatenating them.
-            true,
+            byte_level: true,
             kinds,
             texts,
             bytes,
@@ -941,7 +1045,7 @@ impl Tokenizer {
             add_bos,
             eog,
             chat_template,
-        )
+        })
     }
 
     /// Builds the tokenizer from a Hugging Face model folder.
@@ -972,54 +1076,9 @@ impl Tokenizer {
         let config = read_json_opt(&config_path)?;
         let gen_config = read_json_opt(&dir.join("generation_config.json"))?;
 
-        // Vocabulary texts and kinds.
-        let vocab = inner.get_vocab(true);
-        let n_vocab = vocab
-            .values()
-            .max()
-            .map(|m| *m as usize + 1)
-            .unwrap_or(0)
-            .max(inner.get_vocab_size(true));
-        let mut texts = vec![String::new(); n_vocab];
-        for (t, id) in &vocab {
-            texts[*id as usize] = t.clone();
-        }
-        let mut kinds = vec![TokenKind::Normal; n_vocab];
-        for (id, added) in inner.get_added_tokens_decoder() {
-            if let Some(k) = kinds.get_mut(id as usize) {
-                *k = if added.special {
-                    TokenKind::Control
-                } else {
-                    TokenKind::UserDefined
-                };
-            }
-            if let Some(t) = texts.get_mut(id as usize) {
-                *t = added.content.clone();
-            }
-        }
-
-        let map = char_to_byte_map();
-        let per_token: Vec<Vec<u8>> = texts
-            .iter()
-            .zip(&kinds)
-            .map(|(t, k)| match k {
-                TokenKind::Control | TokenKind::Unused => Vec::new(),
-                TokenKind::UserDefined => t.as_bytes().to_vec(),
-                TokenKind::Byte | TokenKind::Normal => {
-                    if byte_level {
-                        let mut out = Vec::with_capacity(t.len());
-                        byte_level_decode(t, &map, &mut out);
-                        out
-                    } else if let Some(b) = byte_token(t) {
-                        // SentencePiece byte fallback.
-                        vec![b]
-                    } else {
-                        // SentencePiece-style: '▁' stands for a space.
-                        t.replace('\u{2581}', " ").into_bytes()
-                    }
-                }
-            })
-            .collect();
+        let (texts, kinds) = hf_vocabulary(&inner);
+        let n_vocab = texts.len();
+        let per_token = hf_token_bytes(&texts, &kinds, byte_level);
         let (bytes, offsets) = flatten_bytes(per_token);
 
         // Special ids.
@@ -1058,51 +1117,11 @@ impl Tokenizer {
             },
         };
 
-        let chat_template = match cfg_get("chat_template").and_then(chat_template_from_config) {
-            Some(t) => Some(t),
-            None => {
-                let p = dir.join("chat_template.jinja");
-                if p.is_file() {
-                    Some(read_file(&p)?)
-                } else {
-                    None
-                }
-            }
-        };
+        let chat_template = hf_chat_template(cfg_get("chat_template"), dir)?;
 
-        Self::assemble(
-            inner,
-            byte_level,
-            kinds,
-            texts,
-            bytes,
-            offsets,
-            bos,
-            add_bos,
-            eog,
-            chat_template,
-        )
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn assemble(
-        inner: Pipeline,
-        byte_level: bool,
-        kinds: Vec<TokenKind>,
-        texts: Vec<String>,
-        bytes: Vec<u8>,
-        offsets: Vec<u32>,
-        bos: Option<u32>,
-        add_bos: bool,
-        eog: Vec<u32>,
-        chat_template: Option<String>,
-    ) -> Result<Self, TokenizerError> {
-        // A clone shares the model; only the added tokens' matchers copy.
-        let mut inner_plain = inner.clone();
-        inner_plain.set_encode_special_tokens(true);
         Ok(Self {
+            inner_plain: plain_copy(&inner),
             inner,
-            inner_plain,
             byte_level,
             kinds,
             texts,

@@ -258,29 +258,9 @@ impl Downloader {
             }
         }
         let target = self.store.target(model_id);
-        let folders: Vec<String> = self
-            .store
-            .folders()
-            .iter()
-            .map(|f| f.path.display().to_string())
-            .collect();
         // 2. Offline: say exactly what is missing.
         let Some(client) = &self.client else {
-            let listing = read_listing(&target);
-            let missing = match needed_files(card, &stages, &target, listing.as_ref()) {
-                Ok(needed) => needed
-                    .files
-                    .iter()
-                    .filter(|f| !present(&target, f))
-                    .map(|f| f.path.clone())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                Err(why) => why,
-            };
-            return Err(format!(
-                "offline: {model_id} is not complete in the model folders ({}); missing: {missing}",
-                folders.join(", ")
-            ));
+            return Err(self.offline_error(card, &stages, &target));
         };
         let source = card
             .source
@@ -317,16 +297,13 @@ impl Downloader {
             Vec::new()
         };
         // Small: no progress of their own (the weights' progress counts them).
-        self.download_all(
-            &source.hub_repo,
-            &listing.commit,
-            &target,
-            &support,
-            0,
-            &|_| {},
-            cancel,
-        )
-        .await?;
+        let from = Origin {
+            repo: &source.hub_repo,
+            revision: &listing.commit,
+            dir: &target,
+        };
+        self.download_all(&from, &support, 0, &|_| {}, cancel)
+            .await?;
         let needed = needed_files(card, &stages, &target, Some(&listing))?;
         // 4. Room for what is missing, then the files.
         let missing: Vec<RepoFile> = needed
@@ -335,44 +312,37 @@ impl Downloader {
             .filter(|f| !present(&target, f))
             .cloned()
             .collect();
-        let total: u64 = needed.files.iter().map(|f| f.size).sum();
-        let to_fetch: u64 = missing
-            .iter()
-            .map(|f| {
-                let partial = tessera_hub::partial_path(&target.join(&f.path));
-                f.size
-                    .saturating_sub(std::fs::metadata(partial).map_or(0, |m| m.len()))
-            })
-            .sum();
-        // A split GGUF is joined into one more file of the same size.
-        let joining: u64 = if needed.split.is_some() { total } else { 0 };
-        if let Some(free) = free_space(&target) {
-            if to_fetch + joining > free {
-                return Err(format!(
-                    "not enough disk space for {model_id} in {}: {} to download{}, {} free",
-                    target.display(),
-                    gb(to_fetch),
-                    if joining > 0 {
-                        format!(" and {} to join its shards", gb(joining))
-                    } else {
-                        String::new()
-                    },
-                    gb(free)
-                ));
-            }
-        }
-        let already = total - missing.iter().map(|f| f.size).sum::<u64>();
-        self.download_all(
-            &source.hub_repo,
-            &listing.commit,
-            &target,
-            &missing,
-            already,
-            report,
-            cancel,
-        )
-        .await?;
+        let already = check_room(model_id, &target, &needed, &missing)?;
+        self.download_all(&from, &missing, already, report, cancel)
+            .await?;
         self.completed(model_id, &target, true, &needed).await
+    }
+
+    /// Why an offline node cannot have `card`: where it looked, and which
+    /// files are missing.
+    fn offline_error(&self, card: &v1::ModelCard, stages: &[Stage], target: &Path) -> String {
+        let folders: Vec<String> = self
+            .store
+            .folders()
+            .iter()
+            .map(|f| f.path.display().to_string())
+            .collect();
+        let listing = read_listing(target);
+        let missing = match needed_files(card, stages, target, listing.as_ref()) {
+            Ok(needed) => needed
+                .files
+                .iter()
+                .filter(|f| !present(target, f))
+                .map(|f| f.path.clone())
+                .collect::<Vec<_>>()
+                .join(", "),
+            Err(why) => why,
+        };
+        format!(
+            "offline: {} is not complete in the model folders ({}); missing: {missing}",
+            card.model_id,
+            folders.join(", ")
+        )
     }
 
     /// The outcome once `needed`'s files are in `dir`: a split GGUF's
@@ -417,12 +387,9 @@ impl Downloader {
 
     /// Downloads `files` into `dir`, `self.parallel` at a time; the first
     /// failure cancels the rest.
-    #[allow(clippy::too_many_arguments)]
     async fn download_all(
         &self,
-        repo: &str,
-        revision: &str,
-        dir: &Path,
+        from: &Origin<'_>,
         files: &[RepoFile],
         already: u64,
         report: &(dyn Fn(Ds) + Send + Sync),
@@ -439,68 +406,13 @@ impl Downloader {
             .map(|_| Arc::new(FileProgress::default()))
             .collect();
         let failed = cancel.child_token();
-        let total = already + files.iter().map(|f| f.size).sum::<u64>();
-        let snapshot = |speed: f64| {
-            let mut downloaded = already;
-            let per_file: Vec<v1::FileProgress> = files
-                .iter()
-                .zip(&progress)
-                .map(|(f, p)| {
-                    let on_disk = p.on_disk.load(Ordering::Relaxed);
-                    downloaded += on_disk;
-                    v1::FileProgress {
-                        path: f.path.clone(),
-                        downloaded_bytes: on_disk,
-                        total_bytes: f.size,
-                    }
-                })
-                .collect();
-            let left = total.saturating_sub(downloaded);
-            Ds::Ongoing(v1::DownloadOngoing {
-                downloaded_bytes: downloaded,
-                total_bytes: total,
-                bytes_per_second: speed as u64,
-                eta_ms: if speed > 0.0 {
-                    (left as f64 / speed * 1000.0) as u64
-                } else {
-                    0
-                },
-                files: per_file,
-            })
-        };
-        report(snapshot(0.0));
+        report(snapshot(files, &progress, already, 0.0));
         // Owned inputs: the futures must not borrow from the iterator.
         let jobs: Vec<_> = files
             .iter()
             .cloned()
             .zip(progress.iter().cloned())
-            .map(|(file, p)| {
-                let failed = failed.clone();
-                let client = client.clone();
-                let dest = dir.join(&file.path);
-                let (repo, revision) = (repo.to_string(), revision.to_string());
-                async move {
-                    let result = client
-                        .download(&repo, &revision, &file, &dest, &p, &failed)
-                        .await;
-                    match result {
-                        Ok(stats) => {
-                            tracing::info!(
-                                file = file.path,
-                                bytes = file.size,
-                                fetched = stats.bytes_fetched,
-                                attempts = stats.attempts,
-                                "downloaded"
-                            );
-                            Ok(())
-                        }
-                        Err(error) => {
-                            failed.cancel();
-                            Err(format!("{}: {error}", file.path))
-                        }
-                    }
-                }
-            })
+            .map(|(file, p)| download_one(client.clone(), from, file, p, failed.clone()))
             .collect();
         let mut results = futures_util::stream::iter(jobs).buffer_unordered(self.parallel.max(1));
         let mut ticker = tokio::time::interval(PROGRESS_EVERY);
@@ -526,7 +438,7 @@ impl Downloader {
                         speed = if speed == 0.0 { rate } else { 0.5 * speed + 0.5 * rate };
                     }
                     last = (Instant::now(), now_bytes);
-                    report(snapshot(speed));
+                    report(snapshot(files, &progress, already, speed));
                 }
             }
         }
@@ -538,6 +450,78 @@ impl Downloader {
             None => Ok(()),
         }
     }
+}
+
+/// Where files come from and go: a repository at a revision, a folder.
+struct Origin<'a> {
+    repo: &'a str,
+    revision: &'a str,
+    dir: &'a Path,
+}
+
+/// One file's download (which cancels the others when it fails).
+fn download_one(
+    client: Arc<HubClient>,
+    from: &Origin<'_>,
+    file: RepoFile,
+    progress: Arc<FileProgress>,
+    failed: CancellationToken,
+) -> impl std::future::Future<Output = Result<(), String>> {
+    let dest = from.dir.join(&file.path);
+    let (repo, revision) = (from.repo.to_string(), from.revision.to_string());
+    async move {
+        let result = client
+            .download(&repo, &revision, &file, &dest, &progress, &failed)
+            .await;
+        match result {
+            Ok(stats) => {
+                tracing::info!(
+                    file = file.path,
+                    bytes = file.size,
+                    fetched = stats.bytes_fetched,
+                    attempts = stats.attempts,
+                    "downloaded"
+                );
+                Ok(())
+            }
+            Err(error) => {
+                failed.cancel();
+                Err(format!("{}: {error}", file.path))
+            }
+        }
+    }
+}
+
+/// A download's progress: each file's bytes on disk (plus `already`, the
+/// files that were complete), the speed and what is left at that speed.
+fn snapshot(files: &[RepoFile], progress: &[Arc<FileProgress>], already: u64, speed: f64) -> Ds {
+    let total = already + files.iter().map(|f| f.size).sum::<u64>();
+    let mut downloaded = already;
+    let per_file: Vec<v1::FileProgress> = files
+        .iter()
+        .zip(progress)
+        .map(|(f, p)| {
+            let on_disk = p.on_disk.load(Ordering::Relaxed);
+            downloaded += on_disk;
+            v1::FileProgress {
+                path: f.path.clone(),
+                downloaded_bytes: on_disk,
+                total_bytes: f.size,
+            }
+        })
+        .collect();
+    let left = total.saturating_sub(downloaded);
+    Ds::Ongoing(v1::DownloadOngoing {
+        downloaded_bytes: downloaded,
+        total_bytes: total,
+        bytes_per_second: speed as u64,
+        eta_ms: if speed > 0.0 {
+            (left as f64 / speed * 1000.0) as u64
+        } else {
+            0
+        },
+        files: per_file,
+    })
 }
 
 /// The repository listing saved beside a model's files, if any.
@@ -557,6 +541,42 @@ fn write_listing(dir: &Path, listing: &RepoListing) {
         Err(error) => tracing::warn!(%error, "encoding the repository listing"),
     }
 }
+/// Whether `target`'s disk has room for the `missing` files of `needed`
+/// (and for joining a split GGUF); the bytes of `needed` already there.
+fn check_room(
+    model_id: &str,
+    target: &Path,
+    needed: &Needed,
+    missing: &[RepoFile],
+) -> Result<u64, String> {
+    let total: u64 = needed.files.iter().map(|f| f.size).sum();
+    let to_fetch: u64 = missing
+        .iter()
+        .map(|f| {
+            let partial = tessera_hub::partial_path(&target.join(&f.path));
+            f.size
+                .saturating_sub(std::fs::metadata(partial).map_or(0, |m| m.len()))
+        })
+        .sum();
+    // A split GGUF is joined into one more file of the same size.
+    let joining: u64 = if needed.split.is_some() { total } else { 0 };
+    if let Some(free) = free_space(target) {
+        if to_fetch + joining > free {
+            return Err(format!(
+                "not enough disk space for {model_id} in {}: {} to download{}, {} free",
+                target.display(),
+                gb(to_fetch),
+                if joining > 0 {
+                    format!(" and {} to join its shards", gb(joining))
+                } else {
+                    String::new()
+                },
+                gb(free)
+            ));
+        }
+    }
+    Ok(total - missing.iter().map(|f| f.size).sum::<u64>())
+}
 
 /// The files `stages` of `card` need, from the listing (when known) and the
 /// support files already in `dir` (the safetensors index among them).
@@ -570,64 +590,9 @@ fn needed_files(
         .source
         .as_ref()
         .ok_or_else(|| format!("{} has no source files", card.model_id))?;
-    let listed = |path: &str| -> RepoFile {
-        let from_card = source
-            .files
-            .iter()
-            .find(|f| f.path == path)
-            .map(|f| RepoFile {
-                path: f.path.clone(),
-                size: f.size_bytes,
-                sha256: (!f.sha256.is_empty()).then(|| f.sha256.clone()),
-                git_oid: None,
-            });
-        let from_listing = listing.and_then(|l| l.get(path)).cloned();
-        match (from_card, from_listing) {
-            // The card pins what it knows; the listing fills the gaps.
-            (Some(card), Some(listed)) => RepoFile {
-                size: if card.size > 0 {
-                    card.size
-                } else {
-                    listed.size
-                },
-                sha256: card.sha256.or(listed.sha256),
-                git_oid: listed.git_oid,
-                path: card.path,
-            },
-            (Some(file), None) | (None, Some(file)) => file,
-            (None, None) => RepoFile {
-                path: path.to_string(),
-                size: 0,
-                sha256: None,
-                git_oid: None,
-            },
-        }
-    };
+    let listed = |path: &str| repo_file(source, listing, path);
     if source.format == v1::WeightFormat::Gguf as i32 {
-        if let Some(shards) = split_shards(card) {
-            let index = read_index(dir, &dir.join(NOTES_DIR), &shards)
-                .ok_or("the split GGUF's tensor index (read from its shards' headers)")?;
-            let needed = shards_for(&index, stages);
-            return Ok(Needed {
-                files: shards
-                    .iter()
-                    .filter(|s| needed.contains(*s))
-                    .map(|s| listed(s))
-                    .collect(),
-                load: joined_name(&shards),
-                split: Some((shards, index)),
-            });
-        }
-        let gguf = source
-            .files
-            .iter()
-            .find(|f| f.path.ends_with(".gguf"))
-            .ok_or_else(|| format!("the card of {} names no .gguf file", card.model_id))?;
-        return Ok(Needed {
-            files: vec![listed(&gguf.path)],
-            load: gguf.path.clone(),
-            split: None,
-        });
+        return needed_gguf(card, source, stages, dir, &listed);
     }
     // Safetensors: the support files the repository has (or, without a
     // listing, those present), then the weights the stages need.
@@ -669,6 +634,76 @@ fn needed_files(
         load: String::new(),
         split: None,
     })
+}
+
+/// The GGUF files the stages need: the shards holding their tensors (a
+/// split GGUF, joined into one file to load), or the one file.
+fn needed_gguf(
+    card: &v1::ModelCard,
+    source: &v1::ModelSource,
+    stages: &[Stage],
+    dir: &Path,
+    listed: &dyn Fn(&str) -> RepoFile,
+) -> Result<Needed, String> {
+    if let Some(shards) = split_shards(card) {
+        let index = read_index(dir, &dir.join(NOTES_DIR), &shards)
+            .ok_or("the split GGUF's tensor index (read from its shards' headers)")?;
+        let needed = shards_for(&index, stages);
+        return Ok(Needed {
+            files: shards
+                .iter()
+                .filter(|s| needed.contains(*s))
+                .map(|s| listed(s))
+                .collect(),
+            load: joined_name(&shards),
+            split: Some((shards, index)),
+        });
+    }
+    let gguf = source
+        .files
+        .iter()
+        .find(|f| f.path.ends_with(".gguf"))
+        .ok_or_else(|| format!("the card of {} names no .gguf file", card.model_id))?;
+    Ok(Needed {
+        files: vec![listed(&gguf.path)],
+        load: gguf.path.clone(),
+        split: None,
+    })
+}
+
+/// What is known of file `path`: the card pins what it knows (size,
+/// digest), the repository's listing fills the gaps.
+fn repo_file(source: &v1::ModelSource, listing: Option<&RepoListing>, path: &str) -> RepoFile {
+    let from_card = source
+        .files
+        .iter()
+        .find(|f| f.path == path)
+        .map(|f| RepoFile {
+            path: f.path.clone(),
+            size: f.size_bytes,
+            sha256: (!f.sha256.is_empty()).then(|| f.sha256.clone()),
+            git_oid: None,
+        });
+    let from_listing = listing.and_then(|l| l.get(path)).cloned();
+    match (from_card, from_listing) {
+        (Some(card), Some(listed)) => RepoFile {
+            size: if card.size > 0 {
+                card.size
+            } else {
+                listed.size
+            },
+            sha256: card.sha256.or(listed.sha256),
+            git_oid: listed.git_oid,
+            path: card.path,
+        },
+        (Some(file), None) | (None, Some(file)) => file,
+        (None, None) => RepoFile {
+            path: path.to_string(),
+            size: 0,
+            sha256: None,
+            git_oid: None,
+        },
+    }
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@ use half::f16;
 use crate::dist::collectives::Group;
 use crate::model::attention::{self, Buffers, Queries, Scoring};
 use crate::model::config::{Activation, LayerRope};
-use crate::model::gather::{grown, project};
+use crate::model::deltanet::RecurrentState;
+use crate::model::gather::{grown, project, Ranks, Rows};
 use crate::model::moe::ExpertSplits;
 use crate::model::paged::KvPool;
 use crate::model::weights::Matrix;
@@ -50,21 +51,25 @@ impl Transformer {
                 attn.o_bias.as_deref()
             }
             Mixer::Linear { net, state_offset } => {
-                net.forward(
+                let rows = Rows {
                     n,
-                    h,
+                    input: &ws.normed[..n * h],
+                    out: &mut ws.proj[..n * h],
+                };
+                let state = RecurrentState {
                     spans,
-                    kv,
-                    *state_offset,
-                    &ws.normed[..n * h],
-                    &mut ws.proj[..n * h],
-                    &mut ws.linear,
+                    kv: &mut *kv,
+                    offset: *state_offset,
+                };
+                let splits = self
+                    .tensor
+                    .as_ref()
+                    .map(|t| (&t.layout.linear_values, &t.layout.hidden));
+                let mut ranks = Ranks {
                     pool,
-                    self.tensor
-                        .as_ref()
-                        .map(|t| (&t.layout.linear_values, &t.layout.hidden)),
-                    group,
-                )?;
+                    group: &mut *group,
+                };
+                net.forward(rows, h, state, &mut ws.linear, &mut ranks, splits)?;
                 None
             }
         };
@@ -87,9 +92,7 @@ impl Transformer {
                 down_bias,
             } => {
                 let biases = [gate_bias.as_deref(), up_bias.as_deref()];
-                let activation = cfg.variant.activation;
-                let f = cfg.ffn;
-                dense_activations([w_gate, w_up], biases, activation, f, n, h, ws, pool)?;
+                self.dense_activations([w_gate, w_up], biases, n, ws, pool)?;
                 self.project_whole(w_down, Whole::Mlp, n, ws, pool, group)?;
                 down_bias.as_deref()
             }
@@ -101,11 +104,60 @@ impl Transformer {
                     shared: &t.layout.shared_expert,
                     hidden: &t.layout.hidden,
                 });
-                experts.forward(n, h, normed, out, &mut ws.moe, pool, splits, group)?;
+                let rows = Rows {
+                    n,
+                    input: normed,
+                    out,
+                };
+                let mut ranks = Ranks {
+                    pool,
+                    group: &mut *group,
+                };
+                experts.forward(rows, h, &mut ws.moe, &mut ranks, splits)?;
                 None
             }
         };
         self.add_block_output(n, down_bias, layer.ffn_post_norm.as_deref(), ws)
+    }
+
+    /// The dense gated MLP (SwiGLU or GeGLU) over `ws.normed` (`n x h`): the
+    /// gated activations, this rank's `f` rows of them, into `ws.gate`.
+    fn dense_activations(
+        &self,
+        [w_gate, w_up]: [&Matrix; 2],
+        [gate_bias, up_bias]: [Option<&[f32]>; 2],
+        n: usize,
+        ws: &mut Workspace,
+        pool: &ThreadPool,
+    ) -> Result<(), ForwardError> {
+        let (f, h) = (self.config.ffn, self.config.hidden);
+        ws.acts.set(&ws.normed[..n * h], n, h);
+        Matrix::matmul_many(
+            [w_gate, w_up],
+            &mut ws.acts,
+            n,
+            &ws.normed,
+            [&mut ws.gate[..n * f], &mut ws.up[..n * f]],
+            pool,
+        )?;
+        add_bias(&mut ws.gate[..n * f], gate_bias);
+        add_bias(&mut ws.up[..n * f], up_bias);
+        let gated = match self.config.variant.activation {
+            Activation::Silu => ops::silu_mul,
+            Activation::GeluTanh => ops::gelu_tanh_mul,
+        };
+        if n == 1 {
+            gated(&mut ws.gate[..f], &ws.up[..f]);
+        } else {
+            let gate = DisjointSlice::new(&mut ws.gate[..n * f]);
+            let up = &ws.up[..n * f];
+            pool.run(|index, count| {
+                let range = split_range(n * f, index, count, 64);
+                // SAFETY: threads take disjoint ranges.
+                gated(unsafe { gate.part(range.clone()) }, &up[range]);
+            });
+        }
+        Ok(())
     }
 
     /// The end of a block: the bias, the post-norm, then the residual add
@@ -247,19 +299,14 @@ impl Transformer {
             };
             (columns, &t.layout.hidden)
         });
-        let out = &mut ws.proj[..n * cfg.hidden];
-        let (acts, gathers) = (&mut ws.acts, &mut ws.gathers);
-        project::<ForwardError>(
-            w,
-            splits,
+        let rows = Rows {
             n,
-            &local[..n * width],
-            out,
-            acts,
-            gathers,
-            pool,
-            group,
-        )
+            input: &local[..n * width],
+            out: &mut ws.proj[..n * cfg.hidden],
+        };
+        let (acts, gathers) = (&mut ws.acts, &mut ws.gathers);
+        let mut ranks = Ranks { pool, group };
+        project::<ForwardError>(w, splits, rows, acts, gathers, &mut ranks)
     }
 
     /// The q and k norms: head by head (Qwen3, Gemma 3), or across all
@@ -316,48 +363,6 @@ fn pre_norm(x: &[f32], norm: Option<&[f32]>, eps: f32, out: &mut [f32]) {
         Some(weight) => ops::rms_norm(x, weight, eps, out),
         None => out.copy_from_slice(x),
     }
-}
-
-/// The dense gated MLP (SwiGLU or GeGLU) over `ws.normed` (`n x h`): the
-/// gated activations, this rank's `f` rows of them, into `ws.gate`.
-#[allow(clippy::too_many_arguments)]
-fn dense_activations(
-    [w_gate, w_up]: [&Matrix; 2],
-    [gate_bias, up_bias]: [Option<&[f32]>; 2],
-    activation: Activation,
-    f: usize,
-    n: usize,
-    h: usize,
-    ws: &mut Workspace,
-    pool: &ThreadPool,
-) -> Result<(), ForwardError> {
-    ws.acts.set(&ws.normed[..n * h], n, h);
-    Matrix::matmul_many(
-        [w_gate, w_up],
-        &mut ws.acts,
-        n,
-        &ws.normed,
-        [&mut ws.gate[..n * f], &mut ws.up[..n * f]],
-        pool,
-    )?;
-    add_bias(&mut ws.gate[..n * f], gate_bias);
-    add_bias(&mut ws.up[..n * f], up_bias);
-    let gated = match activation {
-        Activation::Silu => ops::silu_mul,
-        Activation::GeluTanh => ops::gelu_tanh_mul,
-    };
-    if n == 1 {
-        gated(&mut ws.gate[..f], &ws.up[..f]);
-    } else {
-        let gate = DisjointSlice::new(&mut ws.gate[..n * f]);
-        let up = &ws.up[..n * f];
-        pool.run(|index, count| {
-            let range = split_range(n * f, index, count, 64);
-            // SAFETY: threads take disjoint ranges.
-            gated(unsafe { gate.part(range.clone()) }, &up[range]);
-        });
-    }
-    Ok(())
 }
 
 fn add_bias(x: &mut [f32], bias: Option<&[f32]>) {

@@ -44,171 +44,45 @@ impl Transformer {
         let range = spec.layers(config.layers as u32);
         let layers = range.start as usize..range.end as usize;
         let first = layers.start == 0;
-        let last = layers.end == config.layers;
         let total = layers.len() + 2;
-        let (h, q, kv, f) = (config.hidden, config.q_dim(), config.kv_dim(), config.ffn);
-        let split = match *spec {
-            ShardSpec::Tensor { rank, world_size } => Some(
-                TensorSplit::new(
-                    &config,
-                    rank,
-                    world_size,
-                    source.column_block("blk.0.ffn_down.weight"),
-                    source.column_block("blk.0.ffn_down.0.weight"),
-                )
-                .map_err(shard_error)?,
-            ),
-            ShardSpec::Pipeline { .. } => None,
-        };
-        let layout = match *spec {
-            ShardSpec::Tensor { world_size, .. } => Some(
-                TensorLayout::new(
-                    &config,
-                    world_size,
-                    source.column_block("blk.0.ffn_down.weight"),
-                    source.column_block("blk.0.ffn_down.0.weight"),
-                )
-                .map_err(shard_error)?,
-            ),
-            ShardSpec::Pipeline { .. } => None,
-        };
-        let rows = ShardRows {
-            q: split.as_ref().map_or(0..q, |s| s.q_rows.clone()),
-            kv: split.as_ref().map_or(0..kv, |s| s.kv_rows.clone()),
-            ffn: split.as_ref().map_or(0..f, |s| s.ffn_rows.clone()),
-            expert: match (&split, &config.moe) {
-                (Some(s), _) => s.expert_rows.clone(),
-                (None, Some(moe)) => 0..moe.expert_ffn,
-                (None, None) => 0..0,
-            },
-            shared: match (&split, config.moe.as_ref().and_then(|m| m.shared_ffn)) {
-                (Some(s), _) => s.shared_rows.clone(),
-                (None, Some(rows)) => 0..rows,
-                (None, None) => 0..0,
-            },
-            hidden: split.as_ref().map(|s| s.hidden_rows.clone()),
-        };
-        let part = |name: &str,
-                    shape: [usize; 2],
-                    rows: Option<Range<usize>>,
-                    cols: Option<Range<usize>>|
-         -> Result<Matrix, LoadError> {
-            load_part(source, name, shape, rows, cols)
-        };
-        let vector = |name: &str, len: usize| load_vector(source, name, len);
+        let (split, layout) = tensor_split(source, &config, spec).map_err(shard_error)?;
+        let rows = ShardRows::of(&config, split.as_ref());
         // A pipeline's first stage runs the head too: tied, it is the
         // embeddings (see `ForwardOutput::Normed`).
         let embeddings = if first {
-            Some(part("token_embd.weight", [config.vocab, h], None, None)?)
+            let shape = [config.vocab, config.hidden];
+            Some(load_part(source, "token_embd.weight", shape, None, None)?)
         } else {
             None
         };
         progress(1, total);
         let mut loaded = Vec::with_capacity(layers.len());
-        let mut kv_layers = 0;
-        let mut state_len = 0;
+        let mut counts = MixerCounts::default();
         for i in layers.clone() {
-            let n = |part: &str| format!("blk.{i}.{part}");
-            let mixer = match config.variant.linear.as_ref().filter(|l| l.is_linear(i)) {
-                Some(linear) => {
-                    let heads = match &split {
-                        Some(s) => LinearSplit::for_key_heads(linear, s.linear_keys.clone()),
-                        None => LinearSplit::whole(linear),
-                    };
-                    let eps = config.norm_eps;
-                    let hidden_rows = rows.hidden.clone();
-                    let net = GatedDeltaNet::load(source, i, linear, h, eps, &heads, hidden_rows)?;
-                    let state_offset = state_len;
-                    state_len += net.state_len();
-                    Mixer::Linear { net, state_offset }
-                }
-                None => {
-                    kv_layers += 1;
-                    Mixer::Attention(load_attention(source, &config, i, kv_layers - 1, &rows)?)
-                }
-            };
-            let (pre, post) = (!config.variant.no_pre_norms, config.variant.post_norms);
-            // The hybrid families' GGUFs name the norm before the MLP as
-            // Hugging Face does.
-            let ffn_norm = if config.variant.linear.is_some() {
-                "post_attention_norm.weight"
-            } else {
-                "ffn_norm.weight"
-            };
-            loaded.push(Layer {
-                attn_norm: optional(source, &n("attn_norm.weight"), h, pre)?,
-                attn_post_norm: optional(source, &n("post_attention_norm.weight"), h, post)?,
-                ffn_post_norm: optional(source, &n("post_ffw_norm.weight"), h, post)?,
-                ffn_norm: optional(source, &n(ffn_norm), h, pre)?,
-                mixer,
-                mlp: load_mlp(source, &config, i, &rows)?,
-            });
+            loaded.push(load_layer(
+                source,
+                &config,
+                i,
+                split.as_ref(),
+                &rows,
+                &mut counts,
+            )?);
             progress(2 + i - layers.start, total);
         }
-        let head_name = if config.tied_embeddings {
-            "token_embd.weight"
-        } else {
-            "output.weight"
-        };
-        let (final_norm, output, tensor) = match (split.as_ref().zip(layout), last) {
-            (Some((split, layout)), _) => (
-                Some(vector("output_norm.weight", h)?),
-                None,
-                Some(TensorSlice {
-                    layout,
-                    vocab_counts: split.vocab_counts.clone(),
-                    head: part(
-                        head_name,
-                        [config.vocab, h],
-                        Some(split.vocab_rows.clone()),
-                        None,
-                    )?,
-                }),
-            ),
-            (None, _) => {
-                let norm = if last {
-                    Some(vector("output_norm.weight", h)?)
-                } else {
-                    None
-                };
-                let output = if first && !config.tied_embeddings {
-                    Some(part("output.weight", [config.vocab, h], None, None)?)
-                } else {
-                    None
-                };
-                (norm, output, None)
-            }
-        };
+        let tensor_parts = split.as_ref().zip(layout);
+        let (final_norm, output, tensor) = load_ends(source, &config, &layers, tensor_parts)?;
         progress(total, total);
         let rope_freq_factors = match source.shape("rope_freqs.weight") {
             Some(_) => Some(source.vector("rope_freqs.weight")?),
             None => config.rope_freq_factors(),
         };
-        let mut config = config;
-        let heads = HeadLayout {
-            group: config.heads / config.kv_heads.max(1),
-            q_first: split
-                .as_ref()
-                .map_or(0, |s| s.q_rows.start / config.head_dim),
-            kv_first: split
-                .as_ref()
-                .map_or(0, |s| s.kv_rows.start / config.head_dim),
-        };
-        if let Some(split) = &split {
-            config.heads = split.q_rows.len() / config.head_dim;
-            config.kv_heads = split.kv_rows.len() / config.head_dim;
-            config.ffn = split.ffn_rows.len();
-            if let Some(moe) = &mut config.moe {
-                moe.expert_ffn = split.expert_rows.len();
-                moe.shared_ffn = moe.shared_ffn.map(|_| split.shared_rows.len());
-            }
-        }
+        let (config, heads) = narrowed(config, split.as_ref());
         Ok(Self {
             config,
             layer_range: layers,
             embeddings,
-            kv_layers,
-            state_len,
+            kv_layers: counts.kv_layers,
+            state_len: counts.state_len,
             layers: loaded,
             final_norm,
             output,
@@ -216,6 +90,180 @@ impl Transformer {
             tensor,
             heads,
         })
+    }
+}
+
+/// A tensor-parallel rank's split of the model and every rank's layout;
+/// none for a pipeline stage.
+fn tensor_split(
+    source: &dyn TensorSource,
+    config: &ModelConfig,
+    spec: &ShardSpec,
+) -> Result<(Option<TensorSplit>, Option<TensorLayout>), ShardError> {
+    let ShardSpec::Tensor { rank, world_size } = *spec else {
+        return Ok((None, None));
+    };
+    let down = source.column_block("blk.0.ffn_down.weight");
+    let expert_down = source.column_block("blk.0.ffn_down.0.weight");
+    let split = TensorSplit::new(config, rank, world_size, down, expert_down)?;
+    let layout = TensorLayout::new(config, world_size, down, expert_down)?;
+    Ok((Some(split), Some(layout)))
+}
+
+/// How many layers so far keep keys and values, and how much recurrent
+/// state the linear-attention layers so far take.
+#[derive(Default)]
+struct MixerCounts {
+    kv_layers: usize,
+    state_len: usize,
+}
+
+/// Layer `i`: its mixer (attention, or a linear-attention net), its MLP
+/// and its norms.
+fn load_layer(
+    source: &dyn TensorSource,
+    config: &ModelConfig,
+    i: usize,
+    split: Option<&TensorSplit>,
+    rows: &ShardRows,
+    counts: &mut MixerCounts,
+) -> Result<Layer, LoadError> {
+    let h = config.hidden;
+    let n = |part: &str| format!("blk.{i}.{part}");
+    let mixer = match config.variant.linear.as_ref().filter(|l| l.is_linear(i)) {
+        Some(linear) => {
+            let heads = match split {
+                Some(s) => LinearSplit::for_key_heads(linear, s.linear_keys.clone()),
+                None => LinearSplit::whole(linear),
+            };
+            let eps = config.norm_eps;
+            let hidden_rows = rows.hidden.clone();
+            let net = GatedDeltaNet::load(source, i, linear, h, eps, &heads, hidden_rows)?;
+            let state_offset = counts.state_len;
+            counts.state_len += net.state_len();
+            Mixer::Linear { net, state_offset }
+        }
+        None => {
+            counts.kv_layers += 1;
+            Mixer::Attention(load_attention(
+                source,
+                config,
+                i,
+                counts.kv_layers - 1,
+                rows,
+            )?)
+        }
+    };
+    let (pre, post) = (!config.variant.no_pre_norms, config.variant.post_norms);
+    // The hybrid families' GGUFs name the norm before the MLP as Hugging
+    // Face does.
+    let ffn_norm = if config.variant.linear.is_some() {
+        "post_attention_norm.weight"
+    } else {
+        "ffn_norm.weight"
+    };
+    Ok(Layer {
+        attn_norm: optional(source, &n("attn_norm.weight"), h, pre)?,
+        attn_post_norm: optional(source, &n("post_attention_norm.weight"), h, post)?,
+        ffn_post_norm: optional(source, &n("post_ffw_norm.weight"), h, post)?,
+        ffn_norm: optional(source, &n(ffn_norm), h, pre)?,
+        mixer,
+        mlp: load_mlp(source, config, i, rows)?,
+    })
+}
+
+/// What follows the layers: the final norm, the output matrix, a tensor
+/// rank's slice of the head.
+type Ends = (Option<Vec<f32>>, Option<Matrix>, Option<TensorSlice>);
+
+/// The final norm, the output matrix and, on a tensor rank, its slice of
+/// the head: what the last stage (and a tensor rank, which has every
+/// layer) needs after the layers.
+fn load_ends(
+    source: &dyn TensorSource,
+    config: &ModelConfig,
+    layers: &Range<usize>,
+    tensor: Option<(&TensorSplit, TensorLayout)>,
+) -> Result<Ends, LoadError> {
+    let h = config.hidden;
+    let (first, last) = (layers.start == 0, layers.end == config.layers);
+    if let Some((split, layout)) = tensor {
+        let head_name = if config.tied_embeddings {
+            "token_embd.weight"
+        } else {
+            "output.weight"
+        };
+        let rows = Some(split.vocab_rows.clone());
+        let slice = TensorSlice {
+            layout,
+            vocab_counts: split.vocab_counts.clone(),
+            head: load_part(source, head_name, [config.vocab, h], rows, None)?,
+        };
+        return Ok((
+            Some(load_vector(source, "output_norm.weight", h)?),
+            None,
+            Some(slice),
+        ));
+    }
+    let norm = if last {
+        Some(load_vector(source, "output_norm.weight", h)?)
+    } else {
+        None
+    };
+    let output = if first && !config.tied_embeddings {
+        Some(load_part(
+            source,
+            "output.weight",
+            [config.vocab, h],
+            None,
+            None,
+        )?)
+    } else {
+        None
+    };
+    Ok((norm, output, None))
+}
+
+/// The configuration as a tensor rank sees it (its heads and rows only),
+/// and where its heads sit among the whole model's.
+fn narrowed(mut config: ModelConfig, split: Option<&TensorSplit>) -> (ModelConfig, HeadLayout) {
+    let heads = HeadLayout {
+        group: config.heads / config.kv_heads.max(1),
+        q_first: split.map_or(0, |s| s.q_rows.start / config.head_dim),
+        kv_first: split.map_or(0, |s| s.kv_rows.start / config.head_dim),
+    };
+    if let Some(split) = split {
+        config.heads = split.q_rows.len() / config.head_dim;
+        config.kv_heads = split.kv_rows.len() / config.head_dim;
+        config.ffn = split.ffn_rows.len();
+        if let Some(moe) = &mut config.moe {
+            moe.expert_ffn = split.expert_rows.len();
+            moe.shared_ffn = moe.shared_ffn.map(|_| split.shared_rows.len());
+        }
+    }
+    (config, heads)
+}
+
+impl ShardRows {
+    /// The rows of `split` (all of them without one).
+    fn of(config: &ModelConfig, split: Option<&TensorSplit>) -> Self {
+        let (q, kv, f) = (config.q_dim(), config.kv_dim(), config.ffn);
+        ShardRows {
+            q: split.map_or(0..q, |s| s.q_rows.clone()),
+            kv: split.map_or(0..kv, |s| s.kv_rows.clone()),
+            ffn: split.map_or(0..f, |s| s.ffn_rows.clone()),
+            expert: match (split, &config.moe) {
+                (Some(s), _) => s.expert_rows.clone(),
+                (None, Some(moe)) => 0..moe.expert_ffn,
+                (None, None) => 0..0,
+            },
+            shared: match (split, config.moe.as_ref().and_then(|m| m.shared_ffn)) {
+                (Some(s), _) => s.shared_rows.clone(),
+                (None, Some(rows)) => 0..rows,
+                (None, None) => 0..0,
+            },
+            hidden: split.map(|s| s.hidden_rows.clone()),
+        }
     }
 }
 
