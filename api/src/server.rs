@@ -30,6 +30,16 @@ pub struct ApiServer {
 }
 
 impl ApiServer {
+    /// Waits until the server ends without being told to (its accept loop
+    /// panicked, say): why.
+    pub async fn failed(&mut self) -> String {
+        match (&mut self.task).await {
+            Ok(()) => "the HTTP API stopped".into(),
+            Err(error) if error.is_panic() => format!("the HTTP API panicked: {error}"),
+            Err(error) => format!("the HTTP API ended: {error}"),
+        }
+    }
+
     /// Stops taking connections, lets the requests in flight finish (each
     /// connection closes after its current answer) for up to `drain`, then
     /// closes what is left.

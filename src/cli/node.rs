@@ -211,8 +211,8 @@ async fn run_node(
     let running = node::start(options.clone())
         .await
         .with_context(|| format!("starting the node in {}", options.data_dir.display()))?;
-    let api_server = match api {
-        Some(api) => match serve_api(api, &running).await {
+    let api_server = match &api {
+        Some(api) => match serve_api(api.clone(), &running).await {
             Ok(server) => Some(server),
             Err(error) => {
                 running.shutdown().await;
@@ -249,16 +249,7 @@ async fn run_node(
              (or bind --api-host 127.0.0.1)"
         );
     }
-    let mut health = running.health();
-    let fatal = tokio::select! {
-        signal = wait_for_signal() => {
-            signal?;
-            None
-        }
-        fatal = health.wait_for(|h| h.fatal.is_some()) => {
-            fatal.ok().and_then(|h| h.fatal.clone())
-        }
-    };
+    let (api_server, fatal) = serve_until_stopped(&running, api, api_server).await?;
     eprintln!("stopping: flushing the event log");
     if let Some(server) = api_server {
         // Answers under way get a moment to finish; new requests are refused.
@@ -268,6 +259,74 @@ async fn run_node(
     match fatal {
         Some(reason) => anyhow::bail!("the node stopped: {reason}"),
         None => Ok(()),
+    }
+}
+
+/// Waits for a signal, or for the node to be unable to go on; meanwhile
+/// serves the API again (after the supervisor's backoff) if it fails.
+/// Returns the API as it is then, and why the node cannot go on, if so.
+async fn serve_until_stopped(
+    running: &node::RunningNode,
+    options: Option<ApiOptions>,
+    mut server: Option<tessera_api::ApiServer>,
+) -> anyhow::Result<(Option<tessera_api::ApiServer>, Option<String>)> {
+    let mut health = running.health();
+    let signal = wait_for_signal();
+    tokio::pin!(signal);
+    let mut restarting = None;
+    loop {
+        let api_failed = async {
+            match server.as_mut() {
+                Some(server) => server.failed().await,
+                None => std::future::pending().await,
+            }
+        };
+        let restarted = async {
+            match restarting.as_mut() {
+                Some(restart) => std::pin::Pin::as_mut(restart).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            signal = &mut signal => {
+                signal?;
+                return Ok((server, None));
+            }
+            fatal = health.wait_for(|h| h.fatal.is_some()) => {
+                let fatal = fatal.ok().and_then(|h| h.fatal.clone());
+                return Ok((server, fatal));
+            }
+            why = api_failed => {
+                server = None;
+                if let Some(options) = options.clone() {
+                    restarting = Some(Box::pin(restart_api(running, options, why)));
+                }
+            }
+            again = restarted => {
+                restarting = None;
+                server = again;
+            }
+        }
+    }
+}
+
+/// Serves the API again after each failure's backoff, until it serves or
+/// is given up (none: the node's health then says why it cannot go on).
+async fn restart_api(
+    running: &node::RunningNode,
+    options: ApiOptions,
+    mut why: String,
+) -> Option<tessera_api::ApiServer> {
+    loop {
+        let wait = running.api_failed(why).await?;
+        tokio::time::sleep(wait).await;
+        match serve_api(options.clone(), running).await {
+            Ok(server) => {
+                running.api_restarted();
+                return Some(server);
+            }
+            Err(error) => why = format!("{error:#}"),
+        }
     }
 }
 

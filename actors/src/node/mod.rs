@@ -235,6 +235,26 @@ impl RunningNode {
         self.bus.close().await;
     }
 
+    /// Reports that the HTTP API (served beside the node) failed: the
+    /// wait before serving it again, or none when it is given up (the
+    /// node's `Health` then says why it cannot go on).
+    pub async fn api_failed(&self, why: String) -> Option<Duration> {
+        ractor::call_t!(
+            self.supervisor,
+            |reply| SupervisorMsg::Failed(supervisor::Child::Api, why.clone(), reply),
+            crate::ACTOR_CALL_MS
+        )
+        .ok()
+        .flatten()
+    }
+
+    /// Reports that the HTTP API is served again.
+    pub fn api_restarted(&self) {
+        let _ = self
+            .supervisor
+            .cast(SupervisorMsg::Restarted(supervisor::Child::Api));
+    }
+
     /// How the node's actors are doing; `fatal` set: the node cannot go on
     /// and should be shut down.
     pub fn health(&self) -> watch::Receiver<Health> {

@@ -1,5 +1,6 @@
 //! The node's root supervisor: the parent of the Replica, the Election and
-//! the Worker. A child that fails is reported (the log, and [`Health`]) and
+//! the Worker, and the keeper of the API's failures (the binary serves and
+//! restarts the API, asking here how long to wait). A child that fails is reported (the log, and [`Health`]) and
 //! started again after a backoff; the policy is [`plan`], a plain function.
 //!
 //! The Election and the Worker are restarted in place: what holds them
@@ -57,6 +58,10 @@ pub enum Child {
     Replica,
     Election,
     Worker,
+    /// The HTTP API, which the binary serves beside the node and restarts
+    /// itself (the actors cannot depend on the API crate); its failures
+    /// count here like the others'.
+    Api,
 }
 
 /// How the node's actors are doing.
@@ -196,6 +201,12 @@ pub enum SupervisorMsg {
     Stopping(ractor::RpcReplyPort<()>),
     /// The children's handles.
     Children(ractor::RpcReplyPort<Children>),
+    /// A child served outside the actors (the API) failed: the wait before
+    /// it may start again, or none when it is given up (then the node
+    /// stops, as `Health::fatal` says).
+    Failed(Child, String, ractor::RpcReplyPort<Option<Duration>>),
+    /// That child runs again.
+    Restarted(Child),
 }
 
 pub struct NodeSupervisor;
@@ -258,32 +269,43 @@ impl SupervisorState {
                     Actor::spawn_linked(None, Worker, args, myself.get_cell()).await?;
                 current.set(worker);
             }
-            Child::Replica => return Ok(()),
+            Child::Replica | Child::Api => return Ok(()),
         }
         tracing::warn!(?child, "restarted");
-        self.health.send_modify(|health| {
-            *health.restarts.entry(format!("{child:?}")).or_default() += 1;
-        });
+        self.count_restart(child);
         Ok(())
     }
 
     fn failed(&mut self, myself: &ActorRef<SupervisorMsg>, child: Child, why: String) {
-        tracing::error!(?child, reason = why, "a node actor failed");
+        if let Some(wait) = self.record_failure(child, why) {
+            tracing::warn!(?child, ?wait, "restarting after a backoff");
+            myself.send_after(wait, move || SupervisorMsg::Restart(child));
+        }
+    }
+
+    /// Logs and reports `child`'s failure; the wait before it starts
+    /// again, or none when it is given up (and the node cannot go on).
+    fn record_failure(&mut self, child: Child, why: String) -> Option<Duration> {
+        tracing::error!(?child, reason = why, "a part of the node failed");
         let plan = plan(child, &mut self.failures, Instant::now());
         self.health.send_modify(|health| {
             health.last_failure = Some(format!("{child:?}: {why}"));
         });
         match plan {
-            Plan::Restart(wait) => {
-                tracing::warn!(?child, ?wait, "restarting after a backoff");
-                myself.send_after(wait, move || SupervisorMsg::Restart(child));
-            }
+            Plan::Restart(wait) => Some(wait),
             Plan::GiveUp(reason) => {
                 tracing::error!(reason, "the node cannot go on");
                 self.health
                     .send_modify(|health| health.fatal = Some(reason.clone()));
+                None
             }
         }
+    }
+
+    fn count_restart(&self, child: Child) {
+        self.health.send_modify(|health| {
+            *health.restarts.entry(format!("{child:?}")).or_default() += 1;
+        });
     }
 }
 
@@ -349,6 +371,15 @@ impl Actor for NodeSupervisor {
             SupervisorMsg::Children(reply) => {
                 let _ = reply.send(state.children.clone());
             }
+            SupervisorMsg::Failed(child, why, reply) => {
+                let wait = if state.stopping {
+                    None
+                } else {
+                    state.record_failure(child, why)
+                };
+                let _ = reply.send(wait);
+            }
+            SupervisorMsg::Restarted(child) => state.count_restart(child),
         }
         Ok(())
     }
@@ -416,6 +447,25 @@ mod tests {
         let later = start + FAILURE_WINDOW + Duration::from_secs(10);
         assert_eq!(
             plan(Child::Election, &mut failures, later),
+            Plan::Restart(FIRST_WAIT)
+        );
+    }
+
+    #[test]
+    fn the_apis_failures_count_like_an_actors() {
+        let mut failures = Failures::default();
+        let start = Instant::now();
+        assert_eq!(
+            plan(Child::Api, &mut failures, start),
+            Plan::Restart(FIRST_WAIT)
+        );
+        assert_eq!(
+            plan(Child::Api, &mut failures, start),
+            Plan::Restart(FIRST_WAIT * 2)
+        );
+        // The Worker's count is its own.
+        assert_eq!(
+            plan(Child::Worker, &mut failures, start),
             Plan::Restart(FIRST_WAIT)
         );
     }
