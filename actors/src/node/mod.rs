@@ -1117,7 +1117,11 @@ mod tests {
 
     /// A node of its own on loopback, offline, running no models.
     async fn lone_node(dir: &Path) -> Result<RunningNode, NodeError> {
-        start(NodeOptions {
+        start(lone_options(dir)).await
+    }
+
+    fn lone_options(dir: &Path) -> NodeOptions {
+        NodeOptions {
             namespace: "supervised".into(),
             listen: vec!["tcp/127.0.0.1:0".into()],
             connect: Vec::new(),
@@ -1133,8 +1137,34 @@ mod tests {
                 Vec::new(),
             ),
             offline: true,
-        })
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_worker_is_restarted_and_reported() {
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let options = NodeOptions {
+            worker: true,
+            ..lone_options(dir.path())
+        };
+        let node = start(options).await.expect("a node starts");
+        let mut health = node.health();
+        let worker = node.children.worker.clone().expect("a worker");
+        let first = worker.get();
+        first.kill();
+        let restarted = tokio::time::timeout(
+            Duration::from_secs(20),
+            health.wait_for(|h| h.restarts.get("Worker") == Some(&1)),
+        )
         .await
+        .map(|seen| seen.map(|h| h.clone()));
+        assert!(
+            matches!(restarted, Ok(Ok(_))),
+            "no restart: {:?}",
+            *node.health().borrow()
+        );
+        assert_ne!(worker.get().get_id(), first.get_id());
+        node.shutdown().await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
