@@ -126,17 +126,21 @@ fn silu_mul_portable(gate: &mut [f32], up: &[f32]) {
 /// [`silu_mul_portable`] eight values at a time, bit for bit.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn silu_mul_fma(gate: &mut [f32], up: &[f32]) {
+fn silu_mul_fma(gate: &mut [f32], up: &[f32]) {
     use std::arch::x86_64::*;
     let n = gate.len().min(up.len());
     let (sign, one) = (_mm256_set1_ps(-0.0), _mm256_set1_ps(1.0));
     let mut i = 0;
     while i + 8 <= n {
-        let p = gate.as_mut_ptr().add(i);
-        let g = _mm256_loadu_ps(p);
-        let e = exp_poly_x8(_mm256_xor_ps(g, sign));
-        let silu = _mm256_div_ps(g, _mm256_add_ps(one, e));
-        _mm256_storeu_ps(p, _mm256_mul_ps(silu, _mm256_loadu_ps(up.as_ptr().add(i))));
+        // SAFETY: lanes i..i + 8 lie in both slices (i + 8 <= n); the
+        // helper needs only the AVX2 and FMA this function has.
+        unsafe {
+            let p = gate.as_mut_ptr().add(i);
+            let g = _mm256_loadu_ps(p);
+            let e = exp_poly_x8(_mm256_xor_ps(g, sign));
+            let silu = _mm256_div_ps(g, _mm256_add_ps(one, e));
+            _mm256_storeu_ps(p, _mm256_mul_ps(silu, _mm256_loadu_ps(up.as_ptr().add(i))));
+        }
         i += 8;
     }
     silu_mul_portable(&mut gate[i..n], &up[i..n])
@@ -270,7 +274,7 @@ pub fn softmax(x: &mut [f32]) {
 /// same order, so the bits are the portable function's.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn softmax_fma(x: &mut [f32]) {
+fn softmax_fma(x: &mut [f32]) {
     use std::arch::x86_64::*;
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let max8 = _mm256_set1_ps(max);
@@ -278,8 +282,13 @@ unsafe fn softmax_fma(x: &mut [f32]) {
     let mut blocks = x.chunks_exact_mut(8);
     for block in &mut blocks {
         let p = block.as_mut_ptr();
-        let e = exp_poly_x8(_mm256_sub_ps(_mm256_loadu_ps(p), max8));
-        _mm256_storeu_ps(p, e);
+        // SAFETY: a block holds exactly 8 values; the helper needs only
+        // the AVX2 and FMA this function has.
+        let e = unsafe {
+            let e = exp_poly_x8(_mm256_sub_ps(_mm256_loadu_ps(p), max8));
+            _mm256_storeu_ps(p, e);
+            e
+        };
         let s = _mm_add_ps(_mm256_castps256_ps128(e), _mm256_extractf128_ps::<1>(e));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         let s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -581,16 +590,23 @@ pub(crate) mod f16_simd {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot(a: &[f32], b: &[half::f16]) -> f32 {
+    pub fn dot(a: &[f32], b: &[half::f16]) -> f32 {
         let n = a.len().min(b.len());
         let mut acc = _mm256_setzero_ps();
         let mut i = 0;
         while i + 8 <= n {
-            let x = _mm256_loadu_ps(a.as_ptr().add(i));
-            acc = _mm256_fmadd_ps(x, load_f16x8(b.as_ptr().add(i)), acc);
+            // SAFETY: lanes i..i + 8 lie in both slices (i + 8 <= n).
+            let (x, y) = unsafe {
+                (
+                    _mm256_loadu_ps(a.as_ptr().add(i)),
+                    load_f16x8(b.as_ptr().add(i)),
+                )
+            };
+            acc = _mm256_fmadd_ps(x, y, acc);
             i += 8;
         }
-        let mut sum = hsum(acc);
+        // SAFETY: the helper needs only the features this function has.
+        let mut sum = unsafe { hsum(acc) };
         while i < n {
             sum += a[i] * b[i].to_f32();
             i += 1;
@@ -624,14 +640,17 @@ pub(crate) mod f16_simd {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn axpy(out: &mut [f32], scale: f32, x: &[half::f16]) {
+    pub fn axpy(out: &mut [f32], scale: f32, x: &[half::f16]) {
         let n = out.len().min(x.len());
         let s = _mm256_set1_ps(scale);
         let mut i = 0;
         while i + 8 <= n {
-            let o = _mm256_loadu_ps(out.as_ptr().add(i));
-            let v = load_f16x8(x.as_ptr().add(i));
-            _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_fmadd_ps(s, v, o));
+            // SAFETY: lanes i..i + 8 lie in both slices (i + 8 <= n).
+            unsafe {
+                let o = _mm256_loadu_ps(out.as_ptr().add(i));
+                let v = load_f16x8(x.as_ptr().add(i));
+                _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_fmadd_ps(s, v, o));
+            }
             i += 8;
         }
         while i < n {
@@ -672,12 +691,15 @@ pub(crate) mod f16_simd {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn round_slice(dst: &mut [f32], src: &[f32]) {
+    pub fn round_slice(dst: &mut [f32], src: &[f32]) {
         let n = dst.len().min(src.len());
         let mut i = 0;
         while i + 8 <= n {
-            let x = _mm256_loadu_ps(src.as_ptr().add(i));
-            _mm256_storeu_ps(dst.as_mut_ptr().add(i), round8(x));
+            // SAFETY: lanes i..i + 8 lie in both slices (i + 8 <= n).
+            unsafe {
+                let x = _mm256_loadu_ps(src.as_ptr().add(i));
+                _mm256_storeu_ps(dst.as_mut_ptr().add(i), round8(x));
+            }
             i += 8;
         }
         for j in i..n {
@@ -686,12 +708,15 @@ pub(crate) mod f16_simd {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn round_in_place(x: &mut [f32]) {
+    pub fn round_in_place(x: &mut [f32]) {
         let n = x.len();
         let mut i = 0;
         while i + 8 <= n {
-            let p = x.as_mut_ptr().add(i);
-            _mm256_storeu_ps(p, round8(_mm256_loadu_ps(p)));
+            // SAFETY: lanes i..i + 8 lie in the slice (i + 8 <= n).
+            unsafe {
+                let p = x.as_mut_ptr().add(i);
+                _mm256_storeu_ps(p, round8(_mm256_loadu_ps(p)));
+            }
             i += 8;
         }
         for v in &mut x[i..] {
