@@ -172,12 +172,7 @@ impl Job<'_> {
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn attend_heads_avx2<const G: usize>(
-        &self,
-        item: &Item,
-        out: &mut [f32],
-        scratch: &mut [f32],
-    ) {
+    fn attend_heads_avx2<const G: usize>(&self, item: &Item, out: &mut [f32], scratch: &mut [f32]) {
         self.attend_heads_body::<G, true>(item, out, scratch)
     }
 

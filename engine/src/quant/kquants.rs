@@ -34,7 +34,7 @@ pub fn quantize_row_q8k(x: &[f32], out: &mut [BlockQ8K]) {
 /// value; the results are the same bits.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn quantize_row_q8k_avx2(x: &[f32], out: &mut [BlockQ8K]) {
+fn quantize_row_q8k_avx2(x: &[f32], out: &mut [BlockQ8K]) {
     quantize_row_q8k_body(x, out)
 }
 

@@ -562,16 +562,19 @@ unsafe fn dot_q8_0_body<const V: bool>(row: &[u8], x: &[BlockQ8]) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn quantize_row_q8(x: &[f32], out: &mut [BlockQ8], with_sum: bool) {
+pub fn quantize_row_q8(x: &[f32], out: &mut [BlockQ8], with_sum: bool) {
     let sign_bit = _mm256_set1_ps(-0.0);
     for (values, block) in x.chunks_exact(BLOCK).zip(out.iter_mut()) {
         let p = values.as_ptr();
-        let v = [
-            _mm256_loadu_ps(p),
-            _mm256_loadu_ps(p.add(8)),
-            _mm256_loadu_ps(p.add(16)),
-            _mm256_loadu_ps(p.add(24)),
-        ];
+        // SAFETY: a chunk holds BLOCK = 32 values: four loads of eight.
+        let v = unsafe {
+            [
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_loadu_ps(p.add(16)),
+                _mm256_loadu_ps(p.add(24)),
+            ]
+        };
         let mut max = _mm256_andnot_ps(sign_bit, v[0]);
         for item in &v[1..] {
             max = _mm256_max_ps(max, _mm256_andnot_ps(sign_bit, *item));
@@ -596,7 +599,8 @@ pub unsafe fn quantize_row_q8(x: &[f32], out: &mut [BlockQ8], with_sum: bool) {
                 _mm256_add_epi32(ints[2], ints[3]),
             );
             let mut lanes = [0i32; 8];
-            _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, total);
+            // SAFETY: eight i32 lanes into eight i32s.
+            unsafe { _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, total) };
             block.s = round_f16(d * lanes.iter().sum::<i32>() as f32);
         } else {
             block.s = 0.0;
@@ -606,7 +610,8 @@ pub unsafe fn quantize_row_q8(x: &[f32], out: &mut [BlockQ8], with_sum: bool) {
         let b = _mm256_packs_epi32(ints[2], ints[3]);
         let bytes = _mm256_packs_epi16(a, b);
         let bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256(block.qs.as_mut_ptr() as *mut __m256i, bytes);
+        // SAFETY: a block's 32 quants take the 32 bytes.
+        unsafe { _mm256_storeu_si256(block.qs.as_mut_ptr() as *mut __m256i, bytes) };
         block.d = round_f16(d);
     }
 }
