@@ -156,21 +156,7 @@ impl MessagesRequest {
         if self.messages.is_empty() {
             return Err(ApiError::invalid("messages", "messages must not be empty"));
         }
-        if self.max_tokens == 0 {
-            return Err(ApiError::invalid(
-                "max_tokens",
-                "max_tokens must be at least 1",
-            ));
-        }
-        if context > 0 && self.max_tokens > context {
-            return Err(ApiError::invalid(
-                "max_tokens",
-                format!(
-                    "max_tokens {} is beyond the model's context of {context} tokens",
-                    self.max_tokens
-                ),
-            ));
-        }
+        crate::valid::token_limit("max_tokens", Some(self.max_tokens), context)?;
         if let Some(t) = self.temperature.filter(|t| !(0.0..=1.0).contains(t)) {
             return Err(ApiError::invalid(
                 "temperature",

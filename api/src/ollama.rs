@@ -86,20 +86,9 @@ fn sampling(options: Option<&Options>, context: u32) -> Result<v1::SamplingParam
     let max_tokens = match o.num_predict {
         None => None,
         Some(n) if n < 0 => Some(context.max(1)),
-        Some(0) => {
-            return Err(ApiError::invalid(
-                "options.num_predict",
-                "num_predict must not be 0",
-            ))
-        }
         Some(n) => {
             let n = u32::try_from(n).unwrap_or(u32::MAX);
-            if context > 0 && n > context {
-                return Err(ApiError::invalid(
-                    "options.num_predict",
-                    format!("num_predict {n} is beyond the model's context of {context} tokens"),
-                ));
-            }
+            crate::valid::token_limit("options.num_predict", Some(n), context)?;
             Some(n)
         }
     };

@@ -173,7 +173,7 @@ impl ChatRequest {
     pub fn to_params(&self, context: u32) -> Result<v1::TextGenerationParams, ApiError> {
         self.check_fields()?;
         let max_tokens = self.max_completion_tokens.or(self.max_tokens);
-        check_max_tokens(max_tokens, context)?;
+        crate::valid::token_limit("max_tokens", max_tokens, context)?;
         let stop = self.stops()?;
         let messages = self
             .messages
@@ -273,21 +273,6 @@ impl ChatRequest {
                 }
             })
             .collect()
-    }
-}
-
-/// At least one token, and no more than the model's context (0: unknown).
-fn check_max_tokens(max_tokens: Option<u32>, context: u32) -> Result<(), ApiError> {
-    match max_tokens {
-        Some(0) => Err(ApiError::invalid(
-            "max_tokens",
-            "max_tokens must be at least 1",
-        )),
-        Some(n) if context > 0 && n > context => Err(ApiError::invalid(
-            "max_tokens",
-            format!("max_tokens {n} is beyond the model's context of {context} tokens"),
-        )),
-        _ => Ok(()),
     }
 }
 

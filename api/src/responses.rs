@@ -142,23 +142,7 @@ impl ResponsesRequest {
                 "responses are not stored; send the whole conversation in input",
             ));
         }
-        match self.max_output_tokens {
-            Some(0) => {
-                return Err(ApiError::invalid(
-                    "max_output_tokens",
-                    "max_output_tokens must be at least 1",
-                ))
-            }
-            Some(n) if context > 0 && n > context => {
-                return Err(ApiError::invalid(
-                    "max_output_tokens",
-                    format!(
-                        "max_output_tokens {n} is beyond the model's context of {context} tokens"
-                    ),
-                ))
-            }
-            _ => {}
-        }
+        crate::valid::token_limit("max_output_tokens", self.max_output_tokens, context)?;
         if let Some(t) = self.temperature.filter(|t| !(0.0..=2.0).contains(t)) {
             return Err(ApiError::invalid(
                 "temperature",

@@ -30,6 +30,23 @@ pub(crate) fn checked(
     }
 }
 
+/// A limit on the tokens to generate, named `param` in the dialect: at
+/// least one, and no more than the model's context (0: unknown).
+pub(crate) fn token_limit(param: &str, limit: Option<u32>, context: u32) -> Result<(), ApiError> {
+    let name = param.rsplit('.').next().unwrap_or(param);
+    match limit {
+        Some(0) => Err(ApiError::invalid(
+            param,
+            format!("{name} must be at least 1"),
+        )),
+        Some(n) if context > 0 && n > context => Err(ApiError::invalid(
+            param,
+            format!("{name} {n} is beyond the model's context of {context} tokens"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -80,6 +97,20 @@ mod tests {
             ..Default::default()
         };
         assert!(checked(params(fine), "").is_ok());
+    }
+
+    #[test]
+    fn a_token_limit_is_at_least_one_and_within_the_context() {
+        let param = |limit, context| token_limit("options.num_predict", limit, context).err();
+        assert!(param(Some(0), 0).is_some_and(|e| e.message == "num_predict must be at least 1"));
+        assert!(
+            param(Some(9), 8).is_some_and(|e| e.param.as_deref() == Some("options.num_predict"))
+        );
+        assert!(
+            param(Some(9), 0).is_none(),
+            "an unknown context bounds nothing"
+        );
+        assert!(param(None, 8).is_none());
     }
 
     #[test]
