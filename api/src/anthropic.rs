@@ -143,8 +143,10 @@ impl MessagesRequest {
                 }),
                 enable_thinking: None,
                 speculative: super::extension::speculative(self.tessera.as_ref()),
+                constraint: crate::constraint::with_extension(None, self.tessera.as_ref())?,
             },
             "",
+            crate::constraint::param(self.tessera.as_ref(), "tessera"),
         )
     }
 }

@@ -1,5 +1,6 @@
 //! tessera's own fields in the dialects' bodies: the `tessera` object a
-//! request may carry (clients that do not send it are unaffected), and the
+//! request may carry (`speculative`, and the output constraints `regex` and
+//! `grammar`; clients that do not send it are unaffected), and the
 //! `tessera` object of an answer's usage (extra keys the official clients
 //! keep or ignore).
 
@@ -8,7 +9,7 @@ use serde_json::{json, Value};
 use tessera_protos::v1;
 
 /// The `tessera` object of a request body, in every dialect.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct RequestExtension {
     /// false: this request never drafts, even on an instance with
@@ -16,6 +17,13 @@ pub struct RequestExtension {
     /// unset or true: it drafts when its instance does.
     #[serde(default)]
     pub speculative: Option<bool>,
+    /// The output matches this regular expression (Rust regex syntax),
+    /// whole.
+    #[serde(default)]
+    pub regex: Option<String>,
+    /// The output is text of this grammar (llguidance's Lark syntax).
+    #[serde(default)]
+    pub grammar: Option<String>,
 }
 
 /// What `TextGenerationParams.speculative` gets from a request's object.

@@ -14,6 +14,9 @@
 //! - [`answer`]: a generation from its first chunk to the client (tried
 //!   again when its instance went away).
 //! - [`sse`]: server-sent events, and [`body`]: a JSON body or a 400.
+//! - [`constraint`]: structured outputs (`response_format`, `text.format`,
+//!   Ollama's `format`, `tessera.regex`/`grammar`) and `logit_bias`, read
+//!   into the wire's constraint and bias.
 //! - [`valid`]: the one check of a generation's parameters, the engine's
 //!   own, which every dialect's mapper ends with.
 //! - one module per dialect, the pure mapper (`openai`, `anthropic`,
@@ -38,6 +41,7 @@ pub mod anthropic;
 mod auth;
 mod body;
 mod cluster;
+mod constraint;
 mod context;
 mod dashboard;
 pub mod error;

@@ -49,6 +49,8 @@ pub struct ChatRequest {
     pub options: Option<Options>,
     #[serde(default)]
     pub tools: Option<Vec<Value>>,
+    #[serde(default)]
+    pub format: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -77,6 +79,8 @@ pub struct GenerateRequest {
     pub stream: Option<bool>,
     #[serde(default)]
     pub options: Option<Options>,
+    #[serde(default)]
+    pub format: Option<Value>,
 }
 
 fn sampling(options: Option<&Options>, context: u32) -> Result<v1::SamplingParams, ApiError> {
@@ -160,8 +164,13 @@ impl ChatRequest {
                 sampling: Some(sampling(self.options.as_ref(), context)?),
                 enable_thinking: None,
                 speculative: super::extension::speculative(self.tessera.as_ref()),
+                constraint: crate::constraint::with_extension(
+                    crate::constraint::ollama_format(self.format.as_ref())?,
+                    self.tessera.as_ref(),
+                )?,
             },
             "options.",
+            crate::constraint::param(self.tessera.as_ref(), "format"),
         )
     }
 }
@@ -200,8 +209,13 @@ impl GenerateRequest {
                 sampling: Some(sampling(self.options.as_ref(), context)?),
                 enable_thinking: None,
                 speculative: super::extension::speculative(self.tessera.as_ref()),
+                constraint: crate::constraint::with_extension(
+                    crate::constraint::ollama_format(self.format.as_ref())?,
+                    self.tessera.as_ref(),
+                )?,
             },
             "options.",
+            crate::constraint::param(self.tessera.as_ref(), "format"),
         )
     }
 }

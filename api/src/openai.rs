@@ -54,6 +54,10 @@ pub struct ChatRequest {
     pub tool_choice: Option<Value>,
     #[serde(default)]
     pub n: Option<u32>,
+    #[serde(default)]
+    pub response_format: Option<Value>,
+    #[serde(default)]
+    pub logit_bias: Option<serde_json::Map<String, Value>>,
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize)]
@@ -183,6 +187,11 @@ impl ChatRequest {
             .collect::<Result<Vec<_>, _>>()?;
         let tools_json = self.tools_json()?;
         let logprobs = self.logprobs.unwrap_or(false);
+        let constraint = crate::constraint::with_extension(
+            crate::constraint::response_format(self.response_format.as_ref(), "response_format")?,
+            self.tessera.as_ref(),
+        )?;
+        let logit_bias = crate::constraint::logit_bias(self.logit_bias.as_ref())?;
         crate::valid::checked(
             v1::TextGenerationParams {
                 model_id: self.model.clone(),
@@ -207,11 +216,14 @@ impl ChatRequest {
                     } else {
                         0
                     },
+                    logit_bias,
                 }),
                 enable_thinking: None,
                 speculative: super::extension::speculative(self.tessera.as_ref()),
+                constraint,
             },
             "",
+            crate::constraint::param(self.tessera.as_ref(), "response_format"),
         )
     }
 }

@@ -36,6 +36,9 @@ pub struct ResponsesRequest {
     pub tool_choice: Option<Value>,
     #[serde(default)]
     pub previous_response_id: Option<String>,
+    /// `{"format": {...}}`: structured output.
+    #[serde(default)]
+    pub text: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -112,6 +115,10 @@ impl ResponsesRequest {
             }
         }
         let tools_json = self.tools_json();
+        let constraint = crate::constraint::with_extension(
+            crate::constraint::text_format(self.text.as_ref())?,
+            self.tessera.as_ref(),
+        )?;
         crate::valid::checked(
             v1::TextGenerationParams {
                 model_id: self.model.clone(),
@@ -126,8 +133,10 @@ impl ResponsesRequest {
                 }),
                 enable_thinking: None,
                 speculative: super::extension::speculative(self.tessera.as_ref()),
+                constraint,
             },
             "",
+            crate::constraint::param(self.tessera.as_ref(), "text.format"),
         )
     }
 }

@@ -11,10 +11,13 @@ use tessera_protos::v1;
 use crate::error::ApiError;
 
 /// `params` if the engine would run them; else a 400 naming the field,
-/// written as the dialect names it (`prefix`: Ollama's `options.`).
+/// written as the dialect names it (`prefix`: Ollama's `options.`;
+/// `constraint_param`: the field of the output constraint, e.g.
+/// `response_format`).
 pub(crate) fn checked(
     params: v1::TextGenerationParams,
     prefix: &str,
+    constraint_param: &str,
 ) -> Result<v1::TextGenerationParams, ApiError> {
     match request_from(&params) {
         Ok(_) => Ok(params),
@@ -26,6 +29,9 @@ pub(crate) fn checked(
             &format!("{prefix}{field}"),
             format!("{field} must be {requirement}, got {value}"),
         )),
+        Err(error @ (RequestError::Constraint(_) | RequestError::SchemaNotJson(_))) => {
+            Err(ApiError::invalid(constraint_param, error.to_string()))
+        }
         Err(error) => Err(ApiError::bad_request(error.to_string())),
     }
 }
@@ -67,7 +73,7 @@ mod tests {
     #[test]
     fn the_engines_limits_are_the_edges() {
         let refused = |sampling: v1::SamplingParams, prefix: &str| {
-            checked(params(sampling), prefix)
+            checked(params(sampling), prefix, "")
                 .err()
                 .and_then(|e| e.param)
         };
@@ -96,7 +102,7 @@ mod tests {
             top_logprobs: 20,
             ..Default::default()
         };
-        assert!(checked(params(fine), "").is_ok());
+        assert!(checked(params(fine), "", "").is_ok());
     }
 
     #[test]
@@ -119,6 +125,6 @@ mod tests {
             model_id: "m".into(),
             ..Default::default()
         };
-        assert!(checked(empty, "").is_err());
+        assert!(checked(empty, "", "").is_err());
     }
 }

@@ -8,8 +8,8 @@
 //!
 //! Layout:
 //! - [`Constraint`]: what a request asks for, as the API received it.
-//! - [`Vocabulary`]: a model's tokens as bytes, its end tokens and its
-//!   tokenizer, which [`Grammars`] turns into llguidance's token trie once
+//! - [`Vocabulary`]: a model's tokens as bytes and its
+//!   end tokens, which [`Grammars`] turns into llguidance's token trie once
 //!   per model.
 //! - [`Grammars::compile`]: a constraint for one sequence ([`TokenMask`]).
 //! - [`check`]: compiles a constraint against a byte-level vocabulary, so
@@ -88,9 +88,6 @@ pub enum GrammarError {
     Matching(String),
 }
 
-/// Tokenizes bytes as the model does (without BOS, control tokens as text).
-pub type Tokenize = Arc<dyn Fn(&[u8]) -> Vec<u32> + Send + Sync>;
-
 /// A model's vocabulary as the grammar sees it.
 pub struct Vocabulary {
     /// Each token's bytes, by id; a control token's bytes are its text
@@ -102,13 +99,14 @@ pub struct Vocabulary {
     /// The tokens that end generation; allowed wherever the constraint may
     /// end. At least one.
     pub end: Vec<u32>,
-    pub tokenize: Tokenize,
 }
 
-/// The llguidance view of a vocabulary.
+/// The llguidance view of a vocabulary. Only the trie is used: the engine
+/// never asks llguidance to force tokens or to heal a prompt, the two uses
+/// of a canonical tokenization, so text is tokenized by the trie's longest
+/// matches and said not to be canonical.
 struct Env {
     trie: TokTrie,
-    tokenize: Tokenize,
 }
 
 impl TokenizerEnv for Env {
@@ -117,12 +115,11 @@ impl TokenizerEnv for Env {
     }
 
     fn tokenize_bytes(&self, bytes: &[u8]) -> Vec<TokenId> {
-        if std::str::from_utf8(bytes).is_ok() {
-            (self.tokenize)(bytes)
-        } else {
-            // A cut UTF-8 character: the trie's longest matches.
-            self.trie.greedy_tokenize(bytes)
-        }
+        self.trie.greedy_tokenize(bytes)
+    }
+
+    fn tokenize_is_canonical(&self) -> bool {
+        false
     }
 }
 
@@ -148,7 +145,6 @@ impl Grammars {
             tokens,
             control,
             end,
-            tokenize,
         } = vocabulary;
         let vocab_size = tokens.len();
         let Some(&first_end) = end.first() else {
@@ -169,7 +165,7 @@ impl Grammars {
         let size = u32::try_from(vocab_size)
             .map_err(|_| GrammarError::Vocabulary("more than 2^32 tokens".into()))?;
         let trie = TokTrie::from(&TokRxInfo::new(size, first_end), &words).with_eos_tokens(&end);
-        let env: toktrie::TokEnv = Arc::new(Env { trie, tokenize });
+        let env: toktrie::TokEnv = Arc::new(Env { trie });
         let mut factory =
             ParserFactory::new_simple(&env).map_err(|e| GrammarError::Vocabulary(e.to_string()))?;
         // Errors go to the caller, not to stderr.
@@ -201,9 +197,20 @@ impl Grammars {
     }
 }
 
-/// llguidance's errors can carry the whole grammar after the first line.
+/// An llguidance error on one line, cut to a length a client can read
+/// (its errors may go on with the parser's state and the whole grammar).
 fn first_line(text: &str) -> String {
-    text.lines().next().unwrap_or(text).trim().to_string()
+    const MOST: usize = 300;
+    let mut line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if line.len() > MOST {
+        let cut = (0..=MOST)
+            .rev()
+            .find(|&i| line.is_char_boundary(i))
+            .unwrap_or(0);
+        line.truncate(cut);
+        line.push('…');
+    }
+    line
 }
 
 /// The trie's bytes for a token: a control token's text behind the
@@ -292,13 +299,10 @@ pub fn check(constraint: &Constraint) -> Result<(), GrammarError> {
         tokens.push(b"<end>".to_vec());
         let mut control = vec![false; 256];
         control.push(true);
-        let tokenize: Tokenize =
-            Arc::new(|bytes: &[u8]| bytes.iter().map(|&b| u32::from(b)).collect());
         Grammars::new(Vocabulary {
             tokens,
             control,
             end: vec![256],
-            tokenize,
         })
         .map_err(|e| e.to_string())
     });

@@ -18,12 +18,10 @@ fn vocabulary() -> Vocabulary {
     tokens.push(Vec::new());
     control.push(false);
     let end = u32::try_from(tokens.len() - 3).unwrap();
-    let tokenize: Tokenize = Arc::new(|bytes: &[u8]| bytes.iter().map(|&b| u32::from(b)).collect());
     Vocabulary {
         tokens,
         control,
         end: vec![end],
-        tokenize,
     }
 }
 

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::Args;
 use serde::Serialize;
-use tessera_actors::runner::request::request_for;
+use tessera_actors::runner::request::{constraint_from, request_for};
 use tessera_engine::serve::executor::Executor;
 use tessera_engine::serve::{
     GenerateRequest, GenerationEvent, GenerationOutput, GenerationStats, Prompt, Session,
@@ -60,6 +60,17 @@ pub struct GenerateArgs {
     /// Keep generating past end-of-generation tokens.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// The output is JSON valid under this JSON Schema (inline JSON, or a
+    /// file holding it).
+    #[arg(long, group = "constraint")]
+    pub json_schema: Option<String>,
+    /// The output matches this regular expression, whole.
+    #[arg(long, group = "constraint")]
+    pub regex: Option<String>,
+    /// The output is text of the grammar in this file (llguidance's Lark
+    /// syntax).
+    #[arg(long, group = "constraint")]
+    pub grammar: Option<PathBuf>,
     /// Print one JSON object: prompt and generated token ids, text, stats.
     #[arg(long)]
     pub json: bool,
@@ -162,7 +173,30 @@ pub fn request_from(args: &GenerateArgs) -> anyhow::Result<GenerateRequest> {
     };
     let mut request = request_for(prompt, &sampling)?;
     request.ignore_eos = args.ignore_eos;
+    request.constraint = constraint_from(constraint_of(args)?.as_ref())?;
     Ok(request)
+}
+
+/// The wire's constraint for `--json-schema`, `--regex` or `--grammar`.
+fn constraint_of(args: &GenerateArgs) -> anyhow::Result<Option<v1::OutputConstraint>> {
+    use v1::output_constraint::Kind;
+    let kind = if let Some(schema) = &args.json_schema {
+        let text = if schema.trim_start().starts_with('{') {
+            schema.clone()
+        } else {
+            std::fs::read_to_string(schema).with_context(|| format!("reading {schema}"))?
+        };
+        Kind::JsonSchema(text)
+    } else if let Some(regex) = &args.regex {
+        Kind::Regex(regex.clone())
+    } else if let Some(path) = &args.grammar {
+        Kind::Lark(
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
+        )
+    } else {
+        return Ok(None);
+    };
+    Ok(Some(v1::OutputConstraint { kind: Some(kind) }))
 }
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {

@@ -3,7 +3,7 @@
 //! the same parameters from its flags).
 
 use tessera_engine::serve::sampler::SamplingParams;
-use tessera_engine::serve::{GenerateRequest, Prompt};
+use tessera_engine::serve::{Constraint, GenerateRequest, Prompt};
 use tessera_engine::text::chat_template::ChatMessage;
 use tessera_protos::v1;
 
@@ -24,6 +24,10 @@ pub enum RequestError {
     },
     #[error(transparent)]
     Sampling(#[from] tessera_engine::serve::sampler::SamplingError),
+    #[error("the JSON schema is not JSON: {0}")]
+    SchemaNotJson(serde_json::Error),
+    #[error(transparent)]
+    Constraint(#[from] tessera_grammar::GrammarError),
 }
 
 pub fn request_from(params: &v1::TextGenerationParams) -> Result<GenerateRequest, RequestError> {
@@ -31,7 +35,29 @@ pub fn request_from(params: &v1::TextGenerationParams) -> Result<GenerateRequest
     let mut request = request_for(prompt_from(params)?, &sampling)?;
     // A request drafts unless it opted out (`tessera.speculative: false`).
     request.speculative = params.speculative.unwrap_or(true);
+    request.constraint = constraint_from(params.constraint.as_ref())?;
     Ok(request)
+}
+
+/// The wire's constraint, checked to compile (against a byte-level
+/// vocabulary: the model's own compiles what that one does).
+pub fn constraint_from(
+    constraint: Option<&v1::OutputConstraint>,
+) -> Result<Option<Constraint>, RequestError> {
+    use v1::output_constraint::Kind;
+    let Some(kind) = constraint.and_then(|c| c.kind.as_ref()) else {
+        return Ok(None);
+    };
+    let constraint = match kind {
+        Kind::JsonSchema(text) => {
+            Constraint::JsonSchema(serde_json::from_str(text).map_err(RequestError::SchemaNotJson)?)
+        }
+        Kind::JsonObject(_) => Constraint::JsonObject,
+        Kind::Regex(regex) => Constraint::Regex(regex.clone()),
+        Kind::Lark(grammar) => Constraint::Lark(grammar.clone()),
+    };
+    tessera_grammar::check(&constraint)?;
+    Ok(Some(constraint))
 }
 
 /// A request for `prompt` under the wire's sampling parameters.
@@ -92,6 +118,8 @@ fn sampling_from(sampling: &v1::SamplingParams) -> SamplingParams {
             .unwrap_or(defaults.frequency_penalty),
         seed: sampling.seed,
         top_logprobs: sampling.top_logprobs as usize,
+        // The wire's map is ordered by token.
+        logit_bias: sampling.logit_bias.iter().map(|(&t, &b)| (t, b)).collect(),
         ..defaults
     }
 }

@@ -27,6 +27,7 @@ use crate::serve::speculative::{verify, DraftCounts, Speculation};
 use crate::serve::{
     EngineError, GenerateRequest, GenerationEvent, GenerationOutput, GenerationStats, LoadedModel,
 };
+use tessera_grammar::TokenMask;
 
 mod decoder;
 mod plan;
@@ -87,6 +88,8 @@ struct Waiting {
     id: SeqId,
     request: GenerateRequest,
     prompt: Vec<u32>,
+    /// The request's constraint, compiled on submit.
+    constraint: Option<TokenMask>,
     submitted: Instant,
 }
 
@@ -343,6 +346,8 @@ impl<'m> Batch<'m> {
             return Err(EngineError::ZeroMaxTokens);
         }
         request.sampling.validate()?;
+        let vocab = self.model.transformer.config.vocab;
+        request.sampling.validate_for_vocabulary(vocab)?;
         let prompt = self.model.tokenize(&request.prompt)?;
         let context = self.model.transformer.config.context_length;
         let needed = prompt.len() + request.max_tokens;
@@ -362,10 +367,15 @@ impl<'m> Batch<'m> {
                 capacity,
             });
         }
+        let constraint = match &request.constraint {
+            Some(constraint) => Some(self.model.constrain(constraint)?),
+            None => None,
+        };
         self.waiting.push_back(Waiting {
             id,
             request,
             prompt,
+            constraint,
             submitted: Instant::now(),
         });
         Ok(())
@@ -640,7 +650,7 @@ impl<'m> Batch<'m> {
                 self.blocks.release(&admitted.table);
                 return;
             };
-            let Some(waiting) = self.waiting.pop_front() else {
+            let Some(mut waiting) = self.waiting.pop_front() else {
                 self.free_states.push(state);
                 self.blocks.release(&admitted.table);
                 return;
@@ -656,7 +666,8 @@ impl<'m> Batch<'m> {
                     continue;
                 }
             };
-            let decoder = Decoder::new(self.model, &waiting.request, sampler, &waiting.prompt);
+            let decoding = (sampler, waiting.constraint.take());
+            let decoder = Decoder::new(self.model, &waiting.request, decoding, &waiting.prompt);
             let switch = self.model.transformer.config.rope_switch();
             self.running.push(Running {
                 id: waiting.id,

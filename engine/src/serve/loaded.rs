@@ -3,6 +3,9 @@
 
 use super::request::{EngineError, Prompt};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use tessera_grammar::{GrammarError, Grammars, TokenMask, Vocabulary};
 
 use crate::dist::shard::ShardSpec;
 use crate::formats::gguf::GgufFile;
@@ -19,6 +22,9 @@ pub struct LoadedModel {
     pub template: ChatTemplate,
     pub output_format: OutputFormat,
     pub path: PathBuf,
+    /// The grammar compiler over this vocabulary, built on the first
+    /// constrained request.
+    grammars: OnceLock<Result<Arc<Grammars>, String>>,
 }
 
 impl LoadedModel {
@@ -84,7 +90,31 @@ impl LoadedModel {
             template,
             output_format,
             path: path.to_path_buf(),
+            grammars: OnceLock::new(),
         })
+    }
+
+    /// `constraint` compiled for one sequence of this model.
+    pub fn constrain(
+        &self,
+        constraint: &crate::serve::Constraint,
+    ) -> Result<TokenMask, GrammarError> {
+        let grammars = self
+            .grammars
+            .get_or_init(|| {
+                let started = std::time::Instant::now();
+                let built = Grammars::new(grammar_vocabulary(&self.tokenizer))
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string());
+                tracing::debug!(
+                    seconds = started.elapsed().as_secs_f64(),
+                    "grammar vocabulary built"
+                );
+                built
+            })
+            .as_ref()
+            .map_err(|reason| GrammarError::Vocabulary(reason.clone()))?;
+        grammars.compile(constraint)
     }
 
     /// Renders and tokenizes a prompt.
@@ -131,6 +161,32 @@ impl LoadedModel {
             path: self.path.display().to_string(),
             source,
         }
+    }
+}
+
+/// The vocabulary as the grammar sees it: each token's bytes, control
+/// tokens by their text, and the end-of-generation tokens.
+fn grammar_vocabulary(tokenizer: &Tokenizer) -> Vocabulary {
+    let size = tokenizer.vocab_size();
+    let ids = (0..size).map(|i| u32::try_from(i).unwrap_or(u32::MAX));
+    let control: Vec<bool> = ids.clone().map(|id| tokenizer.is_control(id)).collect();
+    let tokens = ids
+        .map(|id| {
+            if tokenizer.is_control(id) {
+                tokenizer
+                    .token_text(id)
+                    .unwrap_or_default()
+                    .as_bytes()
+                    .to_vec()
+            } else {
+                tokenizer.token_bytes(id).to_vec()
+            }
+        })
+        .collect();
+    Vocabulary {
+        tokens,
+        control,
+        end: tokenizer.eog_ids().to_vec(),
     }
 }
 

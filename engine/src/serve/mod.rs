@@ -22,7 +22,7 @@ pub mod speculative;
 
 pub use loaded::{load_transformer, model_config, LoadedModel};
 pub use request::{
-    EngineError, FinishReason, GenerateRequest, GenerationEvent, GenerationOutput, GenerationStats,
-    Prompt, TokenLogprob, DEFAULT_PREFILL_CHUNK,
+    Constraint, EngineError, FinishReason, GenerateRequest, GenerationEvent, GenerationOutput,
+    GenerationStats, Prompt, TokenLogprob, DEFAULT_PREFILL_CHUNK,
 };
 pub use session::Session;

@@ -10,6 +10,7 @@ use crate::serve::sampler::{SamplingError, SamplingParams};
 use crate::text::chat_template::ChatMessage;
 use crate::text::output_parser::ParsedChunk;
 use crate::text::tokenizer::TokenizerError;
+pub use tessera_grammar::Constraint;
 
 /// Everything that can go wrong in loading or generating.
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +52,8 @@ pub enum EngineError {
     Distributed(ExecError),
     #[error("the draft model {draft} does not share the target's vocabulary: {detail}")]
     DraftVocabulary { draft: String, detail: String },
+    #[error(transparent)]
+    Grammar(#[from] tessera_grammar::GrammarError),
 }
 
 impl EngineError {
@@ -65,6 +68,7 @@ impl EngineError {
                 | Self::BeyondKvCache { .. }
                 | Self::ZeroMaxTokens
                 | Self::Sampling(_)
+                | Self::Grammar(tessera_grammar::GrammarError::Compile { .. })
         )
     }
 }
@@ -113,6 +117,10 @@ pub struct GenerateRequest {
     /// Draft and verify several tokens per step when the instance
     /// speculates ([`crate::serve::speculative`]); false decodes one at a time.
     pub speculative: bool,
+    /// What the output must be (a JSON Schema, a regex, a grammar): each
+    /// step's tokens are masked to those that keep it so, and the sequence
+    /// ends when the constraint is complete.
+    pub constraint: Option<Constraint>,
 }
 
 /// Prompt tokens per forward pass unless a request says otherwise. The
@@ -135,6 +143,7 @@ impl GenerateRequest {
             reuse_prefix: true,
             logprobs: false,
             speculative: true,
+            constraint: None,
         }
     }
 }

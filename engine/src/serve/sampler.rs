@@ -50,7 +50,15 @@ pub struct SamplingParams {
     /// How many most likely alternatives to report with each token
     /// (0..=[`MAX_TOP_LOGPROBS`]).
     pub top_logprobs: usize,
+    /// `(token, bias)` added to the token's logit before anything else
+    /// (OpenAI's `logit_bias`); a bias of [`-MAX_LOGIT_BIAS`] or less bans
+    /// the token outright.
+    pub logit_bias: Vec<(u32, f32)>,
 }
+
+/// The largest bias [`SamplingParams::logit_bias`] takes, either way (the
+/// OpenAI API's range); at `-MAX_LOGIT_BIAS` a token is never chosen.
+pub const MAX_LOGIT_BIAS: f32 = 100.0;
 
 impl Default for SamplingParams {
     fn default() -> Self {
@@ -65,6 +73,7 @@ impl Default for SamplingParams {
             penalty_window: 64,
             seed: None,
             top_logprobs: 0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -80,6 +89,8 @@ pub enum SamplingError {
     },
     #[error("vocabulary size must be at least 1")]
     EmptyVocabulary,
+    #[error("logit_bias names token {token}, beyond the model's vocabulary of {vocab_size}")]
+    BiasBeyondVocabulary { token: u32, vocab_size: usize },
 }
 
 fn invalid(field: &'static str, value: impl ToString, requirement: &'static str) -> SamplingError {
@@ -126,7 +137,26 @@ impl SamplingParams {
         if self.top_logprobs > MAX_TOP_LOGPROBS {
             return Err(invalid("top_logprobs", self.top_logprobs, "at most 20"));
         }
+        for &(token, bias) in &self.logit_bias {
+            if !(-MAX_LOGIT_BIAS..=MAX_LOGIT_BIAS).contains(&bias) {
+                let value = format!("{bias} (token {token})");
+                return Err(invalid("logit_bias", value, "in [-100, 100]"));
+            }
+        }
         Ok(())
+    }
+
+    /// Checks what depends on the model: every biased token is in its
+    /// vocabulary.
+    pub fn validate_for_vocabulary(&self, vocab_size: usize) -> Result<(), SamplingError> {
+        match self
+            .logit_bias
+            .iter()
+            .find(|(token, _)| *token as usize >= vocab_size)
+        {
+            Some(&(token, _)) => Err(SamplingError::BiasBeyondVocabulary { token, vocab_size }),
+            None => Ok(()),
+        }
     }
 
     fn penalties_enabled(&self) -> bool {
@@ -220,6 +250,7 @@ impl Sampler {
         if vocab_size == 0 {
             return Err(SamplingError::EmptyVocabulary);
         }
+        params.validate_for_vocabulary(vocab_size)?;
         let rng = match params.seed {
             Some(seed) => StdRng::seed_from_u64(seed),
             None => StdRng::from_entropy(),
@@ -254,6 +285,7 @@ impl Sampler {
         self.params.temperature == 0.0
             && !self.params.penalties_enabled()
             && self.params.top_logprobs == 0
+            && self.params.logit_bias.is_empty()
     }
 
     /// The token [`Sampler::sample`] would choose from the row `best` was
@@ -271,11 +303,21 @@ impl Sampler {
     /// Chooses the next token.
     ///
     /// `logits` has one entry per vocabulary token and is modified in place by
-    /// the penalties (so the caller sees what was sampled from). `history` is
+    /// the logit bias and the penalties (so the caller sees what was sampled
+    /// from). `history` is
     /// every token id so far, prompt included; ids outside the vocabulary are
     /// ignored. NaN logits are never chosen. Empty `logits` give token 0 with
     /// logprob `-inf` rather than a panic.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> Sampled {
+        for &(token, bias) in &self.params.logit_bias {
+            if let Some(logit) = logits.get_mut(token as usize) {
+                *logit = if bias <= -MAX_LOGIT_BIAS {
+                    f32::NEG_INFINITY
+                } else {
+                    *logit + bias
+                };
+            }
+        }
         if self.params.penalties_enabled() {
             self.apply_penalties(logits, history);
         }
@@ -549,6 +591,73 @@ mod tests {
     fn logits(n: usize, salt: u64) -> Vec<f32> {
         let mut rng = StdRng::seed_from_u64(salt);
         (0..n).map(|_| rng.gen_range(-10.0f32..10.0)).collect()
+    }
+
+    #[test]
+    fn a_bias_of_minus_100_bans_a_token_and_others_shift_it() {
+        let row = logits(1000, 3);
+        let best = argmax(&row);
+        let banned = SamplingParams {
+            logit_bias: vec![(best as u32, -100.0)],
+            ..params(0.0)
+        };
+        let mut sampler = Sampler::new(banned, row.len()).unwrap();
+        assert!(!sampler.needs_only_best());
+        for _ in 0..20 {
+            assert_ne!(sampler.sample(&mut row.clone(), &[]).token, best as u32);
+        }
+        // Hot sampling never draws it either.
+        let mut hot = Sampler::new(
+            SamplingParams {
+                logit_bias: vec![(best as u32, -100.0)],
+                top_logprobs: 5,
+                ..params(5.0)
+            },
+            row.len(),
+        )
+        .unwrap();
+        for _ in 0..200 {
+            let sampled = hot.sample(&mut row.clone(), &[]);
+            assert_ne!(sampled.token, best as u32);
+            assert!(sampled.top_logprobs.iter().all(|&(t, _)| t != best as u32));
+        }
+        // +100 makes the least likely token the greedy choice.
+        let worst = (0..row.len())
+            .min_by(|&a, &b| row[a].total_cmp(&row[b]))
+            .unwrap();
+        let favoured = SamplingParams {
+            logit_bias: vec![(worst as u32, 100.0)],
+            ..params(0.0)
+        };
+        let mut sampler = Sampler::new(favoured, row.len()).unwrap();
+        assert_eq!(sampler.sample(&mut row.clone(), &[]).token, worst as u32);
+    }
+
+    #[test]
+    fn a_bias_out_of_range_or_beyond_the_vocabulary_is_refused() {
+        let out_of_range = SamplingParams {
+            logit_bias: vec![(3, 150.0)],
+            ..params(0.0)
+        };
+        assert!(matches!(
+            out_of_range.validate(),
+            Err(SamplingError::InvalidParameter {
+                field: "logit_bias",
+                ..
+            })
+        ));
+        let beyond = SamplingParams {
+            logit_bias: vec![(5000, -1.0)],
+            ..params(0.0)
+        };
+        assert!(beyond.validate().is_ok());
+        assert_eq!(
+            Sampler::new(beyond, 1000).unwrap_err(),
+            SamplingError::BiasBeyondVocabulary {
+                token: 5000,
+                vocab_size: 1000
+            }
+        );
     }
 
     /// A row's best taken in slices (a tensor rank's share of the head

@@ -12,6 +12,7 @@ use crate::serve::{FinishReason, GenerateRequest, GenerationEvent, LoadedModel, 
 use crate::text::output_parser::{OutputFormat, OutputParser, ParsedChunk};
 use crate::text::stop::StopMatcher;
 use crate::text::utf8_stream::Utf8Stream;
+use tessera_grammar::TokenMask;
 
 /// Where a sequence's output stands.
 pub struct Decoder {
@@ -20,6 +21,8 @@ pub struct Decoder {
     ignore_eos: bool,
     want_logprobs: bool,
     sampler: Sampler,
+    /// The request's constraint as it stands (structured output).
+    constraint: Option<TokenMask>,
     tokens: Vec<u32>,
     logprobs: Vec<TokenLogprob>,
     text: String,
@@ -69,11 +72,12 @@ pub enum Row<'a> {
 pub type Emit<'s> = dyn FnMut(GenerationEvent<'_>) -> ControlFlow<()> + 's;
 
 impl Decoder {
-    /// The decoder of one request whose prompt is `prompt`.
+    /// The decoder of one request whose prompt is `prompt`, sampling with
+    /// `sampler` under `constraint` (the request's, compiled).
     pub fn new(
         model: &LoadedModel,
         request: &GenerateRequest,
-        sampler: Sampler,
+        (sampler, constraint): (Sampler, Option<TokenMask>),
         prompt: &[u32],
     ) -> Self {
         let mut format = model.output_format.clone();
@@ -84,6 +88,7 @@ impl Decoder {
             ignore_eos: request.ignore_eos,
             want_logprobs: request.logprobs,
             sampler,
+            constraint,
             tokens: Vec::with_capacity(request.max_tokens.min(4096)),
             logprobs: Vec::new(),
             text: String::new(),
@@ -98,9 +103,9 @@ impl Decoder {
     }
 
     /// Whether a row's best token is all it needs to choose the next one:
-    /// greedy, without penalties or logprobs.
+    /// greedy, without penalties, bias, logprobs or a constraint.
     pub fn needs_only_best(&self) -> bool {
-        self.sampler.needs_only_best() && !self.want_logprobs
+        self.sampler.needs_only_best() && !self.want_logprobs && self.constraint.is_none()
     }
 
     /// Samples the next token from `row` (`history`: the prompt and the
@@ -114,7 +119,14 @@ impl Decoder {
         emit: &mut Emit<'_>,
     ) -> Option<u32> {
         let sampled = match row {
-            Row::Logits(logits) => self.sampler.sample(logits, history),
+            Row::Logits(logits) => {
+                if let Some(constraint) = &mut self.constraint {
+                    if let Err(error) = constraint.apply(logits) {
+                        return self.constraint_failed(&error);
+                    }
+                }
+                self.sampler.sample(logits, history)
+            }
             Row::Best(best) => self.sampler.sample_best(best),
         };
         let id = sampled.token;
@@ -133,6 +145,11 @@ impl Decoder {
             self.reason = FinishReason::Stop;
             return None;
         }
+        if let Some(constraint) = &mut self.constraint {
+            if let Err(error) = constraint.accept(id) {
+                return self.constraint_failed(&error);
+            }
+        }
         self.piece.clear();
         if !tokenizer.is_control(id) {
             self.utf8
@@ -148,11 +165,24 @@ impl Decoder {
             self.reason = FinishReason::Cancelled;
             return None;
         }
+        if self.constraint.as_ref().is_some_and(TokenMask::is_finished) {
+            // Nothing but an end token could follow: end without the step.
+            self.reason = FinishReason::Stop;
+            return None;
+        }
         if self.tokens.len() >= self.max_tokens {
             self.reason = FinishReason::Length;
             return None;
         }
         Some(id)
+    }
+
+    /// A constraint that can go no further (its grammar met a state it
+    /// cannot leave): the sequence ends with what it has.
+    fn constraint_failed(&mut self, error: &tessera_grammar::GrammarError) -> Option<u32> {
+        tracing::warn!(%error, "the constraint ended the sequence");
+        self.reason = FinishReason::Stop;
+        None
     }
 
     fn emit(
