@@ -127,7 +127,7 @@ fn greedy(prompt: &str, max_tokens: u32) -> String {
 
 /// Runs one of the official-client scripts in `tests/api/` against `node`
 /// and returns the JSON it prints.
-fn client_script(script: &str, node: &Node, args: &[&str]) -> Value {
+pub(crate) fn client_script(script: &str, node: &Node, args: &[&str]) -> Value {
     let out = Command::new("python3")
         .arg(format!("{}/tests/api/{script}", env!("CARGO_MANIFEST_DIR")))
         .args(args)

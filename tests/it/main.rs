@@ -16,4 +16,5 @@ mod gguf_repo;
 mod replay_cli;
 mod secure;
 mod speculative;
+mod structured;
 mod support;

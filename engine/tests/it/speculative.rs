@@ -15,7 +15,9 @@ use serde_json::Value;
 use tessera_engine::serve::batch::{Batch, BatchConfig, SeqEvent, SeqId};
 use tessera_engine::serve::executor::Executor;
 use tessera_engine::serve::speculative::{check_draft_vocabulary, DraftSource, Speculation};
-use tessera_engine::serve::{EngineError, GenerateRequest, GenerationOutput, LoadedModel, Prompt};
+use tessera_engine::serve::{
+    EngineError, FinishReason, GenerateRequest, GenerationOutput, LoadedModel, Prompt,
+};
 use tessera_engine::text::chat_template::ChatMessage;
 
 use super::distributed::{on_ranks, Sharding};
@@ -283,4 +285,116 @@ fn drafts_stop_short_of_longropes_switch_and_change_no_token() {
         assert_eq!(spec.tokens, plain.tokens, "prompt {i}, speculating");
         assert!(spec.stats.draft_tokens > 0, "prompt {i} drafted");
     }
+}
+
+/// Constrained requests (each its own schema, regex or grammar), alone and
+/// eight at once, decode the same tokens with prompt lookup as without:
+/// the mask is computed where the token is chosen, so a draft the
+/// constraint forbids is refused like any other wrong guess, and one it
+/// allows is accepted. Every output holds its constraint.
+#[test]
+fn constrained_sequences_draft_under_their_own_constraints() {
+    use tessera_engine::serve::Constraint;
+    let model = model();
+    let record =
+        r#"{"name": "Ada Lovelace", "born": 1815, "fields": ["mathematics", "computing"]}"#;
+    let schema = serde_json::json!({
+        "type": "object", "additionalProperties": false,
+        "required": ["name", "born", "fields"],
+        "properties": {"name": {"type": "string"}, "born": {"type": "integer"},
+                       "fields": {"type": "array", "items": {"type": "string"}, "minItems": 1}}
+    });
+    let constrained = |prompt: Prompt, constraint: Constraint| {
+        let mut request = request(prompt, 60);
+        request.ignore_eos = false;
+        request.constraint = Some(constraint);
+        request
+    };
+    let requests = vec![
+        constrained(
+            chat(&format!("Repeat this JSON exactly:\n{record}")),
+            Constraint::JsonSchema(schema.clone()),
+        ),
+        // The passage's capitals and punctuation are drafted and refused.
+        constrained(
+            chat(&format!("Repeat this text exactly:\n\n{PASSAGE}")),
+            Constraint::Regex("[a-z ]{1,200}".into()),
+        ),
+        constrained(chat("Tell me about Paris as JSON."), Constraint::JsonObject),
+        constrained(
+            chat("Is the sky blue?"),
+            Constraint::Lark(r#"start: ("yes" | "no") ", because " /[a-z ]{1,40}/"#.into()),
+        ),
+        constrained(
+            chat("A date, please."),
+            Constraint::Regex("20[0-9]{2}-[01][0-9]-[0-3][0-9]".into()),
+        ),
+        constrained(
+            chat(&format!("Summarise as JSON: {record}")),
+            Constraint::JsonSchema(schema.clone()),
+        ),
+        constrained(
+            chat("Count to five."),
+            Constraint::Regex("([0-9], ){4}[0-9]".into()),
+        ),
+        constrained(
+            chat("Name a colour."),
+            Constraint::Lark(r#"start: "red" | "green" | "blue""#.into()),
+        ),
+    ];
+    let mut batch = Batch::new(&model, Executor::single(&model.transformer, 2), config());
+    let plain = alone(&mut batch, &requests);
+    batch.set_speculation(ngram(4));
+    let speculative = alone(&mut batch, &requests);
+    batch.clear_cache();
+    let together = run_all(&mut batch, &requests, &[0, 0, 1, 2, 2, 3, 5, 8]);
+    for (i, plain) in plain.iter().enumerate() {
+        assert_eq!(
+            speculative[i].tokens, plain.tokens,
+            "request {i} alone, speculating"
+        );
+        assert_eq!(
+            together[&(i as SeqId)].tokens,
+            plain.tokens,
+            "request {i} among 8"
+        );
+    }
+    let echo: Value = serde_json::from_str(&plain[0].text).expect("JSON");
+    assert_eq!(echo["born"], 1815, "{}", plain[0].text);
+    let stats = &speculative[0].stats;
+    assert!(
+        stats.accepted_draft_tokens > 5,
+        "the record is drafted and accepted: {stats:?}"
+    );
+    let lower = &plain[1].text;
+    assert!(
+        !lower.is_empty() && lower.chars().all(|c| c.is_ascii_lowercase() || c == ' '),
+        "{lower}"
+    );
+    assert!(speculative[1].stats.draft_tokens > speculative[1].stats.accepted_draft_tokens);
+    // Any JSON object: complete unless max_tokens cut it first.
+    let object = &plain[2];
+    if object.finish_reason == FinishReason::Stop {
+        let parsed = serde_json::from_str::<serde_json::Map<String, Value>>(&object.text);
+        assert!(parsed.is_ok(), "{}", object.text);
+    } else {
+        assert!(object.text.starts_with('{'), "{}", object.text);
+    }
+    assert!(
+        plain[3].text.starts_with("yes, because ") || plain[3].text.starts_with("no, because "),
+        "{}",
+        plain[3].text
+    );
+    assert_eq!(plain[4].text.len(), 10, "{}", plain[4].text);
+    assert!(
+        serde_json::from_str::<Value>(&plain[5].text).is_ok(),
+        "{}",
+        plain[5].text
+    );
+    assert_eq!(plain[6].text.len(), 13, "{}", plain[6].text);
+    assert!(
+        ["red", "green", "blue"].contains(&plain[7].text.as_str()),
+        "{}",
+        plain[7].text
+    );
 }

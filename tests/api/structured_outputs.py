@@ -1,0 +1,168 @@
+"""Structured outputs through the official OpenAI client.
+
+Usage: structured_outputs.py BASE_URL MODEL [--only N]
+Asks the model for twenty JSON schemas' worth of answers (nested objects,
+arrays with minItems, enums, anyOf, string patterns, bounded numbers,
+required and optional fields), each through `response_format` with
+`strict`, checks every answer with `jsonschema`, sends eight at once (one
+batch), and uses `client.beta.chat.completions.parse` with a Pydantic
+model. Prints one JSON object for the Rust test to check; exits non-zero on
+the first answer that does not validate.
+"""
+import concurrent.futures
+import json
+import sys
+import time
+from typing import List, Literal, Optional
+
+import jsonschema
+import openai
+import pydantic
+
+base_url, model = sys.argv[1], sys.argv[2]
+only = int(sys.argv[sys.argv.index("--only") + 1]) if "--only" in sys.argv else None
+client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=300)
+
+
+def obj(properties, required=None):
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties) if required is None else required,
+        "additionalProperties": False,
+    }
+
+
+STR = {"type": "string", "maxLength": 40}
+SCHEMAS = [
+    ("A person with a name and an age.", obj({"name": STR, "age": {"type": "integer", "minimum": 0, "maximum": 130}})),
+    ("A city and its country.", obj({"city": STR, "country": STR})),
+    ("Three fruits.", obj({"fruits": {"type": "array", "items": STR, "minItems": 3, "maxItems": 3}})),
+    ("Is water wet?", obj({"answer": {"type": "boolean"}})),
+    ("Pick a primary colour.", obj({"colour": {"enum": ["red", "yellow", "blue"]}})),
+    ("A US phone number.", obj({"phone": {"type": "string", "pattern": "^[0-9]{3}-[0-9]{3}-[0-9]{4}$"}})),
+    ("A temperature in Celsius.", obj({"celsius": {"type": "number", "minimum": -90, "maximum": 60}})),
+    (
+        "A book with a title, an author and optionally a year.",
+        obj({"title": STR, "author": STR, "year": {"type": "integer", "minimum": 1000, "maximum": 2030}}, ["title", "author"]),
+    ),
+    (
+        "A company with its address.",
+        obj({"company": STR, "address": obj({"street": STR, "city": STR, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}})}),
+    ),
+    (
+        "Two people with names and ages.",
+        obj({"people": {"type": "array", "minItems": 2, "maxItems": 4, "items": obj({"name": STR, "age": {"type": "integer", "minimum": 0, "maximum": 130}})}}),
+    ),
+    (
+        "Either a number or a word.",
+        obj({"value": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 1000}, {"type": "string", "maxLength": 20}]}}),
+    ),
+    (
+        "A shape: a circle with a radius or a square with a side.",
+        obj({"shape": {"anyOf": [
+            obj({"kind": {"const": "circle"}, "radius": {"type": "number", "minimum": 0, "maximum": 100}}),
+            obj({"kind": {"const": "square"}, "side": {"type": "number", "minimum": 0, "maximum": 100}}),
+        ]}}),
+    ),
+    ("Rate a movie from 1 to 5 with a comment.", obj({"stars": {"type": "integer", "minimum": 1, "maximum": 5}, "comment": STR})),
+    ("An email address.", obj({"email": {"type": "string", "pattern": "^[a-z]{1,10}@[a-z]{1,10}\\.(com|org)$"}})),
+    ("A list of at least two tags.", obj({"tags": {"type": "array", "items": {"enum": ["news", "sport", "tech", "food"]}, "minItems": 2, "maxItems": 4}})),
+    (
+        "A recipe with ingredients and steps.",
+        obj({"name": STR, "ingredients": {"type": "array", "items": STR, "minItems": 1, "maxItems": 4},
+             "steps": {"type": "array", "items": STR, "minItems": 1, "maxItems": 3}}),
+    ),
+    (
+        "A product with an optional discount.",
+        obj({"product": STR, "price": {"type": "number", "minimum": 0, "maximum": 10000},
+             "discount": {"anyOf": [{"type": "number", "minimum": 0, "maximum": 1}, {"type": "null"}]}}, ["product", "price"]),
+    ),
+    ("A date.", obj({"date": {"type": "string", "pattern": "^20[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9])$"}})),
+    (
+        "A weather report.",
+        obj({"city": STR, "condition": {"enum": ["sunny", "cloudy", "rainy", "snowy"]},
+             "high": {"type": "integer", "minimum": -50, "maximum": 50}, "low": {"type": "integer", "minimum": -50, "maximum": 50}}),
+    ),
+    (
+        "A tree of two levels: a root with children that have names.",
+        obj({"root": obj({"name": STR, "children": {"type": "array", "minItems": 1, "maxItems": 3, "items": obj({"name": STR})}})}),
+    ),
+]
+assert len(SCHEMAS) == 20
+
+
+def ask(index):
+    prompt, schema = SCHEMAS[index]
+    started = time.monotonic()
+    done = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": prompt + " Answer in JSON."}],
+        max_tokens=300,
+        temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": f"s{index}", "strict": True, "schema": schema}},
+    )
+    text = done.choices[0].message.content
+    try:
+        value = json.loads(text)
+        jsonschema.validate(value, schema)
+    except (json.JSONDecodeError, jsonschema.ValidationError) as error:
+        print(f"schema {index} ({prompt}): {type(error).__name__}: {error}\n{text!r}", file=sys.stderr)
+        sys.exit(1)
+    return {
+        "index": index,
+        "finish_reason": done.choices[0].finish_reason,
+        "tokens": done.usage.completion_tokens,
+        "seconds": time.monotonic() - started,
+        "text": text,
+    }
+
+
+indices = range(len(SCHEMAS)) if only is None else range(only)
+out = {"one_at_a_time": [ask(i) for i in indices]}
+
+# Eight at once: the node's batch runs them side by side, each with its own
+# constraint.
+with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+    out["eight_at_once"] = list(pool.map(ask, range(12, 20)))
+
+
+class Step(pydantic.BaseModel):
+    explanation: str = pydantic.Field(max_length=60)
+    output: str = pydantic.Field(max_length=30)
+
+
+class MathAnswer(pydantic.BaseModel):
+    steps: List[Step] = pydantic.Field(min_length=1, max_length=3)
+    final_answer: str = pydantic.Field(max_length=20)
+    confidence: Literal["low", "medium", "high"]
+    note: Optional[str] = None
+
+
+parsed = client.beta.chat.completions.parse(
+    model=model,
+    messages=[{"role": "user", "content": "Solve 8x + 7 = -23 step by step."}],
+    response_format=MathAnswer,
+    max_tokens=400,
+    temperature=0,
+)
+answer = parsed.choices[0].message.parsed
+out["parsed"] = answer.model_dump() if answer is not None else None
+out["parsed_type"] = type(answer).__name__
+
+# What cannot be honoured is a 400 naming the field.
+errors = {}
+for name, fmt in {
+    "unknown_type": {"type": "nonsense"},
+    "bad_schema": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/missing"}}},
+}.items():
+    try:
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4, response_format=fmt
+        )
+        errors[name] = None
+    except openai.BadRequestError as error:
+        errors[name] = {"status": error.status_code, "param": error.body.get("param") if isinstance(error.body, dict) else None}
+out["errors"] = errors
+
+print(json.dumps(out))

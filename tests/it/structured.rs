@@ -1,0 +1,169 @@
+//! Structured outputs and logit bias on a real node: twenty JSON schemas
+//! answered by the default model through the official OpenAI client, each
+//! checked by `jsonschema` (also eight at once in one batch, and through
+//! `beta.chat.completions.parse` with a Pydantic model); a -100 bias makes
+//! a token impossible; a constrained generation on tensor and pipeline
+//! world 2 is one machine's.
+
+use serde_json::Value;
+
+use crate::api::{client_script, http, Node, MODEL};
+use crate::support::{model, tessera};
+
+#[test]
+fn twenty_schemas_are_answered_with_json_that_validates() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let node = Node::start(&root.path().join("n"), &[]);
+    let api = format!("http://{}/v1", node.api);
+    // The script exits non-zero on the first answer that does not validate.
+    let got = client_script("structured_outputs.py", &node, &[&api, MODEL]);
+    let one = got["one_at_a_time"].as_array().expect("answers");
+    assert_eq!(one.len(), 20);
+    let batch = got["eight_at_once"].as_array().expect("answers");
+    assert_eq!(batch.len(), 8);
+    for answer in one.iter().chain(batch) {
+        // Ended because the JSON was complete, not cut by max_tokens.
+        assert_eq!(answer["finish_reason"], "stop", "{answer}");
+    }
+    assert_eq!(got["parsed_type"], "MathAnswer", "{got}");
+    let steps = got["parsed"]["steps"].as_array().expect("steps");
+    assert!((1..=3).contains(&steps.len()), "{got}");
+    let errors = &got["errors"];
+    assert_eq!(errors["unknown_type"]["status"], 400, "{errors}");
+    assert_eq!(errors["unknown_type"]["param"], "response_format.type");
+    assert_eq!(errors["bad_schema"]["status"], 400, "{errors}");
+    assert_eq!(errors["bad_schema"]["param"], "response_format");
+}
+
+/// The ids `tessera generate` picks greedily for `chat`.
+fn greedy_ids(chat: &str, tokens: &str) -> Vec<u64> {
+    let out = tessera(&[
+        "generate",
+        "--model",
+        &model(),
+        "--chat",
+        chat,
+        "--max-tokens",
+        tokens,
+        "--json",
+    ]);
+    assert!(out.status.success());
+    let json: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    json["generated_token_ids"]
+        .as_array()
+        .expect("ids")
+        .iter()
+        .map(|id| id.as_u64().expect("an id"))
+        .collect()
+}
+
+fn chat(node: &Node, body: Value) -> (u16, Value) {
+    let (status, text) = http(
+        &node.api,
+        "POST",
+        "/v1/chat/completions",
+        body.to_string().as_bytes(),
+    );
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}")),
+    )
+}
+
+#[test]
+fn a_bias_of_minus_100_makes_a_token_impossible() {
+    let prompt = "Say hello.";
+    let greedy = greedy_ids(prompt, "8");
+    let root = tempfile::tempdir().expect("temp dir");
+    let node = Node::start(&root.path().join("n"), &[]);
+    let request = |bias: Value| {
+        serde_json::json!({
+            "model": MODEL, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 8, "temperature": 0, "logit_bias": bias,
+            "logprobs": true, "top_logprobs": 5,
+        })
+    };
+    let (status, plain) = chat(&node, request(serde_json::json!({})));
+    assert_eq!(status, 200, "{plain}");
+    let first = &plain["choices"][0]["logprobs"]["content"][0]["token"];
+    // Every token of the greedy answer banned: none of them comes, not even
+    // among the alternatives the logprobs list.
+    let banned: serde_json::Map<String, Value> = greedy
+        .iter()
+        .map(|id| (id.to_string(), Value::from(-100)))
+        .collect();
+    let (status, biased) = chat(&node, request(Value::Object(banned)));
+    assert_eq!(status, 200, "{biased}");
+    let steps = biased["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .expect("logprobs");
+    assert!(!steps.is_empty());
+    assert_ne!(&steps[0]["token"], first, "{biased}");
+    for alternative in steps[0]["top_logprobs"].as_array().expect("top") {
+        assert_ne!(&alternative["token"], first, "{biased}");
+    }
+    // Out of range, not a token id, or beyond the vocabulary: 400s.
+    for bias in [
+        serde_json::json!({"5": -101}),
+        serde_json::json!({"hello": 1}),
+        serde_json::json!({"4000000": 1}),
+    ] {
+        let (status, error) = chat(&node, request(bias.clone()));
+        assert_eq!(status, 400, "{bias}: {error}");
+        assert!(
+            error["error"]["message"]
+                .as_str()
+                .expect("message")
+                .contains("logit_bias"),
+            "{error}"
+        );
+    }
+}
+
+#[test]
+fn a_constrained_generation_on_tensor_and_pipeline_world_2_is_one_machines() {
+    let schema = r#"{"type": "object", "additionalProperties": false,
+        "required": ["city", "tags", "rating"],
+        "properties": {"city": {"type": "string", "maxLength": 30},
+                       "tags": {"type": "array", "items": {"enum": ["old", "big", "green"]}, "minItems": 2, "maxItems": 3},
+                       "rating": {"type": "integer", "minimum": 1, "maximum": 5}}}"#;
+    let run = |extra: &[&str]| {
+        let model = model();
+        let mut args = vec![
+            "generate",
+            "--model",
+            &model,
+            "--chat",
+            "Describe a city.",
+            "--max-tokens",
+            "80",
+            "--json-schema",
+            schema,
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let out = tessera(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let json: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        json["text"].as_str().expect("text").to_string()
+    };
+    let one = run(&[]);
+    let value: Value = serde_json::from_str(&one).unwrap_or_else(|e| panic!("{e}: {one}"));
+    let tags = value["tags"].as_array().expect("tags");
+    assert!((2..=3).contains(&tags.len()), "{one}");
+    assert!(
+        (1..=5).contains(&value["rating"].as_i64().expect("rating")),
+        "{one}"
+    );
+    for sharding in ["tensor", "pipeline"] {
+        assert_eq!(
+            run(&["--world", "2", "--sharding", sharding]),
+            one,
+            "{sharding}"
+        );
+    }
+}
