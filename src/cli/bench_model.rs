@@ -56,6 +56,14 @@ pub struct ModelBenchArgs {
     /// written once as a GGUF in the temp folder).
     #[arg(long)]
     pub speculative: Option<String>,
+    /// With --concurrency: each level also decodes under a JSON Schema, in
+    /// runs alternating with free decoding, and reports the ratio. `bench`
+    /// is the built-in schema (an array of at least 100 records with
+    /// strings, enums, numbers and nested arrays: it never completes within
+    /// the tokens, so both sides decode as many); else inline JSON or a
+    /// file.
+    #[arg(long)]
+    pub json_schema: Option<String>,
     /// Tokens drafted per step at most, with --speculative.
     #[arg(long, default_value_t = tessera_engine::serve::speculative::DEFAULT_DRAFT_TOKENS)]
     pub draft_tokens: usize,
@@ -146,6 +154,9 @@ pub fn run(args: ModelBenchArgs) -> anyhow::Result<()> {
     if args.concurrency.contains(&0) || (!args.concurrency.is_empty() && args.gen_tokens < 2) {
         bail!("--concurrency levels must be at least 1, --gen-tokens at least 2");
     }
+    if args.json_schema.is_some() && args.concurrency.is_empty() {
+        bail!("--json-schema is measured with --concurrency (e.g. --concurrency 1,8)");
+    }
     if !args.dist.is_distributed() {
         let model = args.model.load(args.json)?;
         let threads = args.model.threads();
@@ -218,6 +229,11 @@ fn dispatch<'m>(
         gen_tokens: args.gen_tokens,
         runs: args.runs,
         quiet: args.json,
+        constraint: args
+            .json_schema
+            .as_deref()
+            .map(bench_batch::schema_constraint)
+            .transpose()?,
     };
     let (levels, mut executor) = bench_batch::measure(&bench, model, executor)?;
     let distributed = finish(&mut executor)?;
