@@ -143,6 +143,14 @@ impl MessagesRequest {
                 }),
                 enable_thinking: None,
                 speculative: super::extension::speculative(self.tessera.as_ref()),
+                tool_choice: crate::constraint::one_call(
+                    crate::constraint::anthropic_tool_choice(self.tool_choice.as_ref())?,
+                    self.tool_choice
+                        .as_ref()
+                        .and_then(|c| c.get("disable_parallel_tool_use"))
+                        .and_then(Value::as_bool)
+                        .unwrap_or(false),
+                ),
                 constraint: crate::constraint::with_extension(None, self.tessera.as_ref())?,
             },
             "",

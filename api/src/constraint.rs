@@ -144,6 +144,143 @@ fn unknown_type(format: &Value, param: &str, known: &str) -> ApiError {
     )
 }
 
+/// Which calls the answer must be, from a dialect's `tool_choice`: the
+/// mode's name (`auto`, `none`, `required`, or the dialect's word for it)
+/// and the function it names, if any.
+fn tool_choice(
+    mode: &str,
+    function: Option<&str>,
+    param: &str,
+    modes: &str,
+) -> Result<Option<v1::ToolChoice>, ApiError> {
+    use v1::tool_choice::Kind;
+    let kind = match (mode, function) {
+        ("auto" | "none", _) => return Ok(None),
+        ("required" | "any", _) => Kind::Required(true),
+        ("function" | "tool", Some(name)) if !name.is_empty() => Kind::Function(name.to_string()),
+        ("function" | "tool", _) => {
+            return Err(ApiError::invalid(
+                param,
+                format!("{param} names no function"),
+            ))
+        }
+        (other, _) => {
+            return Err(ApiError::invalid(
+                param,
+                format!("{param} must be {modes}; got {other:?}"),
+            ))
+        }
+    };
+    Ok(Some(v1::ToolChoice {
+        kind: Some(kind),
+        one_call: false,
+    }))
+}
+
+/// OpenAI Chat Completions' `tool_choice`: `"auto"`, `"none"`,
+/// `"required"`, or `{"type": "function", "function": {"name": ...}}`.
+pub(crate) fn openai_tool_choice(
+    choice: Option<&Value>,
+) -> Result<Option<v1::ToolChoice>, ApiError> {
+    const MODES: &str = "\"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}";
+    match choice {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(mode)) if mode != "function" => {
+            tool_choice(mode, None, "tool_choice", MODES)
+        }
+        Some(object @ Value::Object(_)) => {
+            let mode = object
+                .get("type")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let name = object.pointer("/function/name").and_then(Value::as_str);
+            tool_choice(
+                if mode.is_empty() { "?" } else { mode },
+                name,
+                "tool_choice",
+                MODES,
+            )
+        }
+        Some(other) => Err(ApiError::invalid(
+            "tool_choice",
+            format!("tool_choice must be {MODES}; got {other}"),
+        )),
+    }
+}
+
+/// The Responses API's `tool_choice`: as Chat Completions', with the
+/// function's name beside `type`.
+pub(crate) fn responses_tool_choice(
+    choice: Option<&Value>,
+) -> Result<Option<v1::ToolChoice>, ApiError> {
+    const MODES: &str =
+        "\"auto\", \"none\", \"required\" or {\"type\": \"function\", \"name\": ...}";
+    match choice {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(mode)) if mode != "function" => {
+            tool_choice(mode, None, "tool_choice", MODES)
+        }
+        Some(object @ Value::Object(_)) => {
+            let mode = object.get("type").and_then(Value::as_str).unwrap_or("?");
+            tool_choice(
+                mode,
+                object.get("name").and_then(Value::as_str),
+                "tool_choice",
+                MODES,
+            )
+        }
+        Some(other) => Err(ApiError::invalid(
+            "tool_choice",
+            format!("tool_choice must be {MODES}; got {other}"),
+        )),
+    }
+}
+
+/// Anthropic's `tool_choice`: `{"type": "auto" | "any" | "none"}` or
+/// `{"type": "tool", "name": ...}`.
+pub(crate) fn anthropic_tool_choice(
+    choice: Option<&Value>,
+) -> Result<Option<v1::ToolChoice>, ApiError> {
+    const MODES: &str = "{\"type\": \"auto\"}, {\"type\": \"any\"}, {\"type\": \"none\"} or {\"type\": \"tool\", \"name\": ...}";
+    match choice {
+        None | Some(Value::Null) => Ok(None),
+        Some(object @ Value::Object(_)) => {
+            let mode = object.get("type").and_then(Value::as_str).unwrap_or("?");
+            if mode == "function" || mode == "required" {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!("tool_choice must be {MODES}; got {mode:?}"),
+                ));
+            }
+            tool_choice(
+                mode,
+                object.get("name").and_then(Value::as_str),
+                "tool_choice",
+                MODES,
+            )
+        }
+        Some(other) => Err(ApiError::invalid(
+            "tool_choice",
+            format!("tool_choice must be {MODES}; got {other}"),
+        )),
+    }
+}
+
+/// A dialect's tool choice with its limit of one call per answer.
+pub(crate) fn one_call(choice: Option<v1::ToolChoice>, one_call: bool) -> Option<v1::ToolChoice> {
+    match (choice, one_call) {
+        (choice, false) => choice,
+        (Some(choice), true) => Some(v1::ToolChoice {
+            one_call: true,
+            ..choice
+        }),
+        (None, true) => Some(v1::ToolChoice {
+            kind: None,
+            one_call: true,
+        }),
+    }
+}
+
 /// OpenAI's `logit_bias`: token ids (as JSON object keys) to a bias in
 /// [-100, 100] (the range is the engine's check).
 pub(crate) fn logit_bias(
@@ -262,6 +399,54 @@ mod tests {
             kind(with_extension(json, None)),
             Some(Kind::JsonObject(true))
         );
+    }
+
+    #[test]
+    fn tool_choices_of_each_dialect_are_read_and_bogus_ones_refused() {
+        use v1::tool_choice::Kind;
+        let kind =
+            |c: Result<Option<v1::ToolChoice>, ApiError>| c.expect("accepted").and_then(|c| c.kind);
+        assert_eq!(kind(openai_tool_choice(Some(&json!("auto")))), None);
+        assert_eq!(kind(openai_tool_choice(Some(&json!("none")))), None);
+        assert_eq!(
+            kind(openai_tool_choice(Some(&json!("required")))),
+            Some(Kind::Required(true))
+        );
+        let named = json!({"type": "function", "function": {"name": "get_weather"}});
+        assert_eq!(
+            kind(openai_tool_choice(Some(&named))),
+            Some(Kind::Function("get_weather".into()))
+        );
+        for bogus in [
+            json!("bogus"),
+            json!("function"),
+            json!({"type": "function"}),
+            json!(3),
+            json!({"type": "any"}),
+        ] {
+            let error = openai_tool_choice(Some(&bogus)).expect_err("refused");
+            assert_eq!(error.param.as_deref(), Some("tool_choice"), "{bogus}");
+        }
+        let named = json!({"type": "function", "name": "f"});
+        assert_eq!(
+            kind(responses_tool_choice(Some(&named))),
+            Some(Kind::Function("f".into()))
+        );
+        assert_eq!(
+            kind(anthropic_tool_choice(Some(&json!({"type": "any"})))),
+            Some(Kind::Required(true))
+        );
+        let tool = json!({"type": "tool", "name": "f"});
+        assert_eq!(
+            kind(anthropic_tool_choice(Some(&tool))),
+            Some(Kind::Function("f".into()))
+        );
+        assert_eq!(
+            kind(anthropic_tool_choice(Some(&json!({"type": "auto"})))),
+            None
+        );
+        assert!(anthropic_tool_choice(Some(&json!("any"))).is_err());
+        assert!(anthropic_tool_choice(Some(&json!({"type": "bogus"}))).is_err());
     }
 
     #[test]

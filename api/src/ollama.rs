@@ -164,6 +164,7 @@ impl ChatRequest {
                 sampling: Some(sampling(self.options.as_ref(), context)?),
                 enable_thinking: None,
                 speculative: super::extension::speculative(self.tessera.as_ref()),
+                tool_choice: None,
                 constraint: crate::constraint::with_extension(
                     crate::constraint::ollama_format(self.format.as_ref())?,
                     self.tessera.as_ref(),
@@ -209,6 +210,7 @@ impl GenerateRequest {
                 sampling: Some(sampling(self.options.as_ref(), context)?),
                 enable_thinking: None,
                 speculative: super::extension::speculative(self.tessera.as_ref()),
+                tool_choice: None,
                 constraint: crate::constraint::with_extension(
                     crate::constraint::ollama_format(self.format.as_ref())?,
                     self.tessera.as_ref(),

@@ -57,6 +57,8 @@ pub struct ChatRequest {
     #[serde(default)]
     pub response_format: Option<Value>,
     #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
+    #[serde(default)]
     pub logit_bias: Option<serde_json::Map<String, Value>>,
 }
 
@@ -220,6 +222,10 @@ impl ChatRequest {
                 }),
                 enable_thinking: None,
                 speculative: super::extension::speculative(self.tessera.as_ref()),
+                tool_choice: crate::constraint::one_call(
+                    crate::constraint::openai_tool_choice(self.tool_choice.as_ref())?,
+                    self.parallel_tool_calls == Some(false),
+                ),
                 constraint,
             },
             "",

@@ -36,6 +36,8 @@ pub struct ResponsesRequest {
     pub tool_choice: Option<Value>,
     #[serde(default)]
     pub previous_response_id: Option<String>,
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
     /// `{"format": {...}}`: structured output.
     #[serde(default)]
     pub text: Option<Value>,
@@ -133,6 +135,10 @@ impl ResponsesRequest {
                 }),
                 enable_thinking: None,
                 speculative: super::extension::speculative(self.tessera.as_ref()),
+                tool_choice: crate::constraint::one_call(
+                    crate::constraint::responses_tool_choice(self.tool_choice.as_ref())?,
+                    self.parallel_tool_calls == Some(false),
+                ),
                 constraint,
             },
             "",

@@ -32,6 +32,9 @@ pub(crate) fn checked(
         Err(error @ (RequestError::Constraint(_) | RequestError::SchemaNotJson(_))) => {
             Err(ApiError::invalid(constraint_param, error.to_string()))
         }
+        Err(error @ RequestError::Tools(_)) => {
+            Err(ApiError::invalid("tool_choice", error.to_string()))
+        }
         Err(error) => Err(ApiError::bad_request(error.to_string())),
     }
 }

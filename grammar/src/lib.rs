@@ -63,7 +63,10 @@ impl Constraint {
     }
 }
 
-fn with_layout(schema: &Value) -> Value {
+/// `schema` with llguidance's layout options (compact JSON, a space after
+/// `,` and `:`) unless it sets its own `x-guidance`; for schemas embedded
+/// in a Lark grammar with `%json`.
+pub fn with_layout(schema: &Value) -> Value {
     let mut schema = schema.clone();
     if let Some(object) = schema.as_object_mut() {
         object.entry("x-guidance").or_insert_with(|| {

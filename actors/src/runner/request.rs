@@ -3,8 +3,9 @@
 //! the same parameters from its flags).
 
 use tessera_engine::serve::sampler::SamplingParams;
-use tessera_engine::serve::{Constraint, GenerateRequest, Prompt};
+use tessera_engine::serve::{Constraint, GenerateRequest, Prompt, ToolChoice};
 use tessera_engine::text::chat_template::ChatMessage;
+use tessera_engine::text::tools::{self, ToolError};
 use tessera_protos::v1;
 
 /// Tokens generated when a request names no limit.
@@ -28,6 +29,8 @@ pub enum RequestError {
     SchemaNotJson(serde_json::Error),
     #[error(transparent)]
     Constraint(#[from] tessera_grammar::GrammarError),
+    #[error(transparent)]
+    Tools(#[from] ToolError),
 }
 
 pub fn request_from(params: &v1::TextGenerationParams) -> Result<GenerateRequest, RequestError> {
@@ -36,7 +39,41 @@ pub fn request_from(params: &v1::TextGenerationParams) -> Result<GenerateRequest
     // A request drafts unless it opted out (`tessera.speculative: false`).
     request.speculative = params.speculative.unwrap_or(true);
     request.constraint = constraint_from(params.constraint.as_ref())?;
+    request.tool_choice = tool_choice_from(params.tool_choice.as_ref(), &request.prompt)?;
+    request.parallel_tool_calls = !params.tool_choice.as_ref().is_some_and(|c| c.one_call);
     Ok(request)
+}
+
+/// The wire's tool choice, checked against the tools: a forced call needs
+/// tools, and a named function must be one of them.
+fn tool_choice_from(
+    choice: Option<&v1::ToolChoice>,
+    prompt: &Prompt,
+) -> Result<ToolChoice, RequestError> {
+    use v1::tool_choice::Kind;
+    let choice = match choice.and_then(|c| c.kind.as_ref()) {
+        None | Some(Kind::Required(false)) => return Ok(ToolChoice::Auto),
+        Some(Kind::Required(true)) => ToolChoice::Required,
+        Some(Kind::Function(name)) => ToolChoice::Function(name.clone()),
+    };
+    let tools = match prompt {
+        Prompt::Chat {
+            tools: Some(tools), ..
+        } => tools,
+        _ => return Err(ToolError::NoTools { choice: "required" }.into()),
+    };
+    let functions = tools::functions(tools)?;
+    if let ToolChoice::Function(name) = &choice {
+        if !functions.iter().any(|f| &f.name == name) {
+            let known: Vec<&str> = functions.iter().map(|f| f.name.as_str()).collect();
+            return Err(ToolError::UnknownFunction {
+                name: name.clone(),
+                known: known.join(", "),
+            }
+            .into());
+        }
+    }
+    Ok(choice)
 }
 
 /// The wire's constraint, checked to compile (against a byte-level

@@ -367,8 +367,8 @@ impl<'m> Batch<'m> {
                 capacity,
             });
         }
-        let constraint = match &request.constraint {
-            Some(constraint) => Some(self.model.constrain(constraint)?),
+        let constraint = match self.model.request_constraint(&request)? {
+            Some(constraint) => Some(self.model.constrain(&constraint)?),
             None => None,
         };
         self.waiting.push_back(Waiting {

@@ -1,7 +1,7 @@
 //! A model loaded from a GGUF file or a Hugging Face folder: weights,
 //! tokenizer, chat template, tool-call syntax.
 
-use super::request::{EngineError, Prompt};
+use super::request::{Constraint, EngineError, GenerateRequest, Prompt, ToolChoice};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
@@ -11,9 +11,10 @@ use crate::dist::shard::ShardSpec;
 use crate::formats::gguf::GgufFile;
 use crate::formats::hf_source::HfSource;
 use crate::model::Transformer;
-use crate::text::chat_template::{ChatTemplate, CHATML_TEMPLATE};
+use crate::text::chat_template::{ChatMessage, ChatTemplate, CHATML_TEMPLATE};
 use crate::text::output_parser::OutputFormat;
 use crate::text::tokenizer::Tokenizer;
+use crate::text::tools;
 
 /// A model loaded for single-machine generation.
 pub struct LoadedModel {
@@ -22,6 +23,9 @@ pub struct LoadedModel {
     pub template: ChatTemplate,
     pub output_format: OutputFormat,
     pub path: PathBuf,
+    /// Whether the chat template writes the tools it is given; when not,
+    /// they go in a system instruction ([`crate::text::tools::instruction`]).
+    pub renders_tools: bool,
     /// The grammar compiler over this vocabulary, built on the first
     /// constrained request.
     grammars: OnceLock<Result<Arc<Grammars>, String>>,
@@ -84,14 +88,54 @@ impl LoadedModel {
         let template = ChatTemplate::new(source, &bos, &eos)
             .map_err(|e| EngineError::Template(e.to_string()))?;
         let output_format = output_format_for(&tokenizer);
+        let renders_tools = template_renders_tools(&template);
         Ok(Self {
             transformer,
             tokenizer,
             template,
             output_format,
             path: path.to_path_buf(),
+            renders_tools,
             grammars: OnceLock::new(),
         })
+    }
+
+    /// What constrains `request`'s output: its own constraint, or the
+    /// grammar of its tools' `tool_choice` (with its constraint as the
+    /// answer that is not a call, under `auto`).
+    pub fn request_constraint(
+        &self,
+        request: &GenerateRequest,
+    ) -> Result<Option<Constraint>, EngineError> {
+        let tools = match &request.prompt {
+            Prompt::Chat {
+                tools: Some(tools), ..
+            } => tools,
+            _ => return Ok(request.constraint.clone()),
+        };
+        let functions = tools::functions(tools)?;
+        let choice = &request.tool_choice;
+        let answer = match &request.constraint {
+            None => tools::Answer::Free,
+            Some(Constraint::JsonSchema(schema)) => tools::Answer::Json(schema.clone()),
+            Some(Constraint::JsonObject) => {
+                tools::Answer::Json(serde_json::json!({"type": "object"}))
+            }
+            Some(Constraint::Regex(regex)) => tools::Answer::Regex(regex.clone()),
+            Some(Constraint::Lark(_)) => {
+                return Err(EngineError::ToolsWithGrammar(match choice {
+                    ToolChoice::Auto => "auto",
+                    _ => "required",
+                }))
+            }
+        };
+        let syntax = &self.output_format.tool_call;
+        let calls = tools::Calls {
+            choice,
+            parallel: request.parallel_tool_calls,
+        };
+        let lark = tools::grammar(&functions, &calls, syntax, &answer, &self.tokenizer)?;
+        Ok(Some(Constraint::Lark(lark)))
     }
 
     /// `constraint` compiled for one sequence of this model.
@@ -131,10 +175,19 @@ impl LoadedModel {
                 if messages.is_empty() {
                     return Err(EngineError::EmptyPrompt);
                 }
-                let text = self
-                    .template
-                    .render(messages, tools.as_ref(), true, None)
-                    .map_err(|e| EngineError::Template(e.to_string()))?;
+                let text = match tools {
+                    Some(tools) if !self.renders_tools => {
+                        let instruction = tools::instruction(tools, &self.output_format.tool_call);
+                        self.template.render(
+                            &with_instruction(messages, &instruction),
+                            None,
+                            true,
+                            None,
+                        )
+                    }
+                    _ => self.template.render(messages, tools.as_ref(), true, None),
+                }
+                .map_err(|e| EngineError::Template(e.to_string()))?;
                 self.encode_rendered(&text)?
             }
         };
@@ -161,6 +214,37 @@ impl LoadedModel {
             path: self.path.display().to_string(),
             source,
         }
+    }
+}
+
+/// `messages` with `instruction` at the end of the system message (one is
+/// put first when there is none).
+fn with_instruction(messages: &[ChatMessage], instruction: &str) -> Vec<ChatMessage> {
+    let mut out = messages.to_vec();
+    match out.first_mut() {
+        Some(first) if first.role == "system" => {
+            first.content = format!("{}\n\n{instruction}", first.content);
+        }
+        _ => out.insert(0, ChatMessage::new("system", instruction)),
+    }
+    out
+}
+
+/// Whether `template` writes a tool it is given (rendered once, at load,
+/// with a probe tool).
+fn template_renders_tools(template: &ChatTemplate) -> bool {
+    const PROBE: &str = "tessera_probe_function";
+    let tools = serde_json::json!([{"type": "function", "function": {
+        "name": PROBE, "description": "probe", "parameters": {"type": "object", "properties": {}}}}]);
+    let messages = [ChatMessage::new("user", "hi")];
+    template
+        .render(&messages, Some(&tools), true, None)
+        .is_ok_and(|text| text.contains(PROBE))
+}
+
+impl tools::TagTokens for Tokenizer {
+    fn control_id(&self, tag: &str) -> Option<u32> {
+        self.token_id(tag).filter(|&id| self.is_control(id))
     }
 }
 

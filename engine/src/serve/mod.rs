@@ -23,6 +23,6 @@ pub mod speculative;
 pub use loaded::{load_transformer, model_config, LoadedModel};
 pub use request::{
     Constraint, EngineError, FinishReason, GenerateRequest, GenerationEvent, GenerationOutput,
-    GenerationStats, Prompt, TokenLogprob, DEFAULT_PREFILL_CHUNK,
+    GenerationStats, Prompt, TokenLogprob, ToolChoice, DEFAULT_PREFILL_CHUNK,
 };
 pub use session::Session;

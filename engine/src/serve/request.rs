@@ -10,6 +10,7 @@ use crate::serve::sampler::{SamplingError, SamplingParams};
 use crate::text::chat_template::ChatMessage;
 use crate::text::output_parser::ParsedChunk;
 use crate::text::tokenizer::TokenizerError;
+pub use crate::text::tools::ToolChoice;
 pub use tessera_grammar::Constraint;
 
 /// Everything that can go wrong in loading or generating.
@@ -54,6 +55,10 @@ pub enum EngineError {
     DraftVocabulary { draft: String, detail: String },
     #[error(transparent)]
     Grammar(#[from] tessera_grammar::GrammarError),
+    #[error(transparent)]
+    Tools(#[from] crate::text::tools::ToolError),
+    #[error("tools under tool_choice {0} cannot be combined with a grammar constraint; use a JSON schema or a regex, or tool_choice none")]
+    ToolsWithGrammar(&'static str),
 }
 
 impl EngineError {
@@ -69,6 +74,8 @@ impl EngineError {
                 | Self::ZeroMaxTokens
                 | Self::Sampling(_)
                 | Self::Grammar(tessera_grammar::GrammarError::Compile { .. })
+                | Self::Tools(_)
+                | Self::ToolsWithGrammar(_)
         )
     }
 }
@@ -121,6 +128,11 @@ pub struct GenerateRequest {
     /// step's tokens are masked to those that keep it so, and the sequence
     /// ends when the constraint is complete.
     pub constraint: Option<Constraint>,
+    /// With tools in the prompt: whether the model must call one
+    /// (enforced by a grammar, see [`crate::text::tools`]).
+    pub tool_choice: ToolChoice,
+    /// Several tool calls in one answer (else at most one).
+    pub parallel_tool_calls: bool,
 }
 
 /// Prompt tokens per forward pass unless a request says otherwise. The
@@ -144,6 +156,8 @@ impl GenerateRequest {
             logprobs: false,
             speculative: true,
             constraint: None,
+            tool_choice: ToolChoice::Auto,
+            parallel_tool_calls: true,
         }
     }
 }

@@ -596,7 +596,8 @@ mod tests {
     #[test]
     fn a_bias_of_minus_100_bans_a_token_and_others_shift_it() {
         let row = logits(1000, 3);
-        let best = argmax(&row);
+        let (best, _) = argmax(&row);
+        let best = best as usize;
         let banned = SamplingParams {
             logit_bias: vec![(best as u32, -100.0)],
             ..params(0.0)
