@@ -16,3 +16,4 @@ mod sentencepiece;
 mod speculative;
 mod tensor_exact;
 mod tensor_parallel;
+mod tools;
