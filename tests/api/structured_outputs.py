@@ -6,7 +6,8 @@ arrays with minItems, enums, anyOf, string patterns, bounded numbers,
 required and optional fields), each through `response_format` with
 `strict`, checks every answer with `jsonschema`, sends eight at once (one
 batch), and uses `client.beta.chat.completions.parse` with a Pydantic
-model. Prints one JSON object for the Rust test to check; exits non-zero on
+model; forces tool calls through the OpenAI and Anthropic clients and
+checks their arguments. Prints one JSON object for the Rust test to check; exits non-zero on
 the first answer that does not validate.
 """
 import concurrent.futures
@@ -150,6 +151,45 @@ answer = parsed.choices[0].message.parsed
 out["parsed"] = answer.model_dump() if answer is not None else None
 out["parsed_type"] = type(answer).__name__
 
+# Forced tool calls: the arguments hold the function's schema.
+WEATHER = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["city", "unit"],
+    "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+}
+tools = [{"type": "function", "function": {"name": "get_weather", "description": "The weather of a city", "parameters": WEATHER}}]
+forced = client.chat.completions.create(
+    model=model,
+    messages=[{"role": "user", "content": "What is the weather in Oslo?"}],
+    tools=tools,
+    tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    parallel_tool_calls=False,
+    max_tokens=120,
+    temperature=0,
+)
+calls = forced.choices[0].message.tool_calls or []
+for call in calls:
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+out["forced_calls"] = [call.function.name for call in calls]
+out["forced_finish_reason"] = forced.choices[0].finish_reason
+
+import anthropic
+
+claude = anthropic.Anthropic(base_url=base_url.removesuffix("/v1"), api_key="unused", max_retries=0, timeout=300)
+message = claude.messages.create(
+    model=model,
+    max_tokens=120,
+    messages=[{"role": "user", "content": "Weather in Rome?"}],
+    tools=[{"name": "get_weather", "description": "The weather of a city", "input_schema": WEATHER}],
+    tool_choice={"type": "any", "disable_parallel_tool_use": True},
+)
+uses = [block for block in message.content if block.type == "tool_use"]
+for use in uses:
+    jsonschema.validate(use.input, WEATHER)
+out["anthropic_calls"] = [use.name for use in uses]
+out["anthropic_stop_reason"] = message.stop_reason
+
 # What cannot be honoured is a 400 naming the field.
 errors = {}
 for name, fmt in {
@@ -159,6 +199,14 @@ for name, fmt in {
     try:
         client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4, response_format=fmt
+        )
+        errors[name] = None
+    except openai.BadRequestError as error:
+        errors[name] = {"status": error.status_code, "param": error.body.get("param") if isinstance(error.body, dict) else None}
+for name, choice in {"bogus_tool_choice": "bogus", "unknown_function": {"type": "function", "function": {"name": "nope"}}}.items():
+    try:
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4, tools=tools, tool_choice=choice
         )
         errors[name] = None
     except openai.BadRequestError as error:

@@ -1,7 +1,8 @@
 //! Structured outputs and logit bias on a real node: twenty JSON schemas
 //! answered by the default model through the official OpenAI client, each
 //! checked by `jsonschema` (also eight at once in one batch, and through
-//! `beta.chat.completions.parse` with a Pydantic model); a -100 bias makes
+//! `beta.chat.completions.parse` with a Pydantic model); forced tool calls
+//! through the OpenAI and Anthropic clients; a -100 bias makes
 //! a token impossible; a constrained generation on tensor and pipeline
 //! world 2 is one machine's.
 
@@ -28,7 +29,15 @@ fn twenty_schemas_are_answered_with_json_that_validates() {
     assert_eq!(got["parsed_type"], "MathAnswer", "{got}");
     let steps = got["parsed"]["steps"].as_array().expect("steps");
     assert!((1..=3).contains(&steps.len()), "{got}");
+    assert_eq!(got["forced_calls"], serde_json::json!(["get_weather"]), "{got}");
+    assert_eq!(got["forced_finish_reason"], "tool_calls");
+    assert_eq!(got["anthropic_calls"], serde_json::json!(["get_weather"]), "{got}");
+    assert_eq!(got["anthropic_stop_reason"], "tool_use");
     let errors = &got["errors"];
+    for refused in ["bogus_tool_choice", "unknown_function"] {
+        assert_eq!(errors[refused]["status"], 400, "{errors}");
+        assert_eq!(errors[refused]["param"], "tool_choice", "{errors}");
+    }
     assert_eq!(errors["unknown_type"]["status"], 400, "{errors}");
     assert_eq!(errors["unknown_type"]["param"], "response_format.type");
     assert_eq!(errors["bad_schema"]["status"], 400, "{errors}");
