@@ -139,6 +139,8 @@ impl MessagesRequest {
                     top_k: self.top_k,
                     max_tokens: Some(self.max_tokens),
                     stop,
+                    // Anthropic documents 1.0, as OpenAI does.
+                    default_temperature: Some(super::openai::OPENAI_TEMPERATURE),
                     ..Default::default()
                 }),
                 enable_thinking: None,

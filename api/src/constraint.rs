@@ -145,37 +145,45 @@ fn unknown_type(format: &Value, param: &str, known: &str) -> ApiError {
 }
 
 /// Which calls the answer must be, from a dialect's `tool_choice`: the
-/// mode's name (`auto`, `none`, `required`, or the dialect's word for it)
-/// and the function it names, if any.
+/// mode's name and the function it names, if any. `words` are the
+/// dialect's names for "at least one call" and "this function" (OpenAI's
+/// `required` and `function`, Anthropic's `any` and `tool`).
 fn tool_choice(
     mode: &str,
     function: Option<&str>,
-    param: &str,
+    words: (&str, &str),
     modes: &str,
 ) -> Result<Option<v1::ToolChoice>, ApiError> {
     use v1::tool_choice::Kind;
-    let kind = match (mode, function) {
-        ("auto" | "none", _) => return Ok(None),
-        ("required" | "any", _) => Kind::Required(true),
-        ("function" | "tool", Some(name)) if !name.is_empty() => Kind::Function(name.to_string()),
-        ("function" | "tool", _) => {
-            return Err(ApiError::invalid(
-                param,
-                format!("{param} names no function"),
-            ))
+    let (required, named) = words;
+    let kind = if mode == "auto" || mode == "none" {
+        return Ok(None);
+    } else if mode == required {
+        Kind::Required(true)
+    } else if mode == named {
+        match function.filter(|name| !name.is_empty()) {
+            Some(name) => Kind::Function(name.to_string()),
+            None => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    "tool_choice names no function",
+                ))
+            }
         }
-        (other, _) => {
-            return Err(ApiError::invalid(
-                param,
-                format!("{param} must be {modes}; got {other:?}"),
-            ))
-        }
+    } else {
+        return Err(ApiError::invalid(
+            "tool_choice",
+            format!("tool_choice must be {modes}; got {mode:?}"),
+        ));
     };
     Ok(Some(v1::ToolChoice {
         kind: Some(kind),
         one_call: false,
     }))
 }
+
+/// OpenAI's words for a required call and a named function.
+const OPENAI_WORDS: (&str, &str) = ("required", "function");
 
 /// OpenAI Chat Completions' `tool_choice`: `"auto"`, `"none"`,
 /// `"required"`, or `{"type": "function", "function": {"name": ...}}`.
@@ -186,7 +194,7 @@ pub(crate) fn openai_tool_choice(
     match choice {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(mode)) if mode != "function" => {
-            tool_choice(mode, None, "tool_choice", MODES)
+            tool_choice(mode, None, OPENAI_WORDS, MODES)
         }
         Some(object @ Value::Object(_)) => {
             let mode = object
@@ -197,7 +205,7 @@ pub(crate) fn openai_tool_choice(
             tool_choice(
                 if mode.is_empty() { "?" } else { mode },
                 name,
-                "tool_choice",
+                OPENAI_WORDS,
                 MODES,
             )
         }
@@ -218,14 +226,14 @@ pub(crate) fn responses_tool_choice(
     match choice {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(mode)) if mode != "function" => {
-            tool_choice(mode, None, "tool_choice", MODES)
+            tool_choice(mode, None, OPENAI_WORDS, MODES)
         }
         Some(object @ Value::Object(_)) => {
             let mode = object.get("type").and_then(Value::as_str).unwrap_or("?");
             tool_choice(
                 mode,
                 object.get("name").and_then(Value::as_str),
-                "tool_choice",
+                OPENAI_WORDS,
                 MODES,
             )
         }
@@ -246,16 +254,10 @@ pub(crate) fn anthropic_tool_choice(
         None | Some(Value::Null) => Ok(None),
         Some(object @ Value::Object(_)) => {
             let mode = object.get("type").and_then(Value::as_str).unwrap_or("?");
-            if mode == "function" || mode == "required" {
-                return Err(ApiError::invalid(
-                    "tool_choice",
-                    format!("tool_choice must be {MODES}; got {mode:?}"),
-                ));
-            }
             tool_choice(
                 mode,
                 object.get("name").and_then(Value::as_str),
-                "tool_choice",
+                ("any", "tool"),
                 MODES,
             )
         }

@@ -33,6 +33,90 @@ pub struct Options {
     pub presence_penalty: Option<f32>,
     #[serde(default)]
     pub frequency_penalty: Option<f32>,
+    #[serde(default)]
+    pub repeat_last_n: Option<i64>,
+    /// Every other option, each mapped, refused or named not applicable by
+    /// [`check_other_options`].
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, Value>,
+}
+
+/// Ollama's default temperature, for a request that sets none on a model
+/// that recommends none.
+pub const OLLAMA_TEMPERATURE: f32 = 0.8;
+
+/// Options about how Ollama runs a model on one machine (threads, GPU
+/// layers, memory mapping, its context window and prompt batch), which a
+/// cluster decides for itself: accepted, and without effect (the README's
+/// endpoint table says so). tessera pages the KV cache and takes the
+/// model's whole context; a prompt beyond it is refused, never shifted.
+const NOT_APPLICABLE: [&str; 12] = [
+    "num_ctx",
+    "num_batch",
+    "num_gpu",
+    "main_gpu",
+    "num_thread",
+    "numa",
+    "use_mmap",
+    "use_mlock",
+    "low_vram",
+    "f16_kv",
+    "vocab_only",
+    "num_keep",
+];
+
+/// Sampling options tessera does not implement, with the value at which
+/// each is off (which is accepted).
+const REFUSED_UNLESS_OFF: [(&str, f64); 5] = [
+    ("typical_p", 1.0),
+    ("tfs_z", 1.0),
+    ("mirostat", 0.0),
+    ("mirostat_tau", f64::NAN),
+    ("mirostat_eta", f64::NAN),
+];
+
+/// The options not in [`Options`]' fields: those that change nothing here
+/// pass, samplers tessera lacks are refused unless off, and unknown names
+/// are refused.
+fn check_other_options(other: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
+    let mirostat_on = other
+        .get("mirostat")
+        .and_then(Value::as_f64)
+        .is_some_and(|m| m != 0.0);
+    for (name, value) in other {
+        let param = format!("options.{name}");
+        if NOT_APPLICABLE.contains(&name.as_str()) || value.is_null() {
+            continue;
+        }
+        if name == "penalize_newline" {
+            if value.as_bool() == Some(true) {
+                return Err(ApiError::invalid(
+                    &param,
+                    "penalize_newline is not supported (set it false or leave it out)",
+                ));
+            }
+            continue;
+        }
+        let Some(&(_, off)) = REFUSED_UNLESS_OFF.iter().find(|(n, _)| n == name) else {
+            return Err(ApiError::invalid(
+                &param,
+                format!("unknown option {name:?}"),
+            ));
+        };
+        // Mirostat's tau and eta only matter while it is on.
+        let is_off = if off.is_nan() {
+            !mirostat_on
+        } else {
+            value.as_f64() == Some(off)
+        };
+        if !is_off {
+            return Err(ApiError::invalid(
+                &param,
+                format!("{name} is not supported; leave it out (or at its neutral value)"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[derive(Debug, Deserialize)]
@@ -86,6 +170,23 @@ pub struct GenerateRequest {
 fn sampling(options: Option<&Options>, context: u32) -> Result<v1::SamplingParams, ApiError> {
     let default = Options::default();
     let o = options.unwrap_or(&default);
+    check_other_options(&o.other)?;
+    // Ollama: -1 makes the penalty window the whole context; 0 looks at no
+    // token, which turns the penalties off.
+    let penalties_off = o.repeat_last_n == Some(0);
+    let penalty_window = match o.repeat_last_n {
+        None => None,
+        Some(-1) => Some(0),
+        Some(n) if n < 0 => {
+            return Err(ApiError::invalid(
+                "options.repeat_last_n",
+                format!("repeat_last_n must be -1 or at least 0, got {n}"),
+            ))
+        }
+        Some(0) => None,
+        Some(n) => Some(u32::try_from(n).unwrap_or(u32::MAX)),
+    };
+    let penalty = |value: Option<f32>, off: f32| if penalties_off { Some(off) } else { value };
     // Ollama: -1 is "until the end", -2 "fill the context".
     let max_tokens = match o.num_predict {
         None => None,
@@ -107,12 +208,14 @@ fn sampling(options: Option<&Options>, context: u32) -> Result<v1::SamplingParam
         top_p: o.top_p,
         top_k: o.top_k,
         min_p: o.min_p,
-        repetition_penalty: o.repeat_penalty,
-        presence_penalty: o.presence_penalty,
-        frequency_penalty: o.frequency_penalty,
+        repetition_penalty: penalty(o.repeat_penalty, 1.0),
+        presence_penalty: penalty(o.presence_penalty, 0.0),
+        frequency_penalty: penalty(o.frequency_penalty, 0.0),
         seed: o.seed,
         max_tokens,
         stop: o.stop.clone().unwrap_or_default(),
+        default_temperature: Some(OLLAMA_TEMPERATURE),
+        penalty_window,
         ..Default::default()
     })
 }
@@ -391,6 +494,77 @@ mod tests {
         }))?;
         assert_eq!(chat.to_params(100)?.speculative, Some(true));
         Ok(())
+    }
+
+    fn options(options: Value) -> Result<v1::SamplingParams, ApiError> {
+        let chat: ChatRequest = serde_json::from_value(json!({
+            "model": "m", "messages": [{"role": "user", "content": "hi"}], "options": options
+        }))
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        chat.to_params(1000)?
+            .sampling
+            .ok_or_else(|| ApiError::bad_request("no sampling"))
+    }
+
+    #[test]
+    fn every_option_is_mapped_refused_or_not_applicable_by_name() {
+        let mapped = options(
+            json!({"seed": 3, "top_k": 5, "min_p": 0.1, "repeat_last_n": 32,
+                                    "presence_penalty": 0.5, "frequency_penalty": 0.2}),
+        )
+        .expect("accepted");
+        assert_eq!(
+            (mapped.seed, mapped.top_k, mapped.penalty_window),
+            (Some(3), Some(5), Some(32))
+        );
+        assert_eq!(mapped.default_temperature, Some(OLLAMA_TEMPERATURE));
+        assert_eq!(
+            options(json!({"repeat_last_n": -1}))
+                .expect("accepted")
+                .penalty_window,
+            Some(0)
+        );
+        let off = options(json!({"repeat_last_n": 0, "repeat_penalty": 1.3})).expect("accepted");
+        assert_eq!(
+            off.repetition_penalty,
+            Some(1.0),
+            "a window of no tokens penalises none"
+        );
+        // What a cluster decides for itself changes nothing, and passes.
+        let machine = json!({"num_ctx": 4096, "num_gpu": 99, "num_thread": 8, "use_mmap": true,
+                             "num_batch": 512, "main_gpu": 0, "num_keep": 4});
+        assert!(options(machine).is_ok());
+        // Samplers tessera lacks: refused unless off.
+        assert!(options(
+            json!({"mirostat": 0, "mirostat_tau": 5.0, "typical_p": 1.0, "tfs_z": 1.0})
+        )
+        .is_ok());
+        for (refused, param) in [
+            (json!({"mirostat": 2}), "options.mirostat"),
+            (
+                json!({"mirostat": 1, "mirostat_eta": 0.1}),
+                "options.mirostat",
+            ),
+            (json!({"typical_p": 0.9}), "options.typical_p"),
+            (
+                json!({"penalize_newline": true}),
+                "options.penalize_newline",
+            ),
+            (json!({"num_predcit": 5}), "options.num_predcit"),
+            (json!({"repeat_last_n": -5}), "options.repeat_last_n"),
+        ] {
+            let error = options(refused.clone()).expect_err("refused");
+            assert!(
+                error
+                    .param
+                    .as_deref()
+                    .is_some_and(|p| p.starts_with("options.")),
+                "{refused}"
+            );
+            if refused.as_object().is_some_and(|o| o.len() == 1) {
+                assert_eq!(error.param.as_deref(), Some(param), "{refused}");
+            }
+        }
     }
 
     #[test]

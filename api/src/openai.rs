@@ -124,6 +124,10 @@ pub struct InFunction {
     pub arguments: Value,
 }
 
+/// OpenAI's documented temperature, for a request that sets none on a
+/// model that recommends none (Anthropic's is the same).
+pub const OPENAI_TEMPERATURE: f32 = 1.0;
+
 /// Stop strings a request may give.
 const MAX_STOPS: usize = 16;
 
@@ -219,6 +223,8 @@ impl ChatRequest {
                         0
                     },
                     logit_bias,
+                    default_temperature: Some(OPENAI_TEMPERATURE),
+                    penalty_window: None,
                 }),
                 enable_thinking: None,
                 speculative: super::extension::speculative(self.tessera.as_ref()),

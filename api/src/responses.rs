@@ -131,6 +131,7 @@ impl ResponsesRequest {
                     temperature: self.temperature,
                     top_p: self.top_p,
                     max_tokens: self.max_output_tokens,
+                    default_temperature: Some(super::openai::OPENAI_TEMPERATURE),
                     ..Default::default()
                 }),
                 enable_thinking: None,

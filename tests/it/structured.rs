@@ -29,9 +29,17 @@ fn twenty_schemas_are_answered_with_json_that_validates() {
     assert_eq!(got["parsed_type"], "MathAnswer", "{got}");
     let steps = got["parsed"]["steps"].as_array().expect("steps");
     assert!((1..=3).contains(&steps.len()), "{got}");
-    assert_eq!(got["forced_calls"], serde_json::json!(["get_weather"]), "{got}");
+    assert_eq!(
+        got["forced_calls"],
+        serde_json::json!(["get_weather"]),
+        "{got}"
+    );
     assert_eq!(got["forced_finish_reason"], "tool_calls");
-    assert_eq!(got["anthropic_calls"], serde_json::json!(["get_weather"]), "{got}");
+    assert_eq!(
+        got["anthropic_calls"],
+        serde_json::json!(["get_weather"]),
+        "{got}"
+    );
     assert_eq!(got["anthropic_stop_reason"], "tool_use");
     let errors = &got["errors"];
     for refused in ["bogus_tool_choice", "unknown_function"] {
@@ -175,4 +183,53 @@ fn a_constrained_generation_on_tensor_and_pipeline_world_2_is_one_machines() {
             "{sharding}"
         );
     }
+}
+
+/// A request that sets no temperature samples at its dialect's documented
+/// default (OpenAI 1.0, Ollama 0.8; the default model's files recommend
+/// none): seeded, it is the same as asking for that temperature, and not
+/// greedy.
+#[test]
+fn an_unset_temperature_is_the_dialects_default() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let node = Node::start(&root.path().join("n"), &[]);
+    let prompt = "Write a sentence about the sea.";
+    let openai = |temperature: Option<f64>| {
+        let mut body = serde_json::json!({
+            "model": MODEL, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 24, "seed": 11,
+        });
+        if let Some(t) = temperature {
+            body["temperature"] = t.into();
+        }
+        let (status, answer) = chat(&node, body);
+        assert_eq!(status, 200, "{answer}");
+        answer["choices"][0]["message"]["content"]
+            .as_str()
+            .expect("text")
+            .to_string()
+    };
+    let unset = openai(None);
+    assert_eq!(unset, openai(Some(1.0)));
+    assert_ne!(unset, openai(Some(0.0)));
+    let ollama = |temperature: Option<f64>| {
+        let mut options = serde_json::json!({"num_predict": 24, "seed": 11});
+        if let Some(t) = temperature {
+            options["temperature"] = t.into();
+        }
+        let body = serde_json::json!({
+            "model": MODEL, "stream": false, "options": options,
+            "messages": [{"role": "user", "content": prompt}],
+        });
+        let (status, text) = http(&node.api, "POST", "/api/chat", body.to_string().as_bytes());
+        assert_eq!(status, 200, "{text}");
+        let answer: Value = serde_json::from_str(&text).expect("JSON");
+        answer["message"]["content"]
+            .as_str()
+            .expect("text")
+            .to_string()
+    };
+    let unset = ollama(None);
+    assert_eq!(unset, ollama(Some(0.8)));
+    assert_ne!(unset, ollama(Some(0.0)));
 }

@@ -2,7 +2,7 @@
 //! `GenerateRequest` (the runner's, and `tessera generate`'s, which builds
 //! the same parameters from its flags).
 
-use tessera_engine::serve::sampler::SamplingParams;
+use tessera_engine::serve::sampler::{LeftToModel, SamplingParams};
 use tessera_engine::serve::{Constraint, GenerateRequest, Prompt, ToolChoice};
 use tessera_engine::text::chat_template::ChatMessage;
 use tessera_engine::text::tools::{self, ToolError};
@@ -108,6 +108,14 @@ pub fn request_for(
     request.stop_token_ids = sampling.stop_token_ids.clone();
     request.logprobs = sampling.logprobs;
     request.sampling = sampling_from(sampling);
+    request.left_to_model = LeftToModel {
+        temperature: sampling.temperature.is_none(),
+        top_p: sampling.top_p.is_none(),
+        top_k: sampling.top_k.is_none(),
+        min_p: sampling.min_p.is_none(),
+        repetition_penalty: sampling.repetition_penalty.is_none(),
+        dialect_temperature: sampling.default_temperature,
+    };
     request.sampling.validate()?;
     Ok(request)
 }
@@ -155,6 +163,9 @@ fn sampling_from(sampling: &v1::SamplingParams) -> SamplingParams {
             .unwrap_or(defaults.frequency_penalty),
         seed: sampling.seed,
         top_logprobs: sampling.top_logprobs as usize,
+        penalty_window: sampling
+            .penalty_window
+            .map_or(defaults.penalty_window, |n| n as usize),
         // The wire's map is ordered by token.
         logit_bias: sampling.logit_bias.iter().map(|(&t, &b)| (t, b)).collect(),
         ..defaults

@@ -341,10 +341,15 @@ impl<'m> Batch<'m> {
     /// Queues a request. Whatever makes it impossible (an empty prompt, a
     /// template error, more tokens than the context or the whole KV pool)
     /// is its error now; the other sequences are not touched.
-    pub fn submit(&mut self, id: SeqId, request: GenerateRequest) -> Result<(), EngineError> {
+    pub fn submit(&mut self, id: SeqId, mut request: GenerateRequest) -> Result<(), EngineError> {
         if request.max_tokens == 0 {
             return Err(EngineError::ZeroMaxTokens);
         }
+        let sampling = std::mem::take(&mut request.sampling);
+        request.sampling = self
+            .model
+            .sampling_defaults
+            .fill(sampling, &request.left_to_model);
         request.sampling.validate()?;
         let vocab = self.model.transformer.config.vocab;
         request.sampling.validate_for_vocabulary(vocab)?;

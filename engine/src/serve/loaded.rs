@@ -11,6 +11,7 @@ use crate::dist::shard::ShardSpec;
 use crate::formats::gguf::GgufFile;
 use crate::formats::hf_source::HfSource;
 use crate::model::Transformer;
+use crate::serve::sampler::SamplingDefaults;
 use crate::text::chat_template::{ChatMessage, ChatTemplate, CHATML_TEMPLATE};
 use crate::text::output_parser::OutputFormat;
 use crate::text::tokenizer::Tokenizer;
@@ -23,6 +24,9 @@ pub struct LoadedModel {
     pub template: ChatTemplate,
     pub output_format: OutputFormat,
     pub path: PathBuf,
+    /// Sampling values the model's files recommend, for the fields a
+    /// request leaves to the model.
+    pub sampling_defaults: SamplingDefaults,
     /// Whether the chat template writes the tools it is given; when not,
     /// they go in a system instruction ([`crate::text::tools::instruction`]).
     pub renders_tools: bool,
@@ -52,7 +56,7 @@ impl LoadedModel {
             path: display.clone(),
             source,
         };
-        let (transformer, tokenizer) = if path.is_dir() {
+        let (transformer, tokenizer, sampling_defaults) = if path.is_dir() {
             let source = HfSource::open(path)?;
             let config = source.config()?;
             let spec = spec
@@ -62,6 +66,7 @@ impl LoadedModel {
             (
                 transformer,
                 Tokenizer::from_hf_dir(path).map_err(tokenizer_error)?,
+                hf_sampling_defaults(path),
             )
         } else {
             let file = GgufFile::open(path)?;
@@ -70,9 +75,11 @@ impl LoadedModel {
                 .cloned()
                 .unwrap_or(ShardSpec::whole(config.layers as u32));
             let tokenizer = Tokenizer::from_gguf(file.metadata()).map_err(tokenizer_error)?;
+            let defaults = gguf_sampling_defaults(file.metadata());
             (
                 Transformer::load_shard(&file, config, &spec, progress)?,
                 tokenizer,
+                defaults,
             )
         };
         let bos = tokenizer
@@ -95,6 +102,7 @@ impl LoadedModel {
             template,
             output_format,
             path: path.to_path_buf(),
+            sampling_defaults,
             renders_tools,
             grammars: OnceLock::new(),
         })
@@ -217,6 +225,60 @@ impl LoadedModel {
     }
 }
 
+/// A Hugging Face folder's `generation_config.json`: its sampling values
+/// when it samples (`do_sample: true`), greedy when it says
+/// `do_sample: false`, nothing when it says neither (or is absent).
+fn hf_sampling_defaults(dir: &Path) -> SamplingDefaults {
+    let Ok(text) = std::fs::read_to_string(dir.join("generation_config.json")) else {
+        return SamplingDefaults::default();
+    };
+    let Ok(config) = serde_json::from_str::<serde_json::Value>(&text) else {
+        tracing::warn!(dir = %dir.display(), "generation_config.json is not JSON; its sampling values are not used");
+        return SamplingDefaults::default();
+    };
+    let float = |key: &str| {
+        config
+            .get(key)
+            .and_then(serde_json::Value::as_f64)
+            .map(|v| v as f32)
+    };
+    match config.get("do_sample").and_then(serde_json::Value::as_bool) {
+        Some(true) => SamplingDefaults {
+            temperature: float("temperature"),
+            top_p: float("top_p"),
+            top_k: config
+                .get("top_k")
+                .and_then(serde_json::Value::as_u64)
+                .and_then(|k| usize::try_from(k).ok()),
+            min_p: float("min_p"),
+            repetition_penalty: float("repetition_penalty"),
+        },
+        Some(false) => SamplingDefaults {
+            temperature: Some(0.0),
+            ..SamplingDefaults::default()
+        },
+        None => SamplingDefaults::default(),
+    }
+}
+
+/// A GGUF's `general.sampling.*` (what llama.cpp's converter writes from
+/// the model's generation config).
+fn gguf_sampling_defaults(
+    metadata: &std::collections::HashMap<String, candle_core::quantized::gguf_file::Value>,
+) -> SamplingDefaults {
+    let float = |key: &str| metadata.get(key).and_then(|v| v.to_f32().ok());
+    SamplingDefaults {
+        temperature: float("general.sampling.temp"),
+        top_p: float("general.sampling.top_p"),
+        top_k: metadata
+            .get("general.sampling.top_k")
+            .and_then(|v| v.to_i32().ok())
+            .and_then(|k| usize::try_from(k).ok()),
+        min_p: float("general.sampling.min_p"),
+        repetition_penalty: float("general.sampling.penalty_repeat"),
+    }
+}
+
 /// `messages` with `instruction` at the end of the system message (one is
 /// put first when there is none).
 fn with_instruction(messages: &[ChatMessage], instruction: &str) -> Vec<ChatMessage> {
@@ -318,5 +380,42 @@ pub fn model_config(path: &Path) -> Result<crate::model::ModelConfig, EngineErro
         Ok(HfSource::open(path)?.config()?)
     } else {
         Ok(GgufFile::open(path)?.config()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generation_config_sampling_values_are_read_when_the_model_samples() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let write = |text: &str| {
+            std::fs::write(dir.path().join("generation_config.json"), text).expect("written")
+        };
+        assert_eq!(
+            hf_sampling_defaults(dir.path()),
+            SamplingDefaults::default()
+        );
+        write(
+            r#"{"do_sample": true, "temperature": 0.6, "top_p": 0.9, "top_k": 20, "eos_token_id": [1, 2]}"#,
+        );
+        let sampled = hf_sampling_defaults(dir.path());
+        assert_eq!(sampled.temperature, Some(0.6));
+        assert_eq!(sampled.top_p, Some(0.9));
+        assert_eq!(sampled.top_k, Some(20));
+        assert_eq!(sampled.repetition_penalty, None);
+        write(r#"{"do_sample": false, "temperature": 0.6}"#);
+        assert_eq!(hf_sampling_defaults(dir.path()).temperature, Some(0.0));
+        write(r#"{"temperature": 0.6}"#);
+        assert_eq!(
+            hf_sampling_defaults(dir.path()),
+            SamplingDefaults::default()
+        );
+        write("not json");
+        assert_eq!(
+            hf_sampling_defaults(dir.path()),
+            SamplingDefaults::default()
+        );
     }
 }

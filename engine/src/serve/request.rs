@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use crate::model::transformer::ForwardError;
 use crate::model::LoadError;
 use crate::serve::executor::ExecError;
-use crate::serve::sampler::{SamplingError, SamplingParams};
+use crate::serve::sampler::{LeftToModel, SamplingError, SamplingParams};
 use crate::text::chat_template::ChatMessage;
 use crate::text::output_parser::ParsedChunk;
 use crate::text::tokenizer::TokenizerError;
@@ -109,6 +109,9 @@ pub struct GenerateRequest {
     pub prompt: Prompt,
     pub max_tokens: usize,
     pub sampling: SamplingParams,
+    /// Which of `sampling`'s fields the request left unset: those take the
+    /// model's recommended values on submit.
+    pub left_to_model: LeftToModel,
     pub stop: Vec<String>,
     pub stop_token_ids: Vec<u32>,
     /// Keep going past end-of-generation tokens (benchmarks).
@@ -148,6 +151,7 @@ impl GenerateRequest {
             prompt,
             max_tokens: 256,
             sampling: SamplingParams::default(),
+            left_to_model: LeftToModel::default(),
             stop: Vec::new(),
             stop_token_ids: Vec::new(),
             ignore_eos: false,

@@ -56,6 +56,57 @@ pub struct SamplingParams {
     pub logit_bias: Vec<(u32, f32)>,
 }
 
+/// Sampling values a model's own files recommend (a Hugging Face
+/// `generation_config.json`, a GGUF's `general.sampling.*`), for the fields
+/// a request leaves to the model ([`LeftToModel`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SamplingDefaults {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+}
+
+/// Which sampling fields a request left unset, and its dialect's
+/// temperature for when the model recommends none. The default leaves
+/// nothing to the model (`tessera generate` and the engine's own callers).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LeftToModel {
+    pub temperature: bool,
+    pub top_p: bool,
+    pub top_k: bool,
+    pub min_p: bool,
+    pub repetition_penalty: bool,
+    pub dialect_temperature: Option<f32>,
+}
+
+impl SamplingDefaults {
+    /// `params` with each field in `left` taken from these defaults where
+    /// they have it (the temperature, failing that, from the dialect).
+    pub fn fill(&self, mut params: SamplingParams, left: &LeftToModel) -> SamplingParams {
+        if left.temperature {
+            if let Some(t) = self.temperature.or(left.dialect_temperature) {
+                params.temperature = t;
+            }
+        }
+        if left.top_p {
+            params.top_p = self.top_p.unwrap_or(params.top_p);
+        }
+        if left.top_k {
+            params.top_k = self.top_k.unwrap_or(params.top_k);
+        }
+        if left.min_p {
+            params.min_p = self.min_p.unwrap_or(params.min_p);
+        }
+        if left.repetition_penalty {
+            params.repetition_penalty =
+                self.repetition_penalty.unwrap_or(params.repetition_penalty);
+        }
+        params
+    }
+}
+
 /// The largest bias [`SamplingParams::logit_bias`] takes, either way (the
 /// OpenAI API's range); at `-MAX_LOGIT_BIAS` a token is never chosen.
 pub const MAX_LOGIT_BIAS: f32 = 100.0;
@@ -591,6 +642,45 @@ mod tests {
     fn logits(n: usize, salt: u64) -> Vec<f32> {
         let mut rng = StdRng::seed_from_u64(salt);
         (0..n).map(|_| rng.gen_range(-10.0f32..10.0)).collect()
+    }
+
+    #[test]
+    fn unset_fields_take_the_models_defaults_then_the_dialects() {
+        let model = SamplingDefaults {
+            temperature: Some(0.6),
+            top_p: Some(0.9),
+            ..SamplingDefaults::default()
+        };
+        let left = LeftToModel {
+            temperature: true,
+            top_p: true,
+            top_k: true,
+            dialect_temperature: Some(1.0),
+            ..LeftToModel::default()
+        };
+        let filled = model.fill(SamplingParams::default(), &left);
+        assert_eq!(
+            (filled.temperature, filled.top_p, filled.top_k),
+            (0.6, 0.9, 0)
+        );
+        // A model that recommends nothing: the dialect's temperature.
+        let filled = SamplingDefaults::default().fill(SamplingParams::default(), &left);
+        assert_eq!(filled.temperature, 1.0);
+        // A field the request set is kept.
+        let set = SamplingParams {
+            top_p: 0.5,
+            ..SamplingParams::default()
+        };
+        let kept = LeftToModel {
+            top_p: false,
+            ..left
+        };
+        assert_eq!(model.fill(set, &kept).top_p, 0.5);
+        // Nothing left to the model: nothing changes.
+        assert_eq!(
+            model.fill(SamplingParams::default(), &LeftToModel::default()),
+            SamplingParams::default()
+        );
     }
 
     #[test]
