@@ -168,7 +168,6 @@ fn sampling_from(sampling: &v1::SamplingParams) -> SamplingParams {
             .map_or(defaults.penalty_window, |n| n as usize),
         // The wire's map is ordered by token.
         logit_bias: sampling.logit_bias.iter().map(|(&t, &b)| (t, b)).collect(),
-        ..defaults
     }
 }
 

@@ -382,20 +382,19 @@ mod tests {
     fn an_unknown_function_or_no_tools_is_refused() {
         let fs = functions(&weather()).unwrap();
         let syntax = ToolCallSyntax::BareJson;
-        let unknown = grammar(
-            &fs,
-            &ToolChoice::Function("nope".into()),
-            &syntax,
-            &Answer::Free,
-            &NoControl,
-        );
+        let nope = ToolChoice::Function("nope".into());
+        let calls = |choice| Calls {
+            choice,
+            parallel: true,
+        };
+        let unknown = grammar(&fs, &calls(&nope), &syntax, &Answer::Free, &NoControl);
         assert!(
             matches!(unknown, Err(ToolError::UnknownFunction { .. })),
             "{unknown:?}"
         );
         let none = grammar(
             &[],
-            &ToolChoice::Required,
+            &calls(&ToolChoice::Required),
             &syntax,
             &Answer::Free,
             &NoControl,
