@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use tessera_protos::v1::{self, generation_chunk};
 
 use super::error::ApiError;
+use super::extras::{nothing, Extras, Refused};
 
 #[derive(Debug, Deserialize)]
 pub struct MessagesRequest {
@@ -35,6 +36,41 @@ pub struct MessagesRequest {
     pub tools: Option<Vec<Tool>>,
     #[serde(default)]
     pub tool_choice: Option<Value>,
+    /// Every other field: not applicable, or refused ([`EXTRAS`]).
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, Value>,
+}
+
+/// Messages fields beyond those mapped.
+const EXTRAS: Extras = Extras {
+    not_applicable: &["metadata", "service_tier"],
+    refused: &[
+        Refused {
+            name: "thinking",
+            why: "extended thinking is not mapped to the models' thinking switches",
+            neutral: thinking_off,
+        },
+        Refused {
+            name: "container",
+            why: "there are no containers",
+            neutral: nothing,
+        },
+        Refused {
+            name: "mcp_servers",
+            why: "MCP servers are not connected",
+            neutral: nothing,
+        },
+        Refused {
+            name: "context_management",
+            why: "a conversation beyond the context is refused, never edited",
+            neutral: nothing,
+        },
+    ],
+};
+
+/// `{"type": "disabled"}`, or nothing.
+fn thinking_off(value: &Value) -> bool {
+    nothing(value) || value.get("type").and_then(Value::as_str) == Some("disabled")
 }
 
 #[derive(Debug, Deserialize)]
@@ -165,6 +201,7 @@ impl MessagesRequest {
     /// Messages, a token limit within the context (0: unknown), and
     /// Anthropic's ranges (the engine's own limits are checked at the end).
     fn check_fields(&self, context: u32) -> Result<(), ApiError> {
+        EXTRAS.check(&self.other)?;
         if self.messages.is_empty() {
             return Err(ApiError::invalid("messages", "messages must not be empty"));
         }

@@ -17,6 +17,8 @@
 //! - [`constraint`]: structured outputs (`response_format`, `text.format`,
 //!   Ollama's `format`, `tessera.regex`/`grammar`) and `logit_bias`, read
 //!   into the wire's constraint and bias.
+//! - [`extras`]: each dialect's fields beyond those mapped: not
+//!   applicable, or refused by name; unknown fields are refused.
 //! - [`valid`]: the one check of a generation's parameters, the engine's
 //!   own, which every dialect's mapper ends with.
 //! - one module per dialect, the pure mapper (`openai`, `anthropic`,
@@ -46,6 +48,7 @@ mod context;
 mod dashboard;
 pub mod error;
 pub mod extension;
+mod extras;
 mod join;
 mod live;
 pub mod ollama;

@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use tessera_protos::v1::{self, generation_chunk};
 
 use super::error::ApiError;
+use super::extras::{nothing, Extras, Refused};
 
 #[derive(Debug, Default, Deserialize)]
 pub struct Options {
@@ -135,7 +136,50 @@ pub struct ChatRequest {
     pub tools: Option<Vec<Value>>,
     #[serde(default)]
     pub format: Option<Value>,
+    /// Every other field: not applicable, or refused ([`CHAT_EXTRAS`]).
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, Value>,
 }
+
+/// `/api/chat` fields beyond those mapped.
+const CHAT_EXTRAS: Extras = Extras {
+    not_applicable: &["keep_alive"],
+    refused: &[THINK],
+};
+
+/// `/api/generate` fields beyond those mapped.
+const GENERATE_EXTRAS: Extras = Extras {
+    not_applicable: &["keep_alive"],
+    refused: &[
+        THINK,
+        Refused {
+            name: "suffix",
+            why: "fill-in-the-middle is not implemented",
+            neutral: nothing,
+        },
+        Refused {
+            name: "images",
+            why: "images are not supported",
+            neutral: nothing,
+        },
+        Refused {
+            name: "template",
+            why: "the model's own chat template is used (or `raw`)",
+            neutral: nothing,
+        },
+        Refused {
+            name: "context",
+            why: "send the conversation to /api/chat instead",
+            neutral: nothing,
+        },
+    ],
+};
+
+const THINK: Refused = Refused {
+    name: "think",
+    why: "the thinking switch is not mapped",
+    neutral: nothing,
+};
 
 #[derive(Debug, Deserialize)]
 pub struct Message {
@@ -165,6 +209,9 @@ pub struct GenerateRequest {
     pub options: Option<Options>,
     #[serde(default)]
     pub format: Option<Value>,
+    /// Every other field: not applicable, or refused ([`GENERATE_EXTRAS`]).
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, Value>,
 }
 
 fn sampling(options: Option<&Options>, context: u32) -> Result<v1::SamplingParams, ApiError> {
@@ -227,6 +274,7 @@ impl ChatRequest {
     }
 
     pub fn to_params(&self, context: u32) -> Result<v1::TextGenerationParams, ApiError> {
+        CHAT_EXTRAS.check(&self.other)?;
         if self.messages.is_empty() {
             return Err(ApiError::invalid("messages", "messages must not be empty"));
         }
@@ -285,6 +333,7 @@ impl GenerateRequest {
     }
 
     pub fn to_params(&self, context: u32) -> Result<v1::TextGenerationParams, ApiError> {
+        GENERATE_EXTRAS.check(&self.other)?;
         if self.prompt.is_empty() {
             return Err(ApiError::invalid("prompt", "prompt must not be empty"));
         }

@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use tessera_protos::v1::{self, generation_chunk};
 
 use super::error::ApiError;
+use super::extras::{nothing, Extras, Refused};
 
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {
@@ -60,6 +61,68 @@ pub struct ChatRequest {
     pub parallel_tool_calls: Option<bool>,
     #[serde(default)]
     pub logit_bias: Option<serde_json::Map<String, Value>>,
+    /// Every other field: not applicable, or refused ([`EXTRAS`]).
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, Value>,
+}
+
+/// Chat Completions fields beyond those mapped.
+const EXTRAS: Extras = Extras {
+    not_applicable: &[
+        "user",
+        "metadata",
+        "store",
+        "service_tier",
+        "prompt_cache_key",
+        "safety_identifier",
+    ],
+    refused: &[
+        Refused {
+            name: "modalities",
+            why: "text is the only output",
+            neutral: text_only,
+        },
+        Refused {
+            name: "audio",
+            why: "text is the only output",
+            neutral: nothing,
+        },
+        Refused {
+            name: "prediction",
+            why: "predicted outputs are not implemented (tessera.speculative drafts on its own)",
+            neutral: nothing,
+        },
+        Refused {
+            name: "web_search_options",
+            why: "there is no web search",
+            neutral: nothing,
+        },
+        Refused {
+            name: "reasoning_effort",
+            why: "reasoning effort is not mapped to the models' thinking switches",
+            neutral: nothing,
+        },
+        Refused {
+            name: "verbosity",
+            why: "verbosity is not mapped",
+            neutral: nothing,
+        },
+        Refused {
+            name: "functions",
+            why: "use `tools`",
+            neutral: nothing,
+        },
+        Refused {
+            name: "function_call",
+            why: "use `tool_choice`",
+            neutral: nothing,
+        },
+    ],
+};
+
+/// `["text"]`, or nothing.
+fn text_only(value: &Value) -> bool {
+    nothing(value) || value == &serde_json::json!(["text"])
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize)]
@@ -244,6 +307,7 @@ impl ChatRequest {
     /// The fields OpenAI bounds: a model, messages, one choice, and its
     /// documented ranges (the engine's own limits are checked at the end).
     fn check_fields(&self) -> Result<(), ApiError> {
+        EXTRAS.check(&self.other)?;
         if self.model.trim().is_empty() {
             return Err(ApiError::invalid("model", "model must not be empty"));
         }
@@ -594,11 +658,19 @@ mod tests {
             "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
             "stream": true,
             "stream_options": {"include_usage": true},
-            "unknown_field": "ignored"
+            "user": "not applicable: accepted"
         }))?;
         let (stream, options) = r.streaming();
         assert!(stream && options.include_usage && !options.include_progress);
         let p = r.to_params(8192)?;
+        let unknown = request(
+            json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                                     "unknown_field": 1}),
+        )?;
+        let refused = unknown
+            .to_params(8192)
+            .expect_err("an unknown field is refused");
+        assert_eq!(refused.param.as_deref(), Some("unknown_field"));
         assert_eq!(p.messages.len(), 4);
         assert_eq!(p.messages[0].role, "system");
         assert_eq!(p.messages[1].content, "Hi there");

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use tessera_protos::v1::{self, generation_chunk};
 
 use super::error::ApiError;
+use super::extras::{nothing, Extras, Refused};
 
 #[derive(Debug, Deserialize)]
 pub struct ResponsesRequest {
@@ -41,6 +42,69 @@ pub struct ResponsesRequest {
     /// `{"format": {...}}`: structured output.
     #[serde(default)]
     pub text: Option<Value>,
+    /// Every other field: not applicable, or refused ([`EXTRAS`]).
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, Value>,
+}
+
+/// Responses fields beyond those mapped.
+const EXTRAS: Extras = Extras {
+    not_applicable: &[
+        "user",
+        "metadata",
+        "store",
+        "service_tier",
+        "prompt_cache_key",
+        "safety_identifier",
+        "stream_options",
+    ],
+    refused: &[
+        Refused {
+            name: "background",
+            why: "responses are answered in the foreground",
+            neutral: nothing,
+        },
+        Refused {
+            name: "conversation",
+            why: "responses are not stored; send the whole conversation in input",
+            neutral: nothing,
+        },
+        Refused {
+            name: "prompt",
+            why: "stored prompts are not kept",
+            neutral: nothing,
+        },
+        Refused {
+            name: "reasoning",
+            why: "reasoning settings are not mapped to the models' thinking switches",
+            neutral: nothing,
+        },
+        Refused {
+            name: "include",
+            why: "there is nothing extra to include",
+            neutral: nothing,
+        },
+        Refused {
+            name: "max_tool_calls",
+            why: "not implemented",
+            neutral: nothing,
+        },
+        Refused {
+            name: "top_logprobs",
+            why: "logprobs are on Chat Completions",
+            neutral: nothing,
+        },
+        Refused {
+            name: "truncation",
+            why: "a conversation beyond the context is refused, never cut",
+            neutral: disabled,
+        },
+    ],
+};
+
+/// `"disabled"`, or nothing.
+fn disabled(value: &Value) -> bool {
+    nothing(value) || value == "disabled"
 }
 
 #[derive(Debug, Deserialize)]
@@ -152,6 +216,7 @@ impl ResponsesRequest {
     /// No stored conversation, a token limit within the context (0:
     /// unknown), and the documented temperature range.
     fn check_fields(&self, context: u32) -> Result<(), ApiError> {
+        EXTRAS.check(&self.other)?;
         if self.previous_response_id.is_some() {
             return Err(ApiError::invalid(
                 "previous_response_id",
