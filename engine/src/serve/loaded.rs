@@ -177,32 +177,64 @@ impl LoadedModel {
                 if text.is_empty() {
                     return Err(EngineError::EmptyPrompt);
                 }
-                self.encode(text, false)?
+                // A raw prompt is the model's own text: control tokens
+                // written in it are control tokens (as llama.cpp and
+                // transformers tokenize it).
+                self.encode(text, true)?
             }
             Prompt::Chat { messages, tools } => {
                 if messages.is_empty() {
                     return Err(EngineError::EmptyPrompt);
                 }
-                let text = match tools {
-                    Some(tools) if !self.renders_tools => {
-                        let instruction = tools::instruction(tools, &self.output_format.tool_call);
-                        self.template.render(
-                            &with_instruction(messages, &instruction),
-                            None,
-                            true,
-                            None,
-                        )
-                    }
-                    _ => self.template.render(messages, tools.as_ref(), true, None),
-                }
-                .map_err(|e| EngineError::Template(e.to_string()))?;
-                self.encode_rendered(&text)?
+                self.tokenize_chat(messages, tools.as_ref())?
             }
         };
+        let vocab = self.tokenizer.vocab_size();
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= vocab) {
+            return Err(EngineError::TokenBeyondVocabulary { id, vocab });
+        }
         if tokens.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
         Ok(tokens)
+    }
+
+    /// Messages rendered with the template, and tokenized so that what a
+    /// message writes stays text: control tokens it spells are swapped for
+    /// markers before the template renders, and tokenized as plain text
+    /// where the markers land. A user cannot forge a turn.
+    fn tokenize_chat(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+    ) -> Result<Vec<u32>, EngineError> {
+        let mut spelled: Vec<String> = Vec::new();
+        let mut safe = messages.to_vec();
+        for message in &mut safe {
+            let spans = self
+                .tokenizer
+                .control_spans(&message.content)
+                .map_err(|source| self.tokenizer_error(source))?;
+            if !spans.is_empty() {
+                message.content = with_markers(&message.content, &spans, &mut spelled);
+            }
+        }
+        let text = match tools {
+            Some(tools) if !self.renders_tools => {
+                let instruction = tools::instruction(tools, &self.output_format.tool_call);
+                self.template
+                    .render(&with_instruction(&safe, &instruction), None, true, None)
+            }
+            _ => self.template.render(&safe, tools, true, None),
+        }
+        .map_err(|e| EngineError::Template(e.to_string()))?;
+        if spelled.is_empty() {
+            return self.encode_rendered(&text);
+        }
+        let parts = marked_parts(&text, &spelled);
+        self.tokenizer
+            .encode_chat_parts(&parts)
+            .map_err(|source| self.tokenizer_error(source))
     }
 
     fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, EngineError> {
@@ -277,6 +309,62 @@ fn gguf_sampling_defaults(
         min_p: float("general.sampling.min_p"),
         repetition_penalty: float("general.sampling.penalty_repeat"),
     }
+}
+
+/// Marks a spelled control token in message content: private-use
+/// characters no template touches, around the token's index in `spelled`.
+const MARK_OPEN: char = '\u{F8F0}';
+const MARK_CLOSE: char = '\u{F8F1}';
+
+/// `content` with each span replaced by a marker; the spans' texts are
+/// pushed to `spelled`.
+fn with_markers(
+    content: &str,
+    spans: &[std::ops::Range<usize>],
+    spelled: &mut Vec<String>,
+) -> String {
+    let mut out = String::with_capacity(content.len());
+    let mut at = 0;
+    for span in spans {
+        out.push_str(content.get(at..span.start).unwrap_or_default());
+        out.push(MARK_OPEN);
+        out.push_str(&spelled.len().to_string());
+        out.push(MARK_CLOSE);
+        spelled.push(content.get(span.clone()).unwrap_or_default().to_string());
+        at = span.end;
+    }
+    out.push_str(content.get(at..).unwrap_or_default());
+    out
+}
+
+/// The rendered `text` in parts: the template's own (control tokens
+/// parsed) and, where a marker stands, the spelled text (as plain text).
+fn marked_parts<'a>(text: &'a str, spelled: &'a [String]) -> Vec<(&'a str, bool)> {
+    let mut parts = Vec::new();
+    let mut rest = text;
+    while let Some(open) = rest.find(MARK_OPEN) {
+        let after = rest.get(open + MARK_OPEN.len_utf8()..).unwrap_or_default();
+        let marked = after.find(MARK_CLOSE).and_then(|close| {
+            let index = after.get(..close)?.parse::<usize>().ok()?;
+            Some((close, spelled.get(index)?))
+        });
+        let Some((close, original)) = marked else {
+            // Not one of ours: the text as it is.
+            parts.push((
+                rest.get(..open + MARK_OPEN.len_utf8()).unwrap_or_default(),
+                true,
+            ));
+            rest = after;
+            continue;
+        };
+        parts.push((rest.get(..open).unwrap_or_default(), true));
+        parts.push((original.as_str(), false));
+        rest = after
+            .get(close + MARK_CLOSE.len_utf8()..)
+            .unwrap_or_default();
+    }
+    parts.push((rest, true));
+    parts
 }
 
 /// `messages` with `instruction` at the end of the system message (one is

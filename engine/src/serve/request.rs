@@ -45,6 +45,8 @@ pub enum EngineError {
     },
     #[error("max_tokens must be at least 1")]
     ZeroMaxTokens,
+    #[error("the prompt has token id {id}, beyond the model's vocabulary of {vocab}")]
+    TokenBeyondVocabulary { id: u32, vocab: usize },
     #[error(transparent)]
     Sampling(#[from] SamplingError),
     #[error(transparent)]
@@ -72,6 +74,7 @@ impl EngineError {
                 | Self::PromptTooLong { .. }
                 | Self::BeyondKvCache { .. }
                 | Self::ZeroMaxTokens
+                | Self::TokenBeyondVocabulary { .. }
                 | Self::Sampling(_)
                 | Self::Grammar(tessera_grammar::GrammarError::Compile { .. })
                 | Self::Tools(_)

@@ -1150,13 +1150,51 @@ impl Tokenizer {
     /// and the text lacks it: one BOS, as llama.cpp and transformers'
     /// `apply_chat_template` give, never two.
     pub fn encode_chat(&self, rendered: &str) -> Result<Vec<u32>, TokenizerError> {
-        let mut ids = self.tokenize(rendered, false, true)?;
+        self.encode_chat_parts(&[(rendered, true)])
+    }
+
+    /// [`Tokenizer::encode_chat`] of a rendered template in parts, each
+    /// with its own `parse_special`: the parts a message wrote that spell
+    /// control tokens stay text.
+    pub fn encode_chat_parts(&self, parts: &[(&str, bool)]) -> Result<Vec<u32>, TokenizerError> {
+        let mut ids = Vec::new();
+        for &(text, parse_special) in parts {
+            ids.extend(self.tokenize(text, false, parse_special)?);
+        }
         if let Some(bos) = self.bos.filter(|_| self.add_bos) {
             if ids.first() != Some(&bos) {
                 ids.insert(0, bos);
             }
         }
         Ok(ids)
+    }
+
+    /// Where `text` spells control tokens (those [`Tokenizer::encode`]
+    /// with `parse_special` would make of it): each one's byte range, in
+    /// order.
+    pub fn control_spans(&self, text: &str) -> Result<Vec<std::ops::Range<usize>>, TokenizerError> {
+        let ids = self.tokenize(text, false, true)?;
+        let mut spelled: Vec<&str> = ids
+            .iter()
+            .filter(|&&id| self.is_control(id))
+            .filter_map(|&id| self.token_text(id))
+            .filter(|t| !t.is_empty())
+            .collect();
+        spelled.sort_unstable();
+        spelled.dedup();
+        let mut spans = Vec::new();
+        let mut at = 0;
+        while let Some(rest) = text.get(at..) {
+            // The leftmost, then longest, of the spelled tokens.
+            let next = spelled
+                .iter()
+                .filter_map(|t| rest.find(t).map(|i| (at + i, t.len())))
+                .min_by_key(|&(start, len)| (start, std::cmp::Reverse(len)));
+            let Some((start, len)) = next else { break };
+            spans.push(start..start + len);
+            at = start + len;
+        }
+        Ok(spans)
     }
 
     /// llama.cpp's `llama_tokenize(text, add_special, parse_special)`:

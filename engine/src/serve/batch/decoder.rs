@@ -8,7 +8,9 @@ use std::time::Instant;
 
 use crate::logits::BestToken;
 use crate::serve::sampler::{Sampled, Sampler};
-use crate::serve::{FinishReason, GenerateRequest, GenerationEvent, LoadedModel, TokenLogprob};
+use crate::serve::{
+    FinishReason, GenerateRequest, GenerationEvent, LoadedModel, Prompt, TokenLogprob,
+};
 use crate::text::output_parser::{OutputFormat, OutputParser, ParsedChunk};
 use crate::text::stop::StopMatcher;
 use crate::text::utf8_stream::Utf8Stream;
@@ -80,7 +82,12 @@ impl Decoder {
         (sampler, constraint): (Sampler, Option<TokenMask>),
         prompt: &[u32],
     ) -> Self {
-        let mut format = model.output_format.clone();
+        // A raw prompt's continuation is text as it comes: the chat
+        // template's reasoning and tool-call markup means nothing there.
+        let mut format = match request.prompt {
+            Prompt::Chat { .. } => model.output_format.clone(),
+            Prompt::Raw(_) | Prompt::Tokens(_) => OutputFormat::plain(),
+        };
         format.starts_in_reasoning = prompt_opens_reasoning(model, &format, prompt);
         Self {
             max_tokens: request.max_tokens,
