@@ -21,8 +21,9 @@
 //!   applicable, or refused by name; unknown fields are refused.
 //! - [`valid`]: the one check of a generation's parameters, the engine's
 //!   own, which every dialect's mapper ends with.
-//! - one module per dialect, the pure mapper (`openai`, `anthropic`,
-//!   `ollama`, `responses`), with its HTTP handlers in `{dialect}/handlers`.
+//! - one module per dialect, the pure mapper (`openai`, `completions`,
+//!   `anthropic`, `ollama`, `responses`), with its HTTP handlers in
+//!   `{dialect}/handlers`.
 //! - [`cluster`]: `/models`, `/instance/...`, `/download/...`, `/models/add`,
 //!   `/events`: the admin service over HTTP.
 //! - [`live`]: `/cluster`, `/state`, `/state/stream` (pushed on each
@@ -43,6 +44,7 @@ pub mod anthropic;
 mod auth;
 mod body;
 mod cluster;
+pub mod completions;
 mod constraint;
 mod context;
 mod dashboard;

@@ -266,6 +266,7 @@ impl ChatRequest {
                 model_id: self.model.clone(),
                 messages,
                 raw_prompt: None,
+                prompt_token_ids: Vec::new(),
                 tools_json,
                 sampling: Some(v1::SamplingParams {
                     temperature: self.temperature,

@@ -190,6 +190,7 @@ impl ResponsesRequest {
                 model_id: self.model.clone(),
                 messages,
                 raw_prompt: None,
+                prompt_token_ids: Vec::new(),
                 tools_json,
                 sampling: Some(v1::SamplingParams {
                     temperature: self.temperature,

@@ -114,6 +114,10 @@ fn router(api: &Api) -> Router {
             "/v1/chat/completions",
             post(openai::handlers::chat_completions),
         )
+        .route(
+            "/v1/completions",
+            post(crate::completions::handlers::completions),
+        )
         .route("/v1/models", get(openai::handlers::models))
         .route("/v1/messages", post(anthropic::handlers::messages))
         .route("/v1/responses", post(responses::handlers::responses))

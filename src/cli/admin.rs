@@ -249,6 +249,7 @@ impl GenerateArgs {
         v1::TextGenerationParams {
             messages: if self.raw { Vec::new() } else { vec![message] },
             raw_prompt: self.raw.then(|| self.prompt.clone()),
+            prompt_token_ids: Vec::new(),
             sampling: Some(v1::SamplingParams {
                 max_tokens: Some(self.max_tokens),
                 temperature: self.temperature,

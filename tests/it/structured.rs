@@ -4,7 +4,8 @@
 //! `beta.chat.completions.parse` with a Pydantic model); forced tool calls
 //! through the OpenAI and Anthropic clients; a -100 bias makes
 //! a token impossible; a constrained generation on tensor and pipeline
-//! world 2 is one machine's.
+//! world 2 is one machine's; an unset temperature is the dialect's; the
+//! legacy Completions endpoint answers the official client.
 
 use serde_json::Value;
 
@@ -232,4 +233,54 @@ fn an_unset_temperature_is_the_dialects_default() {
     let unset = ollama(None);
     assert_eq!(unset, ollama(Some(0.8)));
     assert_ne!(unset, ollama(Some(0.0)));
+}
+
+/// `/v1/completions` through the legacy `client.completions.create`: a raw
+/// prompt continued as `tessera generate --prompt` continues it, streamed
+/// the same, several prompts, token ids, echo, legacy logprobs.
+#[test]
+fn the_legacy_completions_endpoint_with_the_official_client() {
+    let prompt = "The quick brown fox";
+    let out = tessera(&[
+        "generate",
+        "--model",
+        &model(),
+        "--prompt",
+        prompt,
+        "--max-tokens",
+        "8",
+        "--json",
+    ]);
+    assert!(out.status.success());
+    let expected: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let root = tempfile::tempdir().expect("temp dir");
+    let node = Node::start(&root.path().join("n"), &[]);
+    let api = format!("http://{}/v1", node.api);
+    let got = client_script("completions_client.py", &node, &[&api, MODEL, prompt]);
+    assert_eq!(got["object"], "text_completion");
+    assert_eq!(got["text"], expected["text"], "{got}");
+    assert_eq!(got["stream_text"], expected["text"]);
+    assert_eq!(got["finish_reason"], "length");
+    assert_eq!(got["logprob_tokens"], 8);
+    assert!(
+        got["top_per_token"]
+            .as_array()
+            .expect("tops")
+            .iter()
+            .all(|n| n == 2),
+        "{got}"
+    );
+    assert_eq!(got["usage"]["completion_tokens"], 8);
+    let many = got["many"].as_array().expect("choices");
+    assert_eq!(many.len(), 2);
+    assert_eq!(many[1][0], 1);
+    let echo = got["echo"].as_str().expect("echo");
+    assert!(
+        echo.starts_with(prompt) && echo.len() > prompt.len(),
+        "{echo}"
+    );
+    assert_eq!(got["ids_usage"], 3);
+    for refused in ["n", "suffix", "best_of"] {
+        assert_eq!(got["errors"][refused], 400, "{got}");
+    }
 }

@@ -124,6 +124,9 @@ fn prompt_from(params: &v1::TextGenerationParams) -> Result<Prompt, RequestError
     if let Some(text) = &params.raw_prompt {
         return Ok(Prompt::Raw(text.clone()));
     }
+    if params.messages.is_empty() && !params.prompt_token_ids.is_empty() {
+        return Ok(Prompt::Tokens(params.prompt_token_ids.clone()));
+    }
     if params.messages.is_empty() {
         return Err(RequestError::NoPrompt);
     }
