@@ -121,18 +121,37 @@ impl Api {
                 context: card.context_length,
             });
         }
-        let Some(card) = tessera_actors::catalogue::placed_or_known(&state, model) else {
-            let known: Vec<String> = tessera_actors::catalogue::all(&state)
-                .into_iter()
-                .map(|c| c.model_id)
-                .collect();
-            return Err(ApiError::not_found(
-                "model_not_found",
-                format!(
-                    "the model {model:?} does not exist (known: {})",
-                    known.join(", ")
-                ),
-            ));
+        // Cards of placed instances first: an instance keeps the card it
+        // was placed with.
+        let mut cards: Vec<v1::ModelCard> = state
+            .instances
+            .values()
+            .filter_map(|i| i.model.clone())
+            .collect();
+        cards.extend(tessera_actors::catalogue::all(&state));
+        let card = match tessera_actors::catalogue::resolve(&cards, model) {
+            Ok(Some(card)) => card,
+            Ok(None) => {
+                let mut known: Vec<String> = cards.into_iter().map(|c| c.model_id).collect();
+                known.sort();
+                known.dedup();
+                return Err(ApiError::not_found(
+                    "model_not_found",
+                    format!(
+                        "the model {model:?} does not exist (known: {})",
+                        known.join(", ")
+                    ),
+                ));
+            }
+            Err(several) => {
+                return Err(ApiError::invalid(
+                    "model",
+                    format!(
+                        "{model:?} could mean several models; name one of {}",
+                        several.join(", ")
+                    ),
+                ))
+            }
         };
         Ok(Target {
             instance_id: String::new(),

@@ -194,6 +194,48 @@ pub fn placed_or_known(state: &v1::ClusterState, model_id: &str) -> Option<Model
         .or_else(|| find(state, model_id))
 }
 
+/// The card a request's model name means, as people type names: the exact
+/// id; the id without Ollama's `:latest`; `NAME` for the only (or the
+/// default, [`gguf_card::DEFAULT_QUANT`]) quantization of `NAME:QUANT`;
+/// and `NAME:TAG` for `NAME-TAG` (a tag naming the quantization of a
+/// catalogue id). Case does not matter past the exact id. `Err` lists the
+/// candidates when a name could mean several.
+pub fn resolve(cards: &[ModelCard], name: &str) -> Result<Option<ModelCard>, Vec<String>> {
+    if let Some(card) = cards.iter().find(|c| c.model_id == name) {
+        return Ok(Some(card.clone()));
+    }
+    let lower = name.to_lowercase();
+    let base = lower.strip_suffix(":latest").unwrap_or(&lower);
+    let same = |id: &str| id.to_lowercase() == base;
+    if let Some(card) = cards.iter().find(|c| same(&c.model_id)) {
+        return Ok(Some(card.clone()));
+    }
+    if let Some((stem, tag)) = base.rsplit_once(':') {
+        let dashed = format!("{stem}-{tag}");
+        return Ok(cards
+            .iter()
+            .find(|c| c.model_id.to_lowercase() == dashed)
+            .cloned());
+    }
+    let prefix = format!("{base}:");
+    let tagged: Vec<&ModelCard> = cards
+        .iter()
+        .filter(|c| c.model_id.to_lowercase().starts_with(&prefix))
+        .collect();
+    let default_tag = format!("{prefix}{}", gguf_card::DEFAULT_QUANT.to_lowercase());
+    match tagged.as_slice() {
+        [] => Ok(None),
+        [only] => Ok(Some((*only).clone())),
+        several => match several
+            .iter()
+            .find(|c| c.model_id.to_lowercase() == default_tag)
+        {
+            Some(default) => Ok(Some((*default).clone())),
+            None => Err(several.iter().map(|c| c.model_id.clone()).collect()),
+        },
+    }
+}
+
 /// Every card the cluster knows: built-in ones, then custom ones.
 pub fn all(state: &v1::ClusterState) -> Vec<ModelCard> {
     let mut cards = cards();
@@ -355,6 +397,52 @@ pub fn card_from_config(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_resolve_as_people_type_them() {
+        let card = |id: &str| ModelCard {
+            model_id: id.into(),
+            ..ModelCard::default()
+        };
+        let cards = vec![
+            card("smollm2-135m-instruct-q4_1"),
+            card("owner/one:Q8_0"),
+            card("owner/many:Q4_K_M"),
+            card("owner/many:Q8_0"),
+            card("owner/other:Q5_0"),
+            card("owner/other:Q8_0"),
+        ];
+        let id = |name: &str| resolve(&cards, name).map(|c| c.map(|c| c.model_id));
+        assert_eq!(
+            id("smollm2-135m-instruct-q4_1"),
+            Ok(Some("smollm2-135m-instruct-q4_1".into()))
+        );
+        assert_eq!(
+            id("smollm2-135m-instruct-q4_1:latest"),
+            Ok(Some("smollm2-135m-instruct-q4_1".into()))
+        );
+        assert_eq!(
+            id("smollm2-135m-instruct:q4_1"),
+            Ok(Some("smollm2-135m-instruct-q4_1".into()))
+        );
+        assert_eq!(
+            id("SmolLM2-135M-Instruct:Q4_1"),
+            Ok(Some("smollm2-135m-instruct-q4_1".into()))
+        );
+        assert_eq!(id("owner/one"), Ok(Some("owner/one:Q8_0".into())));
+        assert_eq!(id("owner/one:latest"), Ok(Some("owner/one:Q8_0".into())));
+        assert_eq!(id("owner/one:q8_0"), Ok(Some("owner/one:Q8_0".into())));
+        assert_eq!(id("owner/many"), Ok(Some("owner/many:Q4_K_M".into())));
+        assert_eq!(
+            id("owner/other"),
+            Err(vec![
+                "owner/other:Q5_0".to_string(),
+                "owner/other:Q8_0".to_string()
+            ])
+        );
+        assert_eq!(id("owner/one:Q4_0"), Ok(None));
+        assert_eq!(id("nothing"), Ok(None));
+    }
 
     #[test]
     fn a_card_is_built_from_a_config_and_a_listing() {
