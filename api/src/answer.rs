@@ -33,8 +33,11 @@ impl Api {
     pub(super) async fn begin(
         &self,
         target: &Target,
-        params: v1::TextGenerationParams,
+        mut params: v1::TextGenerationParams,
     ) -> Result<Begun, ApiError> {
+        // The model as the catalogue names it, whatever name the request
+        // used for it (`NAME:latest`, `NAME:QUANT`).
+        params.model_id = target.model_id.clone();
         let slot = self.queues.take(&target.model_id)?;
         let started = Instant::now();
         for attempt in 1.. {

@@ -169,6 +169,7 @@ impl MessagesRequest {
                 messages,
                 raw_prompt: None,
                 prompt_token_ids: Vec::new(),
+                count_only: false,
                 tools_json,
                 sampling: Some(v1::SamplingParams {
                     temperature: self.temperature,

@@ -171,6 +171,7 @@ impl CompletionRequest {
                 messages: Vec::new(),
                 raw_prompt: text,
                 prompt_token_ids: ids,
+                count_only: false,
                 tools_json: Vec::new(),
                 sampling: Some(v1::SamplingParams {
                     temperature: self.temperature,

@@ -312,6 +312,7 @@ impl ChatRequest {
                 messages,
                 raw_prompt: None,
                 prompt_token_ids: Vec::new(),
+                count_only: false,
                 tools_json: self.tools.iter().flatten().map(Value::to_string).collect(),
                 sampling: Some(sampling(self.options.as_ref(), context)?),
                 enable_thinking: None,
@@ -360,6 +361,7 @@ impl GenerateRequest {
                 messages,
                 raw_prompt: raw.then(|| self.prompt.clone()),
                 prompt_token_ids: Vec::new(),
+                count_only: false,
                 tools_json: Vec::new(),
                 sampling: Some(sampling(self.options.as_ref(), context)?),
                 enable_thinking: None,
@@ -507,6 +509,84 @@ pub fn error_body(error: &ApiError) -> Value {
     json!({"error": error.message})
 }
 
+/// A card's `details`, as `/api/tags`, `/api/show` and `/api/ps` give them.
+pub fn details_json(card: &v1::ModelCard) -> Value {
+    let format = match card.source.as_ref().map(|s| s.format) {
+        Some(f) if f == v1::WeightFormat::Safetensors as i32 => "safetensors",
+        _ => "gguf",
+    };
+    json!({
+        "parent_model": card.base_model,
+        "format": format,
+        "family": card.family,
+        "families": [card.family],
+        "parameter_size": "",
+        "quantization_level": card.quantization,
+    })
+}
+
+/// What a model can be asked: tools for every text model (through its
+/// template, or an instruction where the template has none), the card's
+/// own tags (thinking, vision), embeddings for an embedding model.
+pub fn capabilities(card: &v1::ModelCard) -> Vec<String> {
+    let embeds = card.tasks.contains(&(v1::ModelTask::Embedding as i32));
+    let mut out: Vec<String> = if embeds {
+        vec!["embedding".into()]
+    } else {
+        vec!["completion".into(), "tools".into()]
+    };
+    for tag in &card.capabilities {
+        if !out.contains(tag) {
+            out.push(tag.clone());
+        }
+    }
+    out
+}
+
+/// `/api/show`'s answer for `card`.
+pub fn show_json(card: &v1::ModelCard) -> Value {
+    let arch = card.family.as_str();
+    let mut parameters = Vec::new();
+    if let Some(d) = &card.sampling_defaults {
+        parameters.extend(d.temperature.map(|t| format!("temperature {t}")));
+        parameters.extend(d.top_p.map(|p| format!("top_p {p}")));
+        parameters.extend(d.top_k.map(|k| format!("top_k {k}")));
+        parameters.extend(d.min_p.map(|p| format!("min_p {p}")));
+    }
+    json!({
+        "modelfile": format!("# served by tessera from its catalogue\nFROM {}\n", card.model_id),
+        "parameters": parameters.join("\n"),
+        "template": card.chat_template,
+        "details": details_json(card),
+        "model_info": {
+            "general.architecture": arch,
+            "general.basename": card.base_model,
+            format!("{arch}.context_length"): card.context_length,
+            format!("{arch}.block_count"): card.n_layers,
+            format!("{arch}.embedding_length"): card.hidden_size,
+            format!("{arch}.attention.head_count"): card.num_attention_heads,
+            format!("{arch}.attention.head_count_kv"): card.num_key_value_heads,
+        },
+        "capabilities": capabilities(card),
+        "modified_at": "1970-01-01T00:00:00Z",
+    })
+}
+
+/// One `/api/ps` entry: a model with a ready instance (kept until it is
+/// deleted, so no expiry).
+pub fn running_json(card: &v1::ModelCard) -> Value {
+    json!({
+        "name": card.model_id,
+        "model": card.model_id,
+        "size": card.storage_size_bytes,
+        "digest": "",
+        "details": details_json(card),
+        "expires_at": "9999-12-31T23:59:59Z",
+        "size_vram": 0,
+        "context_length": card.context_length,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -616,6 +696,38 @@ mod tests {
                 assert_eq!(error.param.as_deref(), Some(param), "{refused}");
             }
         }
+    }
+
+    #[test]
+    fn show_describes_a_card_as_ollama_does() {
+        let card = v1::ModelCard {
+            model_id: "owner/m:Q4_K_M".into(),
+            family: "llama".into(),
+            quantization: "q4_k_m".into(),
+            context_length: 8192,
+            n_layers: 16,
+            capabilities: vec!["thinking".into()],
+            chat_template: "{{ messages }}".into(),
+            sampling_defaults: Some(v1::SamplingDefaults {
+                temperature: Some(0.6),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let shown = show_json(&card);
+        assert_eq!(shown["model_info"]["llama.context_length"], 8192);
+        assert_eq!(shown["template"], "{{ messages }}");
+        assert_eq!(shown["parameters"], "temperature 0.6");
+        assert_eq!(
+            shown["capabilities"],
+            json!(["completion", "tools", "thinking"])
+        );
+        assert_eq!(shown["details"]["quantization_level"], "q4_k_m");
+        let embedder = v1::ModelCard {
+            tasks: vec![v1::ModelTask::Embedding as i32],
+            ..Default::default()
+        };
+        assert_eq!(capabilities(&embedder), vec!["embedding".to_string()]);
     }
 
     #[test]

@@ -267,6 +267,7 @@ impl ChatRequest {
                 messages,
                 raw_prompt: None,
                 prompt_token_ids: Vec::new(),
+                count_only: false,
                 tools_json,
                 sampling: Some(v1::SamplingParams {
                     temperature: self.temperature,

@@ -312,7 +312,7 @@ fn of_model(state: &v1::ClusterState, model: &str) -> (bool, bool) {
 }
 
 /// Whether every rank of `instance` has a runner ready (or running).
-pub(super) fn rank0_ready(state: &v1::ClusterState, instance: &v1::Instance) -> bool {
+pub(crate) fn rank0_ready(state: &v1::ClusterState, instance: &v1::Instance) -> bool {
     let ready = |rank: &v1::InstanceRank| {
         let status = state.runners.get(&rank.runner_id);
         let state = status.and_then(|s| s.state.as_ref());

@@ -191,6 +191,7 @@ impl ResponsesRequest {
                 messages,
                 raw_prompt: None,
                 prompt_token_ids: Vec::new(),
+                count_only: false,
                 tools_json,
                 sampling: Some(v1::SamplingParams {
                     temperature: self.temperature,

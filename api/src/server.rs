@@ -119,10 +119,17 @@ fn router(api: &Api) -> Router {
             post(crate::completions::handlers::completions),
         )
         .route("/v1/models", get(openai::handlers::models))
+        .route("/v1/models/{*id}", get(openai::handlers::model))
         .route("/v1/messages", post(anthropic::handlers::messages))
+        .route(
+            "/v1/messages/count_tokens",
+            post(anthropic::handlers::count_tokens),
+        )
         .route("/v1/responses", post(responses::handlers::responses))
         .route("/api/version", get(ollama::handlers::version))
         .route("/api/tags", get(ollama::handlers::tags))
+        .route("/api/show", post(ollama::handlers::show))
+        .route("/api/ps", get(ollama::handlers::ps))
         .route("/api/chat", post(ollama::handlers::chat))
         .route("/api/generate", post(ollama::handlers::generate))
         .route("/", get(dashboard::index))

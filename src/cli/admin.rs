@@ -250,6 +250,7 @@ impl GenerateArgs {
             messages: if self.raw { Vec::new() } else { vec![message] },
             raw_prompt: self.raw.then(|| self.prompt.clone()),
             prompt_token_ids: Vec::new(),
+            count_only: false,
             sampling: Some(v1::SamplingParams {
                 max_tokens: Some(self.max_tokens),
                 temperature: self.temperature,

@@ -284,3 +284,63 @@ fn the_legacy_completions_endpoint_with_the_official_client() {
         assert_eq!(got["errors"][refused], 400, "{got}");
     }
 }
+
+/// The endpoints clients call besides generation: one model by any name
+/// people type, Ollama's `/api/show` and `/api/ps`, Anthropic's token
+/// count (which equals the prompt tokens a generation reports).
+#[test]
+fn the_endpoints_clients_call_answer() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let node = Node::start(&root.path().join("n"), &[]);
+    let get = |path: &str| {
+        let (status, text) = http(&node.api, "GET", path, b"");
+        (
+            status,
+            serde_json::from_str::<Value>(&text).unwrap_or(Value::Null),
+        )
+    };
+    let post = |path: &str, body: Value| {
+        let (status, text) = http(&node.api, "POST", path, body.to_string().as_bytes());
+        (
+            status,
+            serde_json::from_str::<Value>(&text).unwrap_or(Value::Null),
+        )
+    };
+    let (status, one) = get(&format!("/v1/models/{MODEL}:latest"));
+    assert_eq!(status, 200, "{one}");
+    assert_eq!(one["id"], MODEL);
+    assert_eq!(get("/v1/models/no-such-model").0, 404);
+    let (status, shown) = post(
+        "/api/show",
+        serde_json::json!({"model": format!("{MODEL}:latest")}),
+    );
+    assert_eq!(status, 200, "{shown}");
+    assert_eq!(shown["model_info"]["llama.context_length"], 8192, "{shown}");
+    assert_eq!(
+        shown["capabilities"],
+        serde_json::json!(["completion", "tools"])
+    );
+    assert_eq!(
+        post("/api/show", serde_json::json!({"model": "nope"})).0,
+        404
+    );
+    // A generation by a tagged name places the model; /api/ps lists it.
+    let messages = serde_json::json!([{"role": "user", "content": "Count the tokens of this."}]);
+    let (status, answer) = post(
+        "/v1/messages",
+        serde_json::json!({"model": "smollm2-135m-instruct:Q4_1", "max_tokens": 1, "messages": messages}),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let (status, running) = get("/api/ps");
+    assert_eq!(status, 200);
+    assert_eq!(running["models"][0]["name"], MODEL, "{running}");
+    let (status, counted) = post(
+        "/v1/messages/count_tokens",
+        serde_json::json!({"model": MODEL, "messages": messages}),
+    );
+    assert_eq!(status, 200, "{counted}");
+    assert_eq!(
+        counted["input_tokens"], answer["usage"]["input_tokens"],
+        "{counted} {answer}"
+    );
+}

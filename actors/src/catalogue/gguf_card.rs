@@ -329,8 +329,33 @@ pub fn card_from_headers(
             format: v1::WeightFormat::Gguf as i32,
             files,
         }),
-        sampling_defaults: None,
+        sampling_defaults: sampling_defaults(meta),
+        chat_template: meta
+            .get_str("tokenizer.chat_template")
+            .unwrap_or_default()
+            .to_string(),
     })
+}
+
+/// The header's `general.sampling.*`, if it has any.
+fn sampling_defaults(meta: &Header) -> Option<v1::SamplingDefaults> {
+    let float = |key: &str| match meta.get(key)? {
+        gguf::MetaValue::Float(v) => Some(*v as f32),
+        _ => None,
+    };
+    let defaults = v1::SamplingDefaults {
+        temperature: float("general.sampling.temp"),
+        top_p: float("general.sampling.top_p"),
+        top_k: meta
+            .get_int("general.sampling.top_k")
+            .and_then(|k| u32::try_from(k).ok()),
+        min_p: float("general.sampling.min_p"),
+    };
+    let any = defaults.temperature.is_some()
+        || defaults.top_p.is_some()
+        || defaults.top_k.is_some()
+        || defaults.min_p.is_some();
+    any.then_some(defaults)
 }
 
 /// A card and what it cost.

@@ -160,6 +160,7 @@ pub fn parse(text: &str) -> Result<ModelCard, CardError> {
                 .collect(),
         }),
         sampling_defaults: None,
+        chat_template: String::new(),
     })
 }
 
@@ -391,6 +392,7 @@ pub fn card_from_config(
             files,
         }),
         sampling_defaults: None,
+        chat_template: String::new(),
     })
 }
 

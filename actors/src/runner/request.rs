@@ -41,6 +41,7 @@ pub fn request_from(params: &v1::TextGenerationParams) -> Result<GenerateRequest
     request.constraint = constraint_from(params.constraint.as_ref())?;
     request.tool_choice = tool_choice_from(params.tool_choice.as_ref(), &request.prompt)?;
     request.parallel_tool_calls = !params.tool_choice.as_ref().is_some_and(|c| c.one_call);
+    request.count_only = params.count_only;
     Ok(request)
 }
 

@@ -71,3 +71,44 @@ pub(crate) async fn messages(
     });
     Ok(response)
 }
+
+/// `/v1/messages/count_tokens`: the request's prompt (system, messages,
+/// tools) counted by its model's tokenizer on the instance, nothing
+/// generated.
+pub(crate) async fn count_tokens(
+    State(api): State<Api>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<serde_json::Value>, AnthropicError> {
+    let mut body: serde_json::Value = parse(body)?;
+    // A count needs no token limit; the request type wants one.
+    if let Some(object) = body.as_object_mut() {
+        object.entry("max_tokens").or_insert(serde_json::json!(1));
+    }
+    let request: anthropic::MessagesRequest = serde_json::from_value(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?;
+    let (target, mut params) = api
+        .prepare(&request.model, |context| request.to_params(context))
+        .await?;
+    params.count_only = true;
+    let Begun {
+        mut generation,
+        first,
+        slot,
+    } = api.begin(&target, params).await?;
+    let mut chunk = Some(Ok(first));
+    let mut input_tokens = None;
+    while let Some(next) = chunk {
+        match next? {
+            generation_chunk::Kind::Error(error) => return Err(chunk_error(&error).into()),
+            generation_chunk::Kind::Finish(finish) => {
+                input_tokens = finish.usage.map(|u| u.prompt_tokens);
+            }
+            _ => {}
+        }
+        chunk = next_chunk(&mut generation).await;
+    }
+    drop(slot);
+    let input_tokens =
+        input_tokens.ok_or_else(|| ApiError::bad_request("the count did not finish"))?;
+    Ok(Json(serde_json::json!({"input_tokens": input_tokens})))
+}

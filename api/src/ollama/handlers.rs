@@ -171,3 +171,60 @@ pub(crate) async fn generate(
     let (model, stream) = (request.model.clone(), request.streaming());
     ollama_answer(api, model, stream, ollama::Shape::Generate, params, target).await
 }
+
+#[derive(serde::Deserialize)]
+pub(crate) struct ShowRequest {
+    #[serde(default)]
+    model: Option<String>,
+    /// The older name of `model`.
+    #[serde(default)]
+    name: Option<String>,
+    /// Ollama's verbose adds the tokenizer's arrays: nothing to add here.
+    #[serde(default, rename = "verbose")]
+    _verbose: Option<bool>,
+}
+
+/// `/api/show`: a model's card as Ollama describes one.
+pub(crate) async fn show(
+    State(api): State<Api>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, OllamaError> {
+    let request: ShowRequest = parse(body)?;
+    let Some(name) = request.model.or(request.name).filter(|n| !n.is_empty()) else {
+        return Err(ApiError::invalid("model", "model must not be empty").into());
+    };
+    let state = api.state().await?;
+    let cards = crate::openai::handlers::known_cards(&state);
+    match tessera_actors::catalogue::resolve(&cards, &name) {
+        Ok(Some(card)) => Ok(Json(ollama::show_json(&card))),
+        Ok(None) => {
+            Err(ApiError::not_found("model_not_found", format!("model {name:?} not found")).into())
+        }
+        Err(several) => Err(ApiError::invalid(
+            "model",
+            format!(
+                "{name:?} could mean several models; name one of {}",
+                several.join(", ")
+            ),
+        )
+        .into()),
+    }
+}
+
+/// `/api/ps`: the models with a ready instance.
+pub(crate) async fn ps(State(api): State<Api>) -> Result<Json<Value>, OllamaError> {
+    let state = api.state().await?;
+    let mut running: Vec<v1::ModelCard> = Vec::new();
+    for instance in state.instances.values() {
+        let Some(card) = &instance.model else {
+            continue;
+        };
+        if crate::ready::rank0_ready(&state, instance)
+            && !running.iter().any(|c| c.model_id == card.model_id)
+        {
+            running.push(card.clone());
+        }
+    }
+    let models: Vec<Value> = running.iter().map(ollama::running_json).collect();
+    Ok(Json(json!({"models": models})))
+}

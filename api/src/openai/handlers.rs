@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -124,7 +124,41 @@ async fn wait_with_progress(
 
 pub(crate) async fn models(State(api): State<Api>) -> Result<Json<Value>, ApiError> {
     let state = api.state().await?;
-    let mut cards: Vec<v1::ModelCard> = tessera_actors::catalogue::all(&state);
+    let data: Vec<Value> = known_cards(&state)
+        .iter()
+        .map(|card| model_json(&state, card))
+        .collect();
+    Ok(Json(json!({"object": "list", "data": data})))
+}
+
+/// `/v1/models/{id}`: one model, by any name [`resolve`] takes.
+///
+/// [`resolve`]: tessera_actors::catalogue::resolve
+pub(crate) async fn model(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let state = api.state().await?;
+    match tessera_actors::catalogue::resolve(&known_cards(&state), &id) {
+        Ok(Some(card)) => Ok(Json(model_json(&state, &card))),
+        Ok(None) => Err(ApiError::not_found(
+            "model_not_found",
+            format!("the model {id:?} does not exist"),
+        )),
+        Err(several) => Err(ApiError::invalid(
+            "model",
+            format!(
+                "{id:?} could mean several models; name one of {}",
+                several.join(", ")
+            ),
+        )),
+    }
+}
+
+/// Every card the cluster knows, and those of placed instances it does
+/// not (an instance keeps the card it was placed with).
+pub(crate) fn known_cards(state: &v1::ClusterState) -> Vec<v1::ModelCard> {
+    let mut cards: Vec<v1::ModelCard> = tessera_actors::catalogue::all(state);
     for instance in state.instances.values() {
         if let Some(card) = &instance.model {
             if !cards.iter().any(|c| c.model_id == card.model_id) {
@@ -132,31 +166,30 @@ pub(crate) async fn models(State(api): State<Api>) -> Result<Json<Value>, ApiErr
             }
         }
     }
-    let data: Vec<Value> = cards
-        .iter()
-        .map(|card| {
-            let instances: Vec<&v1::Instance> = state
-                .instances
-                .values()
-                .filter(|i| {
-                    i.model
-                        .as_ref()
-                        .is_some_and(|m| m.model_id == card.model_id)
-                })
-                .collect();
-            let ready = instances.iter().any(|i| rank0_ready(&state, i));
-            json!({
-                "id": card.model_id,
-                "object": "model",
-                "created": 0,
-                "owned_by": "tessera",
-                "context_length": card.context_length,
-                "instances": instances.len(),
-                "ready": ready,
-                "downloaded_on": tessera_actors::cluster::placement::downloaded_on(&state, &card.model_id),
-                "partly_downloaded_on": tessera_actors::cluster::placement::partly_on(&state, &card.model_id),
-            })
+    cards
+}
+
+/// A model as OpenAI lists it, with tessera's placement facts.
+fn model_json(state: &v1::ClusterState, card: &v1::ModelCard) -> Value {
+    let instances: Vec<&v1::Instance> = state
+        .instances
+        .values()
+        .filter(|i| {
+            i.model
+                .as_ref()
+                .is_some_and(|m| m.model_id == card.model_id)
         })
         .collect();
-    Ok(Json(json!({"object": "list", "data": data})))
+    let ready = instances.iter().any(|i| rank0_ready(state, i));
+    json!({
+        "id": card.model_id,
+        "object": "model",
+        "created": 0,
+        "owned_by": "tessera",
+        "context_length": card.context_length,
+        "instances": instances.len(),
+        "ready": ready,
+        "downloaded_on": tessera_actors::cluster::placement::downloaded_on(state, &card.model_id),
+        "partly_downloaded_on": tessera_actors::cluster::placement::partly_on(state, &card.model_id),
+    })
 }

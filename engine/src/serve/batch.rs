@@ -221,6 +221,9 @@ pub struct Batch<'m> {
     waiting: VecDeque<Waiting>,
     running: Vec<Running>,
     cancelled_waiting: Vec<SeqId>,
+    /// Requests that only count their prompt: their counts, to finish at
+    /// the next step.
+    counted: Vec<(SeqId, usize)>,
     /// Requests admission could not take after all, told at the next step.
     refused: Vec<(SeqId, String)>,
     // Reused every step.
@@ -251,6 +254,7 @@ impl<'m> Batch<'m> {
             waiting: VecDeque::new(),
             running: Vec::new(),
             cancelled_waiting: Vec::new(),
+            counted: Vec::new(),
             refused: Vec::new(),
             planned: Vec::new(),
             step_tokens: Vec::new(),
@@ -319,6 +323,7 @@ impl<'m> Batch<'m> {
         self.waiting.is_empty()
             && self.running.is_empty()
             && self.cancelled_waiting.is_empty()
+            && self.counted.is_empty()
             && self.refused.is_empty()
             && self.launches.is_empty()
     }
@@ -354,6 +359,10 @@ impl<'m> Batch<'m> {
         let vocab = self.model.transformer.config.vocab;
         request.sampling.validate_for_vocabulary(vocab)?;
         let prompt = self.model.tokenize(&request.prompt)?;
+        if request.count_only {
+            self.counted.push((id, prompt.len()));
+            return Ok(());
+        }
         let context = self.model.transformer.config.context_length;
         let needed = prompt.len() + request.max_tokens;
         if prompt.len() >= context || needed > context {
@@ -851,6 +860,12 @@ impl<'m> Batch<'m> {
             let _ = sink(
                 id,
                 SeqEvent::Finished(GenerationOutput::cancelled_before_start()),
+            );
+        }
+        for (id, prompt_tokens) in std::mem::take(&mut self.counted) {
+            let _ = sink(
+                id,
+                SeqEvent::Finished(GenerationOutput::counted(prompt_tokens)),
             );
         }
         let mut index = 0;

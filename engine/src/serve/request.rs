@@ -139,6 +139,9 @@ pub struct GenerateRequest {
     pub tool_choice: ToolChoice,
     /// Several tool calls in one answer (else at most one).
     pub parallel_tool_calls: bool,
+    /// Only count the prompt's tokens: the request finishes at the next
+    /// step with its prompt counted and nothing generated.
+    pub count_only: bool,
 }
 
 /// Prompt tokens per forward pass unless a request says otherwise. The
@@ -165,6 +168,7 @@ impl GenerateRequest {
             constraint: None,
             tool_choice: ToolChoice::Auto,
             parallel_tool_calls: true,
+            count_only: false,
         }
     }
 }
@@ -248,6 +252,18 @@ pub struct GenerationOutput {
 }
 
 impl GenerationOutput {
+    /// A request that only counted its prompt.
+    pub fn counted(prompt_tokens: usize) -> Self {
+        Self {
+            finish_reason: FinishReason::Stop,
+            stats: GenerationStats {
+                prompt_tokens,
+                ..GenerationStats::default()
+            },
+            ..Self::cancelled_before_start()
+        }
+    }
+
     /// A request cancelled while it waited: nothing ran.
     pub fn cancelled_before_start() -> Self {
         Self {
