@@ -291,7 +291,7 @@ impl Choice {
                 self.logprobs.push(token, self.text.len());
                 self.text.push_str(&token.text);
             }
-            generation_chunk::Kind::Finish(finish) => self.finish = Some(finish.clone()),
+            generation_chunk::Kind::Finish(finish) => self.finish = Some(*finish),
             _ => {}
         }
     }
@@ -316,7 +316,7 @@ pub fn completion(
 ) -> Value {
     let mut usage = v1::Usage::default();
     for finish in choices.iter().filter_map(|c| c.finish.as_ref()) {
-        let one = finish.usage.clone().unwrap_or_default();
+        let one = finish.usage.unwrap_or_default();
         usage.prompt_tokens += one.prompt_tokens;
         usage.completion_tokens += one.completion_tokens;
         usage.cached_tokens += one.cached_tokens;
