@@ -24,6 +24,8 @@
 //! - [`serve`]: requests in, tokens out: the executor of one rank's steps,
 //!   the sampler, speculative decoding, continuous batching, and a
 //!   one-request [`serve::Session`].
+//! - [`embed`]: texts in, vectors out: sentence-transformers models (a
+//!   BERT-style encoder, pooling, normalisation).
 //!
 //! # Invariants
 //! - **The engine knows nothing of actors, zenoh or HTTP**: no dependency on
@@ -32,6 +34,7 @@
 //!   live in [`model::Workspace`] and the KV cache reserves its room up front.
 
 pub mod dist;
+pub mod embed;
 pub mod formats;
 pub mod logits;
 pub mod memory;

@@ -37,6 +37,29 @@ pub fn default_model_path() -> PathBuf {
     path
 }
 
+/// The default embedding model's folder inside the models folder.
+pub const DEFAULT_EMBEDDING_MODEL_DIR: &str = "all-minilm-l6-v2";
+
+/// The default embedding model (all-MiniLM-L6-v2, a sentence-transformers
+/// folder), as `scripts/fetch-model` installs it: `TESSERA_TEST_EMBEDDING_MODEL`,
+/// else under the models folder. Panics with the fix when it is missing.
+pub fn default_embedding_model_path() -> PathBuf {
+    if let Some(path) = std::env::var_os("TESSERA_TEST_EMBEDDING_MODEL") {
+        return PathBuf::from(path);
+    }
+    let home = std::env::var_os("TESSERA_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".tessera")))
+        .unwrap_or_else(|| PathBuf::from(".tessera"));
+    let path = home.join("models").join(DEFAULT_EMBEDDING_MODEL_DIR);
+    assert!(
+        path.join("model.safetensors").is_file(),
+        "the default embedding model is missing at {}: run scripts/fetch-model (or set TESSERA_TEST_EMBEDDING_MODEL)",
+        path.display()
+    );
+    path
+}
+
 /// `n` listeners on free loopback ports and their addresses: one per rank of
 /// a ring run in one test.
 pub fn loopback_listeners(n: usize) -> (Vec<TcpListener>, Vec<SocketAddr>) {

@@ -8,6 +8,7 @@
 mod architectures;
 mod batching;
 mod distributed;
+mod embeddings;
 mod golden;
 mod hf_reference;
 mod kquants;

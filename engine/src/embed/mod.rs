@@ -1,0 +1,254 @@
+//! Embeddings. An [`Embedder`] is a sentence-transformers folder (its
+//! transformer, pooling and normalisation, as `modules.json` lists them)
+//! loaded to turn texts or token ids into vectors, a whole batch at once.
+//! The transformer is a BERT-style encoder ([`bert`]: all-MiniLM, BGE, E5);
+//! [`pooling`] makes one vector of its token states.
+//!
+//! Texts are tokenized as sentence-transformers tokenizes them: with the
+//! tokenizer's special tokens (`[CLS] ... [SEP]`), truncated to the model's
+//! `max_seq_length`.
+
+pub mod bert;
+pub mod pooling;
+mod weights;
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::threadpool::ThreadPool;
+use bert::{Bert, BertConfig};
+use pooling::Pooling;
+
+/// Why a model cannot embed, or an input cannot be embedded.
+#[derive(Debug, thiserror::Error)]
+pub enum EmbedError {
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {reason}")]
+    Format { path: String, reason: String },
+    #[error("this embedding model is not supported: {0}")]
+    Unsupported(String),
+    #[error("the tokenizer: {0}")]
+    Tokenizer(String),
+    /// The request's fault (a 400).
+    #[error("input {index}: {reason}")]
+    Input { index: usize, reason: String },
+}
+
+impl EmbedError {
+    pub fn is_invalid_input(&self) -> bool {
+        matches!(self, Self::Input { .. })
+    }
+}
+
+/// One thing to embed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EmbedInput {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// One input's vector and the tokens it took.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Embedding {
+    pub vector: Vec<f32>,
+    pub tokens: usize,
+}
+
+/// A sentence-transformers model, loaded.
+pub struct Embedder {
+    encoder: Bert,
+    tokenizer: tokenizers::Tokenizer,
+    pooling: Pooling,
+    normalize: bool,
+    max_tokens: usize,
+    pub path: PathBuf,
+}
+
+fn read_json(path: &Path) -> Result<Option<Value>, EmbedError> {
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(path).map_err(|source| EmbedError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| EmbedError::Format {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })
+}
+
+/// What `modules.json` says beyond the transformer: the pooling folder,
+/// and whether a `Normalize` module follows.
+fn modules(dir: &Path) -> Result<(PathBuf, bool), EmbedError> {
+    let listed = read_json(&dir.join("modules.json"))?.unwrap_or(Value::Null);
+    let entries = listed.as_array().map(Vec::as_slice).unwrap_or_default();
+    let kind = |e: &Value| {
+        e.get("type")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let pooling = entries
+        .iter()
+        .find(|e| kind(e).ends_with("Pooling"))
+        .and_then(|e| e.get("path").and_then(Value::as_str))
+        .unwrap_or("1_Pooling");
+    let normalize = entries.iter().any(|e| kind(e).ends_with("Normalize"));
+    Ok((dir.join(pooling), normalize))
+}
+
+impl Embedder {
+    /// Loads a sentence-transformers folder: `config.json`,
+    /// `model.safetensors`, `tokenizer.json`, `modules.json` and the
+    /// pooling's `config.json`.
+    pub fn load(dir: &Path) -> Result<Self, EmbedError> {
+        let config_path = dir.join("config.json");
+        let config = read_json(&config_path)?.ok_or_else(|| EmbedError::Format {
+            path: dir.display().to_string(),
+            reason: "no config.json".into(),
+        })?;
+        let model_type = config
+            .get("model_type")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if model_type != "bert" {
+            return Err(EmbedError::Unsupported(format!(
+                "model_type {model_type:?} (embedding encoders: bert)"
+            )));
+        }
+        let bert: BertConfig = serde_json::from_value(config).map_err(|e| EmbedError::Format {
+            path: config_path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        let tensors = weights::Tensors::open(&dir.join("model.safetensors"))?;
+        let encoder = Bert::load(bert, &tensors)?;
+        let (pooling_dir, normalize) = modules(dir)?;
+        let pooling_config = read_json(&pooling_dir.join("config.json"))?.unwrap_or(Value::Null);
+        let pooling = Pooling::from_config(&pooling_config).ok_or_else(|| {
+            EmbedError::Unsupported(format!("the pooling of {}", pooling_dir.display()))
+        })?;
+        let max_tokens = max_tokens(dir, encoder.config.max_position_embeddings)?;
+        let tokenizer = tokenizer(dir, max_tokens)?;
+        Ok(Self {
+            encoder,
+            tokenizer,
+            pooling,
+            normalize,
+            max_tokens,
+            path: dir.to_path_buf(),
+        })
+    }
+
+    /// The length of each vector.
+    pub fn dimensions(&self) -> usize {
+        self.encoder.config.hidden_size
+    }
+
+    /// The most tokens an input takes (texts are cut there, as
+    /// sentence-transformers cuts them).
+    pub fn max_tokens(&self) -> usize {
+        self.max_tokens
+    }
+
+    /// The token ids input `index` is embedded from.
+    pub fn tokenize(&self, index: usize, input: &EmbedInput) -> Result<Vec<u32>, EmbedError> {
+        let invalid = |reason: String| EmbedError::Input { index, reason };
+        match input {
+            EmbedInput::Text(text) => self
+                .tokenizer
+                .encode(text.as_str(), true)
+                .map(|e| e.get_ids().to_vec())
+                .map_err(|e| EmbedError::Tokenizer(e.to_string())),
+            EmbedInput::Tokens(ids) => {
+                let vocab = self.encoder.config.vocab_size;
+                if ids.is_empty() {
+                    return Err(invalid("no tokens".into()));
+                }
+                if ids.len() > self.max_tokens {
+                    return Err(invalid(format!(
+                        "{} tokens, beyond the model's {}",
+                        ids.len(),
+                        self.max_tokens
+                    )));
+                }
+                match ids.iter().find(|&&id| id as usize >= vocab) {
+                    Some(id) => Err(invalid(format!(
+                        "token id {id} is beyond the vocabulary of {vocab}"
+                    ))),
+                    None => Ok(ids.clone()),
+                }
+            }
+        }
+    }
+
+    /// The vectors of `inputs`, in order, computed as one batch.
+    pub fn embed(
+        &self,
+        inputs: &[EmbedInput],
+        pool: &ThreadPool,
+    ) -> Result<Vec<Embedding>, EmbedError> {
+        let sequences = inputs
+            .iter()
+            .enumerate()
+            .map(|(index, input)| self.tokenize(index, input))
+            .collect::<Result<Vec<_>, _>>()?;
+        let states = self.encoder.forward(&sequences, pool);
+        let width = self.dimensions();
+        Ok(bert::spans(&sequences)
+            .into_iter()
+            .map(|span| {
+                let mut vector = self
+                    .pooling
+                    .pool(&states[span.start * width..span.end * width], width);
+                if self.normalize {
+                    pooling::normalize(&mut vector);
+                }
+                Embedding {
+                    vector,
+                    tokens: span.len(),
+                }
+            })
+            .collect())
+    }
+}
+
+/// `max_seq_length` as sentence-transformers takes it: its own config,
+/// else the tokenizer's `model_max_length`, within the position table.
+fn max_tokens(dir: &Path, positions: usize) -> Result<usize, EmbedError> {
+    let own = read_json(&dir.join("sentence_bert_config.json"))?
+        .and_then(|c| c.get("max_seq_length").and_then(Value::as_u64));
+    let tokenizer = read_json(&dir.join("tokenizer_config.json"))?
+        .and_then(|c| c.get("model_max_length").and_then(Value::as_u64));
+    let chosen = own
+        .or(tokenizer)
+        .map_or(positions, |n| usize::try_from(n).unwrap_or(positions));
+    Ok(chosen.min(positions))
+}
+
+/// The folder's `tokenizer.json`, cutting at `max_tokens` (special tokens
+/// included) and padding nothing.
+fn tokenizer(dir: &Path, max_tokens: usize) -> Result<tokenizers::Tokenizer, EmbedError> {
+    let path = dir.join("tokenizer.json");
+    let mut tokenizer =
+        tokenizers::Tokenizer::from_file(&path).map_err(|e| EmbedError::Format {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+    tokenizer.with_padding(None);
+    tokenizer
+        .with_truncation(Some(tokenizers::TruncationParams {
+            max_length: max_tokens,
+            ..Default::default()
+        }))
+        .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
+    Ok(tokenizer)
+}

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Embedding references: tiny random sentence-transformers checkpoints of the
+encoder families the engine embeds with, and what sentence-transformers
+answers for a varied set of texts; and the same answers for the real
+all-MiniLM-L6-v2 (the offline default, from its PyPI package).
+
+Run in the reference virtualenv (scripts/make-reference-models makes it)
+with sentence-transformers installed:
+
+    python scripts/make_embedding_references.py OUT_DIR [--minilm DIR]
+
+For every case it writes OUT_DIR/<case>/ as sentence-transformers saves a
+model (config.json, model.safetensors, tokenizer files, modules.json,
+1_Pooling/, 2_Normalize/ where it normalises, sentence_bert_config.json)
+plus reference.json: the texts, each one's token ids and its embedding.
+With --minilm it writes OUT_DIR/all-minilm-l6-v2.json for the real model.
+
+Everything is seeded: a rerun with the same versions writes the same files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import sentence_transformers
+import tokenizers
+import torch
+import transformers
+from sentence_transformers import SentenceTransformer, models
+from tokenizers import decoders, normalizers, pre_tokenizers, processors, trainers
+from transformers import BertConfig, BertModel, BertTokenizerFast
+
+# Empty, short, long (past the tiny models' 64 tokens), non-Latin, emoji,
+# odd whitespace, accents and mixed case.
+TEXTS = [
+    "",
+    "Hello world",
+    "The quick brown fox jumps over the lazy dog.",
+    " ".join(
+        "A cluster of ordinary machines serves one large model by splitting "
+        "its layers, and every node folds the same ordered log of events "
+        "into the same state, so any of them can answer.".split()
+        * 6
+    ),
+    "Привет, мир! Как дела?",
+    "東京は日本の首都です。",
+    "emoji 🎉🚀 party 👩‍💻",
+    "  spaces\tand\nnewlines  ",
+    "Ça va très bien, MERCI beaucoup — naïve café.",
+]
+
+CORPUS = (
+    "the quick brown fox jumps over the lazy dog . a cluster of machines "
+    "serves models , splits layers , and folds one log of events into state . "
+    "hello world ! how are you ? tokyo is the capital of japan . emoji party . "
+    "machines nodes events state model layer split serve answer text word "
+) * 20
+
+
+def wordpiece(size: int) -> tokenizers.Tokenizer:
+    """A lowercasing WordPiece of `size` tokens, with BERT's specials and
+    post-processor, trained on the built-in corpus."""
+    tok = tokenizers.Tokenizer(tokenizers.models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    trainer = trainers.WordPieceTrainer(vocab_size=size, special_tokens=specials)
+    tok.train_from_iterator([CORPUS], trainer)
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    return tok
+
+
+def tiny_bert(out: Path, pooling: str, normalize: bool, seed: int) -> None:
+    torch.manual_seed(seed)
+    work = out.with_suffix(".work")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    tok = wordpiece(512)
+    fast = BertTokenizerFast(tokenizer_object=tok, do_lower_case=True)
+    fast.save_pretrained(work)
+    config = BertConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        type_vocab_size=2,
+        layer_norm_eps=1e-12,
+    )
+    model = BertModel(config)
+    # Weights larger than the init's, so that layers change the states.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm" not in name:
+                p.mul_(8.0)
+    model.save_pretrained(work, safe_serialization=True)
+    body = models.Transformer(str(work), max_seq_length=64)
+    pool = models.Pooling(body.get_word_embedding_dimension(), pooling_mode=pooling)
+    modules = [body, pool] + ([models.Normalize()] if normalize else [])
+    st = SentenceTransformer(modules=modules, device="cpu")
+    shutil.rmtree(out, ignore_errors=True)
+    st.save(str(out))
+    # The model card sentence-transformers writes says nothing the tests use.
+    (out / "README.md").unlink(missing_ok=True)
+    shutil.rmtree(work)
+    reference(st, out / "reference.json")
+
+
+def reference(st: SentenceTransformer, path: Path) -> None:
+    tokenizer = st.tokenizer
+    ids = [tokenizer(t, truncation=True, max_length=st.max_seq_length)["input_ids"] for t in TEXTS]
+    embeddings = st.encode(TEXTS, convert_to_numpy=True, batch_size=4)
+    path.write_text(
+        json.dumps(
+            {
+                "texts": TEXTS,
+                "token_ids": ids,
+                "embeddings": [[round(float(x), 7) for x in row] for row in embeddings],
+            },
+            ensure_ascii=False,
+        )
+        + "\n"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--minilm", type=Path, help="the all-MiniLM-L6-v2 folder")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    tiny_bert(args.out / "bert-mean", "mean", True, 1)
+    tiny_bert(args.out / "bert-cls", "cls", False, 2)
+    if args.minilm:
+        st = SentenceTransformer(str(args.minilm), device="cpu")
+        reference(st, args.out / "all-minilm-l6-v2.json")
+    print(
+        f"torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"sentence-transformers {sentence_transformers.__version__}, tokenizers {tokenizers.__version__}"
+    )
+
+
+if __name__ == "__main__":
+    main()
