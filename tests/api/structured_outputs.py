@@ -14,6 +14,7 @@ import concurrent.futures
 import json
 import sys
 import time
+from pathlib import Path
 from typing import List, Literal, Optional
 
 import jsonschema
@@ -25,71 +26,10 @@ only = int(sys.argv[sys.argv.index("--only") + 1]) if "--only" in sys.argv else 
 client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=300)
 
 
-def obj(properties, required=None):
-    return {
-        "type": "object",
-        "properties": properties,
-        "required": list(properties) if required is None else required,
-        "additionalProperties": False,
-    }
-
-
-STR = {"type": "string", "maxLength": 40}
-SCHEMAS = [
-    ("A person with a name and an age.", obj({"name": STR, "age": {"type": "integer", "minimum": 0, "maximum": 130}})),
-    ("A city and its country.", obj({"city": STR, "country": STR})),
-    ("Three fruits.", obj({"fruits": {"type": "array", "items": STR, "minItems": 3, "maxItems": 3}})),
-    ("Is water wet?", obj({"answer": {"type": "boolean"}})),
-    ("Pick a primary colour.", obj({"colour": {"enum": ["red", "yellow", "blue"]}})),
-    ("A US phone number.", obj({"phone": {"type": "string", "pattern": "^[0-9]{3}-[0-9]{3}-[0-9]{4}$"}})),
-    ("A temperature in Celsius.", obj({"celsius": {"type": "number", "minimum": -90, "maximum": 60}})),
-    (
-        "A book with a title, an author and optionally a year.",
-        obj({"title": STR, "author": STR, "year": {"type": "integer", "minimum": 1000, "maximum": 2030}}, ["title", "author"]),
-    ),
-    (
-        "A company with its address.",
-        obj({"company": STR, "address": obj({"street": STR, "city": STR, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}})}),
-    ),
-    (
-        "Two people with names and ages.",
-        obj({"people": {"type": "array", "minItems": 2, "maxItems": 4, "items": obj({"name": STR, "age": {"type": "integer", "minimum": 0, "maximum": 130}})}}),
-    ),
-    (
-        "Either a number or a word.",
-        obj({"value": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 1000}, {"type": "string", "maxLength": 20}]}}),
-    ),
-    (
-        "A shape: a circle with a radius or a square with a side.",
-        obj({"shape": {"anyOf": [
-            obj({"kind": {"const": "circle"}, "radius": {"type": "number", "minimum": 0, "maximum": 100}}),
-            obj({"kind": {"const": "square"}, "side": {"type": "number", "minimum": 0, "maximum": 100}}),
-        ]}}),
-    ),
-    ("Rate a movie from 1 to 5 with a comment.", obj({"stars": {"type": "integer", "minimum": 1, "maximum": 5}, "comment": STR})),
-    ("An email address.", obj({"email": {"type": "string", "pattern": "^[a-z]{1,10}@[a-z]{1,10}\\.(com|org)$"}})),
-    ("A list of at least two tags.", obj({"tags": {"type": "array", "items": {"enum": ["news", "sport", "tech", "food"]}, "minItems": 2, "maxItems": 4}})),
-    (
-        "A recipe with ingredients and steps.",
-        obj({"name": STR, "ingredients": {"type": "array", "items": STR, "minItems": 1, "maxItems": 4},
-             "steps": {"type": "array", "items": STR, "minItems": 1, "maxItems": 3}}),
-    ),
-    (
-        "A product with an optional discount.",
-        obj({"product": STR, "price": {"type": "number", "minimum": 0, "maximum": 10000},
-             "discount": {"anyOf": [{"type": "number", "minimum": 0, "maximum": 1}, {"type": "null"}]}}, ["product", "price"]),
-    ),
-    ("A date.", obj({"date": {"type": "string", "pattern": "^20[0-9]{2}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9])$"}})),
-    (
-        "A weather report.",
-        obj({"city": STR, "condition": {"enum": ["sunny", "cloudy", "rainy", "snowy"]},
-             "high": {"type": "integer", "minimum": -50, "maximum": 50}, "low": {"type": "integer", "minimum": -50, "maximum": 50}}),
-    ),
-    (
-        "A tree of two levels: a root with children that have names.",
-        obj({"root": obj({"name": STR, "children": {"type": "array", "minItems": 1, "maxItems": 3, "items": obj({"name": STR})}})}),
-    ),
-]
+# The twenty cases, shared with the engine's test through tensor world 2
+# (engine/tests/it/structured.rs): a prompt and its schema each.
+with open(Path(__file__).with_name("schemas.json")) as f:
+    SCHEMAS = [(case["prompt"], case["schema"]) for case in json.load(f)]
 assert len(SCHEMAS) == 20
 
 
@@ -98,7 +38,7 @@ def ask(index):
     started = time.monotonic()
     done = client.chat.completions.create(
         model=model,
-        messages=[{"role": "user", "content": prompt + " Answer in JSON."}],
+        messages=[{"role": "user", "content": prompt}],
         max_tokens=300,
         temperature=0,
         response_format={"type": "json_schema", "json_schema": {"name": f"s{index}", "strict": True, "schema": schema}},

@@ -15,6 +15,7 @@ mod kquants;
 mod safetensors;
 mod sentencepiece;
 mod speculative;
+mod structured;
 mod tensor_exact;
 mod tensor_parallel;
 mod tools;
