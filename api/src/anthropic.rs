@@ -361,8 +361,10 @@ pub fn message(id: &str, model: &str, chunks: &[generation_chunk::Kind]) -> Valu
             generation_chunk::Kind::Token(t) => text.push_str(&t.text),
             generation_chunk::Kind::ToolCall(c) => {
                 if let Some(call) = &c.call {
-                    if !text.is_empty() {
-                        content.push(json!({"type": "text", "text": std::mem::take(&mut text)}));
+                    // The newlines around calls are no text block.
+                    let before = std::mem::take(&mut text);
+                    if !before.trim().is_empty() {
+                        content.push(json!({"type": "text", "text": before}));
                     }
                     content.push(json!({
                         "type": "tool_use",
@@ -376,7 +378,7 @@ pub fn message(id: &str, model: &str, chunks: &[generation_chunk::Kind]) -> Valu
             _ => {}
         }
     }
-    if !text.is_empty() || content.is_empty() {
+    if !text.trim().is_empty() || content.is_empty() {
         content.push(json!({"type": "text", "text": text}));
     }
     if !thinking.is_empty() {

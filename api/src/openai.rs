@@ -502,7 +502,8 @@ impl Answer {
         }
         if !self.tool_calls.is_empty() {
             message["tool_calls"] = self.tool_calls.iter().map(tool_call_json).collect();
-            if self.content.is_empty() {
+            // The newlines between calls are no answer.
+            if self.content.trim().is_empty() {
                 message["content"] = Value::Null;
             }
         }
