@@ -14,7 +14,7 @@ use tessera_protos::v1::{self, generation_chunk};
 use super::error::ApiError;
 use super::extras::{nothing, Extras, Refused};
 pub use super::openai::StreamOptions;
-use super::openai::{finish_reason, stats_json, usage_json, Stop};
+use super::openai::{finish_reason, stats_json, usage_json, Sampling, Stop};
 
 /// Tokens a request without `max_tokens` generates (OpenAI's default).
 const DEFAULT_MAX_TOKENS: u32 = 16;
@@ -40,22 +40,9 @@ pub struct CompletionRequest {
     pub prompt: PromptInput,
     #[serde(default)]
     pub max_tokens: Option<u32>,
-    #[serde(default)]
-    pub temperature: Option<f32>,
-    #[serde(default)]
-    pub top_p: Option<f32>,
-    #[serde(default)]
-    pub top_k: Option<u32>,
-    #[serde(default)]
-    pub min_p: Option<f32>,
-    #[serde(default)]
-    pub frequency_penalty: Option<f32>,
-    #[serde(default)]
-    pub presence_penalty: Option<f32>,
-    #[serde(default)]
-    pub repetition_penalty: Option<f32>,
-    #[serde(default)]
-    pub seed: Option<u64>,
+    /// The sampling fields, as Chat Completions takes them.
+    #[serde(flatten)]
+    pub sampling: Sampling,
     #[serde(default)]
     pub stop: Option<Stop>,
     /// The legacy shape: how many alternatives per token (0 lists the
@@ -72,8 +59,6 @@ pub struct CompletionRequest {
     pub n: Option<u32>,
     #[serde(default)]
     pub best_of: Option<u32>,
-    #[serde(default)]
-    pub logit_bias: Option<serde_json::Map<String, Value>>,
     /// Every other field: not applicable, or refused ([`EXTRAS`]).
     #[serde(flatten)]
     pub other: serde_json::Map<String, Value>,
@@ -173,24 +158,11 @@ impl CompletionRequest {
                 prompt_token_ids: ids,
                 count_only: false,
                 tools_json: Vec::new(),
-                sampling: Some(v1::SamplingParams {
-                    temperature: self.temperature,
-                    top_p: self.top_p,
-                    top_k: self.top_k,
-                    min_p: self.min_p,
-                    repetition_penalty: self.repetition_penalty,
-                    presence_penalty: self.presence_penalty,
-                    frequency_penalty: self.frequency_penalty,
-                    seed: self.seed,
-                    max_tokens: Some(self.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),
+                sampling: Some(self.sampling.wire(
+                    Some(self.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),
                     stop,
-                    stop_token_ids: Vec::new(),
-                    logprobs: self.logprobs.is_some(),
-                    top_logprobs: self.logprobs.unwrap_or(0),
-                    logit_bias: crate::constraint::logit_bias(self.logit_bias.as_ref())?,
-                    default_temperature: Some(super::openai::OPENAI_TEMPERATURE),
-                    penalty_window: None,
-                }),
+                    (self.logprobs.is_some(), self.logprobs.unwrap_or(0)),
+                )?),
                 enable_thinking: None,
                 speculative: super::extension::speculative(self.tessera.as_ref()),
                 constraint,
@@ -203,6 +175,7 @@ impl CompletionRequest {
 
     fn check_fields(&self, context: u32) -> Result<(), ApiError> {
         EXTRAS.check(&self.other)?;
+        self.sampling.check()?;
         if self.model.trim().is_empty() {
             return Err(ApiError::invalid("model", "model must not be empty"));
         }

@@ -27,6 +27,34 @@ pub struct ChatRequest {
     pub max_tokens: Option<u32>,
     #[serde(default)]
     pub max_completion_tokens: Option<u32>,
+    /// The sampling fields, shared with the legacy Completions.
+    #[serde(flatten)]
+    pub sampling: Sampling,
+    #[serde(default)]
+    pub stop: Option<Stop>,
+    #[serde(default)]
+    pub logprobs: Option<bool>,
+    #[serde(default)]
+    pub top_logprobs: Option<u32>,
+    #[serde(default)]
+    pub tools: Option<Vec<Value>>,
+    #[serde(default)]
+    pub tool_choice: Option<Value>,
+    #[serde(default)]
+    pub n: Option<u32>,
+    #[serde(default)]
+    pub response_format: Option<Value>,
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
+    /// Every other field: not applicable, or refused ([`EXTRAS`]).
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, Value>,
+}
+
+/// The sampling fields OpenAI's Chat Completions and Completions share
+/// (with the `top_k`, `min_p` and `repetition_penalty` other servers take).
+#[derive(Debug, Default, Deserialize)]
+pub struct Sampling {
     #[serde(default)]
     pub temperature: Option<f32>,
     #[serde(default)]
@@ -44,26 +72,48 @@ pub struct ChatRequest {
     #[serde(default)]
     pub seed: Option<u64>,
     #[serde(default)]
-    pub stop: Option<Stop>,
-    #[serde(default)]
-    pub logprobs: Option<bool>,
-    #[serde(default)]
-    pub top_logprobs: Option<u32>,
-    #[serde(default)]
-    pub tools: Option<Vec<Value>>,
-    #[serde(default)]
-    pub tool_choice: Option<Value>,
-    #[serde(default)]
-    pub n: Option<u32>,
-    #[serde(default)]
-    pub response_format: Option<Value>,
-    #[serde(default)]
-    pub parallel_tool_calls: Option<bool>,
-    #[serde(default)]
     pub logit_bias: Option<serde_json::Map<String, Value>>,
-    /// Every other field: not applicable, or refused ([`EXTRAS`]).
-    #[serde(flatten)]
-    pub other: serde_json::Map<String, Value>,
+}
+
+impl Sampling {
+    /// OpenAI's documented ranges (the engine's own limits are checked at
+    /// the end, by `valid::checked`).
+    pub fn check(&self) -> Result<(), ApiError> {
+        range("temperature", self.temperature, 0.0, 2.0)?;
+        range("top_p", self.top_p, 0.0, 1.0)?;
+        range("min_p", self.min_p, 0.0, 1.0)?;
+        range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)?;
+        range("presence_penalty", self.presence_penalty, -2.0, 2.0)?;
+        range("repetition_penalty", self.repetition_penalty, 0.01, 10.0)
+    }
+
+    /// The wire's sampling parameters: these, with the request's limit,
+    /// stops and logprobs (`top_logprobs` counts only with `logprobs`).
+    pub fn wire(
+        &self,
+        max_tokens: Option<u32>,
+        stop: Vec<String>,
+        (logprobs, top_logprobs): (bool, u32),
+    ) -> Result<v1::SamplingParams, ApiError> {
+        Ok(v1::SamplingParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed: self.seed,
+            max_tokens,
+            stop,
+            stop_token_ids: Vec::new(),
+            logprobs,
+            top_logprobs: if logprobs { top_logprobs } else { 0 },
+            logit_bias: crate::constraint::logit_bias(self.logit_bias.as_ref())?,
+            default_temperature: Some(OPENAI_TEMPERATURE),
+            penalty_window: None,
+        })
+    }
 }
 
 /// Chat Completions fields beyond those mapped.
@@ -260,7 +310,6 @@ impl ChatRequest {
             crate::constraint::response_format(self.response_format.as_ref(), "response_format")?,
             self.tessera.as_ref(),
         )?;
-        let logit_bias = crate::constraint::logit_bias(self.logit_bias.as_ref())?;
         crate::valid::checked(
             v1::TextGenerationParams {
                 model_id: self.model.clone(),
@@ -269,28 +318,11 @@ impl ChatRequest {
                 prompt_token_ids: Vec::new(),
                 count_only: false,
                 tools_json,
-                sampling: Some(v1::SamplingParams {
-                    temperature: self.temperature,
-                    top_p: self.top_p,
-                    top_k: self.top_k,
-                    min_p: self.min_p,
-                    repetition_penalty: self.repetition_penalty,
-                    presence_penalty: self.presence_penalty,
-                    frequency_penalty: self.frequency_penalty,
-                    seed: self.seed,
+                sampling: Some(self.sampling.wire(
                     max_tokens,
                     stop,
-                    stop_token_ids: Vec::new(),
-                    logprobs,
-                    top_logprobs: if logprobs {
-                        self.top_logprobs.unwrap_or(0)
-                    } else {
-                        0
-                    },
-                    logit_bias,
-                    default_temperature: Some(OPENAI_TEMPERATURE),
-                    penalty_window: None,
-                }),
+                    (logprobs, self.top_logprobs.unwrap_or(0)),
+                )?),
                 enable_thinking: None,
                 speculative: super::extension::speculative(self.tessera.as_ref()),
                 tool_choice: crate::constraint::one_call(
@@ -319,12 +351,7 @@ impl ChatRequest {
         if self.n.is_some_and(|n| n != 1) {
             return Err(ApiError::invalid("n", "only n = 1 is supported"));
         }
-        range("temperature", self.temperature, 0.0, 2.0)?;
-        range("top_p", self.top_p, 0.0, 1.0)?;
-        range("min_p", self.min_p, 0.0, 1.0)?;
-        range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)?;
-        range("presence_penalty", self.presence_penalty, -2.0, 2.0)?;
-        range("repetition_penalty", self.repetition_penalty, 0.01, 10.0)
+        self.sampling.check()
     }
 
     /// The stop strings: at most [`MAX_STOPS`], none empty.
