@@ -137,6 +137,28 @@ pub(crate) async fn next_chunk(
 /// or an error, to the items to send) until the answer ends or the client
 /// leaves; dropping the generation then cancels it. False if the client
 /// left.
+/// [`pump`] in OpenAI's stream shape: each chunk as `write` renders it,
+/// errors as error events, then `[DONE]` when the generation finished.
+pub(super) async fn pump_openai(
+    tx: &crate::sse::EventSender,
+    begun: Begun,
+    mut write: impl FnMut(&generation_chunk::Kind) -> Vec<serde_json::Value>,
+) {
+    use crate::sse::data;
+    let finished = pump(tx, begun, |chunk| match chunk {
+        Ok(generation_chunk::Kind::Error(error)) => {
+            vec![data(&crate::error::chunk_error(&error).body())]
+        }
+        Ok(kind) => write(&kind).iter().map(data).collect(),
+        Err(error) => vec![data(&error.body())],
+    })
+    .await;
+    if finished {
+        let done = axum::response::sse::Event::default().data("[DONE]");
+        let _ = tx.send(Ok(done)).await;
+    }
+}
+
 pub(super) async fn pump<T>(
     tx: &tokio::sync::mpsc::Sender<T>,
     begun: Begun,

@@ -4,13 +4,12 @@
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use tessera_protos::v1::generation_chunk;
 
 use super::{completion, Choice, CompletionChunks, CompletionRequest, OnePrompt};
-use crate::answer::{next_chunk, pump};
+use crate::answer::{next_chunk, pump_openai};
 use crate::body::parse;
 use crate::context::{now_unix, Api};
 use crate::error::{chunk_error, ApiError};
@@ -96,15 +95,7 @@ async fn stream_one(
                 return;
             }
         }
-        let finished = pump(&tx, begun, |chunk| match chunk {
-            Ok(generation_chunk::Kind::Error(error)) => vec![data(&chunk_error(&error).body())],
-            Ok(kind) => writer.write(&kind).iter().map(data).collect(),
-            Err(error) => vec![data(&error.body())],
-        })
-        .await;
-        if finished {
-            let _ = tx.send(Ok(Event::default().data("[DONE]"))).await;
-        }
+        pump_openai(&tx, begun, |chunk| writer.write(chunk)).await;
     });
     Ok(response)
 }

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use tessera_protos::v1::{self, generation_chunk};
 
 use super::{Answer, ChatRequest, ChunkWriter};
-use crate::answer::{next_chunk, pump, Begun};
+use crate::answer::{next_chunk, pump_openai, Begun};
 use crate::body::parse;
 use crate::context::{now_unix, Api};
 use crate::error::chunk_error;
@@ -86,15 +86,7 @@ pub(crate) async fn chat_completions(
         if tx.send(data(&writer.start())).await.is_err() {
             return;
         }
-        let finished = pump(&tx, begun, |chunk| match chunk {
-            Ok(generation_chunk::Kind::Error(error)) => vec![data(&chunk_error(&error).body())],
-            Ok(kind) => writer.write(&kind).iter().map(data).collect(),
-            Err(error) => vec![data(&error.body())],
-        })
-        .await;
-        if finished {
-            let _ = tx.send(Ok(Event::default().data("[DONE]"))).await;
-        }
+        pump_openai(&tx, begun, |chunk| writer.write(chunk)).await;
     });
     Ok(response)
 }
