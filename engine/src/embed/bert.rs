@@ -9,8 +9,8 @@ use std::ops::Range;
 use crate::ops::dot;
 use crate::threadpool::{split_range, DisjointSlice, ThreadPool};
 
+use super::error::EmbedError;
 use super::weights::Tensors;
-use super::EmbedError;
 
 /// The parts of a BERT `config.json` the encoder needs.
 #[derive(Clone, Debug, serde::Deserialize)]

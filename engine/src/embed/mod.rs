@@ -2,13 +2,15 @@
 //! transformer, pooling and normalisation, as `modules.json` lists them)
 //! loaded to turn texts or token ids into vectors, a whole batch at once.
 //! The transformer is a BERT-style encoder ([`bert`]: all-MiniLM, BGE, E5);
-//! [`pooling`] makes one vector of its token states.
+//! [`pooling`] makes one vector of its token states; [`error`] is what can
+//! go wrong, at the bottom; `weights` reads the checkpoint.
 //!
 //! Texts are tokenized as sentence-transformers tokenizes them: with the
 //! tokenizer's special tokens (`[CLS] ... [SEP]`), truncated to the model's
 //! `max_seq_length`.
 
 pub mod bert;
+pub mod error;
 pub mod pooling;
 mod weights;
 
@@ -18,33 +20,8 @@ use serde_json::Value;
 
 use crate::threadpool::ThreadPool;
 use bert::{Bert, BertConfig};
+pub use error::EmbedError;
 use pooling::Pooling;
-
-/// Why a model cannot embed, or an input cannot be embedded.
-#[derive(Debug, thiserror::Error)]
-pub enum EmbedError {
-    #[error("{path}: {source}")]
-    Io {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path}: {reason}")]
-    Format { path: String, reason: String },
-    #[error("this embedding model is not supported: {0}")]
-    Unsupported(String),
-    #[error("the tokenizer: {0}")]
-    Tokenizer(String),
-    /// The request's fault (a 400).
-    #[error("input {index}: {reason}")]
-    Input { index: usize, reason: String },
-}
-
-impl EmbedError {
-    pub fn is_invalid_input(&self) -> bool {
-        matches!(self, Self::Input { .. })
-    }
-}
 
 /// One thing to embed.
 #[derive(Clone, Debug, PartialEq)]

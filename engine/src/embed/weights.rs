@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype, SafeTensors};
 
-use super::EmbedError;
+use super::error::EmbedError;
 
 pub struct Tensors {
     path: PathBuf,
