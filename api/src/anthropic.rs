@@ -170,6 +170,7 @@ impl MessagesRequest {
                 raw_prompt: None,
                 prompt_token_ids: Vec::new(),
                 count_only: false,
+                embedding: None,
                 tools_json,
                 sampling: Some(v1::SamplingParams {
                     temperature: self.temperature,

@@ -157,6 +157,7 @@ impl CompletionRequest {
                 raw_prompt: text,
                 prompt_token_ids: ids,
                 count_only: false,
+                embedding: None,
                 tools_json: Vec::new(),
                 sampling: Some(self.sampling.wire(
                     Some(self.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),

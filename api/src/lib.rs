@@ -23,7 +23,8 @@
 //!   own, which every dialect's mapper ends with.
 //! - one module per dialect, the pure mapper (`openai`, `completions`,
 //!   `anthropic`, `ollama`, `responses`), with its HTTP handlers in
-//!   `{dialect}/handlers`.
+//!   `{dialect}/handlers`; [`embeddings`], OpenAI's and Ollama's
+//!   embedding endpoints, the same way.
 //! - [`cluster`]: `/models`, `/instance/...`, `/download/...`, `/models/add`,
 //!   `/events`: the admin service over HTTP.
 //! - [`live`]: `/cluster`, `/state`, `/state/stream` (pushed on each
@@ -48,6 +49,7 @@ pub mod completions;
 mod constraint;
 mod context;
 mod dashboard;
+pub mod embeddings;
 pub mod error;
 pub mod extension;
 mod extras;

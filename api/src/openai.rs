@@ -317,6 +317,7 @@ impl ChatRequest {
                 raw_prompt: None,
                 prompt_token_ids: Vec::new(),
                 count_only: false,
+                embedding: None,
                 tools_json,
                 sampling: Some(self.sampling.wire(
                     max_tokens,

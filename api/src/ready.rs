@@ -104,22 +104,64 @@ impl Api {
         model: &str,
         place: bool,
     ) -> Result<Target, ApiError> {
-        let target = self.target(model).await?;
+        let (target, _) = self.find_target(model).await?;
         self.ready(&target, place).await?;
         Ok(target)
     }
 
-    /// What `model` names (an instance or a model), without waiting: the
-    /// request is checked against its card before anything is placed.
+    /// What `model` names (an instance or a model) for a generation,
+    /// without waiting: the request is checked against its card before
+    /// anything is placed. An embedding model is refused.
     pub(super) async fn target(&self, model: &str) -> Result<Target, ApiError> {
+        let (target, card) = self.find_target(model).await?;
+        if tessera_actors::catalogue::task::is_embedding(&card) {
+            return Err(ApiError::invalid(
+                "model",
+                format!(
+                    "{} is an embedding model: it makes vectors (POST /v1/embeddings or \
+                     /api/embed), not text",
+                    card.model_id
+                ),
+            ));
+        }
+        Ok(target)
+    }
+
+    /// What `model` names for an embedding request; a model that makes no
+    /// embeddings is refused, naming those that do.
+    pub(super) async fn embedding_target(&self, model: &str) -> Result<Target, ApiError> {
+        let (target, card) = self.find_target(model).await?;
+        if tessera_actors::catalogue::task::embeds(&card) {
+            return Ok(target);
+        }
+        let state = self.state().await?;
+        let mut embedders: Vec<String> = tessera_actors::catalogue::all(&state)
+            .into_iter()
+            .filter(tessera_actors::catalogue::task::embeds)
+            .map(|c| c.model_id)
+            .collect();
+        embedders.sort();
+        Err(ApiError::invalid(
+            "model",
+            format!(
+                "{} makes text, not embeddings (embedding models: {})",
+                card.model_id,
+                embedders.join(", ")
+            ),
+        ))
+    }
+
+    /// The target `model` names and the card it was resolved to.
+    async fn find_target(&self, model: &str) -> Result<(Target, v1::ModelCard), ApiError> {
         let state = self.state().await?;
         if let Some(instance) = state.instances.get(model) {
             let card = instance.model.clone().unwrap_or_default();
-            return Ok(Target {
+            let target = Target {
                 instance_id: instance.instance_id.clone(),
-                model_id: card.model_id,
+                model_id: card.model_id.clone(),
                 context: card.context_length,
-            });
+            };
+            return Ok((target, card));
         }
         // Cards of placed instances first: an instance keeps the card it
         // was placed with.
@@ -153,11 +195,12 @@ impl Api {
                 ))
             }
         };
-        Ok(Target {
+        let target = Target {
             instance_id: String::new(),
             model_id: card.model_id.clone(),
             context: card.context_length,
-        })
+        };
+        Ok((target, card))
     }
 
     /// Waits until an instance of the target's model is ready, placing one

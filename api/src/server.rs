@@ -118,6 +118,10 @@ fn router(api: &Api) -> Router {
             "/v1/completions",
             post(crate::completions::handlers::completions),
         )
+        .route(
+            "/v1/embeddings",
+            post(crate::embeddings::handlers::openai_embeddings),
+        )
         .route("/v1/models", get(openai::handlers::models))
         .route("/v1/models/{*id}", get(openai::handlers::model))
         .route("/v1/messages", post(anthropic::handlers::messages))
@@ -132,6 +136,14 @@ fn router(api: &Api) -> Router {
         .route("/api/ps", get(ollama::handlers::ps))
         .route("/api/chat", post(ollama::handlers::chat))
         .route("/api/generate", post(ollama::handlers::generate))
+        .route(
+            "/api/embed",
+            post(crate::embeddings::handlers::ollama_embed),
+        )
+        .route(
+            "/api/embeddings",
+            post(crate::embeddings::handlers::ollama_embeddings),
+        )
         .route("/", get(dashboard::index))
         .route("/assets/{*path}", get(dashboard::asset))
         .route("/node_id", get(cluster::node_id))

@@ -8,8 +8,9 @@ pub const INDEX_FILE: &str = "model.safetensors.index.json";
 /// The weights of an unsharded one.
 pub const SINGLE_FILE: &str = "model.safetensors";
 
-/// Files every node needs besides the weights: the config, the tokenizer and
-/// the chat template, in whichever of their forms the repository has.
+/// Files every node needs besides the weights: the config, the tokenizer,
+/// the chat template and (embedding models) the sentence-transformers
+/// modules, in whichever of their forms the repository has.
 pub const SUPPORT_FILES: &[&str] = &[
     "config.json",
     "generation_config.json",
@@ -22,6 +23,11 @@ pub const SUPPORT_FILES: &[&str] = &[
     "vocab.json",
     "merges.txt",
     INDEX_FILE,
+    // A sentence-transformers model's modules (an embedding model).
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+    "1_Pooling/config.json",
 ];
 
 /// The part of the model a node holds.

@@ -144,11 +144,12 @@ fn engine_setup(args: &RunnerArgs) -> anyhow::Result<(EngineSetup, usize)> {
         .as_ref()
         .and_then(shard_from_proto)
         .context("the rank has no shard")?;
-    let model_id = instance
+    let card = instance
         .model
         .as_ref()
-        .map(|m| m.model_id.clone())
         .context("the instance has no model")?;
+    let model_id = card.model_id.clone();
+    let embedding = tessera_actors::catalogue::task::is_embedding(card);
     let path = match &args.model_path {
         Some(path) => path.clone(),
         None => resolve_model(&model_id)?,
@@ -174,6 +175,7 @@ fn engine_setup(args: &RunnerArgs) -> anyhow::Result<(EngineSetup, usize)> {
         ring_security: ring_security(instance.ring_sealed)?,
         threads: args.threads,
         max_concurrent: tessera_actors::worker::plan::max_concurrent(&instance),
+        embedding,
     };
     Ok((setup, world))
 }

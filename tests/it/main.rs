@@ -10,6 +10,7 @@ mod api;
 mod cluster;
 mod dashboard;
 mod distributed_cli;
+mod embeddings;
 mod faults;
 mod generate_cli;
 mod gguf_repo;

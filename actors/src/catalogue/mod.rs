@@ -2,6 +2,7 @@
 //! compiled in), as the wire type placement uses.
 
 pub mod gguf_card;
+pub mod task;
 
 use serde::Deserialize;
 use tessera_engine::model::llama::served_context;
@@ -26,6 +27,7 @@ const CARDS: &[&str] = &[
     include_str!("../../../resources/model_cards/qwen3-30b-a3b-q8_0.toml"),
     include_str!("../../../resources/model_cards/mixtral-8x7b-instruct-v0.1-q8_0.toml"),
     include_str!("../../../resources/model_cards/qwen3.5-35b-a3b.toml"),
+    include_str!("../../../resources/model_cards/all-minilm-l6-v2.toml"),
 ];
 
 #[derive(Deserialize)]
@@ -40,10 +42,17 @@ struct CardFile {
     num_key_value_heads: u32,
     context_length: u32,
     supports_tensor: bool,
+    /// "text_generation" (the default) or "embedding".
+    #[serde(default = "text_generation")]
+    tasks: Vec<String>,
     #[serde(default)]
     capabilities: Vec<String>,
     storage_size: StorageSize,
     source: SourceFile,
+}
+
+fn text_generation() -> Vec<String> {
+    vec!["text_generation".into()]
 }
 
 #[derive(Deserialize)]
@@ -130,6 +139,15 @@ pub fn parse(text: &str) -> Result<ModelCard, CardError> {
         "safetensors" => v1::WeightFormat::Safetensors,
         other => return Err(CardError::Invalid(format!("unknown format {other:?}"))),
     };
+    let tasks = file
+        .tasks
+        .iter()
+        .map(|task| match task.as_str() {
+            "text_generation" => Ok(v1::ModelTask::TextGeneration as i32),
+            "embedding" => Ok(v1::ModelTask::Embedding as i32),
+            other => Err(CardError::Invalid(format!("unknown task {other:?}"))),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(ModelCard {
         model_id: file.model_id,
         family: file.family,
@@ -141,7 +159,7 @@ pub fn parse(text: &str) -> Result<ModelCard, CardError> {
         num_key_value_heads: file.num_key_value_heads,
         context_length: file.context_length,
         supports_tensor: file.supports_tensor,
-        tasks: vec![v1::ModelTask::TextGeneration as i32],
+        tasks,
         capabilities: file.capabilities,
         storage_size_bytes: file.storage_size.in_bytes,
         source: Some(ModelSource {

@@ -465,7 +465,11 @@ fn rank_bounds(
             model: model.model_id.clone(),
         });
     }
+    let embedding = crate::catalogue::task::is_embedding(model);
     let (max, what, name) = match request.sharding {
+        Sharding::Pipeline if embedding => {
+            (1, "an embedding model runs whole on one node", "pipeline")
+        }
         Sharding::Pipeline => (model.n_layers as usize, "one layer per rank", "pipeline"),
         Sharding::Tensor => {
             if !model.supports_tensor {
@@ -965,6 +969,19 @@ mod tests {
             run(&no_tensor, Sharding::Tensor, 1, &nodes),
             Err(PlacementError::TensorUnsupported { .. })
         ));
+    }
+
+    #[test]
+    fn an_embedding_model_is_placed_whole_on_one_node() {
+        let mut model = card(GB, 6, 12);
+        model.tasks = vec![v1::ModelTask::Embedding as i32];
+        let nodes = [node("a", 5 * GB), node("b", 5 * GB)];
+        let p = run(&model, Sharding::Pipeline, 1, &nodes).expect("fits on one");
+        assert_eq!(p.instance.ranks.len(), 1);
+        let error = run(&model, Sharding::Pipeline, 2, &nodes).expect_err("never split");
+        assert!(error.to_string().contains("embedding model"), "{error}");
+        let too_big = [node("a", GB / 2), node("b", GB / 2)];
+        assert!(run(&model, Sharding::Pipeline, 1, &too_big).is_err());
     }
 
     #[test]

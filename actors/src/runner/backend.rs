@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use tessera_engine::serve::GenerateRequest;
 use tessera_protos::v1::generation_chunk;
 
+use super::request::EmbedRequest;
 use crate::worker::runner_protocol::DraftOrder;
 
 /// Loading progress is reported at most this often (it goes into the log).
@@ -55,6 +56,19 @@ pub trait Backend {
         command_id: &str,
         request: GenerateRequest,
     ) -> Result<(), BackendError>;
+    /// Rank 0: queues an embedding request (an embedding model's
+    /// instance); what makes it impossible is its error now. A backend
+    /// without an embedding model refuses it.
+    fn submit_embedding(
+        &mut self,
+        task_id: &str,
+        request: EmbedRequest,
+    ) -> Result<(), BackendError> {
+        let _ = (task_id, request);
+        Err(BackendError::InvalidRequest(
+            "this model does not make embeddings".into(),
+        ))
+    }
     /// Rank 0: ends a generation at the next step, finishing as cancelled.
     fn cancel(&mut self, task_id: &str);
     /// Rank 0: speculative decoding from the next step on (`None`: off);
@@ -84,6 +98,10 @@ pub enum EngineCommand {
         task_id: String,
         command_id: String,
         request: Box<GenerateRequest>,
+    },
+    Embed {
+        task_id: String,
+        request: EmbedRequest,
     },
     Cancel {
         task_id: String,
@@ -210,6 +228,15 @@ fn run_command<B: Backend>(backend: &mut B, command: EngineCommand, events: &dyn
                 result: Err(error),
             },
         },
+        EngineCommand::Embed { task_id, request } => {
+            match backend.submit_embedding(&task_id, request) {
+                Ok(()) => return,
+                Err(error) => EngineEvent::Generated {
+                    task_id,
+                    result: Err(error),
+                },
+            }
+        }
         EngineCommand::Cancel { task_id } => {
             backend.cancel(&task_id);
             return;

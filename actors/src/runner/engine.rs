@@ -28,7 +28,10 @@ use tessera_engine::text::tokenizer::Tokenizer;
 use tessera_protos::v1::{self, generation_chunk};
 
 use super::backend::{Backend, BackendError, EngineEvent};
+use super::embedder::EmbedHead;
+use super::request::EmbedRequest;
 use crate::worker::runner_protocol::DraftOrder;
+use tessera_engine::embed::Embedder;
 
 /// How long the ranks of an instance may take to all reach the ring.
 const CONNECT_WAIT: Duration = Duration::from_secs(60);
@@ -51,6 +54,9 @@ pub struct EngineSetup {
     pub threads: usize,
     /// Generations in one batch at once (the instance's `max_concurrent`).
     pub max_concurrent: usize,
+    /// The model makes embeddings (a sentence-transformers folder), not
+    /// text: one rank, no ring.
+    pub embedding: bool,
 }
 
 /// KV positions the pool holds per concurrent sequence: a request may use
@@ -64,6 +70,7 @@ enum Loaded {
     Nothing,
     Head(&'static LoadedModel),
     Follower(&'static Transformer),
+    Embedder(&'static Embedder),
 }
 
 /// A generation in the batch.
@@ -93,6 +100,8 @@ pub struct EngineBackend {
     head: Option<Head>,
     /// Other ranks, once warmed up.
     follower: Option<Executor<'static>>,
+    /// An embedding model, once warmed up.
+    embedder: Option<EmbedHead>,
 }
 
 fn engine_error(error: impl std::fmt::Display) -> BackendError {
@@ -115,6 +124,7 @@ impl EngineBackend {
             loaded: Loaded::Nothing,
             head: None,
             follower: None,
+            embedder: None,
         }
     }
 
@@ -153,6 +163,19 @@ impl Backend for EngineBackend {
 
     fn load(&mut self, progress: &mut dyn FnMut(usize, usize)) -> Result<u64, BackendError> {
         let setup = &self.setup;
+        if setup.embedding {
+            if setup.rank != 0 || !setup.ring.is_empty() {
+                return Err(BackendError::Engine(
+                    "an embedding model runs on one rank".into(),
+                ));
+            }
+            progress(0, 1);
+            let embedder = Embedder::load(&setup.path).map_err(engine_error)?;
+            progress(1, 1);
+            let embedder: &'static Embedder = Box::leak(Box::new(embedder));
+            self.loaded = Loaded::Embedder(embedder);
+            return Ok(embedder.weight_bytes() as u64);
+        }
         if setup.rank == 0 {
             let model = LoadedModel::load_shard(&setup.path, Some(&setup.spec), progress)
                 .map_err(engine_error)?;
@@ -172,6 +195,10 @@ impl Backend for EngineBackend {
         let threads = self.threads();
         match self.loaded {
             Loaded::Nothing => Err(BackendError::Engine("warming up before loading".into())),
+            Loaded::Embedder(embedder) => {
+                self.embedder = Some(EmbedHead::warm(embedder, threads));
+                Ok(())
+            }
             Loaded::Follower(transformer) => {
                 let group = self.take_group();
                 self.follower = Some(Executor::new(transformer, threads, group));
@@ -201,6 +228,13 @@ impl Backend for EngineBackend {
         command_id: &str,
         request: GenerateRequest,
     ) -> Result<(), BackendError> {
+        if self.embedder.is_some() {
+            return Err(BackendError::InvalidRequest(
+                "this is an embedding model: it makes vectors (/v1/embeddings, /api/embed), \
+                 not text"
+                    .into(),
+            ));
+        }
         let head = self
             .head
             .as_mut()
@@ -219,7 +253,24 @@ impl Backend for EngineBackend {
         Ok(())
     }
 
+    fn submit_embedding(
+        &mut self,
+        task_id: &str,
+        request: EmbedRequest,
+    ) -> Result<(), BackendError> {
+        match self.embedder.as_mut() {
+            Some(embedder) => embedder.submit(task_id, request),
+            None if self.head.is_some() => Err(BackendError::InvalidRequest(
+                "this model makes text, not embeddings".into(),
+            )),
+            None => Err(BackendError::Engine("embedding before warming up".into())),
+        }
+    }
+
     fn cancel(&mut self, task_id: &str) {
+        if let Some(embedder) = self.embedder.as_mut() {
+            embedder.cancel(task_id);
+        }
         if let Some(head) = self.head.as_mut() {
             let found = head
                 .generations
@@ -281,9 +332,14 @@ impl Backend for EngineBackend {
 
     fn busy(&self) -> bool {
         self.head.as_ref().is_some_and(|h| !h.batch.is_idle())
+            || self.embedder.as_ref().is_some_and(EmbedHead::busy)
     }
 
     fn step(&mut self, sink: &mut dyn FnMut(EngineEvent)) {
+        if let Some(embedder) = self.embedder.as_mut() {
+            embedder.step(sink);
+            return;
+        }
         let Some(head) = self.head.as_mut() else {
             return;
         };

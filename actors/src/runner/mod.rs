@@ -10,6 +10,7 @@
 //! through a [`RunnerOutput`] (zenoh in a node, a channel in tests).
 
 pub mod backend;
+mod embedder;
 pub mod engine;
 pub mod request;
 pub mod zenoh_link;
@@ -388,15 +389,10 @@ impl<O: RunnerOutput> RunnerState<O> {
             command_id: command_id.clone(),
             seq: 0,
         };
-        match request::request_from(params) {
-            Ok(request) => {
+        match engine_command(&task_id, &command_id, params) {
+            Ok(command) => {
                 self.runs.push(run);
                 self.status(self.batch_status()).await;
-                let command = EngineCommand::Generate {
-                    task_id,
-                    command_id,
-                    request: Box::new(request),
-                };
                 self.engine(command).await;
             }
             Err(error) => {
@@ -515,6 +511,27 @@ fn draft_status(order: &DraftOrder) -> v1::RunnerDraft {
 }
 
 /// Whether a status's draft is the one `order` asks for.
+/// The engine's command for a task's parameters: a generation, or the
+/// vectors of an embedding request.
+fn engine_command(
+    task_id: &str,
+    command_id: &str,
+    params: &v1::TextGenerationParams,
+) -> Result<EngineCommand, request::RequestError> {
+    let (task_id, command_id) = (task_id.to_string(), command_id.to_string());
+    Ok(match &params.embedding {
+        Some(embedding) => EngineCommand::Embed {
+            task_id,
+            request: request::embed_request_from(embedding)?,
+        },
+        None => EngineCommand::Generate {
+            task_id,
+            command_id,
+            request: Box::new(request::request_from(params)?),
+        },
+    })
+}
+
 fn same_draft(status: Option<&v1::RunnerDraft>, order: Option<&DraftOrder>) -> bool {
     match (status, order) {
         (None, None) => true,

@@ -2,6 +2,7 @@
 //! `GenerateRequest` (the runner's, and `tessera generate`'s, which builds
 //! the same parameters from its flags).
 
+use tessera_engine::embed::EmbedInput;
 use tessera_engine::serve::sampler::{LeftToModel, SamplingParams};
 use tessera_engine::serve::{Constraint, GenerateRequest, Prompt, ToolChoice};
 use tessera_engine::text::chat_template::ChatMessage;
@@ -31,6 +32,55 @@ pub enum RequestError {
     Constraint(#[from] tessera_grammar::GrammarError),
     #[error(transparent)]
     Tools(#[from] ToolError),
+    #[error("an embedding request needs at least one input")]
+    NoInputs,
+    #[error("{count} inputs; one request embeds at most {MAX_EMBED_INPUTS}")]
+    TooManyInputs { count: usize },
+    #[error("input {index} has neither text nor tokens")]
+    EmptyInput { index: usize },
+}
+
+/// Inputs one embedding request may carry (OpenAI's limit).
+pub const MAX_EMBED_INPUTS: usize = 2048;
+
+/// An embedding request as the runner's embedder takes it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EmbedRequest {
+    pub inputs: Vec<EmbedInput>,
+    /// 0: whole vectors.
+    pub dimensions: usize,
+    pub refuse_long: bool,
+}
+
+/// The one mapping from the wire's embedding parameters (the API's check
+/// and the runner's).
+pub fn embed_request_from(params: &v1::EmbeddingParams) -> Result<EmbedRequest, RequestError> {
+    use v1::embedding_input::Kind;
+    if params.inputs.is_empty() {
+        return Err(RequestError::NoInputs);
+    }
+    if params.inputs.len() > MAX_EMBED_INPUTS {
+        return Err(RequestError::TooManyInputs {
+            count: params.inputs.len(),
+        });
+    }
+    let inputs = params
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(index, input)| match &input.kind {
+            Some(Kind::Text(text)) => Ok(EmbedInput::Text(text.clone())),
+            Some(Kind::Tokens(tokens)) if !tokens.ids.is_empty() => {
+                Ok(EmbedInput::Tokens(tokens.ids.clone()))
+            }
+            _ => Err(RequestError::EmptyInput { index }),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(EmbedRequest {
+        inputs,
+        dimensions: params.dimensions as usize,
+        refuse_long: params.refuse_long,
+    })
 }
 
 pub fn request_from(params: &v1::TextGenerationParams) -> Result<GenerateRequest, RequestError> {
@@ -253,6 +303,50 @@ mod tests {
         assert!(!request_from(&params).expect("a request").speculative);
         params.speculative = Some(true);
         assert!(request_from(&params).expect("a request").speculative);
+    }
+
+    #[test]
+    fn embedding_inputs_map_in_order_and_bad_ones_are_refused() {
+        let text = |t: &str| v1::EmbeddingInput {
+            kind: Some(v1::embedding_input::Kind::Text(t.into())),
+        };
+        let tokens = v1::EmbeddingInput {
+            kind: Some(v1::embedding_input::Kind::Tokens(v1::TokenIds {
+                ids: vec![1, 2],
+            })),
+        };
+        let params = v1::EmbeddingParams {
+            inputs: vec![text("a"), tokens],
+            dimensions: 8,
+            refuse_long: true,
+        };
+        let request = embed_request_from(&params).expect("a request");
+        assert_eq!(
+            request.inputs,
+            vec![EmbedInput::Text("a".into()), EmbedInput::Tokens(vec![1, 2])]
+        );
+        assert_eq!((request.dimensions, request.refuse_long), (8, true));
+        let none = v1::EmbeddingParams::default();
+        assert!(matches!(
+            embed_request_from(&none),
+            Err(RequestError::NoInputs)
+        ));
+        let empty = v1::EmbeddingParams {
+            inputs: vec![text("a"), v1::EmbeddingInput { kind: None }],
+            ..Default::default()
+        };
+        assert!(matches!(
+            embed_request_from(&empty),
+            Err(RequestError::EmptyInput { index: 1 })
+        ));
+        let many = v1::EmbeddingParams {
+            inputs: vec![text("a"); MAX_EMBED_INPUTS + 1],
+            ..Default::default()
+        };
+        assert!(matches!(
+            embed_request_from(&many),
+            Err(RequestError::TooManyInputs { .. })
+        ));
     }
 
     #[test]

@@ -28,7 +28,7 @@ impl ErrorShape for Ollama {
     }
 }
 
-type OllamaError = Shaped<Ollama>;
+pub(crate) type OllamaError = Shaped<Ollama>;
 
 pub(crate) async fn version() -> Json<Value> {
     Json(json!({"version": env!("CARGO_PKG_VERSION")}))

@@ -62,6 +62,10 @@ impl Linear {
         })
     }
 
+    fn values(&self) -> usize {
+        self.weight.len() + self.bias.len()
+    }
+
     /// `x`: `tokens` rows of `inputs`; returns `tokens` rows of `outputs`.
     fn forward(&self, x: &[f32], tokens: usize, pool: &ThreadPool) -> Vec<f32> {
         let mut out = vec![0.0f32; tokens * self.outputs];
@@ -96,6 +100,10 @@ impl LayerNorm {
             bias: t.f32(&format!("{name}.bias"), &[width])?,
             eps: eps as f32,
         })
+    }
+
+    fn values(&self) -> usize {
+        self.weight.len() + self.bias.len()
     }
 
     fn apply(&self, x: &mut [f32]) {
@@ -201,6 +209,34 @@ impl Bert {
             layers,
             config,
         })
+    }
+
+    /// The bytes of the weights held (f32).
+    pub fn weight_bytes(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                [
+                    &l.query,
+                    &l.key,
+                    &l.value,
+                    &l.attention_out,
+                    &l.intermediate,
+                    &l.output,
+                ]
+                .iter()
+                .map(|linear| linear.values())
+                .sum::<usize>()
+                    + l.attention_norm.values()
+                    + l.output_norm.values()
+            })
+            .sum();
+        let embeddings = self.word.len()
+            + self.position.len()
+            + self.token_type.len()
+            + self.embedding_norm.values();
+        (layers + embeddings) * std::mem::size_of::<f32>()
     }
 
     /// The last hidden states of every token of `sequences` (each within

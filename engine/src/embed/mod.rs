@@ -125,6 +125,11 @@ impl Embedder {
         })
     }
 
+    /// The bytes of the weights held.
+    pub fn weight_bytes(&self) -> usize {
+        self.encoder.weight_bytes()
+    }
+
     /// The length of each vector.
     pub fn dimensions(&self) -> usize {
         self.encoder.config.hidden_size
@@ -136,15 +141,30 @@ impl Embedder {
         self.max_tokens
     }
 
-    /// The token ids input `index` is embedded from.
-    pub fn tokenize(&self, index: usize, input: &EmbedInput) -> Result<Vec<u32>, EmbedError> {
+    /// The token ids input `index` is embedded from: a text cut at
+    /// [`Self::max_tokens`] (or refused when `refuse_long`), token ids
+    /// checked against the vocabulary and the limit.
+    pub fn tokenize_input(
+        &self,
+        index: usize,
+        input: &EmbedInput,
+        refuse_long: bool,
+    ) -> Result<Vec<u32>, EmbedError> {
         let invalid = |reason: String| EmbedError::Input { index, reason };
         match input {
-            EmbedInput::Text(text) => self
-                .tokenizer
-                .encode(text.as_str(), true)
-                .map(|e| e.get_ids().to_vec())
-                .map_err(|e| EmbedError::Tokenizer(e.to_string())),
+            EmbedInput::Text(text) => {
+                let encoding = self
+                    .tokenizer
+                    .encode(text.as_str(), true)
+                    .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
+                if refuse_long && !encoding.get_overflowing().is_empty() {
+                    return Err(invalid(format!(
+                        "the text is longer than the model's {} tokens",
+                        self.max_tokens
+                    )));
+                }
+                Ok(encoding.get_ids().to_vec())
+            }
             EmbedInput::Tokens(ids) => {
                 let vocab = self.encoder.config.vocab_size;
                 if ids.is_empty() {
@@ -167,6 +187,57 @@ impl Embedder {
         }
     }
 
+    /// As [`Self::tokenize_input`], texts cut at the model's limit.
+    pub fn tokenize(&self, index: usize, input: &EmbedInput) -> Result<Vec<u32>, EmbedError> {
+        self.tokenize_input(index, input, false)
+    }
+
+    /// Whether vectors may be cut to fewer dimensions (a model trained
+    /// for it, Matryoshka-style). A BERT sentence encoder is not.
+    pub fn cuts_dimensions(&self) -> bool {
+        false
+    }
+
+    /// Checks a request's `dimensions` (0: the whole vector).
+    pub fn check_dimensions(&self, dimensions: usize) -> Result<(), EmbedError> {
+        let whole = self.dimensions();
+        let fits = dimensions == 0
+            || dimensions == whole
+            || (self.cuts_dimensions() && dimensions < whole);
+        if fits {
+            return Ok(());
+        }
+        let reason = if self.cuts_dimensions() {
+            format!("dimensions {dimensions}: the model's vectors have {whole}")
+        } else {
+            format!(
+                "dimensions {dimensions}: this model's vectors have {whole} and cannot be cut \
+                 (it was not trained for shorter vectors)"
+            )
+        };
+        Err(EmbedError::Input { index: 0, reason })
+    }
+
+    /// The vectors of already tokenized sequences, in order, computed as
+    /// one batch and normalized as the model's modules say ([`pooling::cut`]
+    /// shortens one).
+    pub fn embed_tokens(&self, sequences: &[Vec<u32>], pool: &ThreadPool) -> Vec<Vec<f32>> {
+        let states = self.encoder.forward(sequences, pool);
+        let width = self.dimensions();
+        bert::spans(sequences)
+            .into_iter()
+            .map(|span| {
+                let mut vector = self
+                    .pooling
+                    .pool(&states[span.start * width..span.end * width], width);
+                if self.normalize {
+                    pooling::normalize(&mut vector);
+                }
+                vector
+            })
+            .collect()
+    }
+
     /// The vectors of `inputs`, in order, computed as one batch.
     pub fn embed(
         &self,
@@ -178,21 +249,13 @@ impl Embedder {
             .enumerate()
             .map(|(index, input)| self.tokenize(index, input))
             .collect::<Result<Vec<_>, _>>()?;
-        let states = self.encoder.forward(&sequences, pool);
-        let width = self.dimensions();
-        Ok(bert::spans(&sequences)
+        let vectors = self.embed_tokens(&sequences, pool);
+        Ok(vectors
             .into_iter()
-            .map(|span| {
-                let mut vector = self
-                    .pooling
-                    .pool(&states[span.start * width..span.end * width], width);
-                if self.normalize {
-                    pooling::normalize(&mut vector);
-                }
-                Embedding {
-                    vector,
-                    tokens: span.len(),
-                }
+            .zip(&sequences)
+            .map(|(vector, tokens)| Embedding {
+                vector,
+                tokens: tokens.len(),
             })
             .collect())
     }

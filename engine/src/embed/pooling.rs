@@ -83,6 +83,17 @@ impl Pooling {
     }
 }
 
+/// Keeps the first `dimensions` values of a vector and scales them to unit
+/// length again, as Matryoshka-trained models are read (0, or the whole
+/// length: the vector as it is).
+pub fn cut(vector: &mut Vec<f32>, dimensions: usize) {
+    if dimensions == 0 || dimensions >= vector.len() {
+        return;
+    }
+    vector.truncate(dimensions);
+    normalize(vector);
+}
+
 /// Scales `v` to unit length, as `Normalize` (torch's `normalize`, with its
 /// floor of 1e-12 on the norm).
 pub fn normalize(v: &mut [f32]) {
@@ -94,6 +105,19 @@ pub fn normalize(v: &mut [f32]) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_cut_vector_is_unit_length_again() {
+        let mut v = vec![3.0, 4.0, 12.0];
+        cut(&mut v, 2);
+        assert_eq!(v.len(), 2);
+        assert!((v[0] - 0.6).abs() < 1e-6 && (v[1] - 0.8).abs() < 1e-6);
+        let mut whole = vec![1.0, 2.0];
+        cut(&mut whole, 0);
+        assert_eq!(whole, vec![1.0, 2.0]);
+        cut(&mut whole, 5);
+        assert_eq!(whole, vec![1.0, 2.0]);
+    }
 
     #[test]
     fn both_config_shapes_are_read() {
