@@ -23,6 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import sentence_transformers
@@ -31,7 +33,13 @@ import torch
 import transformers
 from sentence_transformers import SentenceTransformer, models
 from tokenizers import decoders, normalizers, pre_tokenizers, processors, trainers
-from transformers import BertConfig, BertModel, BertTokenizerFast
+from transformers import BertConfig, BertModel, BertTokenizerFast, PreTrainedTokenizerFast, Qwen3Config, Qwen3Model
+
+# Qwen 2's pre-tokenizer regex, as its tokenizer.json has it.
+RX_QWEN2 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 # Empty, short, long (past the tiny models' 64 tokens), non-Latin, emoji,
 # odd whitespace, accents and mixed case.
@@ -114,10 +122,97 @@ def tiny_bert(out: Path, pooling: str, normalize: bool, seed: int) -> None:
     reference(st, out / "reference.json")
 
 
-def reference(st: SentenceTransformer, path: Path) -> None:
+def byte_bpe(size: int) -> tokenizers.Tokenizer:
+    """A byte-level BPE of `size` tokens with Qwen 2's pre-tokenizer and
+    Qwen3-Embedding's post-processor (<|endoftext|> after every text, the
+    token its last-token pooling reads), trained on the built-in corpus."""
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(tokenizers.Regex(RX_QWEN2), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([CORPUS], trainer)
+    end = tok.token_to_id("<|endoftext|>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="$A <|endoftext|>", pair="$A <|endoftext|> $B:1 <|endoftext|>:1", special_tokens=[("<|endoftext|>", end)]
+    )
+    return tok
+
+
+def tiny_qwen3(out: Path, seed: int, llama_cpp: Path | None) -> None:
+    """A decoder embedder as Qwen3-Embedding is one: a Qwen3 model without
+    its head, last-token pooling, normalized; and, with llama.cpp, the same
+    folder as llama.cpp's converter makes a GGUF of it (model.gguf, f32)."""
+    torch.manual_seed(seed)
+    work = out.with_suffix(".work")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    tok = byte_bpe(400)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    fast.padding_side = "left"
+    fast.save_pretrained(work)
+    config = Qwen3Config(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        eos_token_id=tok.token_to_id("<|endoftext|>"),
+    )
+    model = Qwen3Model(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.mul_(4.0)
+    model.save_pretrained(work, safe_serialization=True)
+    body = models.Transformer(str(work), max_seq_length=64)
+    pool = models.Pooling(body.get_word_embedding_dimension(), pooling_mode="lasttoken")
+    st = SentenceTransformer(modules=[body, pool, models.Normalize()], device="cpu")
+    shutil.rmtree(out, ignore_errors=True)
+    st.save(str(out))
+    (out / "README.md").unlink(missing_ok=True)
+    shutil.rmtree(work)
+    reference(st, out / "reference.json", batch_size=1)
+    if llama_cpp:
+        convert_gguf(out, llama_cpp)
+
+
+def convert_gguf(folder: Path, llama_cpp: Path) -> None:
+    """llama.cpp's convert_hf_to_gguf.py, f32, told the pre-tokenizer's name
+    (it names one by hashing the tokens of a fixed text, which only a
+    published vocabulary matches; ours is trained here)."""
+    wrapper = (
+        "import runpy, sys\n"
+        f"sys.path.insert(0, {str(llama_cpp)!r})\n"
+        f"sys.path.insert(0, {str(llama_cpp / 'gguf-py')!r})\n"
+        "import conversion.base as base\n"
+        "base.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'qwen2'\n"
+        f"sys.argv = ['convert_hf_to_gguf.py', {str(folder)!r}, '--outtype', 'f32',"
+        f" '--outfile', {str(folder / 'model.gguf')!r}]\n"
+        f"runpy.run_path({str(llama_cpp / 'convert_hf_to_gguf.py')!r}, run_name='__main__')\n"
+    )
+    subprocess.run([sys.executable, "-c", wrapper], check=True)
+
+
+def reference(st: SentenceTransformer, path: Path, batch_size: int = 4) -> None:
     tokenizer = st.tokenizer
     ids = [tokenizer(t, truncation=True, max_length=st.max_seq_length)["input_ids"] for t in TEXTS]
-    embeddings = st.encode(TEXTS, convert_to_numpy=True, batch_size=4)
+    embeddings = st.encode(TEXTS, convert_to_numpy=True, batch_size=batch_size)
     path.write_text(
         json.dumps(
             {
@@ -135,10 +230,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", type=Path)
     parser.add_argument("--minilm", type=Path, help="the all-MiniLM-L6-v2 folder")
+    parser.add_argument("--llama-cpp", type=Path, help="a llama.cpp source tree (its converter makes the GGUFs)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     tiny_bert(args.out / "bert-mean", "mean", True, 1)
     tiny_bert(args.out / "bert-cls", "cls", False, 2)
+    tiny_qwen3(args.out / "qwen3-last", 3, args.llama_cpp)
     if args.minilm:
         st = SentenceTransformer(str(args.minilm), device="cpu")
         reference(st, args.out / "all-minilm-l6-v2.json")

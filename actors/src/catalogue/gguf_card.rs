@@ -264,6 +264,15 @@ fn check_types(candidate: &Candidate, headers: &[Header]) -> Result<(), GgufCard
     Ok(())
 }
 
+/// What a model is asked to do: vectors (an embedding model) or text.
+pub fn task_of(embedding: bool) -> v1::ModelTask {
+    if embedding {
+        v1::ModelTask::Embedding
+    } else {
+        v1::ModelTask::TextGeneration
+    }
+}
+
 /// The card of `candidate` from its shards' headers (pure).
 pub fn card_from_headers(
     repo: &str,
@@ -296,6 +305,9 @@ pub fn card_from_headers(
         Some(_) => need("context_length")?,
         None => 2048,
     };
+    // An embedding GGUF (llama.cpp's converter writes the pooling of a
+    // sentence-transformers model): vectors, not text, on one node.
+    let embedding = number("pooling_type").is_some_and(|p| p > 0);
     let label = candidate.quant.or_else(|| {
         meta.get_int("general.file_type")
             .and_then(gguf::quant_of_file_type)
@@ -319,9 +331,13 @@ pub fn card_from_headers(
         num_attention_heads: heads,
         num_key_value_heads: kv_heads,
         context_length: context,
-        supports_tensor: kv_heads >= 2,
-        tasks: vec![v1::ModelTask::TextGeneration as i32],
-        capabilities: Vec::new(),
+        supports_tensor: kv_heads >= 2 && !embedding,
+        tasks: vec![task_of(embedding) as i32],
+        capabilities: if embedding {
+            vec!["embedding".into()]
+        } else {
+            Vec::new()
+        },
         storage_size_bytes: files.iter().map(|f| f.size_bytes).sum(),
         source: Some(ModelSource {
             hub_repo: repo.to_string(),
@@ -514,6 +530,15 @@ mod tests {
         let source = card.source.expect("source");
         assert_eq!(source.files.len(), 2);
         assert_eq!(source.revision, "c0ffee");
+        assert_eq!(card.tasks, vec![v1::ModelTask::TextGeneration as i32]);
+        // A pooling type (an embedding GGUF): vectors, on one node.
+        let mut pooled = headers.clone();
+        pooled[0]
+            .metadata
+            .push(tessera_hub::gguf::MetaEntry::u32("qwen2.pooling_type", 3));
+        let card = card_from_headers("acme/e-GGUF", "c", &c[0], &pooled).expect("card");
+        assert_eq!(card.tasks, vec![v1::ModelTask::Embedding as i32]);
+        assert!(!card.supports_tensor);
         // Shards out of order, a count that does not add up, a tensor
         // that does not fit its file: refused.
         let swapped = [headers[1].clone(), headers[0].clone()];

@@ -346,8 +346,12 @@ pub fn card_from_config(
         .get("model_type")
         .and_then(|v| v.as_str())
         .unwrap_or_default();
+    // A sentence-transformers repository: an embedding model.
+    let embedding = listing.get("modules.json").is_some();
+    let bert = embedding && model_type == "bert";
     let family = Architecture::from_name(model_type)
         .map(Architecture::name)
+        .or(bert.then_some("bert"))
         .ok_or_else(|| {
             CardError::Invalid(format!(
                 "{repo}: model type {model_type:?} is not one this engine runs ({})",
@@ -399,9 +403,13 @@ pub fn card_from_config(
         num_attention_heads: as_u32(heads)?,
         num_key_value_heads: as_u32(kv_heads)?,
         context_length: as_u32(served_context(text).map_or(4096, |c| c as u64))?,
-        supports_tensor: kv_heads >= 2,
-        tasks: vec![v1::ModelTask::TextGeneration as i32],
-        capabilities: Vec::new(),
+        supports_tensor: kv_heads >= 2 && !embedding,
+        tasks: vec![crate::catalogue::gguf_card::task_of(embedding) as i32],
+        capabilities: if embedding {
+            vec!["embedding".into()]
+        } else {
+            Vec::new()
+        },
         storage_size_bytes: storage,
         source: Some(ModelSource {
             hub_repo: repo.to_string(),
@@ -523,6 +531,31 @@ mod tests {
         assert_eq!(card.context_length, 8192);
         let missing = br#"{"model_type": "llama"}"#;
         assert!(card_from_config("acme/m", &listing, missing).is_err());
+        // A sentence-transformers repository is an embedding model, BERT
+        // included.
+        let mut embedder = listing.clone();
+        embedder.files.push(tessera_hub::RepoFile {
+            path: "modules.json".into(),
+            size: 3,
+            sha256: None,
+            git_oid: None,
+        });
+        let bert = br#"{"model_type": "bert", "num_hidden_layers": 6, "hidden_size": 384,
+            "num_attention_heads": 12, "max_position_embeddings": 512}"#;
+        let card = card_from_config("acme/e", &embedder, bert).expect("card");
+        assert_eq!(card.family, "bert");
+        assert_eq!(card.tasks, vec![v1::ModelTask::Embedding as i32]);
+        assert!(!card.supports_tensor);
+        assert!(card
+            .source
+            .expect("source")
+            .files
+            .iter()
+            .any(|f| f.path == "modules.json"));
+        assert!(
+            card_from_config("acme/e", &listing, bert).is_err(),
+            "a BERT that embeds nothing"
+        );
     }
 
     #[test]

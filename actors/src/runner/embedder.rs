@@ -38,7 +38,7 @@ impl EmbedHead {
         let pool = ThreadPool::new(threads);
         let hello = embedder.tokenize(0, &tessera_engine::embed::EmbedInput::Text("Hello".into()));
         if let Ok(sequence) = hello {
-            embedder.embed_tokens(&[sequence], &pool);
+            let _ = embedder.embed_tokens(&[sequence], &pool);
         }
         Self {
             embedder,
@@ -119,7 +119,18 @@ impl EmbedHead {
             .filter(|q| !q.cancelled)
             .flat_map(|q| q.sequences.iter().cloned())
             .collect();
-        let whole = self.embedder.embed_tokens(&all, &self.pool);
+        let whole = match self.embedder.embed_tokens(&all, &self.pool) {
+            Ok(whole) => whole,
+            Err(error) => {
+                for request in taken {
+                    sink(EngineEvent::Generated {
+                        task_id: request.task_id,
+                        result: Err(BackendError::Engine(error.to_string())),
+                    });
+                }
+                return;
+            }
+        };
         let seconds = started.elapsed().as_secs_f64().max(1e-9);
         let mut vectors = whole.into_iter();
         for request in taken {

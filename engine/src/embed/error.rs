@@ -14,6 +14,8 @@ pub enum EmbedError {
     Format { path: String, reason: String },
     #[error("this embedding model is not supported: {0}")]
     Unsupported(String),
+    #[error("the model: {0}")]
+    Model(String),
     #[error("the tokenizer: {0}")]
     Tokenizer(String),
     /// The request's fault (a 400).

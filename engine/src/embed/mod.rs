@@ -1,27 +1,37 @@
 //! Embeddings. An [`Embedder`] is a sentence-transformers folder (its
 //! transformer, pooling and normalisation, as `modules.json` lists them)
-//! loaded to turn texts or token ids into vectors, a whole batch at once.
-//! The transformer is a BERT-style encoder ([`bert`]: all-MiniLM, BGE, E5);
-//! [`pooling`] makes one vector of its token states; [`error`] is what can
-//! go wrong, at the bottom; `weights` reads the checkpoint.
+//! or an embedding GGUF (pooling from its metadata, normalized as llama.cpp
+//! normalizes), loaded to turn texts or token ids into vectors, a whole
+//! batch at once. The network ([`encoder`]) is a BERT-style encoder
+//! ([`bert`]: all-MiniLM, BGE, E5) or a decoder ([`decoder`]:
+//! Qwen3-Embedding); [`pooling`] makes one vector of its token states;
+//! [`tokens`] turns texts into ids; [`error`] is what can go wrong, at the
+//! bottom; `weights` reads a BERT checkpoint.
 //!
 //! Texts are tokenized as sentence-transformers tokenizes them: with the
-//! tokenizer's special tokens (`[CLS] ... [SEP]`), truncated to the model's
-//! `max_seq_length`.
+//! tokenizer's special tokens (`[CLS] ... [SEP]`, Qwen3-Embedding's final
+//! `<|endoftext|>`), truncated to the model's `max_seq_length`.
 
 pub mod bert;
+pub mod decoder;
+pub mod encoder;
 pub mod error;
 pub mod pooling;
+pub mod tokens;
 mod weights;
 
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use crate::formats::gguf::GgufFile;
 use crate::threadpool::ThreadPool;
 use bert::{Bert, BertConfig};
+use decoder::Decoder;
+use encoder::Encoder;
 pub use error::EmbedError;
 use pooling::Pooling;
+use tokens::TextTokenizer;
 
 /// One thing to embed.
 #[derive(Clone, Debug, PartialEq)]
@@ -37,10 +47,10 @@ pub struct Embedding {
     pub tokens: usize,
 }
 
-/// A sentence-transformers model, loaded.
+/// An embedding model, loaded.
 pub struct Embedder {
-    encoder: Bert,
-    tokenizer: tokenizers::Tokenizer,
+    encoder: Encoder,
+    tokenizer: TextTokenizer,
     pooling: Pooling,
     normalize: bool,
     max_tokens: usize,
@@ -84,10 +94,14 @@ fn modules(dir: &Path) -> Result<(PathBuf, bool), EmbedError> {
 }
 
 impl Embedder {
-    /// Loads a sentence-transformers folder: `config.json`,
-    /// `model.safetensors`, `tokenizer.json`, `modules.json` and the
-    /// pooling's `config.json`.
-    pub fn load(dir: &Path) -> Result<Self, EmbedError> {
+    /// Loads a sentence-transformers folder (`config.json`, the weights,
+    /// `tokenizer.json`, `modules.json` and the pooling's `config.json`)
+    /// or an embedding GGUF file.
+    pub fn load(path: &Path) -> Result<Self, EmbedError> {
+        if path.is_file() {
+            return Self::load_gguf(path);
+        }
+        let dir = path;
         let config_path = dir.join("config.json");
         let config = read_json(&config_path)?.ok_or_else(|| EmbedError::Format {
             path: dir.display().to_string(),
@@ -97,24 +111,24 @@ impl Embedder {
             .get("model_type")
             .and_then(Value::as_str)
             .unwrap_or_default();
-        if model_type != "bert" {
-            return Err(EmbedError::Unsupported(format!(
-                "model_type {model_type:?} (embedding encoders: bert)"
-            )));
-        }
-        let bert: BertConfig = serde_json::from_value(config).map_err(|e| EmbedError::Format {
-            path: config_path.display().to_string(),
-            reason: e.to_string(),
-        })?;
-        let tensors = weights::Tensors::open(&dir.join("model.safetensors"))?;
-        let encoder = Bert::load(bert, &tensors)?;
+        let encoder = if model_type == "bert" {
+            let bert: BertConfig =
+                serde_json::from_value(config).map_err(|e| EmbedError::Format {
+                    path: config_path.display().to_string(),
+                    reason: e.to_string(),
+                })?;
+            let tensors = weights::Tensors::open(&dir.join("model.safetensors"))?;
+            Encoder::Bert(Box::new(Bert::load(bert, &tensors)?))
+        } else {
+            Encoder::Decoder(Box::new(Decoder::load(dir)?))
+        };
         let (pooling_dir, normalize) = modules(dir)?;
         let pooling_config = read_json(&pooling_dir.join("config.json"))?.unwrap_or(Value::Null);
         let pooling = Pooling::from_config(&pooling_config).ok_or_else(|| {
             EmbedError::Unsupported(format!("the pooling of {}", pooling_dir.display()))
         })?;
-        let max_tokens = max_tokens(dir, encoder.config.max_position_embeddings)?;
-        let tokenizer = tokenizer(dir, max_tokens)?;
+        let max_tokens = max_tokens(dir, encoder.positions())?;
+        let tokenizer = TextTokenizer::Hf(Box::new(tokenizer(dir, max_tokens)?));
         Ok(Self {
             encoder,
             tokenizer,
@@ -125,6 +139,54 @@ impl Embedder {
         })
     }
 
+    /// An embedding GGUF (llama.cpp's converter writes one from a
+    /// sentence-transformers folder): a decoder whose
+    /// `{arch}.pooling_type` says how to pool; vectors normalized, as
+    /// llama.cpp normalizes them.
+    fn load_gguf(path: &Path) -> Result<Self, EmbedError> {
+        let file = GgufFile::open(path).map_err(|e| EmbedError::Model(e.to_string()))?;
+        let arch = file
+            .get_str("general.architecture")
+            .map_err(|e| EmbedError::Model(e.to_string()))?;
+        let pooling_key = format!("{arch}.pooling_type");
+        let pooling = match file.get_usize(&pooling_key) {
+            Ok(Some(1)) => Pooling::Mean,
+            Ok(Some(2)) => Pooling::Cls,
+            Ok(Some(3)) => Pooling::LastToken,
+            Ok(other) => {
+                return Err(EmbedError::Unsupported(format!(
+                    "{pooling_key} {other:?} (an embedding GGUF names mean 1, CLS 2 or last 3)"
+                )))
+            }
+            Err(e) => return Err(EmbedError::Model(e.to_string())),
+        };
+        let metadata = file.metadata();
+        let text = crate::text::tokenizer::Tokenizer::from_gguf(metadata)
+            .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
+        let add_eos = matches!(
+            metadata.get("tokenizer.ggml.add_eos_token"),
+            Some(candle_core::quantized::gguf_file::Value::Bool(true))
+        );
+        let eos = file
+            .get_usize("tokenizer.ggml.eos_token_id")
+            .ok()
+            .flatten()
+            .and_then(|id| u32::try_from(id).ok())
+            .filter(|_| add_eos);
+        let encoder = Encoder::Decoder(Box::new(Decoder::load(path)?));
+        Ok(Self {
+            max_tokens: encoder.positions(),
+            encoder,
+            tokenizer: TextTokenizer::Gguf {
+                tokenizer: Box::new(text),
+                eos,
+            },
+            pooling,
+            normalize: true,
+            path: path.to_path_buf(),
+        })
+    }
+
     /// The bytes of the weights held.
     pub fn weight_bytes(&self) -> usize {
         self.encoder.weight_bytes()
@@ -132,7 +194,7 @@ impl Embedder {
 
     /// The length of each vector.
     pub fn dimensions(&self) -> usize {
-        self.encoder.config.hidden_size
+        self.encoder.hidden()
     }
 
     /// The most tokens an input takes (texts are cut there, as
@@ -153,20 +215,17 @@ impl Embedder {
         let invalid = |reason: String| EmbedError::Input { index, reason };
         match input {
             EmbedInput::Text(text) => {
-                let encoding = self
-                    .tokenizer
-                    .encode(text.as_str(), true)
-                    .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
-                if refuse_long && !encoding.get_overflowing().is_empty() {
+                let tokenized = self.tokenizer.encode(text, self.max_tokens)?;
+                if refuse_long && tokenized.cut {
                     return Err(invalid(format!(
                         "the text is longer than the model's {} tokens",
                         self.max_tokens
                     )));
                 }
-                Ok(encoding.get_ids().to_vec())
+                Ok(tokenized.ids)
             }
             EmbedInput::Tokens(ids) => {
-                let vocab = self.encoder.config.vocab_size;
+                let vocab = self.encoder.vocab();
                 if ids.is_empty() {
                     return Err(invalid("no tokens".into()));
                 }
@@ -221,10 +280,14 @@ impl Embedder {
     /// The vectors of already tokenized sequences, in order, computed as
     /// one batch and normalized as the model's modules say ([`pooling::cut`]
     /// shortens one).
-    pub fn embed_tokens(&self, sequences: &[Vec<u32>], pool: &ThreadPool) -> Vec<Vec<f32>> {
-        let states = self.encoder.forward(sequences, pool);
+    pub fn embed_tokens(
+        &self,
+        sequences: &[Vec<u32>],
+        pool: &ThreadPool,
+    ) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let states = self.encoder.forward(sequences, pool)?;
         let width = self.dimensions();
-        bert::spans(sequences)
+        Ok(bert::spans(sequences)
             .into_iter()
             .map(|span| {
                 let mut vector = self
@@ -235,7 +298,7 @@ impl Embedder {
                 }
                 vector
             })
-            .collect()
+            .collect())
     }
 
     /// The vectors of `inputs`, in order, computed as one batch.
@@ -249,7 +312,7 @@ impl Embedder {
             .enumerate()
             .map(|(index, input)| self.tokenize(index, input))
             .collect::<Result<Vec<_>, _>>()?;
-        let vectors = self.embed_tokens(&sequences, pool);
+        let vectors = self.embed_tokens(&sequences, pool)?;
         Ok(vectors
             .into_iter()
             .zip(&sequences)

@@ -446,6 +446,10 @@ impl HfModelDir {
             tensors = rename_keys(tensors);
             missing = rename_keys(missing);
         }
+        if is_base_model(&tensors) {
+            tensors = prefix_keys(tensors);
+            missing = prefix_keys(missing);
+        }
         Ok(Self {
             dir: dir.to_path_buf(),
             config,
@@ -765,6 +769,21 @@ fn language_model_name(name: String) -> String {
     name
 }
 
+/// Whether the tensors are a base model's, saved without its head's
+/// wrapper (`Qwen3Model`, as embedding models are saved): `embed_tokens`
+/// and `layers.N` at the top, nothing under `model.`.
+fn is_base_model<V>(tensors: &BTreeMap<String, V>) -> bool {
+    tensors.contains_key("embed_tokens.weight") && !tensors.keys().any(|k| k.starts_with("model."))
+}
+
+/// A base model's tensor names as the model with a head names them
+/// (`model.` before each).
+fn prefix_keys<V>(map: BTreeMap<String, V>) -> BTreeMap<String, V> {
+    map.into_iter()
+        .map(|(name, v)| (format!("model.{name}"), v))
+        .collect()
+}
+
 fn rename_keys<V>(map: BTreeMap<String, V>) -> BTreeMap<String, V> {
     map.into_iter()
         .map(|(name, v)| (language_model_name(name), v))
@@ -1032,6 +1051,38 @@ mod tests {
     /// `text_config` (with the fields it shares from the outer config), the
     /// tensors take a text-only checkpoint's names, the vision tower's and
     /// multi-token prediction's keep theirs (nothing asks for them).
+    /// A base model saved without its head (`Qwen3Model`, as embedding
+    /// models are) opens under the names the model with a head has.
+    #[test]
+    fn a_base_models_tensors_take_the_prefixed_names() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = serde_json::json!({
+            "architectures": ["Qwen3Model"], "model_type": "qwen3", "hidden_size": 4,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "rms_norm_eps": 1e-6,
+            "vocab_size": 3
+        });
+        std::fs::write(tmp.path().join(CONFIG_FILE), config.to_string()).unwrap();
+        let t = f32_tensor(&[3, 4], &iota(12));
+        write_st(
+            &tmp.path().join(SINGLE_FILE),
+            &[
+                ("embed_tokens.weight", &t),
+                ("layers.0.mlp.down_proj.weight", &t),
+                ("norm.weight", &t),
+            ],
+        );
+        let m = HfModelDir::open(tmp.path()).unwrap();
+        assert_eq!(
+            m.tensor_names().collect::<Vec<_>>(),
+            [
+                "model.embed_tokens.weight",
+                "model.layers.0.mlp.down_proj.weight",
+                "model.norm.weight"
+            ]
+        );
+        assert_eq!(m.load_f32("model.norm.weight").unwrap(), iota(12));
+    }
+
     #[test]
     fn a_multimodal_checkpoint_opens_as_its_language_model() {
         let tmp = tempfile::tempdir().unwrap();

@@ -1,5 +1,7 @@
 //! Embeddings against sentence-transformers: tiny random BERT checkpoints
-//! (mean pooling with normalisation, CLS pooling without) and the real
+//! (mean pooling with normalisation, CLS pooling without), a tiny decoder
+//! embedder as Qwen3-Embedding is one (last-token pooling; its
+//! safetensors folder and the GGUF llama.cpp's converter made of it) and the real
 //! all-MiniLM-L6-v2 (the offline default, as `scripts/fetch-model`
 //! installs it), on texts that are empty, long (cut at the model's
 //! length), non-Latin, emoji: the same token ids, and a cosine of at least
@@ -24,6 +26,11 @@ fn cosine(a: &[f32], b: &[f64]) -> f64 {
 
 /// Checks `model` against `reference` (texts, token ids, embeddings).
 fn check(model: &Path, reference: &Path) {
+    check_texts(model, reference, &[]);
+}
+
+/// [`check`], leaving out the texts numbered in `skip`.
+fn check_texts(model: &Path, reference: &Path, skip: &[usize]) {
     let embedder = Embedder::load(model).unwrap_or_else(|e| panic!("{}: {e}", model.display()));
     let text = std::fs::read_to_string(reference).expect("the reference");
     let expected: Value = serde_json::from_str(&text).expect("JSON");
@@ -31,6 +38,26 @@ fn check(model: &Path, reference: &Path) {
     let ids: Vec<Vec<u32>> = serde_json::from_value(expected["token_ids"].clone()).expect("ids");
     let vectors: Vec<Vec<f64>> =
         serde_json::from_value(expected["embeddings"].clone()).expect("embeddings");
+    let kept = |i: &usize| !skip.contains(i);
+    let (texts, ids, vectors): (Vec<String>, Vec<Vec<u32>>, Vec<Vec<f64>>) = (
+        texts
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| kept(i))
+            .map(|(_, t)| t)
+            .collect(),
+        ids.into_iter()
+            .enumerate()
+            .filter(|(i, _)| kept(i))
+            .map(|(_, t)| t)
+            .collect(),
+        vectors
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| kept(i))
+            .map(|(_, t)| t)
+            .collect(),
+    );
     let inputs: Vec<EmbedInput> = texts.iter().cloned().map(EmbedInput::Text).collect();
     for (i, input) in inputs.iter().enumerate() {
         assert_eq!(
@@ -76,6 +103,17 @@ fn tiny_bert_checkpoints_match_sentence_transformers() {
         let dir = reference_dir().join(case);
         check(&dir, &dir.join("reference.json"));
     }
+}
+
+#[test]
+fn a_decoder_embedder_matches_sentence_transformers_from_safetensors_and_gguf() {
+    let dir = reference_dir().join("qwen3-last");
+    let reference = dir.join("reference.json");
+    check(&dir, &reference);
+    // A GGUF does not carry sentence-transformers' max_seq_length (64
+    // here): it takes the model's context, as llama.cpp does, so text 3,
+    // which the reference cut at 64 tokens, is left out.
+    check_texts(&dir.join("model.gguf"), &reference, &[3]);
 }
 
 #[test]

@@ -315,6 +315,31 @@ impl Transformer {
             pool,
             group,
         } = step;
+        let hidden = self.config.hidden;
+        let tokens = self.run_layers(input, spans, kv, ws, pool, group)?;
+        let wanted: usize = spans.iter().map(|s| s.logits).sum();
+        if !self.is_last_stage() || wanted == 0 {
+            return Ok(ForwardOutput::Hidden(&ws.x[..tokens * hidden]));
+        }
+        self.final_norm_rows(spans, ws);
+        // A whole model or a tensor rank (which has every layer) has the head.
+        if self.is_first_stage() {
+            return self.head(wanted, output, ws, pool, group);
+        }
+        Ok(ForwardOutput::Normed(&ws.normed[..wanted * hidden]))
+    }
+
+    /// The embedding and every layer of this shard over the step's input,
+    /// leaving the hidden states in `ws.x`; returns the step's tokens.
+    fn run_layers(
+        &self,
+        input: StageInput<'_>,
+        spans: &[SeqSpan<'_>],
+        kv: &mut KvPool,
+        ws: &mut Workspace,
+        pool: &ThreadPool,
+        group: &mut dyn Group,
+    ) -> Result<usize, ForwardError> {
         let cfg = &self.config;
         let hidden = cfg.hidden;
         let tokens = match &input {
@@ -348,16 +373,38 @@ impl Transformer {
             };
             self.layer_forward(layer, tokens, spans, &mut step)?;
         }
-        let wanted: usize = spans.iter().map(|s| s.logits).sum();
-        if !self.is_last_stage() || wanted == 0 {
-            return Ok(ForwardOutput::Hidden(&ws.x[..tokens * hidden]));
+        Ok(tokens)
+    }
+
+    /// The final-normed hidden state of every token of `tokens`, computed
+    /// from an empty `cache` (a whole model's last hidden state: what an
+    /// embedding model pools). No head is applied.
+    pub fn normed_states<'w>(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+        ws: &'w mut Workspace,
+        pool: &ThreadPool,
+    ) -> Result<&'w [f32], ForwardError> {
+        if !self.is_first_stage() || !self.is_last_stage() || self.is_tensor_parallel() {
+            return Err(ForwardError::NotLastStage);
         }
-        self.final_norm_rows(spans, ws);
-        // A whole model or a tensor rank (which has every layer) has the head.
-        if self.is_first_stage() {
-            return self.head(wanted, output, ws, pool, group);
-        }
-        Ok(ForwardOutput::Normed(&ws.normed[..wanted * hidden]))
+        cache.clear();
+        cache.reserve(tokens.len());
+        cache.prompt = tokens.len();
+        let span = SeqSpan {
+            start: 0,
+            len: tokens.len(),
+            table: &cache.table,
+            prompt: tokens.len(),
+            logits: tokens.len(),
+            state: 0,
+        };
+        let spans = [span];
+        let input = StageInput::Tokens(tokens);
+        let count = self.run_layers(input, &spans, &mut cache.pool, ws, pool, &mut SingleRank)?;
+        self.final_norm_rows(&spans, ws);
+        Ok(&ws.normed[..count * self.config.hidden])
     }
 
     /// Each token's rotary angles (and the local ones of a family with two
