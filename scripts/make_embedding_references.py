@@ -15,7 +15,8 @@ model (config.json, model.safetensors, tokenizer files, modules.json,
 plus reference.json: the texts, each one's token ids and its embedding.
 With --minilm it writes OUT_DIR/all-minilm-l6-v2.json for the real model.
 
-Everything is seeded: a rerun with the same versions writes the same files.
+Weights are seeded; the tokenizer trainers may break ties differently from
+run to run (see the fixtures' README).
 """
 
 from __future__ import annotations
@@ -192,6 +193,76 @@ def tiny_qwen3(out: Path, seed: int, llama_cpp: Path | None) -> None:
         convert_gguf(out, llama_cpp)
 
 
+NOMIC_CODE = ("configuration_hf_nomic_bert.py", "modeling_hf_nomic_bert.py")
+
+
+def tiny_nomic(out: Path, seed: int, contrastors: Path) -> None:
+    """nomic-bert as nomic-embed-text-v1.5 configures it (rotary, SwiGLU,
+    no biases, post-norm, a padded vocabulary), mean pooling, normalized.
+    The reference is nomic's own modeling code, which sentence-transformers
+    loads with trust_remote_code as it does for the real model: its two
+    files are taken from a checkout of github.com/nomic-ai/contrastors
+    (src/contrastors/models/huggingface/) for the run and are not kept in
+    the fixture."""
+    torch.manual_seed(seed)
+    work = out.with_suffix(".work")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    tok = wordpiece(512)
+    fast = BertTokenizerFast(tokenizer_object=tok, do_lower_case=True)
+    fast.save_pretrained(work)
+    code = contrastors / "src/contrastors/models/huggingface"
+    for name in NOMIC_CODE:
+        shutil.copy(code / name, work / name)
+    sys.path.insert(0, str(code))
+    from configuration_hf_nomic_bert import NomicBertConfig  # noqa: E402
+
+    config = NomicBertConfig(
+        vocab_size=tok.get_vocab_size(), n_embd=32, n_head=4, n_inner=256, n_layer=2, n_positions=128,
+        activation_function="swiglu", rotary_emb_fraction=1.0, rotary_emb_base=1000, qkv_proj_bias=False,
+        mlp_fc1_bias=False, mlp_fc2_bias=False, prenorm=False, layer_norm_epsilon=1e-12, type_vocab_size=2,
+        use_flash_attn=False, fused_bias_fc=False, fused_dropout_add_ln=False, use_xentropy=False,
+        max_trained_positions=128, causal=False, pad_vocab_size_multiple=64,
+        pad_token_id=0, bos_token_id=2, eos_token_id=3,
+        # As nomic-embed-text's config: its attention applies attn_pdrop
+        # even in eval mode.
+        attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,
+    )
+    config.auto_map = {
+        "AutoConfig": "configuration_hf_nomic_bert.NomicBertConfig",
+        "AutoModel": "modeling_hf_nomic_bert.NomicBertModel",
+    }
+    config.save_pretrained(work)
+    model = transformers.AutoModel.from_config(
+        transformers.AutoConfig.from_pretrained(work, trust_remote_code=True), trust_remote_code=True
+    )
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" not in name and "emb_ln" not in name:
+                p.mul_(8.0)
+    model.save_pretrained(work, safe_serialization=True)
+    remote = {"trust_remote_code": True}
+    body = models.Transformer(str(work), max_seq_length=64, model_kwargs=remote, config_kwargs=remote)
+    # transformers 5 dropped PreTrainedModel.get_extended_attention_mask,
+    # which the remote code calls: transformers 4's, for a 2-D mask.
+    type(body.auto_model).get_extended_attention_mask = lambda self, mask, shape, *a, **k: (
+        (1.0 - mask[:, None, None, :].to(torch.float32)) * torch.finfo(torch.float32).min
+    )
+    pool = models.Pooling(body.get_word_embedding_dimension(), pooling_mode="mean")
+    st = SentenceTransformer(modules=[body, pool, models.Normalize()], device="cpu")
+    shutil.rmtree(out, ignore_errors=True)
+    st.save(str(out))
+    (out / "README.md").unlink(missing_ok=True)
+    shutil.rmtree(work)
+    reference(st, out / "reference.json")
+    # The fixture keeps the weights and config, not nomic's code.
+    for name in NOMIC_CODE:
+        (out / name).unlink(missing_ok=True)
+    saved = json.loads((out / "config.json").read_text())
+    saved.pop("auto_map", None)
+    (out / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+
+
 def convert_gguf(folder: Path, llama_cpp: Path) -> None:
     """llama.cpp's convert_hf_to_gguf.py, f32, told the pre-tokenizer's name
     (it names one by hashing the tokens of a fixed text, which only a
@@ -231,11 +302,14 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--minilm", type=Path, help="the all-MiniLM-L6-v2 folder")
     parser.add_argument("--llama-cpp", type=Path, help="a llama.cpp source tree (its converter makes the GGUFs)")
+    parser.add_argument("--contrastors", type=Path, help="a checkout of nomic-ai/contrastors (nomic-bert's code)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     tiny_bert(args.out / "bert-mean", "mean", True, 1)
     tiny_bert(args.out / "bert-cls", "cls", False, 2)
     tiny_qwen3(args.out / "qwen3-last", 3, args.llama_cpp)
+    if args.contrastors:
+        tiny_nomic(args.out / "nomic-bert", 4, args.contrastors)
     if args.minilm:
         st = SentenceTransformer(str(args.minilm), device="cpu")
         reference(st, args.out / "all-minilm-l6-v2.json")

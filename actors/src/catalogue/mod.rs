@@ -338,7 +338,21 @@ pub fn card_from_config(
         .map_err(|e| CardError::Invalid(format!("{repo}/config.json: {e}")))?;
     // Multimodal configs keep the language model's values in text_config.
     let text = config.get("text_config").unwrap_or(&config);
-    let number = |key: &str| -> Option<u64> { text.get(key).and_then(|v| v.as_u64()) };
+    // GPT-2's names where a config uses them (nomic-bert's).
+    fn alias(key: &str) -> &str {
+        match key {
+            "num_hidden_layers" => "n_layer",
+            "hidden_size" => "n_embd",
+            "num_attention_heads" => "n_head",
+            "max_position_embeddings" => "n_positions",
+            other => other,
+        }
+    }
+    let number = |key: &str| -> Option<u64> {
+        text.get(key)
+            .or_else(|| text.get(alias(key)))
+            .and_then(|v| v.as_u64())
+    };
     let need = |key: &str| {
         number(key).ok_or_else(|| CardError::Invalid(format!("{repo}/config.json lacks {key}")))
     };
@@ -348,10 +362,13 @@ pub fn card_from_config(
         .unwrap_or_default();
     // A sentence-transformers repository: an embedding model.
     let embedding = listing.get("modules.json").is_some();
-    let bert = embedding && model_type == "bert";
+    let encoder = match model_type {
+        "bert" | "nomic_bert" if embedding => Some(model_type),
+        _ => None,
+    };
     let family = Architecture::from_name(model_type)
         .map(Architecture::name)
-        .or(bert.then_some("bert"))
+        .or(encoder)
         .ok_or_else(|| {
             CardError::Invalid(format!(
                 "{repo}: model type {model_type:?} is not one this engine runs ({})",
@@ -402,7 +419,12 @@ pub fn card_from_config(
         hidden_size: as_u32(need("hidden_size")?)?,
         num_attention_heads: as_u32(heads)?,
         num_key_value_heads: as_u32(kv_heads)?,
-        context_length: as_u32(served_context(text).map_or(4096, |c| c as u64))?,
+        context_length: as_u32(
+            served_context(text)
+                .map(|c| c as u64)
+                .or_else(|| number("max_position_embeddings"))
+                .unwrap_or(4096),
+        )?,
         supports_tensor: kv_heads >= 2 && !embedding,
         tasks: vec![crate::catalogue::gguf_card::task_of(embedding) as i32],
         capabilities: if embedding {

@@ -6,10 +6,10 @@
 
 use std::ops::Range;
 
-use crate::ops::dot;
-use crate::threadpool::{split_range, DisjointSlice, ThreadPool};
+use crate::threadpool::ThreadPool;
 
 use super::error::EmbedError;
+use super::layers::{attention, spans, LayerNorm, Linear};
 use super::weights::Tensors;
 
 /// The parts of a BERT `config.json` the encoder needs.
@@ -42,81 +42,6 @@ fn gelu() -> String {
 }
 fn absolute() -> String {
     "absolute".into()
-}
-
-/// A dense layer: `out = W x + b`, `W` as `[out][in]`.
-struct Linear {
-    weight: Vec<f32>,
-    bias: Vec<f32>,
-    inputs: usize,
-    outputs: usize,
-}
-
-impl Linear {
-    fn load(t: &Tensors, name: &str, outputs: usize, inputs: usize) -> Result<Self, EmbedError> {
-        Ok(Self {
-            weight: t.f32(&format!("{name}.weight"), &[outputs, inputs])?,
-            bias: t.f32(&format!("{name}.bias"), &[outputs])?,
-            inputs,
-            outputs,
-        })
-    }
-
-    fn values(&self) -> usize {
-        self.weight.len() + self.bias.len()
-    }
-
-    /// `x`: `tokens` rows of `inputs`; returns `tokens` rows of `outputs`.
-    fn forward(&self, x: &[f32], tokens: usize, pool: &ThreadPool) -> Vec<f32> {
-        let mut out = vec![0.0f32; tokens * self.outputs];
-        let shared = DisjointSlice::new(&mut out);
-        pool.run(|index, count| {
-            let rows = split_range(tokens, index, count, 1);
-            // SAFETY: each thread writes only the output rows of its own
-            // token range, and `out` is not touched until `run` returns.
-            let part = unsafe { shared.part(rows.start * self.outputs..rows.end * self.outputs) };
-            for (row, t) in part.chunks_mut(self.outputs).zip(rows) {
-                let input = &x[t * self.inputs..(t + 1) * self.inputs];
-                for (o, value) in row.iter_mut().enumerate() {
-                    let w = &self.weight[o * self.inputs..(o + 1) * self.inputs];
-                    *value = dot(w, input) + self.bias[o];
-                }
-            }
-        });
-        out
-    }
-}
-
-struct LayerNorm {
-    weight: Vec<f32>,
-    bias: Vec<f32>,
-    eps: f32,
-}
-
-impl LayerNorm {
-    fn load(t: &Tensors, name: &str, width: usize, eps: f64) -> Result<Self, EmbedError> {
-        Ok(Self {
-            weight: t.f32(&format!("{name}.weight"), &[width])?,
-            bias: t.f32(&format!("{name}.bias"), &[width])?,
-            eps: eps as f32,
-        })
-    }
-
-    fn values(&self) -> usize {
-        self.weight.len() + self.bias.len()
-    }
-
-    fn apply(&self, x: &mut [f32]) {
-        for row in x.chunks_mut(self.weight.len()) {
-            let n = row.len() as f32;
-            let mean = row.iter().sum::<f32>() / n;
-            let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
-            let inv = 1.0 / (var + self.eps).sqrt();
-            for ((v, w), b) in row.iter_mut().zip(&self.weight).zip(&self.bias) {
-                *v = (*v - mean) * inv * w + b;
-            }
-        }
-    }
 }
 
 struct Layer {
@@ -280,7 +205,7 @@ impl Bert {
         let q = layer.query.forward(&x, tokens, pool);
         let k = layer.key.forward(&x, tokens, pool);
         let v = layer.value.forward(&x, tokens, pool);
-        let context = self.attention(&q, &k, &v, spans);
+        let context = attention(&q, &k, &v, spans, self.config.num_attention_heads);
         let mut attended = layer.attention_out.forward(&context, tokens, pool);
         for (a, input) in attended.iter_mut().zip(&x) {
             *a += input;
@@ -302,48 +227,6 @@ impl Bert {
         layer.output_norm.apply(&mut out);
         out
     }
-
-    /// Softmax attention of every token over its own sequence, per head.
-    fn attention(&self, q: &[f32], k: &[f32], v: &[f32], spans: &[Range<usize>]) -> Vec<f32> {
-        let h = self.config.hidden_size;
-        let heads = self.config.num_attention_heads;
-        let d = h / heads;
-        let scale = 1.0 / (d as f32).sqrt();
-        let mut out = vec![0.0f32; q.len()];
-        let mut scores = Vec::new();
-        for span in spans {
-            for head in 0..heads {
-                let cols = head * d..(head + 1) * d;
-                for i in span.clone() {
-                    let query = &q[i * h..][cols.clone()];
-                    scores.clear();
-                    scores.extend(
-                        span.clone()
-                            .map(|j| dot(query, &k[j * h..][cols.clone()]) * scale),
-                    );
-                    crate::ops::softmax(&mut scores);
-                    let row = &mut out[i * h..][cols.clone()];
-                    for (j, &weight) in span.clone().zip(&scores) {
-                        crate::ops::axpy(row, weight, &v[j * h..][cols.clone()]);
-                    }
-                }
-            }
-        }
-        out
-    }
-}
-
-/// Each sequence's rows in the concatenated batch.
-pub fn spans(sequences: &[Vec<u32>]) -> Vec<Range<usize>> {
-    let mut start = 0;
-    sequences
-        .iter()
-        .map(|s| {
-            let span = start..start + s.len();
-            start = span.end;
-            span
-        })
-        .collect()
 }
 
 /// GELU as BERT's `gelu`: `x Φ(x)`, with the exact error function.

@@ -62,6 +62,12 @@ impl Decoder {
         self.transformer.config.context_length
     }
 
+    /// Whether the model is a Qwen3 (Qwen3-Embedding, trained for shorter
+    /// vectors).
+    pub fn is_qwen3(&self) -> bool {
+        self.transformer.config.architecture == crate::model::config::Architecture::Qwen3
+    }
+
     pub fn weight_bytes(&self) -> usize {
         self.transformer.weight_bytes()
     }

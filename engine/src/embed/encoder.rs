@@ -6,10 +6,12 @@ use crate::threadpool::ThreadPool;
 use super::bert::Bert;
 use super::decoder::Decoder;
 use super::error::EmbedError;
+use super::nomic::NomicBert;
 
-/// Both boxed: one is held per model, and their sizes differ widely.
+/// Boxed: one is held per model, and their sizes differ widely.
 pub enum Encoder {
     Bert(Box<Bert>),
+    Nomic(Box<NomicBert>),
     Decoder(Box<Decoder>),
 }
 
@@ -17,6 +19,7 @@ impl Encoder {
     pub fn hidden(&self) -> usize {
         match self {
             Self::Bert(b) => b.config.hidden_size,
+            Self::Nomic(n) => n.config.n_embd,
             Self::Decoder(d) => d.hidden(),
         }
     }
@@ -24,6 +27,7 @@ impl Encoder {
     pub fn vocab(&self) -> usize {
         match self {
             Self::Bert(b) => b.config.vocab_size,
+            Self::Nomic(n) => n.config.vocab_size,
             Self::Decoder(d) => d.vocab(),
         }
     }
@@ -32,6 +36,7 @@ impl Encoder {
     pub fn positions(&self) -> usize {
         match self {
             Self::Bert(b) => b.config.max_position_embeddings,
+            Self::Nomic(n) => n.config.n_positions,
             Self::Decoder(d) => d.context(),
         }
     }
@@ -39,7 +44,18 @@ impl Encoder {
     pub fn weight_bytes(&self) -> usize {
         match self {
             Self::Bert(b) => b.weight_bytes(),
+            Self::Nomic(n) => n.weight_bytes(),
             Self::Decoder(d) => d.weight_bytes(),
+        }
+    }
+
+    /// Whether vectors may be cut to fewer dimensions: families trained
+    /// for it (Matryoshka-style: nomic-embed-text v1.5, Qwen3-Embedding).
+    pub fn cuts_dimensions(&self) -> bool {
+        match self {
+            Self::Bert(_) => false,
+            Self::Nomic(_) => true,
+            Self::Decoder(d) => d.is_qwen3(),
         }
     }
 
@@ -52,6 +68,7 @@ impl Encoder {
     ) -> Result<Vec<f32>, EmbedError> {
         match self {
             Self::Bert(b) => Ok(b.forward(sequences, pool)),
+            Self::Nomic(n) => Ok(n.forward(sequences, pool)),
             Self::Decoder(d) => d.forward(sequences, pool),
         }
     }

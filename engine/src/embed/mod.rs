@@ -16,6 +16,8 @@ pub mod bert;
 pub mod decoder;
 pub mod encoder;
 pub mod error;
+mod layers;
+pub mod nomic;
 pub mod pooling;
 pub mod tokens;
 mod weights;
@@ -30,6 +32,7 @@ use bert::{Bert, BertConfig};
 use decoder::Decoder;
 use encoder::Encoder;
 pub use error::EmbedError;
+use nomic::{NomicBert, NomicConfig};
 use pooling::Pooling;
 use tokens::TextTokenizer;
 
@@ -111,16 +114,21 @@ impl Embedder {
             .get("model_type")
             .and_then(Value::as_str)
             .unwrap_or_default();
-        let encoder = if model_type == "bert" {
-            let bert: BertConfig =
-                serde_json::from_value(config).map_err(|e| EmbedError::Format {
-                    path: config_path.display().to_string(),
-                    reason: e.to_string(),
-                })?;
-            let tensors = weights::Tensors::open(&dir.join("model.safetensors"))?;
-            Encoder::Bert(Box::new(Bert::load(bert, &tensors)?))
-        } else {
-            Encoder::Decoder(Box::new(Decoder::load(dir)?))
+        let parse_error = |e: serde_json::Error| EmbedError::Format {
+            path: config_path.display().to_string(),
+            reason: e.to_string(),
+        };
+        let tensors = || weights::Tensors::open(&dir.join("model.safetensors"));
+        let encoder = match model_type {
+            "bert" => {
+                let config: BertConfig = serde_json::from_value(config).map_err(parse_error)?;
+                Encoder::Bert(Box::new(Bert::load(config, &tensors()?)?))
+            }
+            "nomic_bert" => {
+                let config: NomicConfig = serde_json::from_value(config).map_err(parse_error)?;
+                Encoder::Nomic(Box::new(NomicBert::load(config, &tensors()?)?))
+            }
+            _ => Encoder::Decoder(Box::new(Decoder::load(dir)?)),
         };
         let (pooling_dir, normalize) = modules(dir)?;
         let pooling_config = read_json(&pooling_dir.join("config.json"))?.unwrap_or(Value::Null);
@@ -252,9 +260,10 @@ impl Embedder {
     }
 
     /// Whether vectors may be cut to fewer dimensions (a model trained
-    /// for it, Matryoshka-style). A BERT sentence encoder is not.
+    /// for it, Matryoshka-style: nomic-embed-text v1.5, Qwen3-Embedding).
+    /// A BERT sentence encoder is not.
     pub fn cuts_dimensions(&self) -> bool {
-        false
+        self.encoder.cuts_dimensions()
     }
 
     /// Checks a request's `dimensions` (0: the whole vector).
@@ -287,7 +296,7 @@ impl Embedder {
     ) -> Result<Vec<Vec<f32>>, EmbedError> {
         let states = self.encoder.forward(sequences, pool)?;
         let width = self.dimensions();
-        Ok(bert::spans(sequences)
+        Ok(layers::spans(sequences)
             .into_iter()
             .map(|span| {
                 let mut vector = self

@@ -1,5 +1,6 @@
 //! Embeddings against sentence-transformers: tiny random BERT checkpoints
-//! (mean pooling with normalisation, CLS pooling without), a tiny decoder
+//! (mean pooling with normalisation, CLS pooling without), a tiny
+//! nomic-bert (rotary, SwiGLU, nomic's own code as the reference), a tiny decoder
 //! embedder as Qwen3-Embedding is one (last-token pooling; its
 //! safetensors folder and the GGUF llama.cpp's converter made of it) and the real
 //! all-MiniLM-L6-v2 (the offline default, as `scripts/fetch-model`
@@ -99,7 +100,7 @@ fn check_texts(model: &Path, reference: &Path, skip: &[usize]) {
 
 #[test]
 fn tiny_bert_checkpoints_match_sentence_transformers() {
-    for case in ["bert-mean", "bert-cls"] {
+    for case in ["bert-mean", "bert-cls", "nomic-bert"] {
         let dir = reference_dir().join(case);
         check(&dir, &dir.join("reference.json"));
     }
@@ -131,4 +132,18 @@ fn bad_token_inputs_are_the_callers_error() {
             .expect_err("refused");
         assert!(error.is_invalid_input(), "{error}");
     }
+}
+
+#[test]
+fn only_models_trained_for_shorter_vectors_cut_them() {
+    let nomic = Embedder::load(&reference_dir().join("nomic-bert")).expect("loads");
+    let decoder = Embedder::load(&reference_dir().join("qwen3-last")).expect("loads");
+    let bert = Embedder::load(&reference_dir().join("bert-mean")).expect("loads");
+    for cuts in [&nomic, &decoder] {
+        assert!(cuts.check_dimensions(16).is_ok());
+        assert!(cuts.check_dimensions(cuts.dimensions() + 1).is_err());
+    }
+    assert!(bert.check_dimensions(16).is_err());
+    assert!(bert.check_dimensions(bert.dimensions()).is_ok());
+    assert!(bert.check_dimensions(0).is_ok());
 }
