@@ -5,7 +5,7 @@
 pub mod handlers;
 
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use tessera_protos::v1::{self, generation_chunk};
 
 use super::error::ApiError;
@@ -84,6 +84,8 @@ pub enum System {
 pub struct InMessage {
     pub role: String,
     pub content: Content,
+    #[serde(flatten)]
+    pub other: Map<String, Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -98,22 +100,62 @@ pub enum Content {
 pub enum Block {
     Text {
         text: String,
+        #[serde(flatten)]
+        other: Map<String, Value>,
     },
     ToolUse {
         id: String,
         name: String,
         input: Value,
+        #[serde(flatten)]
+        other: Map<String, Value>,
     },
     ToolResult {
         tool_use_id: String,
         #[serde(default)]
         content: Option<Content>,
+        /// The tool failed: its content is the error.
+        #[serde(default)]
+        is_error: Option<bool>,
+        #[serde(flatten)]
+        other: Map<String, Value>,
     },
-    Image {},
+    Image {
+        #[serde(flatten)]
+        other: Map<String, Value>,
+    },
     Thinking {
         #[serde(default)]
         thinking: String,
+        #[serde(flatten)]
+        other: Map<String, Value>,
     },
+}
+
+/// A block's fields beyond those mapped: `cache_control` (the prefix
+/// cache is automatic) and a thinking block's `signature` (its proof for
+/// Anthropic's servers) change nothing here; citations are refused.
+const BLOCK_EXTRAS: Extras = Extras {
+    not_applicable: &["cache_control", "signature"],
+    refused: &[Refused {
+        name: "citations",
+        why: "citations are not supported",
+        neutral: nothing,
+    }],
+};
+
+impl Block {
+    /// Its fields beyond those mapped, checked; `at` names it in a 400.
+    fn check(&self, at: &str) -> Result<(), ApiError> {
+        let other = match self {
+            Self::Text { other, .. }
+            | Self::ToolUse { other, .. }
+            | Self::ToolResult { other, .. }
+            | Self::Image { other }
+            | Self::Thinking { other, .. } => other,
+        };
+        BLOCK_EXTRAS.check_in(other, at)
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -123,20 +165,48 @@ pub struct Tool {
     pub description: Option<String>,
     #[serde(default)]
     pub input_schema: Option<Value>,
+    /// "custom" (a client tool, the default); Anthropic's server tools
+    /// (web search, code execution...) are refused.
+    #[serde(rename = "type", default)]
+    pub kind: Option<String>,
+    #[serde(flatten)]
+    pub other: Map<String, Value>,
 }
 
+/// A tool definition's fields beyond those mapped.
+const TOOL_EXTRAS: Extras = Extras {
+    not_applicable: &["cache_control"],
+    refused: &[],
+};
+
+impl Tool {
+    fn check(&self, at: &str) -> Result<(), ApiError> {
+        if let Some(kind) = self.kind.as_deref().filter(|k| *k != "custom") {
+            return Err(ApiError::invalid(
+                &format!("{at}.type"),
+                format!("tools of type {kind:?} (Anthropic's server tools) are not supported"),
+            ));
+        }
+        TOOL_EXTRAS.check_in(&self.other, at)
+    }
+}
+
+/// The text of `content` (a system prompt, a tool result): text blocks
+/// only.
 fn text_of(content: &Content, param: &str) -> Result<String, ApiError> {
     match content {
         Content::Text(text) => Ok(text.clone()),
         Content::Blocks(blocks) => {
             let mut text = String::new();
-            for block in blocks {
+            for (at, block) in blocks.iter().enumerate() {
+                let at = format!("{param}[{at}]");
+                block.check(&at)?;
                 match block {
-                    Block::Text { text: t } => text.push_str(t),
-                    Block::Image {} => {
-                        return Err(ApiError::invalid(param, "images are not supported"))
+                    Block::Text { text: t, .. } => text.push_str(t),
+                    Block::Image { .. } => {
+                        return Err(ApiError::invalid(&at, "images are not supported"))
                     }
-                    _ => {}
+                    _ => return Err(ApiError::invalid(&at, "only text blocks can be here")),
                 }
             }
             Ok(text)
@@ -208,6 +278,9 @@ impl MessagesRequest {
         if self.messages.is_empty() {
             return Err(ApiError::invalid("messages", "messages must not be empty"));
         }
+        for (index, tool) in self.tools.iter().flatten().enumerate() {
+            tool.check(&format!("tools[{index}]"))?;
+        }
         crate::valid::token_limit("max_tokens", Some(self.max_tokens), context)?;
         if let Some(t) = self.temperature.filter(|t| !(0.0..=1.0).contains(t)) {
             return Err(ApiError::invalid(
@@ -228,10 +301,7 @@ impl MessagesRequest {
     fn system_message(&self) -> Result<Option<v1::ChatMessage>, ApiError> {
         let text = match &self.system {
             Some(System::Text(text)) => text.clone(),
-            Some(System::Blocks(blocks)) => text_of(
-                &Content::Blocks(blocks.iter().map(clone_text).collect()),
-                "system",
-            )?,
+            Some(System::Blocks(blocks)) => text_of_blocks(blocks, "system")?,
             None => String::new(),
         };
         Ok((!text.is_empty()).then(|| v1::ChatMessage {
@@ -265,6 +335,38 @@ impl MessagesRequest {
     }
 }
 
+/// The blocks of a system prompt: text blocks only.
+fn text_of_blocks(blocks: &[Block], param: &str) -> Result<String, ApiError> {
+    let mut text = String::new();
+    for (at, block) in blocks.iter().enumerate() {
+        let at = format!("{param}[{at}]");
+        block.check(&at)?;
+        match block {
+            Block::Text { text: t, .. } => text.push_str(t),
+            _ => return Err(ApiError::invalid(&at, "only text blocks can be here")),
+        }
+    }
+    Ok(text)
+}
+
+/// A tool result as the tool message's text; a failed tool's result says
+/// so first (`is_error`), since chat templates have no field for it.
+fn tool_result_text(
+    content: Option<&Content>,
+    is_error: Option<bool>,
+    at: &str,
+) -> Result<String, ApiError> {
+    let text = match content {
+        Some(c) => text_of(c, &format!("{at}.content"))?,
+        None => String::new(),
+    };
+    Ok(if is_error == Some(true) {
+        format!("Error: {text}")
+    } else {
+        text
+    })
+}
+
 /// Message `index` as wire messages: its text, thinking and tool uses in
 /// one, and each tool result as a message of its own.
 fn push_messages(
@@ -273,6 +375,7 @@ fn push_messages(
     messages: &mut Vec<v1::ChatMessage>,
 ) -> Result<(), ApiError> {
     let param = format!("messages[{index}]");
+    crate::extras::NONE.check_in(&m.other, &param)?;
     if m.role != "user" && m.role != "assistant" {
         return Err(ApiError::invalid(
             &format!("{param}.role"),
@@ -294,11 +397,15 @@ fn push_messages(
         role: m.role.clone(),
         ..Default::default()
     };
-    for block in blocks {
+    for (at, block) in blocks.iter().enumerate() {
+        let at = format!("{param}.content[{at}]");
+        block.check(&at)?;
         match block {
-            Block::Text { text } => message.content.push_str(text),
-            Block::Thinking { thinking } => message.reasoning_content.push_str(thinking),
-            Block::ToolUse { id, name, input } => message.tool_calls.push(v1::ToolCall {
+            Block::Text { text, .. } => message.content.push_str(text),
+            Block::Thinking { thinking, .. } => message.reasoning_content.push_str(thinking),
+            Block::ToolUse {
+                id, name, input, ..
+            } => message.tool_calls.push(v1::ToolCall {
                 id: id.clone(),
                 name: name.clone(),
                 arguments_json: input.to_string(),
@@ -306,16 +413,15 @@ fn push_messages(
             Block::ToolResult {
                 tool_use_id,
                 content,
+                is_error,
+                ..
             } => messages.push(v1::ChatMessage {
                 role: "tool".into(),
-                content: match content {
-                    Some(c) => text_of(c, &format!("{param}.content"))?,
-                    None => String::new(),
-                },
+                content: tool_result_text(content.as_ref(), *is_error, &at)?,
                 tool_call_id: tool_use_id.clone(),
                 ..Default::default()
             }),
-            Block::Image {} => {
+            Block::Image { .. } => {
                 return Err(ApiError::invalid(
                     &format!("{param}.content"),
                     "images are not supported",
@@ -327,15 +433,6 @@ fn push_messages(
         messages.push(message);
     }
     Ok(())
-}
-
-fn clone_text(block: &Block) -> Block {
-    match block {
-        Block::Text { text } => Block::Text { text: text.clone() },
-        _ => Block::Text {
-            text: String::new(),
-        },
-    }
 }
 
 pub fn stop_reason(reason: i32) -> &'static str {
@@ -556,6 +653,49 @@ pub fn error_body(error: &ApiError) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Nested fields are mapped, not applicable, or refused by their path.
+    #[test]
+    fn fields_inside_blocks_and_tools_are_never_dropped() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let param = |body: Value| -> Result<Option<String>, Box<dyn std::error::Error>> {
+            let r: MessagesRequest = serde_json::from_value(body)?;
+            Ok(r.to_params(0).err().and_then(|e| e.param))
+        };
+        let with = |block: Value| {
+            json!({"model": "m", "max_tokens": 8,
+                   "messages": [{"role": "user", "content": [block]}]})
+        };
+        let cached =
+            with(json!({"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}));
+        assert_eq!(param(cached)?, None, "cache_control is not applicable");
+        let cited = with(json!({"type": "text", "text": "x", "citations": [{"a": 1}]}));
+        assert_eq!(
+            param(cited)?.as_deref(),
+            Some("messages[0].content[0].citations")
+        );
+        let odd = with(json!({"type": "text", "text": "x", "colour": "red"}));
+        assert_eq!(
+            param(odd)?.as_deref(),
+            Some("messages[0].content[0].colour")
+        );
+        let failed: MessagesRequest = serde_json::from_value(with(json!(
+            {"type": "tool_result", "tool_use_id": "t", "content": "boom", "is_error": true}
+        )))?;
+        assert_eq!(failed.to_params(0)?.messages[0].content, "Error: boom");
+        let server_tool = json!({"model": "m", "max_tokens": 8,
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"type": "web_search_20250305", "name": "web_search"}]});
+        assert_eq!(param(server_tool)?.as_deref(), Some("tools[0].type"));
+        let system_tool_use = json!({"model": "m", "max_tokens": 8,
+            "system": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}],
+            "messages": [{"role": "user", "content": "x"}]});
+        assert_eq!(param(system_tool_use)?.as_deref(), Some("system[0]"));
+        let message_field = json!({"model": "m", "max_tokens": 8,
+            "messages": [{"role": "user", "content": "x", "name": "bob"}]});
+        assert_eq!(param(message_field)?.as_deref(), Some("messages[0].name"));
+        Ok(())
+    }
 
     #[test]
     fn a_messages_request_becomes_generation_params() -> Result<(), Box<dyn std::error::Error>> {

@@ -41,22 +41,33 @@ impl Extras {
     /// `fields` (what the request had besides the mapped fields) if each is
     /// not applicable or neutral; else a 400 naming the first that is not.
     pub(crate) fn check(&self, fields: &Map<String, Value>) -> Result<(), ApiError> {
+        self.check_in(fields, "")
+    }
+
+    /// [`Extras::check`] for the fields of a nested object at `at` (e.g.
+    /// `messages[2]`), which the 400 names as `at.field`.
+    pub(crate) fn check_in(&self, fields: &Map<String, Value>, at: &str) -> Result<(), ApiError> {
         for (name, value) in fields {
             if self.not_applicable.contains(&name.as_str()) {
                 continue;
             }
+            let path = if at.is_empty() {
+                name.clone()
+            } else {
+                format!("{at}.{name}")
+            };
             match self.refused.iter().find(|r| r.name == name) {
                 Some(refused) if (refused.neutral)(value) => {}
                 Some(refused) => {
                     return Err(ApiError::invalid(
-                        name,
-                        format!("`{name}` is not supported: {}", refused.why),
+                        &path,
+                        format!("`{path}` is not supported: {}", refused.why),
                     ))
                 }
                 None => {
                     return Err(ApiError::invalid(
-                        name,
-                        format!("unrecognized request field `{name}`"),
+                        &path,
+                        format!("unrecognized request field `{path}`"),
                     ))
                 }
             }
@@ -64,6 +75,13 @@ impl Extras {
         Ok(())
     }
 }
+
+/// Fields of an object inside a request (a message, a content part, a
+/// tool) that tessera does not map: none, unless a dialect lists some.
+pub(crate) const NONE: Extras = Extras {
+    not_applicable: &[],
+    refused: &[],
+};
 
 #[cfg(test)]
 mod tests {
@@ -97,5 +115,25 @@ mod tests {
             .check(&fields(json!({"temprature": 1})))
             .expect_err("refused");
         assert_eq!(unknown.param.as_deref(), Some("temprature"));
+    }
+
+    #[test]
+    fn a_nested_objects_fields_are_named_by_their_path() {
+        let refused = EXTRAS
+            .check_in(&fields(json!({"audio": "x"})), "messages[2]")
+            .expect_err("refused");
+        assert_eq!(refused.param.as_deref(), Some("messages[2].audio"));
+        assert!(refused.message.contains("messages[2].audio"));
+        let unknown = NONE
+            .check_in(
+                &fields(json!({"cache_control": {}})),
+                "messages[0].content[1]",
+            )
+            .expect_err("refused");
+        assert_eq!(
+            unknown.param.as_deref(),
+            Some("messages[0].content[1].cache_control")
+        );
+        assert!(NONE.check_in(&Map::new(), "x").is_ok());
     }
 }

@@ -188,7 +188,26 @@ pub struct Message {
     pub content: String,
     #[serde(default)]
     pub tool_calls: Option<Vec<Value>>,
+    /// An earlier answer's thinking, as its reasoning.
+    #[serde(default)]
+    pub thinking: Option<String>,
+    /// A tool message's tool.
+    #[serde(default)]
+    pub tool_name: Option<String>,
+    /// Every other field: refused ([`MESSAGE_EXTRAS`]).
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, Value>,
 }
+
+/// A message's fields beyond those mapped.
+const MESSAGE_EXTRAS: Extras = Extras {
+    not_applicable: &[],
+    refused: &[Refused {
+        name: "images",
+        why: "images are not supported (text only)",
+        neutral: nothing,
+    }],
+};
 
 #[derive(Debug, Deserialize)]
 pub struct GenerateRequest {
@@ -299,10 +318,13 @@ impl ChatRequest {
                     arguments_json: call["function"]["arguments"].to_string(),
                 })
                 .collect();
+            MESSAGE_EXTRAS.check_in(&m.other, &format!("messages[{index}]"))?;
             messages.push(v1::ChatMessage {
                 role: m.role.clone(),
                 content: m.content.clone(),
                 tool_calls,
+                reasoning_content: m.thinking.clone().unwrap_or_default(),
+                name: m.tool_name.clone().unwrap_or_default(),
                 ..Default::default()
             });
         }
@@ -592,6 +614,34 @@ pub fn running_json(card: &v1::ModelCard) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A message's images are refused, its thinking and tool name mapped.
+    #[test]
+    fn fields_inside_messages_are_never_dropped() -> Result<(), Box<dyn std::error::Error>> {
+        let chat = |message: Value| -> Result<ChatRequest, serde_json::Error> {
+            serde_json::from_value(serde_json::json!({"model": "m", "messages": [message]}))
+        };
+        let image = chat(serde_json::json!({"role": "user", "content": "x", "images": ["aGk="]}))?;
+        let error = image.to_params(0).expect_err("refused");
+        assert_eq!(error.param.as_deref(), Some("messages[0].images"));
+        assert!(
+            chat(serde_json::json!({"role": "user", "content": "x", "images": []}))?
+                .to_params(0)
+                .is_ok()
+        );
+        let mapped = chat(serde_json::json!(
+            {"role": "tool", "content": "42", "tool_name": "f", "thinking": "hm"}
+        ))?
+        .to_params(0)?;
+        assert_eq!(mapped.messages[0].name, "f");
+        assert_eq!(mapped.messages[0].reasoning_content, "hm");
+        let odd = chat(serde_json::json!({"role": "user", "content": "x", "colour": 1}))?;
+        assert_eq!(
+            odd.to_params(0).err().and_then(|e| e.param).as_deref(),
+            Some("messages[0].colour")
+        );
+        Ok(())
+    }
 
     #[test]
     fn chat_and_generate_requests_with_options() -> Result<(), Box<dyn std::error::Error>> {

@@ -206,7 +206,31 @@ pub struct InMessage {
     pub name: Option<String>,
     #[serde(default)]
     pub reasoning_content: Option<String>,
+    /// An earlier assistant turn's refusal: its text, as the content.
+    #[serde(default)]
+    pub refusal: Option<String>,
+    /// Every other field: not applicable, or refused ([`MESSAGE_EXTRAS`]).
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, Value>,
 }
+
+/// A message's fields beyond those mapped.
+const MESSAGE_EXTRAS: Extras = Extras {
+    // An earlier answer's citations: they change nothing the model reads.
+    not_applicable: &["annotations"],
+    refused: &[
+        Refused {
+            name: "audio",
+            why: "audio is not supported (text only)",
+            neutral: nothing,
+        },
+        Refused {
+            name: "function_call",
+            why: "the deprecated function call; send `tool_calls`",
+            neutral: nothing,
+        },
+    ],
+};
 
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
@@ -221,6 +245,9 @@ pub struct Part {
     pub kind: String,
     #[serde(default)]
     pub text: Option<String>,
+    /// Every other field of a part (a text part has none).
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -260,7 +287,11 @@ fn content_text(content: Option<&Content>, index: usize) -> Result<String, ApiEr
         Some(Content::Text(text)) => Ok(text.clone()),
         Some(Content::Parts(parts)) => {
             let mut text = String::new();
-            for part in parts {
+            for (at, part) in parts.iter().enumerate() {
+                if part.kind == "text" {
+                    let path = format!("messages[{index}].content[{at}]");
+                    crate::extras::NONE.check_in(&part.other, &path)?;
+                }
                 match (part.kind.as_str(), &part.text) {
                     ("text", Some(t)) => text.push_str(t),
                     ("text", None) => {
@@ -429,9 +460,14 @@ fn chat_message(index: usize, m: &InMessage) -> Result<v1::ChatMessage, ApiError
             arguments_json,
         });
     }
+    MESSAGE_EXTRAS.check_in(&m.other, &format!("messages[{index}]"))?;
+    let mut content = content_text(m.content.as_ref(), index)?;
+    if let Some(refusal) = m.refusal.as_ref().filter(|_| content.is_empty()) {
+        content = refusal.clone();
+    }
     Ok(v1::ChatMessage {
         role: role.to_string(),
-        content: content_text(m.content.as_ref(), index)?,
+        content,
         reasoning_content: m.reasoning_content.clone().unwrap_or_default(),
         tool_calls,
         tool_call_id: m.tool_call_id.clone().unwrap_or_default(),
@@ -667,6 +703,31 @@ mod tests {
 
     fn request(body: Value) -> Result<ChatRequest, serde_json::Error> {
         serde_json::from_value(body)
+    }
+
+    /// Fields of messages and parts are mapped, not applicable, or refused
+    /// by their path.
+    #[test]
+    fn fields_inside_messages_are_never_dropped() -> Result<(), Box<dyn std::error::Error>> {
+        let param = |message: Value| -> Result<Option<String>, Box<dyn std::error::Error>> {
+            let r = request(json!({"model": "m", "messages": [message]}))?;
+            Ok(r.to_params(0).err().and_then(|e| e.param))
+        };
+        let audio = json!({"role": "user", "content": "x", "audio": {"id": "a"}});
+        assert_eq!(param(audio)?.as_deref(), Some("messages[0].audio"));
+        let cited = json!({"role": "assistant", "content": "x", "annotations": [], "audio": null});
+        assert_eq!(param(cited)?, None);
+        let part = json!({"role": "user", "content": [{"type": "text", "text": "x", "cache_control": {}}]});
+        assert_eq!(
+            param(part)?.as_deref(),
+            Some("messages[0].content[0].cache_control")
+        );
+        let refusal = request(json!({"model": "m", "messages": [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": null, "refusal": "I can't."}
+        ]}))?;
+        assert_eq!(refusal.to_params(0)?.messages[1].content, "I can't.");
+        Ok(())
     }
 
     #[test]

@@ -114,14 +114,43 @@ pub enum Input {
     Items(Vec<Value>),
 }
 
+/// A content part's fields beyond `type` and `text`: an earlier answer's
+/// annotations and logprobs change nothing the model reads.
+const PART_EXTRAS: Extras = Extras {
+    not_applicable: &["annotations", "logprobs"],
+    refused: &[],
+};
+
+/// An input item's fields beyond those mapped: an earlier output's `id`
+/// and `status` change nothing the model reads.
+const ITEM_EXTRAS: Extras = Extras {
+    not_applicable: &["id", "status"],
+    refused: &[],
+};
+
+/// `object`'s fields other than `mapped`.
+fn unmapped(object: &Value, mapped: &[&str]) -> serde_json::Map<String, Value> {
+    object
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(key, _)| !mapped.contains(&key.as_str()))
+        .map(|(key, value)| (key.clone(), value.clone()))
+        .collect()
+}
+
 fn text_content(content: &Value, param: &str) -> Result<String, ApiError> {
     match content {
         Value::String(text) => Ok(text.clone()),
         Value::Array(parts) => {
             let mut text = String::new();
-            for part in parts {
+            for (at, part) in parts.iter().enumerate() {
                 match part["type"].as_str() {
                     Some("input_text" | "output_text" | "text") => {
+                        PART_EXTRAS.check_in(
+                            &unmapped(part, &["type", "text"]),
+                            &format!("{param}[{at}]"),
+                        )?;
                         text.push_str(part["text"].as_str().unwrap_or_default())
                     }
                     Some(other) => {
@@ -265,7 +294,15 @@ impl ResponsesRequest {
 /// arguments checked as JSON) or a function call's output.
 fn input_item(index: usize, item: &Value) -> Result<v1::ChatMessage, ApiError> {
     let param = format!("input[{index}]");
-    match item["type"].as_str().unwrap_or("message") {
+    let kind = item["type"].as_str().unwrap_or("message");
+    let mapped: &[&str] = match kind {
+        "message" => &["type", "role", "content"],
+        "function_call" => &["type", "call_id", "name", "arguments"],
+        "function_call_output" => &["type", "call_id", "output"],
+        _ => &["type"],
+    };
+    ITEM_EXTRAS.check_in(&unmapped(item, mapped), &param)?;
+    match kind {
         "message" => {
             let role = match item["role"].as_str() {
                 Some("system" | "developer") => "system",
@@ -524,6 +561,24 @@ impl ResponseWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fields_inside_input_items_are_never_dropped() -> Result<(), Box<dyn std::error::Error>> {
+        let param = |item: Value| -> Result<Option<String>, Box<dyn std::error::Error>> {
+            let r: ResponsesRequest =
+                serde_json::from_value(json!({"model": "m", "input": [item]}))?;
+            Ok(r.to_params(0).err().and_then(|e| e.param))
+        };
+        let earlier = json!({"type": "message", "id": "msg_1", "status": "completed",
+            "role": "assistant", "content": [{"type": "output_text", "text": "x", "annotations": []}]});
+        assert_eq!(param(earlier)?, None);
+        let odd = json!({"role": "user", "content": "x", "colour": 1});
+        assert_eq!(param(odd)?.as_deref(), Some("input[0].colour"));
+        let part =
+            json!({"role": "user", "content": [{"type": "input_text", "text": "x", "x": 1}]});
+        assert_eq!(param(part)?.as_deref(), Some("input[0].content[0].x"));
+        Ok(())
+    }
 
     #[test]
     fn input_items_become_messages() -> Result<(), Box<dyn std::error::Error>> {
