@@ -571,11 +571,14 @@ impl<'a> ChunkWriter<'a> {
     }
 
     fn finish(&self, output: &GenerationOutput) -> generation_chunk::Kind {
+        // Cut by the limit is "length" even after a whole call (as OpenAI
+        // says of a truncated answer); an answer that ended with calls is
+        // "tool_calls".
         let reason = match output.finish_reason {
-            _ if self.calls > 0 => v1::FinishReason::ToolCalls,
-            FinishReason::Stop | FinishReason::StopString => v1::FinishReason::Stop,
             FinishReason::Length => v1::FinishReason::Length,
             FinishReason::Cancelled => v1::FinishReason::Cancelled,
+            _ if self.calls > 0 => v1::FinishReason::ToolCalls,
+            FinishReason::Stop | FinishReason::StopString => v1::FinishReason::Stop,
         };
         let s = &output.stats;
         generation_chunk::Kind::Finish(v1::FinishChunk {

@@ -631,6 +631,24 @@ impl<'m> Batch<'m> {
         error
     }
 
+    /// Whether a running sequence is still computing the prompt blocks that
+    /// `reusable` (the part of a waiting prompt it may take from the cache)
+    /// begins with. The waiting one then waits for that prefill and takes
+    /// those blocks from the prefix cache instead of computing them again:
+    /// the n answers of one request, requests with one system prompt.
+    fn prefilling_shares(&self, reusable: &[u32]) -> bool {
+        self.running.iter().any(|r| {
+            let prompt = &r.tokens[..r.prompt_len.min(r.tokens.len())];
+            let common = prompt
+                .iter()
+                .zip(reusable)
+                .take_while(|(a, b)| a == b)
+                .count();
+            let shared = common - common % BLOCK_TOKENS;
+            !r.cancelled && shared > 0 && r.computed < shared
+        })
+    }
+
     /// Moves waiting requests in, oldest first, while there is room.
     fn admit(&mut self) {
         while self.running.len() < self.config.max_sequences {
@@ -646,6 +664,10 @@ impl<'m> Batch<'m> {
             } else {
                 0
             };
+            if self.prefilling_shares(&next.prompt[..reuse_limit]) {
+                // Its shared blocks are on their way to the prefix cache.
+                return;
+            }
             let total = positions(next.prompt.len(), next.request.max_tokens);
             let admitted = match self.blocks.admit(&next.prompt, total, reuse_limit) {
                 Ok(admitted) => admitted,

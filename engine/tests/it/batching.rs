@@ -265,6 +265,47 @@ fn a_shared_system_prompt_is_taken_from_the_cache_and_gives_cold_tokens() {
     );
 }
 
+/// Requests that arrive together with one long prompt (the n answers of
+/// one request): the second waits for the first's prefill and takes its
+/// blocks from the cache, and its tokens are what it gets alone.
+#[test]
+fn prompts_arriving_together_share_their_prefill() {
+    let model = LoadedModel::load(&tessera_testkit::default_model_path(), |_, _| {})
+        .expect("default model loads");
+    let mut batch = Batch::new(
+        &model,
+        Executor::single(&model.transformer, 2),
+        config(8, 128, 512),
+    );
+    let system = long_system_prompt();
+    let mut request = GenerateRequest::new(chat(Some(&system), QUESTIONS[0]));
+    request.max_tokens = 8;
+    request.ignore_eos = true;
+    let mut other = request.clone();
+    other.sampling.temperature = 0.9;
+    other.sampling.seed = Some(3);
+    let alone = run_all(&mut batch, std::slice::from_ref(&other), &[0], None)[&0].clone();
+    batch.clear_cache();
+    let together = run_all(&mut batch, &[request, other], &[0, 0], None);
+    let prompt = together[&0].stats.prompt_tokens;
+    assert_eq!(
+        together[&0].stats.prefilled_tokens, prompt,
+        "the first computes it"
+    );
+    let second = &together[&1].stats;
+    assert!(
+        second.prefilled_tokens < BLOCK,
+        "the second computed {} of {prompt} prompt tokens",
+        second.prefilled_tokens
+    );
+    assert_eq!(
+        together[&1].tokens, alone.tokens,
+        "and gets what it gets alone"
+    );
+}
+
+const BLOCK: usize = tessera_engine::model::paged::BLOCK_TOKENS;
+
 #[test]
 fn a_small_pool_evicts_idle_blocks_and_makes_requests_wait() {
     let model = LoadedModel::load(&tessera_testkit::default_model_path(), |_, _| {})
