@@ -180,9 +180,7 @@ impl CompletionRequest {
         if self.model.trim().is_empty() {
             return Err(ApiError::invalid("model", "model must not be empty"));
         }
-        if self.n.is_some_and(|n| n != 1) {
-            return Err(ApiError::invalid("n", "only n = 1 is supported"));
-        }
+        crate::choices::count(self.n)?;
         if self.best_of.is_some_and(|n| n != 1) {
             return Err(ApiError::invalid(
                 "best_of",
@@ -280,17 +278,22 @@ impl Choice {
     }
 }
 
-/// The whole answer: one choice per prompt, usage summed over them.
+/// The whole answer: `n` choices per prompt (prompt after prompt), usage
+/// summed over the prompts, each prompt counted once.
 pub fn completion(
     id: &str,
     model: &str,
     created: u64,
     choices: &[Choice],
-    logprobs: bool,
+    (n, logprobs): (usize, bool),
 ) -> Value {
     let mut usage = v1::Usage::default();
-    for finish in choices.iter().filter_map(|c| c.finish.as_ref()) {
-        let one = finish.usage.unwrap_or_default();
+    for answers in choices.chunks(n.max(1)) {
+        let usages: Vec<v1::Usage> = answers
+            .iter()
+            .map(|c| c.finish.and_then(|f| f.usage).unwrap_or_default())
+            .collect();
+        let one = crate::choices::usage(&usages);
         usage.prompt_tokens += one.prompt_tokens;
         usage.completion_tokens += one.completion_tokens;
         usage.cached_tokens += one.cached_tokens;
@@ -313,6 +316,10 @@ pub struct CompletionChunks {
     pub options: StreamOptions,
     /// Bytes of text sent so far (the legacy logprobs' offsets).
     sent: usize,
+    /// The choice this writer's chunks belong to.
+    index: usize,
+    /// One of several choices: the usage comes after all of them.
+    several: bool,
 }
 
 impl CompletionChunks {
@@ -323,7 +330,34 @@ impl CompletionChunks {
             created,
             options,
             sent: 0,
+            index: 0,
+            several: false,
         }
+    }
+
+    /// The writer of choice `index` among several ([`CompletionChunks::usage`]
+    /// after all of them).
+    pub fn of_choice(mut self, index: usize) -> Self {
+        self.index = index;
+        self.several = true;
+        self
+    }
+
+    /// The usage chunk after several choices, when the client asked for it.
+    pub fn usage(&self, finishes: &[v1::FinishChunk]) -> Option<Value> {
+        if !self.options.include_usage {
+            return None;
+        }
+        let usages: Vec<v1::Usage> = finishes
+            .iter()
+            .map(|f| f.usage.unwrap_or_default())
+            .collect();
+        Some(json!({
+            "id": self.id, "object": "text_completion", "created": self.created,
+            "model": self.model, "choices": [],
+            "usage": usage_json(Some(&crate::choices::usage(&usages))),
+            "tessera": stats_json(finishes.first().and_then(|f| f.stats.as_ref())),
+        }))
     }
 
     fn chunk(&self, text: &str, logprobs: Value, finish: Option<&str>) -> Value {
@@ -332,7 +366,7 @@ impl CompletionChunks {
             "object": "text_completion",
             "created": self.created,
             "model": self.model,
-            "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}],
+            "choices": [{"text": text, "index": self.index, "logprobs": logprobs, "finish_reason": finish}],
         })
     }
 
@@ -360,7 +394,7 @@ impl CompletionChunks {
             }
             generation_chunk::Kind::Finish(finish) => {
                 let mut out = vec![self.chunk("", Value::Null, Some(finish_reason(finish.reason)))];
-                if self.options.include_usage {
+                if self.options.include_usage && !self.several {
                     out.push(json!({
                         "id": self.id, "object": "text_completion", "created": self.created,
                         "model": self.model, "choices": [],
@@ -406,7 +440,7 @@ mod tests {
         for (body, param) in [
             (json!({"model": "m", "prompt": ""}), "prompt"),
             (json!({"model": "m", "prompt": []}), "prompt"),
-            (json!({"model": "m", "prompt": "x", "n": 2}), "n"),
+            (json!({"model": "m", "prompt": "x", "n": 0}), "n"),
             (
                 json!({"model": "m", "prompt": "x", "best_of": 3}),
                 "best_of",
@@ -471,7 +505,7 @@ mod tests {
         for chunk in [token(" there", -0.5), token("!", -1.0), finish.clone()] {
             choice.push(&chunk);
         }
-        let answer = completion("cmpl-1", "m", 7, &[choice], true);
+        let answer = completion("cmpl-1", "m", 7, &[choice], (1, true));
         assert_eq!(answer["object"], "text_completion");
         assert_eq!(answer["choices"][0]["text"], "Hi there!");
         assert_eq!(answer["choices"][0]["finish_reason"], "length");

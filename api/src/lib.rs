@@ -14,6 +14,8 @@
 //! - [`answer`]: a generation from its first chunk to the client (tried
 //!   again when its instance went away).
 //! - [`sse`]: server-sent events, and [`body`]: a JSON body or a 400.
+//! - [`choices`]: the n answers of one request (`n`), started together and
+//!   streamed as numbered choices.
 //! - [`constraint`]: structured outputs (`response_format`, `text.format`,
 //!   Ollama's `format`, `tessera.regex`/`grammar`) and `logit_bias`, read
 //!   into the wire's constraint and bias.
@@ -44,6 +46,7 @@ mod answer;
 pub mod anthropic;
 mod auth;
 mod body;
+mod choices;
 mod cluster;
 pub mod completions;
 mod constraint;

@@ -380,9 +380,7 @@ impl ChatRequest {
         if self.messages.is_empty() {
             return Err(ApiError::invalid("messages", "messages must not be empty"));
         }
-        if self.n.is_some_and(|n| n != 1) {
-            return Err(ApiError::invalid("n", "only n = 1 is supported"));
-        }
+        crate::choices::count(self.n)?;
         self.sampling.check()
     }
 
@@ -560,6 +558,11 @@ impl Answer {
 
     /// The `chat.completion` object.
     pub fn completion(&self, id: &str, model: &str, created: u64, logprobs: bool) -> Value {
+        completion_of(std::slice::from_ref(self), id, model, created, logprobs)
+    }
+
+    /// This answer as choice `index`.
+    fn choice_json(&self, index: usize, logprobs: bool) -> Value {
         let mut message = json!({"role": "assistant", "content": self.content});
         if !self.reasoning.is_empty() {
             message["reasoning_content"] = json!(self.reasoning);
@@ -571,22 +574,42 @@ impl Answer {
                 message["content"] = Value::Null;
             }
         }
-        let finish = self.finish.as_ref();
         json!({
-            "id": id,
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [{
-                "index": 0,
-                "message": message,
-                "logprobs": if logprobs { json!({"content": self.logprobs}) } else { Value::Null },
-                "finish_reason": finish_reason(finish.map_or(0, |f| f.reason)),
-            }],
-            "usage": usage_json(finish.and_then(|f| f.usage.as_ref())),
-            "tessera": stats_json(finish.and_then(|f| f.stats.as_ref())),
+            "index": index,
+            "message": message,
+            "logprobs": if logprobs { json!({"content": self.logprobs}) } else { Value::Null },
+            "finish_reason": finish_reason(self.finish.as_ref().map_or(0, |f| f.reason)),
         })
     }
+}
+
+/// The `chat.completion` object of one request's answers (`n` of them):
+/// a choice each, the prompt counted once in the usage.
+pub fn completion_of(
+    answers: &[Answer],
+    id: &str,
+    model: &str,
+    created: u64,
+    logprobs: bool,
+) -> Value {
+    let usages: Vec<v1::Usage> = answers
+        .iter()
+        .map(|a| a.finish.and_then(|f| f.usage).unwrap_or_default())
+        .collect();
+    let first = answers.first().and_then(|a| a.finish.as_ref());
+    json!({
+        "id": id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": answers
+            .iter()
+            .enumerate()
+            .map(|(i, a)| a.choice_json(i, logprobs))
+            .collect::<Vec<_>>(),
+        "usage": usage_json(Some(&crate::choices::usage(&usages))),
+        "tessera": stats_json(first.and_then(|f| f.stats.as_ref())),
+    })
 }
 
 /// Builds the `chat.completion.chunk` objects of a stream.
@@ -596,6 +619,10 @@ pub struct ChunkWriter {
     pub created: u64,
     pub options: StreamOptions,
     tool_calls: usize,
+    /// The choice this writer's chunks belong to.
+    index: usize,
+    /// One of several choices: the usage comes after all of them.
+    several: bool,
 }
 
 impl ChunkWriter {
@@ -606,7 +633,34 @@ impl ChunkWriter {
             created,
             options,
             tool_calls: 0,
+            index: 0,
+            several: false,
         }
+    }
+
+    /// The writer of choice `index` among several, whose usage goes in
+    /// one chunk after all of them ([`ChunkWriter::usage`]).
+    pub fn of_choice(mut self, index: usize) -> Self {
+        self.index = index;
+        self.several = true;
+        self
+    }
+
+    /// The last chunk of a stream of several choices, when the client
+    /// asked for usage: all of theirs.
+    pub fn usage(&self, finishes: &[v1::FinishChunk]) -> Option<Value> {
+        if !self.options.include_usage {
+            return None;
+        }
+        let usages: Vec<v1::Usage> = finishes
+            .iter()
+            .map(|f| f.usage.unwrap_or_default())
+            .collect();
+        let mut last = self.choiceless(json!({
+            "tessera": stats_json(finishes.first().and_then(|f| f.stats.as_ref())),
+        }));
+        last["usage"] = usage_json(Some(&crate::choices::usage(&usages)));
+        Some(last)
     }
 
     fn chunk(&self, delta: Value, finish: Option<&str>, logprobs: Option<Value>) -> Value {
@@ -616,7 +670,7 @@ impl ChunkWriter {
             "created": self.created,
             "model": self.model,
             "choices": [{
-                "index": 0,
+                "index": self.index,
                 "delta": delta,
                 "logprobs": logprobs.map(|l| json!({"content": [l]})),
                 "finish_reason": finish,
@@ -675,7 +729,7 @@ impl ChunkWriter {
             }
             generation_chunk::Kind::Finish(finish) => {
                 let mut out = vec![self.chunk(json!({}), Some(finish_reason(finish.reason)), None)];
-                if self.options.include_usage {
+                if self.options.include_usage && !self.several {
                     let mut last = self.choiceless(json!({
                         "tessera": stats_json(finish.stats.as_ref()),
                     }));
@@ -703,6 +757,47 @@ mod tests {
 
     fn request(body: Value) -> Result<ChatRequest, serde_json::Error> {
         serde_json::from_value(body)
+    }
+
+    /// Several choices: each chunk names its choice, the usage comes once
+    /// after all, the prompt counted once.
+    #[test]
+    fn several_choices_are_numbered_and_their_usage_is_one() {
+        let options = StreamOptions {
+            include_usage: true,
+            ..Default::default()
+        };
+        let finish = |completion| v1::FinishChunk {
+            usage: Some(v1::Usage {
+                prompt_tokens: 5,
+                completion_tokens: completion,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut second = ChunkWriter::new("c".into(), "m".into(), 1, options).of_choice(1);
+        let chunks = second.write(&generation_chunk::Kind::Finish(finish(3)));
+        assert_eq!(chunks.len(), 1, "no usage chunk of its own");
+        assert_eq!(chunks[0]["choices"][0]["index"], 1);
+        let last = second
+            .usage(&[finish(2), finish(3)])
+            .expect("usage asked for");
+        assert_eq!(last["usage"]["prompt_tokens"], 5);
+        assert_eq!(last["usage"]["completion_tokens"], 5);
+        let answers = [
+            Answer {
+                finish: Some(finish(2)),
+                ..Default::default()
+            },
+            Answer {
+                finish: Some(finish(4)),
+                ..Default::default()
+            },
+        ];
+        let whole = completion_of(&answers, "c", "m", 1, false);
+        assert_eq!(whole["choices"][1]["index"], 1);
+        assert_eq!(whole["usage"]["prompt_tokens"], 5);
+        assert_eq!(whole["usage"]["completion_tokens"], 6);
     }
 
     /// Fields of messages and parts are mapped, not applicable, or refused
@@ -828,7 +923,7 @@ mod tests {
                 "messages[0].content",
             ),
             (
-                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2}),
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 17}),
                 "n",
             ),
             (

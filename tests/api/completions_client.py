@@ -34,7 +34,7 @@ ids = client.completions.create(model=model, prompt=[504, 2444, 3465], max_token
 out["ids_usage"] = ids.usage.prompt_tokens
 
 errors = {}
-for name, extra in {"n": {"n": 2}, "suffix": {"suffix": "x"}, "best_of": {"best_of": 2}}.items():
+for name, extra in {"n": {"n": 17}, "suffix": {"suffix": "x"}, "best_of": {"best_of": 2}}.items():
     try:
         client.completions.create(model=model, prompt=prompt, max_tokens=2, **extra)
         errors[name] = None

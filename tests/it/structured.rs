@@ -344,3 +344,54 @@ fn the_endpoints_clients_call_answer() {
         "{counted} {answer}"
     );
 }
+
+/// `n` answers of one request through the official client: choices
+/// numbered 0..n, the first the answer of the same request with n = 1
+/// (each answer's seed is the request's plus its number), streamed the
+/// same as whole, the prompt counted once in the usage; Completions' n per
+/// prompt, prompt after prompt.
+#[test]
+fn n_answers_through_the_official_client() {
+    let root = tempfile::tempdir().expect("temp dir");
+    let node = Node::start(&root.path().join("n"), &[]);
+    let api = format!("http://{}/v1", node.api);
+    let got = client_script("n_choices.py", &node, &[&api, MODEL]);
+    let three = got["chat_three"].as_array().expect("choices");
+    assert_eq!(three.len(), 3, "{got}");
+    for (i, choice) in three.iter().enumerate() {
+        assert_eq!(choice[0], i, "{got}");
+    }
+    assert_eq!(three[0][1], got["chat_one"], "answer 0 is the n = 1 answer");
+    let distinct: std::collections::BTreeSet<String> =
+        three.iter().map(|c| c[1].to_string()).collect();
+    assert!(distinct.len() > 1, "each answer has its own seed: {got}");
+    assert_eq!(
+        got["chat_stream"],
+        serde_json::json!(three),
+        "streamed as whole"
+    );
+    let (one, all) = (&got["chat_one_usage"], &got["chat_three_usage"]);
+    assert_eq!(
+        all["prompt_tokens"], one["prompt_tokens"],
+        "the prompt once"
+    );
+    // Three answers of at most 12 tokens each, the first one's included.
+    let completion = all["completion_tokens"].as_u64().expect("tokens");
+    assert!(
+        completion > one["completion_tokens"].as_u64().expect("tokens") && completion <= 36,
+        "{got}"
+    );
+    assert_eq!(
+        got["chat_stream_usage"]["prompt_tokens"],
+        one["prompt_tokens"]
+    );
+    let both = got["completions_both"].as_array().expect("choices");
+    let alone = got["completions_alone"].as_array().expect("answers");
+    assert_eq!(both.len(), 4, "{got}");
+    assert_eq!(both[0][1], alone[0], "prompt 0's first answer");
+    assert_eq!(both[2][1], alone[1], "prompt 1's first answer");
+    let streamed = got["completions_stream"].as_array().expect("choices");
+    assert_eq!(streamed.len(), 2);
+    assert_eq!(streamed[0][1], both[0][1]);
+    assert_eq!(streamed[1][1], both[1][1]);
+}

@@ -328,6 +328,46 @@ pub async fn card_from_hub(
     })
 }
 
+/// A safetensors config's weight type as a quantization label.
+fn quantization_of(config: &serde_json::Value) -> &str {
+    let dtype = config
+        .get("torch_dtype")
+        .or_else(|| config.get("dtype"))
+        .and_then(|v| v.as_str())
+        .unwrap_or("unknown");
+    match dtype {
+        "bfloat16" => "bf16",
+        "float16" => "f16",
+        "float32" => "f32",
+        other => other,
+    }
+}
+
+/// The files of a safetensors repository a model needs (its weights and
+/// support files), and the weights' bytes.
+fn safetensors_files(listing: &tessera_hub::RepoListing) -> (Vec<v1::ModelFile>, u64) {
+    let wanted = |path: &str| {
+        (path.ends_with(".safetensors") && !path.contains('/'))
+            || tessera_hub::weights::SUPPORT_FILES.contains(&path)
+    };
+    let files: Vec<v1::ModelFile> = listing
+        .files
+        .iter()
+        .filter(|f| wanted(&f.path))
+        .map(|f| v1::ModelFile {
+            path: f.path.clone(),
+            size_bytes: f.size,
+            sha256: f.sha256.clone().unwrap_or_default(),
+        })
+        .collect();
+    let storage = files
+        .iter()
+        .filter(|f| f.path.ends_with(".safetensors"))
+        .map(|f| f.size_bytes)
+        .sum();
+    (files, storage)
+}
+
 /// The pure half of [`card_from_hub`].
 pub fn card_from_config(
     repo: &str,
@@ -377,36 +417,8 @@ pub fn card_from_config(
         })?;
     let heads = need("num_attention_heads")?;
     let kv_heads = number("num_key_value_heads").unwrap_or(heads);
-    let dtype = text
-        .get("torch_dtype")
-        .or_else(|| text.get("dtype"))
-        .and_then(|v| v.as_str())
-        .unwrap_or("unknown");
-    let quantization = match dtype {
-        "bfloat16" => "bf16",
-        "float16" => "f16",
-        "float32" => "f32",
-        other => other,
-    };
-    let wanted = |path: &str| {
-        (path.ends_with(".safetensors") && !path.contains('/'))
-            || tessera_hub::weights::SUPPORT_FILES.contains(&path)
-    };
-    let files: Vec<v1::ModelFile> = listing
-        .files
-        .iter()
-        .filter(|f| wanted(&f.path))
-        .map(|f| v1::ModelFile {
-            path: f.path.clone(),
-            size_bytes: f.size,
-            sha256: f.sha256.clone().unwrap_or_default(),
-        })
-        .collect();
-    let storage: u64 = files
-        .iter()
-        .filter(|f| f.path.ends_with(".safetensors"))
-        .map(|f| f.size_bytes)
-        .sum();
+    let quantization = quantization_of(text);
+    let (files, storage) = safetensors_files(listing);
     let as_u32 = |v: u64| {
         u32::try_from(v).map_err(|_| CardError::Invalid(format!("{repo}: {v} is too large")))
     };

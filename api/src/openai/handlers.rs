@@ -31,33 +31,23 @@ pub(crate) async fn chat_completions(
     let (stream, stream_options) = request.streaming();
     let created = now_unix();
     let model = request.model.clone();
+    let n = crate::choices::count(request.n)?;
     if !stream {
         api.ready(&target, api.options.auto_place).await?;
-        let Begun {
-            mut generation,
-            first,
-            slot,
-        } = api.begin(&target, params).await?;
-        let id = format!("chatcmpl-{}", generation.command_id);
-        tracing::info!(request = %id, model = %model, stream, "chat completion");
-        let mut answer = Answer::default();
-        let mut chunk = Some(Ok(first));
-        while let Some(next) = chunk {
-            match next? {
-                generation_chunk::Kind::Error(error) => return Err(chunk_error(&error)),
-                kind => answer.push(&kind),
-            }
-            chunk = next_chunk(&mut generation).await;
-        }
-        drop(slot);
+        let begun = api.begin_n(&target, &params, n).await?;
+        let id = format!("chatcmpl-{}", begun[0].generation.command_id);
+        tracing::info!(request = %id, model = %model, n, "chat completion");
+        let answers = futures_util::future::join_all(begun.into_iter().map(whole_answer)).await;
+        let answers = answers.into_iter().collect::<Result<Vec<_>, _>>()?;
         let logprobs = request.logprobs.unwrap_or(false);
-        return Ok(Json(answer.completion(&id, &model, created, logprobs)).into_response());
+        let body = super::completion_of(&answers, &id, &model, created, logprobs);
+        return Ok(Json(body).into_response());
     }
     // A model that must be placed or loaded first: the stream starts at
     // once and tells how the wait goes in SSE comments; otherwise an error
     // before the answer is still an HTTP error.
     let begun = if api.is_ready(&target).await? {
-        Some(api.begin(&target, params.clone()).await?)
+        Some(api.begin_n(&target, &params, n).await?)
     } else {
         None
     };
@@ -66,7 +56,7 @@ pub(crate) async fn chat_completions(
         let begun = match begun {
             Some(begun) => begun,
             None => match wait_with_progress(&api, &target, &tx).await {
-                Some(Ok(())) => match api.begin(&target, params).await {
+                Some(Ok(())) => match api.begin_n(&target, &params, n).await {
                     Ok(begun) => begun,
                     Err(error) => {
                         let _ = tx.send(data(&error.body())).await;
@@ -80,15 +70,79 @@ pub(crate) async fn chat_completions(
                 None => return,
             },
         };
-        let id = format!("chatcmpl-{}", begun.generation.command_id);
-        tracing::info!(request = %id, model = %model, stream, "chat completion");
-        let mut writer = ChunkWriter::new(id, model, created, stream_options);
+        let id = format!("chatcmpl-{}", begun[0].generation.command_id);
+        tracing::info!(request = %id, model = %model, n, stream, "chat completion");
+        let writer = ChunkWriter::new(id, model, created, stream_options);
+        stream_answers(&tx, begun, writer).await;
+    });
+    Ok(response)
+}
+
+/// One generation's whole answer.
+async fn whole_answer(begun: Begun) -> Result<Answer, ApiError> {
+    let Begun {
+        mut generation,
+        first,
+        slot,
+    } = begun;
+    let mut answer = Answer::default();
+    let mut chunk = Some(Ok(first));
+    while let Some(next) = chunk {
+        match next? {
+            generation_chunk::Kind::Error(error) => return Err(chunk_error(&error)),
+            kind => answer.push(&kind),
+        }
+        chunk = next_chunk(&mut generation).await;
+    }
+    drop(slot);
+    Ok(answer)
+}
+
+/// The answers streamed as `chat.completion.chunk`s: one answer as before;
+/// several as numbered choices, their usage in one chunk after all.
+async fn stream_answers(tx: &EventSender, mut begun: Vec<Begun>, writer: ChunkWriter) {
+    if begun.len() == 1 {
+        let Some(one) = begun.pop() else {
+            return;
+        };
+        let mut writer = writer;
         if tx.send(data(&writer.start())).await.is_err() {
             return;
         }
-        pump_openai(&tx, begun, |chunk| writer.write(chunk)).await;
-    });
-    Ok(response)
+        pump_openai(tx, one, |chunk| writer.write(chunk)).await;
+        return;
+    }
+    let mut writers: Vec<ChunkWriter> = (0..begun.len())
+        .map(|i| {
+            ChunkWriter::new(
+                writer.id.clone(),
+                writer.model.clone(),
+                writer.created,
+                writer.options,
+            )
+            .of_choice(i)
+        })
+        .collect();
+    for w in &writers {
+        if tx.send(data(&w.start())).await.is_err() {
+            return;
+        }
+    }
+    let renders = writers
+        .iter_mut()
+        .map(|w| move |chunk: &generation_chunk::Kind| w.write(chunk))
+        .collect();
+    let Some(finishes) = crate::choices::pump_all(tx, begun, renders).await else {
+        return;
+    };
+    if let Some(usage) = writer.usage(&finishes) {
+        if tx.send(data(&usage)).await.is_err() {
+            return;
+        }
+    }
+    let _ = tx
+        .send(Ok(axum::response::sse::Event::default().data("[DONE]")))
+        .await;
 }
 
 /// Waits for the target's instance, telling the client how it goes in SSE
