@@ -183,3 +183,58 @@ pub(super) async fn pump<T>(
     }
     true
 }
+
+impl Api {
+    /// Starts `n` generations of `params` ([`crate::choices::nth`]) together; the first
+    /// error is the request's (the others are dropped, which cancels them).
+    pub(crate) async fn begin_n(
+        &self,
+        target: &Target,
+        params: &v1::TextGenerationParams,
+        n: usize,
+    ) -> Result<Vec<Begun>, ApiError> {
+        let starts = (0..n).map(|i| self.begin(target, crate::choices::nth(params, i)));
+        futures_util::future::join_all(starts)
+            .await
+            .into_iter()
+            .collect()
+    }
+}
+
+/// Streams the answers of `begun` into one OpenAI-shaped stream, answer
+/// `i`'s chunks as `writers[i]` renders them (each numbering its choice);
+/// errors as error events. Returns each answer's finish once all ended,
+/// or None if the client left.
+pub(crate) async fn pump_all<W>(
+    tx: &crate::sse::EventSender,
+    begun: Vec<Begun>,
+    writers: Vec<W>,
+) -> Option<Vec<v1::FinishChunk>>
+where
+    W: FnMut(&generation_chunk::Kind) -> Vec<serde_json::Value>,
+{
+    let pumps = begun
+        .into_iter()
+        .zip(writers)
+        .map(|(begun, mut write)| async move {
+            let mut finish = None;
+            let finished = pump(tx, begun, |chunk| match chunk {
+                Ok(generation_chunk::Kind::Error(error)) => {
+                    vec![crate::sse::data(&crate::error::chunk_error(&error).body())]
+                }
+                Ok(kind) => {
+                    if let generation_chunk::Kind::Finish(f) = &kind {
+                        finish = Some(*f);
+                    }
+                    write(&kind).iter().map(crate::sse::data).collect()
+                }
+                Err(error) => vec![crate::sse::data(&error.body())],
+            })
+            .await;
+            finished.then(|| finish.unwrap_or_default())
+        });
+    futures_util::future::join_all(pumps)
+        .await
+        .into_iter()
+        .collect()
+}

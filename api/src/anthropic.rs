@@ -191,26 +191,11 @@ impl Tool {
     }
 }
 
-/// The text of `content` (a system prompt, a tool result): text blocks
-/// only.
+/// The text of `content` (a tool result): text blocks only.
 fn text_of(content: &Content, param: &str) -> Result<String, ApiError> {
     match content {
         Content::Text(text) => Ok(text.clone()),
-        Content::Blocks(blocks) => {
-            let mut text = String::new();
-            for (at, block) in blocks.iter().enumerate() {
-                let at = format!("{param}[{at}]");
-                block.check(&at)?;
-                match block {
-                    Block::Text { text: t, .. } => text.push_str(t),
-                    Block::Image { .. } => {
-                        return Err(ApiError::invalid(&at, "images are not supported"))
-                    }
-                    _ => return Err(ApiError::invalid(&at, "only text blocks can be here")),
-                }
-            }
-            Ok(text)
-        }
+        Content::Blocks(blocks) => text_of_blocks(blocks, param),
     }
 }
 
@@ -335,7 +320,8 @@ impl MessagesRequest {
     }
 }
 
-/// The blocks of a system prompt: text blocks only.
+/// The text of blocks where only text may be (a system prompt, a tool
+/// result).
 fn text_of_blocks(blocks: &[Block], param: &str) -> Result<String, ApiError> {
     let mut text = String::new();
     for (at, block) in blocks.iter().enumerate() {
@@ -343,6 +329,7 @@ fn text_of_blocks(blocks: &[Block], param: &str) -> Result<String, ApiError> {
         block.check(&at)?;
         match block {
             Block::Text { text: t, .. } => text.push_str(t),
+            Block::Image { .. } => return Err(ApiError::invalid(&at, "images are not supported")),
             _ => return Err(ApiError::invalid(&at, "only text blocks can be here")),
         }
     }

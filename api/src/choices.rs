@@ -1,15 +1,12 @@
 //! The n answers of one request (`n` in Chat Completions and
-//! Completions): n generations of the same parameters, their seeds apart,
-//! started together (the engine lets the later ones take the prompt's
-//! blocks from the first one's prefill), their choices numbered.
+//! Completions), as plain functions: how many, each one's parameters
+//! (their seeds apart) and their usage. `answer.rs` starts them together
+//! (the engine lets the later ones take the prompt's blocks from the first
+//! one's prefill) and streams them as numbered choices.
 
-use tessera_protos::v1::{self, generation_chunk};
+use tessera_protos::v1;
 
-use crate::answer::{pump, Begun};
-use crate::context::Api;
 use crate::error::ApiError;
-use crate::ready::Target;
-use crate::sse::{data, EventSender};
 
 /// The most answers one request asks for.
 pub const MAX_N: u32 = 16;
@@ -48,59 +45,13 @@ pub fn usage(usages: &[v1::Usage]) -> v1::Usage {
     total
 }
 
-impl Api {
-    /// Starts `n` generations of `params` ([`nth`]) together; the first
-    /// error is the request's (the others are dropped, which cancels them).
-    pub(crate) async fn begin_n(
-        &self,
-        target: &Target,
-        params: &v1::TextGenerationParams,
-        n: usize,
-    ) -> Result<Vec<Begun>, ApiError> {
-        let starts = (0..n).map(|i| self.begin(target, nth(params, i)));
-        futures_util::future::join_all(starts)
-            .await
-            .into_iter()
-            .collect()
-    }
-}
-
-/// Streams the answers of `begun` into one OpenAI-shaped stream, answer
-/// `i`'s chunks as `writers[i]` renders them (each numbering its choice);
-/// errors as error events. Returns each answer's finish once all ended,
-/// or None if the client left.
-pub(crate) async fn pump_all<W>(
-    tx: &EventSender,
-    begun: Vec<Begun>,
-    writers: Vec<W>,
-) -> Option<Vec<v1::FinishChunk>>
-where
-    W: FnMut(&generation_chunk::Kind) -> Vec<serde_json::Value>,
-{
-    let pumps = begun
+/// The usage of one prompt's finished answers ([`usage`]).
+pub fn usage_of<'a>(finishes: impl IntoIterator<Item = Option<&'a v1::FinishChunk>>) -> v1::Usage {
+    let usages: Vec<v1::Usage> = finishes
         .into_iter()
-        .zip(writers)
-        .map(|(begun, mut write)| async move {
-            let mut finish = None;
-            let finished = pump(tx, begun, |chunk| match chunk {
-                Ok(generation_chunk::Kind::Error(error)) => {
-                    vec![data(&crate::error::chunk_error(&error).body())]
-                }
-                Ok(kind) => {
-                    if let generation_chunk::Kind::Finish(f) = &kind {
-                        finish = Some(*f);
-                    }
-                    write(&kind).iter().map(data).collect()
-                }
-                Err(error) => vec![data(&error.body())],
-            })
-            .await;
-            finished.then(|| finish.unwrap_or_default())
-        });
-    futures_util::future::join_all(pumps)
-        .await
-        .into_iter()
-        .collect()
+        .map(|f| f.and_then(|f| f.usage).unwrap_or_default())
+        .collect();
+    usage(&usages)
 }
 
 #[cfg(test)]

@@ -289,11 +289,7 @@ pub fn completion(
 ) -> Value {
     let mut usage = v1::Usage::default();
     for answers in choices.chunks(n.max(1)) {
-        let usages: Vec<v1::Usage> = answers
-            .iter()
-            .map(|c| c.finish.and_then(|f| f.usage).unwrap_or_default())
-            .collect();
-        let one = crate::choices::usage(&usages);
+        let one = crate::choices::usage_of(answers.iter().map(|c| c.finish.as_ref()));
         usage.prompt_tokens += one.prompt_tokens;
         usage.completion_tokens += one.completion_tokens;
         usage.cached_tokens += one.cached_tokens;
@@ -348,14 +344,11 @@ impl CompletionChunks {
         if !self.options.include_usage {
             return None;
         }
-        let usages: Vec<v1::Usage> = finishes
-            .iter()
-            .map(|f| f.usage.unwrap_or_default())
-            .collect();
+        let usage = crate::choices::usage_of(finishes.iter().map(Some));
         Some(json!({
             "id": self.id, "object": "text_completion", "created": self.created,
             "model": self.model, "choices": [],
-            "usage": usage_json(Some(&crate::choices::usage(&usages))),
+            "usage": usage_json(Some(&usage)),
             "tessera": stats_json(finishes.first().and_then(|f| f.stats.as_ref())),
         }))
     }

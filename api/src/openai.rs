@@ -592,10 +592,7 @@ pub fn completion_of(
     created: u64,
     logprobs: bool,
 ) -> Value {
-    let usages: Vec<v1::Usage> = answers
-        .iter()
-        .map(|a| a.finish.and_then(|f| f.usage).unwrap_or_default())
-        .collect();
+    let usage = crate::choices::usage_of(answers.iter().map(|a| a.finish.as_ref()));
     let first = answers.first().and_then(|a| a.finish.as_ref());
     json!({
         "id": id,
@@ -607,7 +604,7 @@ pub fn completion_of(
             .enumerate()
             .map(|(i, a)| a.choice_json(i, logprobs))
             .collect::<Vec<_>>(),
-        "usage": usage_json(Some(&crate::choices::usage(&usages))),
+        "usage": usage_json(Some(&usage)),
         "tessera": stats_json(first.and_then(|f| f.stats.as_ref())),
     })
 }
@@ -652,14 +649,10 @@ impl ChunkWriter {
         if !self.options.include_usage {
             return None;
         }
-        let usages: Vec<v1::Usage> = finishes
-            .iter()
-            .map(|f| f.usage.unwrap_or_default())
-            .collect();
         let mut last = self.choiceless(json!({
             "tessera": stats_json(finishes.first().and_then(|f| f.stats.as_ref())),
         }));
-        last["usage"] = usage_json(Some(&crate::choices::usage(&usages)));
+        last["usage"] = usage_json(Some(&crate::choices::usage_of(finishes.iter().map(Some))));
         Some(last)
     }
 

@@ -343,6 +343,10 @@ fn the_endpoints_clients_call_answer() {
         counted["input_tokens"], answer["usage"]["input_tokens"],
         "{counted} {answer}"
     );
+    // Its files are on this node now: /api/show gives their template.
+    let (_, shown) = post("/api/show", serde_json::json!({"model": MODEL}));
+    let template = shown["template"].as_str().unwrap_or_default();
+    assert!(template.contains("<|im_start|>"), "{shown}");
 }
 
 /// `n` answers of one request through the official client: choices

@@ -141,7 +141,7 @@ async fn stream_one(
             .iter_mut()
             .map(|w| move |chunk: &generation_chunk::Kind| w.write(chunk))
             .collect();
-        let Some(finishes) = crate::choices::pump_all(&tx, begun, renders).await else {
+        let Some(finishes) = crate::answer::pump_all(&tx, begun, renders).await else {
             return;
         };
         if let Some(usage) = last.usage(&finishes) {

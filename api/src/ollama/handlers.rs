@@ -196,7 +196,12 @@ pub(crate) async fn show(
     let state = api.state().await?;
     let cards = crate::openai::handlers::known_cards(&state);
     match tessera_actors::catalogue::resolve(&cards, &name) {
-        Ok(Some(card)) => Ok(Json(ollama::show_json(&card))),
+        Ok(Some(mut card)) => {
+            if card.chat_template.is_empty() {
+                card.chat_template = local_template(&state, &api.node_id, &card.model_id).await;
+            }
+            Ok(Json(ollama::show_json(&card)))
+        }
         Ok(None) => {
             Err(ApiError::not_found("model_not_found", format!("model {name:?} not found")).into())
         }
@@ -208,6 +213,54 @@ pub(crate) async fn show(
             ),
         )
         .into()),
+    }
+}
+
+/// The chat template of `model`'s files on this node, where they are here
+/// (a card from the catalogue does not carry it): a GGUF's
+/// `tokenizer.chat_template`, a folder's `chat_template.jinja` or
+/// `tokenizer_config.json`'s. Empty when neither says.
+async fn local_template(state: &v1::ClusterState, node_id: &str, model: &str) -> String {
+    use v1::download_progress::State as Ds;
+    let path = state
+        .downloads
+        .get(node_id)
+        .and_then(|d| d.models.get(model))
+        .and_then(|p| match &p.state {
+            Some(Ds::Completed(done)) => Some(std::path::PathBuf::from(&done.path)),
+            _ => None,
+        });
+    let Some(path) = path else {
+        return String::new();
+    };
+    tokio::task::spawn_blocking(move || template_in(&path).unwrap_or_default())
+        .await
+        .unwrap_or_default()
+}
+
+fn template_in(path: &std::path::Path) -> Option<String> {
+    if path.is_file() {
+        let file = tessera_engine::formats::gguf::GgufFile::open(path).ok()?;
+        return file
+            .get_str("tokenizer.chat_template")
+            .ok()
+            .map(str::to_string);
+    }
+    if let Ok(text) = std::fs::read_to_string(path.join("chat_template.jinja")) {
+        return Some(text);
+    }
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(path.join("tokenizer_config.json")).ok()?)
+            .ok()?;
+    match &config["chat_template"] {
+        Value::String(text) => Some(text.clone()),
+        // A list of named templates: the default one.
+        Value::Array(named) => named
+            .iter()
+            .find(|t| t["name"] == "default")
+            .and_then(|t| t["template"].as_str())
+            .map(str::to_string),
+        _ => None,
     }
 }
 

@@ -132,7 +132,7 @@ async fn stream_answers(tx: &EventSender, mut begun: Vec<Begun>, writer: ChunkWr
         .iter_mut()
         .map(|w| move |chunk: &generation_chunk::Kind| w.write(chunk))
         .collect();
-    let Some(finishes) = crate::choices::pump_all(tx, begun, renders).await else {
+    let Some(finishes) = crate::answer::pump_all(tx, begun, renders).await else {
         return;
     };
     if let Some(usage) = writer.usage(&finishes) {

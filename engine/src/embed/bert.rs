@@ -9,7 +9,7 @@ use std::ops::Range;
 use crate::threadpool::ThreadPool;
 
 use super::error::EmbedError;
-use super::layers::{attention, spans, LayerNorm, Linear};
+use super::layers::{attention, f32_bytes, spans, LayerNorm, Linear};
 use super::weights::Tensors;
 
 /// The parts of a BERT `config.json` the encoder needs.
@@ -142,26 +142,19 @@ impl Bert {
             .layers
             .iter()
             .map(|l| {
-                [
+                let linears = [
                     &l.query,
                     &l.key,
                     &l.value,
                     &l.attention_out,
                     &l.intermediate,
                     &l.output,
-                ]
-                .iter()
-                .map(|linear| linear.values())
-                .sum::<usize>()
-                    + l.attention_norm.values()
-                    + l.output_norm.values()
+                ];
+                f32_bytes(&linears, &[&l.attention_norm, &l.output_norm], &[])
             })
             .sum();
-        let embeddings = self.word.len()
-            + self.position.len()
-            + self.token_type.len()
-            + self.embedding_norm.values();
-        (layers + embeddings) * std::mem::size_of::<f32>()
+        let tables = [&self.word[..], &self.position, &self.token_type];
+        layers + f32_bytes(&[], &[&self.embedding_norm], &tables)
     }
 
     /// The last hidden states of every token of `sequences` (each within

@@ -108,6 +108,14 @@ impl LayerNorm {
     }
 }
 
+/// The bytes of f32 weights in `linears`, `norms` and `tables`.
+pub fn f32_bytes(linears: &[&Linear], norms: &[&LayerNorm], tables: &[&[f32]]) -> usize {
+    let values = linears.iter().map(|l| l.values()).sum::<usize>()
+        + norms.iter().map(|n| n.values()).sum::<usize>()
+        + tables.iter().map(|t| t.len()).sum::<usize>();
+    values * std::mem::size_of::<f32>()
+}
+
 /// Softmax attention of every token over its own sequence, per head:
 /// `q`, `k`, `v` are rows of `heads` heads, one per token.
 pub fn attention(

@@ -7,7 +7,7 @@
 use crate::threadpool::ThreadPool;
 
 use super::error::EmbedError;
-use super::layers::{attention, spans, LayerNorm, Linear};
+use super::layers::{attention, f32_bytes, spans, LayerNorm, Linear};
 use super::weights::Tensors;
 
 /// The parts of a nomic-bert `config.json` the encoder needs (GPT-2's
@@ -184,16 +184,12 @@ impl NomicBert {
             .layers
             .iter()
             .map(|l| {
-                [&l.qkv, &l.out, &l.up, &l.gate, &l.down]
-                    .iter()
-                    .map(|linear| linear.values())
-                    .sum::<usize>()
-                    + l.norm1.values()
-                    + l.norm2.values()
+                let linears = [&l.qkv, &l.out, &l.up, &l.gate, &l.down];
+                f32_bytes(&linears, &[&l.norm1, &l.norm2], &[])
             })
             .sum();
-        let embeddings = self.word.len() + self.token_type.len() + self.embedding_norm.values();
-        (layers + embeddings) * std::mem::size_of::<f32>()
+        let tables = [&self.word[..], &self.token_type];
+        layers + f32_bytes(&[], &[&self.embedding_norm], &tables)
     }
 
     /// The last hidden states of every token of `sequences` (each within
