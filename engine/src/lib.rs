@@ -26,6 +26,8 @@
 //!   one-request [`serve::Session`].
 //! - [`embed`]: texts in, vectors out: sentence-transformers models (a
 //!   BERT-style encoder, pooling, normalisation).
+//! - [`gpu`]: the GPU through wgpu: adapters, a device, WGSL kernels (the
+//!   decode step's matrix-vector product so far).
 //!
 //! # Invariants
 //! - **The engine knows nothing of actors, zenoh or HTTP**: no dependency on
@@ -36,6 +38,7 @@
 pub mod dist;
 pub mod embed;
 pub mod formats;
+pub mod gpu;
 pub mod logits;
 pub mod memory;
 pub mod model;

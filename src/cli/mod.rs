@@ -10,6 +10,7 @@ mod bench_log;
 mod bench_model;
 mod bench_speculative;
 mod cluster;
+mod devices;
 mod generate;
 mod model_args;
 mod models;
@@ -54,6 +55,8 @@ enum Command {
     Replay(replay::ReplayArgs),
     /// Generate text from a prompt with a model on this machine.
     Generate(generate::GenerateArgs),
+    /// The GPU adapters this machine has, and what each can do.
+    Devices(devices::DevicesArgs),
     /// Measure performance as JSON: the model engine by default (decode and
     /// prefill tokens/s, time to first token, peak memory), or `bench log`.
     Bench(BenchArgs),
@@ -104,6 +107,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Hub(args) => models::run_hub(args),
         Command::Replay(args) => replay::run(args),
         Command::Generate(args) => generate::run(args),
+        Command::Devices(args) => devices::run(args),
         Command::Bench(BenchArgs { what, model }) => match what {
             Some(BenchCommand::Log(args)) => bench_log::run(args),
             Some(BenchCommand::Collectives(args)) => bench_collectives::run(args),

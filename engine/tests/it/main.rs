@@ -10,6 +10,7 @@ mod batching;
 mod distributed;
 mod embeddings;
 mod golden;
+mod gpu;
 mod hf_reference;
 mod kquants;
 mod safetensors;

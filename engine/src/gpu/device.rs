@@ -1,0 +1,63 @@
+//! A device opened on one adapter, with the kernels compiled for it.
+
+use super::adapter::{enumerate, report, AdapterReport};
+use super::error::GpuError;
+use super::kernels::Kernels;
+
+/// A device opened on one adapter, with the kernels compiled for it.
+pub struct Gpu {
+    pub report: AdapterReport,
+    pub(super) device: wgpu::Device,
+    pub(super) queue: wgpu::Queue,
+    pub(super) kernels: Kernels,
+}
+
+impl Gpu {
+    /// Opens adapter `index` (`None`: the first that is not a software
+    /// one, else the first).
+    pub fn open(index: Option<usize>) -> Result<Self, GpuError> {
+        let all = enumerate();
+        let chosen = match index {
+            Some(index) => index,
+            None => all
+                .iter()
+                .position(|a| a.get_info().device_type != wgpu::DeviceType::Cpu)
+                .unwrap_or(0),
+        };
+        let Some(adapter) = all.get(chosen) else {
+            return Err(if all.is_empty() {
+                GpuError::NoAdapter
+            } else {
+                GpuError::NoSuchAdapter {
+                    index: chosen,
+                    count: all.len(),
+                }
+            });
+        };
+        let report = report(chosen, adapter);
+        let descriptor = wgpu::DeviceDescriptor {
+            label: Some("tessera"),
+            required_features: wgpu::Features::empty(),
+            required_limits: adapter.limits(),
+            ..Default::default()
+        };
+        let (device, queue) =
+            pollster::block_on(adapter.request_device(&descriptor)).map_err(|e| {
+                GpuError::Device {
+                    adapter: report.name.clone(),
+                    reason: e.to_string(),
+                }
+            })?;
+        // A device error is logged, never a panic of the node.
+        device.on_uncaptured_error(std::sync::Arc::new(|error: wgpu::Error| {
+            tracing::error!(%error, "GPU error");
+        }));
+        let kernels = Kernels::new(&device);
+        Ok(Self {
+            report,
+            device,
+            queue,
+            kernels,
+        })
+    }
+}
