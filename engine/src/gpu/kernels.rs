@@ -4,6 +4,8 @@
 pub(super) struct Kernels {
     pub(super) matvec_f32: wgpu::ComputePipeline,
     pub(super) matvec_q8_0: wgpu::ComputePipeline,
+    pub(super) matvec_q4_0: wgpu::ComputePipeline,
+    pub(super) matvec_q4_1: wgpu::ComputePipeline,
 }
 
 impl Kernels {
@@ -25,6 +27,8 @@ impl Kernels {
         Self {
             matvec_f32: pipeline("matvec_f32"),
             matvec_q8_0: pipeline("matvec_q8_0"),
+            matvec_q4_0: pipeline("matvec_q4_0"),
+            matvec_q4_1: pipeline("matvec_q4_1"),
         }
     }
 }

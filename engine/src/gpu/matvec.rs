@@ -1,15 +1,14 @@
 //! The decode step's matrix-vector product on the GPU: a weight matrix
-//! uploaded once (f32, or Q8_0 as GGUF stores it), then `y = W x` for each
-//! vector, one workgroup per row (`matvec.wgsl`).
+//! uploaded once (f32, or Q8_0, Q4_0 or Q4_1 as GGUF stores them), then
+//! `y = W x` for each vector, one workgroup per row (`matvec.wgsl`).
 
 use wgpu::util::DeviceExt;
 
 use super::device::Gpu;
 use super::error::GpuError;
 
-/// Q8_0: 32 values per block, an f16 scale and 32 int8 (34 bytes).
-const Q8_0_BLOCK: usize = 32;
-const Q8_0_BYTES: usize = 34;
+/// Values per block of every block format here.
+const BLOCK: usize = 32;
 /// Workgroups along x before the grid wraps to y (the WebGPU limit).
 const MAX_GRID_X: u32 = 65_535;
 
@@ -18,6 +17,20 @@ const MAX_GRID_X: u32 = 65_535;
 pub enum Format {
     F32,
     Q8_0,
+    Q4_0,
+    Q4_1,
+}
+
+impl Format {
+    /// Bytes of one block of 32 values (f32: of 32 values too).
+    pub fn block_bytes(self) -> usize {
+        match self {
+            Self::F32 => 4 * BLOCK,
+            Self::Q8_0 => 34,
+            Self::Q4_0 => 18,
+            Self::Q4_1 => 20,
+        }
+    }
 }
 
 /// A weight matrix in the GPU's memory.
@@ -45,27 +58,29 @@ impl Gpu {
         Ok(self.upload(bytemuck::cast_slice(values), rows, cols, Format::F32))
     }
 
-    /// Uploads a Q8_0 matrix as GGUF stores it: each row `cols / 32`
-    /// blocks of 34 bytes.
-    pub fn upload_q8_0(
+    /// Uploads a matrix of 32-value blocks as GGUF stores it (`format`
+    /// Q8_0, Q4_0 or Q4_1): each row `cols / 32` blocks.
+    pub fn upload_blocks(
         &self,
+        format: Format,
         bytes: &[u8],
         rows: usize,
         cols: usize,
     ) -> Result<GpuMatrix, GpuError> {
-        if cols == 0
-            || !cols.is_multiple_of(Q8_0_BLOCK)
-            || bytes.len() != rows * cols / Q8_0_BLOCK * Q8_0_BYTES
-        {
+        let fits = format != Format::F32
+            && cols > 0
+            && cols.is_multiple_of(BLOCK)
+            && bytes.len() == rows * cols / BLOCK * format.block_bytes();
+        if !fits {
             return Err(GpuError::Shape(format!(
-                "{} bytes for a Q8_0 {rows} x {cols} matrix (columns a multiple of {Q8_0_BLOCK})",
+                "{} bytes for a {format:?} {rows} x {cols} matrix (columns a multiple of {BLOCK})",
                 bytes.len()
             )));
         }
         // The kernel reads u32 words: the last one is padded.
         let mut padded = bytes.to_vec();
         padded.resize(bytes.len().next_multiple_of(4), 0);
-        Ok(self.upload(&padded, rows, cols, Format::Q8_0))
+        Ok(self.upload(&padded, rows, cols, format))
     }
 
     fn upload(&self, bytes: &[u8], rows: usize, cols: usize, format: Format) -> GpuMatrix {
@@ -117,6 +132,8 @@ impl Gpu {
         let pipeline = match matrix.format {
             Format::F32 => &self.kernels.matvec_f32,
             Format::Q8_0 => &self.kernels.matvec_q8_0,
+            Format::Q4_0 => &self.kernels.matvec_q4_0,
+            Format::Q4_1 => &self.kernels.matvec_q4_1,
         };
         let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some("matvec"),

@@ -1,7 +1,12 @@
 // The decode step's matrix-vector product y = W x, one workgroup per row
 // of W: its threads take the row's blocks in turn and the workgroup adds
-// their partial sums. W is f32, or Q8_0 (GGUF's blocks of 32 int8 values
-// with an f16 scale, 34 bytes each, so bytes are read out of u32 words).
+// their partial sums. W is f32, or one of GGUF's formats of 32-value
+// blocks, read as GGUF stores them (blocks of 34, 18 or 20 bytes, so bytes
+// are read out of u32 words):
+// - Q8_0: an f16 scale d, then 32 int8 q: d q;
+// - Q4_0: d, then 16 bytes, value j in byte j's low nibble and value
+//   j + 16 in its high one: d (q - 8);
+// - Q4_1: d, an f16 minimum m, then Q4_0's nibbles: d q + m.
 
 struct Shape {
     rows: u32,
@@ -75,6 +80,59 @@ fn matvec_q8_0(@builtin(workgroup_id) group: vec3<u32>,
                 block = block + int8_at(at + 2u + i) * x[b * 32u + i];
             }
             sum = sum + f16_at(at) * block;
+        }
+    }
+    let total = reduce(thread, sum);
+    if (thread == 0u && row < shape.rows) {
+        y[row] = total;
+    }
+}
+
+@compute @workgroup_size(64)
+fn matvec_q4_0(@builtin(workgroup_id) group: vec3<u32>,
+               @builtin(local_invocation_index) thread: u32) {
+    let row = group.y * shape.grid_x + group.x;
+    let blocks = shape.cols / 32u;
+    var sum = 0.0;
+    if (row < shape.rows) {
+        for (var b = thread; b < blocks; b = b + THREADS) {
+            let at = (row * blocks + b) * 18u;
+            let base = b * 32u;
+            var block = 0.0;
+            for (var j = 0u; j < 16u; j = j + 1u) {
+                let q = byte_at(at + 2u + j);
+                block = block + (f32(q & 15u) - 8.0) * x[base + j]
+                    + (f32(q >> 4u) - 8.0) * x[base + j + 16u];
+            }
+            sum = sum + f16_at(at) * block;
+        }
+    }
+    let total = reduce(thread, sum);
+    if (thread == 0u && row < shape.rows) {
+        y[row] = total;
+    }
+}
+
+@compute @workgroup_size(64)
+fn matvec_q4_1(@builtin(workgroup_id) group: vec3<u32>,
+               @builtin(local_invocation_index) thread: u32) {
+    let row = group.y * shape.grid_x + group.x;
+    let blocks = shape.cols / 32u;
+    var sum = 0.0;
+    if (row < shape.rows) {
+        for (var b = thread; b < blocks; b = b + THREADS) {
+            let at = (row * blocks + b) * 20u;
+            let base = b * 32u;
+            var block = 0.0;
+            var plain = 0.0;
+            for (var j = 0u; j < 16u; j = j + 1u) {
+                let q = byte_at(at + 4u + j);
+                let low = x[base + j];
+                let high = x[base + j + 16u];
+                block = block + f32(q & 15u) * low + f32(q >> 4u) * high;
+                plain = plain + low + high;
+            }
+            sum = sum + f16_at(at) * block + f16_at(at + 2u) * plain;
         }
     }
     let total = reduce(thread, sum);

@@ -11,6 +11,7 @@
 //! missed block, a swapped scale) misses by orders of magnitude.
 
 use rand::{Rng, SeedableRng};
+use tessera_engine::gpu::matvec::Format;
 use tessera_engine::gpu::{self, Gpu};
 
 fn gpu_for(test: &str) -> Option<Gpu> {
@@ -92,43 +93,74 @@ fn an_f32_matrix_times_a_vector_is_the_exact_product() {
     }
 }
 
-/// A random Q8_0 matrix as GGUF stores it, and its values.
-fn q8_0(rng: &mut impl Rng, rows: usize, cols: usize) -> (Vec<u8>, Vec<f64>) {
+/// A random matrix of `format`'s blocks as GGUF stores it, and its values.
+fn blocks(rng: &mut impl Rng, format: Format, rows: usize, cols: usize) -> (Vec<u8>, Vec<f64>) {
     let mut bytes = Vec::new();
     let mut values = Vec::new();
+    fn f16(rng: &mut impl Rng, bytes: &mut Vec<u8>, low: f32, high: f32) -> f64 {
+        let v = half::f16::from_f32(rng.gen_range(low..high));
+        bytes.extend_from_slice(&v.to_le_bytes());
+        f64::from(v.to_f32())
+    }
     for _ in 0..rows * cols / 32 {
-        let scale = half::f16::from_f32(rng.gen_range(0.001..0.05));
-        bytes.extend_from_slice(&scale.to_le_bytes());
-        for _ in 0..32 {
-            let q: i8 = rng.gen_range(-127..=127);
-            bytes.push(q as u8);
-            values.push(f64::from(scale.to_f32()) * f64::from(q));
+        let d = f16(rng, &mut bytes, 0.001, 0.05);
+        match format {
+            Format::Q8_0 => {
+                let qs: Vec<i8> = (0..32).map(|_| rng.gen_range(-127..=127)).collect();
+                bytes.extend(qs.iter().map(|&q| q as u8));
+                values.extend(qs.iter().map(|&q| d * f64::from(q)));
+            }
+            Format::Q4_0 | Format::Q4_1 => {
+                let m = if format == Format::Q4_1 {
+                    f16(rng, &mut bytes, -0.5, 0.5)
+                } else {
+                    0.0
+                };
+                let nibbles: Vec<u8> = (0..32).map(|_| rng.gen_range(0..16)).collect();
+                // Value j in byte j's low nibble, value j + 16 in its high.
+                bytes.extend((0..16).map(|j| nibbles[j] | (nibbles[j + 16] << 4)));
+                values.extend(nibbles.iter().map(|&q| match format {
+                    Format::Q4_0 => d * (f64::from(q) - 8.0),
+                    _ => d * f64::from(q) + m,
+                }));
+            }
+            Format::F32 => unreachable!("f32 has no blocks"),
         }
     }
     (bytes, values)
 }
 
 #[test]
-fn a_q8_0_matrix_times_a_vector_is_the_exact_product() {
-    let Some(gpu) = gpu_for("a_q8_0_matrix_times_a_vector_is_the_exact_product") else {
+fn block_matrices_times_a_vector_are_the_exact_product() {
+    let Some(gpu) = gpu_for("block_matrices_times_a_vector_are_the_exact_product") else {
         return;
     };
     let mut rng = rand::rngs::StdRng::seed_from_u64(8);
-    // Rows of one block, of an odd number of blocks (34-byte blocks fall
-    // across u32 words), and more blocks than threads.
-    for (rows, cols) in [(1, 32), (5, 96), (67, 576), (200, 32 * 70)] {
-        let (bytes, w) = q8_0(&mut rng, rows, cols);
-        let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
-        let matrix = gpu.upload_q8_0(&bytes, rows, cols).expect("uploads");
-        let got = gpu.matvec(&matrix, &x).expect("runs");
-        let (exact, scale): (Vec<f64>, Vec<f64>) = w
-            .chunks(cols)
-            .map(|row| {
-                let terms = row.iter().zip(&x).map(|(a, b)| a * f64::from(*b));
-                (terms.clone().sum::<f64>(), terms.map(f64::abs).sum::<f64>())
-            })
-            .unzip();
-        check(&got, &exact, &scale, cols, &format!("Q8_0 {rows} x {cols}"));
+    for format in [Format::Q8_0, Format::Q4_0, Format::Q4_1] {
+        // Rows of one block, of an odd number of blocks (blocks fall
+        // across u32 words), and more blocks than threads.
+        for (rows, cols) in [(1, 32), (5, 96), (67, 576), (200, 32 * 70)] {
+            let (bytes, w) = blocks(&mut rng, format, rows, cols);
+            let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let matrix = gpu
+                .upload_blocks(format, &bytes, rows, cols)
+                .expect("uploads");
+            let got = gpu.matvec(&matrix, &x).expect("runs");
+            let (exact, scale): (Vec<f64>, Vec<f64>) = w
+                .chunks(cols)
+                .map(|row| {
+                    let terms = row.iter().zip(&x).map(|(a, b)| a * f64::from(*b));
+                    (terms.clone().sum::<f64>(), terms.map(f64::abs).sum::<f64>())
+                })
+                .unzip();
+            check(
+                &got,
+                &exact,
+                &scale,
+                cols,
+                &format!("{format:?} {rows} x {cols}"),
+            );
+        }
     }
 }
 
@@ -138,7 +170,9 @@ fn shapes_that_do_not_fit_are_refused() {
         return;
     };
     assert!(gpu.upload_f32(&[1.0; 5], 2, 3).is_err());
-    assert!(gpu.upload_q8_0(&[0; 34], 1, 33).is_err());
+    assert!(gpu.upload_blocks(Format::Q8_0, &[0; 34], 1, 33).is_err());
+    assert!(gpu.upload_blocks(Format::Q4_1, &[0; 18], 1, 32).is_err());
+    assert!(gpu.upload_blocks(Format::F32, &[0; 128], 1, 32).is_err());
     let matrix = gpu.upload_f32(&[1.0; 6], 2, 3).expect("uploads");
     assert!(gpu.matvec(&matrix, &[1.0; 4]).is_err());
 }
