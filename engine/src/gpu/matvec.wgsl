@@ -36,6 +36,19 @@ fn f16_at(offset: u32) -> f32 {
     return unpack2x16float(byte_at(offset) | (byte_at(offset + 1u) << 8u)).x;
 }
 
+// The row of W this workgroup computes (the grid wraps rows to y).
+fn row_of(group: vec3<u32>) -> u32 {
+    return group.y * shape.grid_x + group.x;
+}
+
+// Adds the threads' partial sums and writes the row's value.
+fn finish(row: u32, thread: u32, partial_sum: f32) {
+    let total = reduce(thread, partial_sum);
+    if (thread == 0u && row < shape.rows) {
+        y[row] = total;
+    }
+}
+
 // The workgroup's sum of `value`, in thread 0.
 fn reduce(thread: u32, value: f32) -> f32 {
     partial[thread] = value;
@@ -52,7 +65,7 @@ fn reduce(thread: u32, value: f32) -> f32 {
 @compute @workgroup_size(64)
 fn matvec_f32(@builtin(workgroup_id) group: vec3<u32>,
               @builtin(local_invocation_index) thread: u32) {
-    let row = group.y * shape.grid_x + group.x;
+    let row = row_of(group);
     var sum = 0.0;
     if (row < shape.rows) {
         let start = row * shape.cols;
@@ -60,16 +73,13 @@ fn matvec_f32(@builtin(workgroup_id) group: vec3<u32>,
             sum = sum + bitcast<f32>(weights[start + c]) * x[c];
         }
     }
-    let total = reduce(thread, sum);
-    if (thread == 0u && row < shape.rows) {
-        y[row] = total;
-    }
+    finish(row, thread, sum);
 }
 
 @compute @workgroup_size(64)
 fn matvec_q8_0(@builtin(workgroup_id) group: vec3<u32>,
                @builtin(local_invocation_index) thread: u32) {
-    let row = group.y * shape.grid_x + group.x;
+    let row = row_of(group);
     let blocks = shape.cols / 32u;
     var sum = 0.0;
     if (row < shape.rows) {
@@ -82,16 +92,13 @@ fn matvec_q8_0(@builtin(workgroup_id) group: vec3<u32>,
             sum = sum + f16_at(at) * block;
         }
     }
-    let total = reduce(thread, sum);
-    if (thread == 0u && row < shape.rows) {
-        y[row] = total;
-    }
+    finish(row, thread, sum);
 }
 
 @compute @workgroup_size(64)
 fn matvec_q4_0(@builtin(workgroup_id) group: vec3<u32>,
                @builtin(local_invocation_index) thread: u32) {
-    let row = group.y * shape.grid_x + group.x;
+    let row = row_of(group);
     let blocks = shape.cols / 32u;
     var sum = 0.0;
     if (row < shape.rows) {
@@ -107,16 +114,13 @@ fn matvec_q4_0(@builtin(workgroup_id) group: vec3<u32>,
             sum = sum + f16_at(at) * block;
         }
     }
-    let total = reduce(thread, sum);
-    if (thread == 0u && row < shape.rows) {
-        y[row] = total;
-    }
+    finish(row, thread, sum);
 }
 
 @compute @workgroup_size(64)
 fn matvec_q4_1(@builtin(workgroup_id) group: vec3<u32>,
                @builtin(local_invocation_index) thread: u32) {
-    let row = group.y * shape.grid_x + group.x;
+    let row = row_of(group);
     let blocks = shape.cols / 32u;
     var sum = 0.0;
     if (row < shape.rows) {
@@ -135,8 +139,5 @@ fn matvec_q4_1(@builtin(workgroup_id) group: vec3<u32>,
             sum = sum + f16_at(at) * block + f16_at(at + 2u) * plain;
         }
     }
-    let total = reduce(thread, sum);
-    if (thread == 0u && row < shape.rows) {
-        y[row] = total;
-    }
+    finish(row, thread, sum);
 }

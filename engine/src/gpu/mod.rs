@@ -2,8 +2,7 @@
 //! DX12 on Windows, one WGSL source for every card. What is here: the
 //! adapters a machine has ([`adapters`]), a device opened on one ([`Gpu`]),
 //! and the decode step's matrix-vector product for f32, Q8_0, Q4_0 and Q4_1
-//! weights
-//! ([`matvec`]), checked against an exact reference on any adapter,
+//! weights ([`matvec`]), checked against an exact reference on any adapter,
 //! Mesa's lavapipe included. The forward pass over these operations comes
 //! next (issue 47).
 
