@@ -52,7 +52,14 @@ impl Gpu {
         device.on_uncaptured_error(std::sync::Arc::new(|error: wgpu::Error| {
             tracing::error!(%error, "GPU error");
         }));
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let kernels = Kernels::new(&device);
+        if let Some(error) = pollster::block_on(scope.pop()) {
+            return Err(GpuError::Device {
+                adapter: report.name.clone(),
+                reason: format!("compiling the kernels: {error}"),
+            });
+        }
         Ok(Self {
             report,
             device,

@@ -13,4 +13,10 @@ pub enum GpuError {
     ReadBack(String),
     #[error("{0}")]
     Shape(String),
+    #[error("{what} takes {bytes} bytes, more than the {most} one GPU buffer may hold here")]
+    TooLarge { what: String, bytes: u64, most: u64 },
+    #[error("the GPU refused a step: {0}")]
+    Step(String),
+    #[error("the GPU cannot run this model yet: {0}")]
+    Unsupported(String),
 }

@@ -1,34 +1,119 @@
 //! The WGSL kernels, compiled once per device.
 
-/// The compiled kernels, one pipeline per format.
+/// Every kernel the forward pass records, one pipeline each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Kernel {
+    MatvecF32,
+    MatvecQ8_0,
+    MatvecQ4_0,
+    MatvecQ4_1,
+    QuantizeQ8,
+    RmsNorm,
+    RmsNormRows,
+    RmsNormInPlace,
+    Add,
+    AddBias,
+    Copy,
+    SiluMul,
+    GeluMul,
+    Rope,
+    StoreKv,
+    Attention,
+}
+
+impl Kernel {
+    const ALL: [Kernel; 16] = [
+        Kernel::MatvecF32,
+        Kernel::MatvecQ8_0,
+        Kernel::MatvecQ4_0,
+        Kernel::MatvecQ4_1,
+        Kernel::QuantizeQ8,
+        Kernel::RmsNorm,
+        Kernel::RmsNormRows,
+        Kernel::RmsNormInPlace,
+        Kernel::Add,
+        Kernel::AddBias,
+        Kernel::Copy,
+        Kernel::SiluMul,
+        Kernel::GeluMul,
+        Kernel::Rope,
+        Kernel::StoreKv,
+        Kernel::Attention,
+    ];
+
+    /// Its WGSL file and entry point.
+    fn source(self) -> (&'static str, &'static str) {
+        match self {
+            Self::MatvecF32 => ("matvec", "matvec_f32"),
+            Self::MatvecQ8_0 => ("matvec", "matvec_q8_0"),
+            Self::MatvecQ4_0 => ("matvec", "matvec_q4_0"),
+            Self::MatvecQ4_1 => ("matvec", "matvec_q4_1"),
+            Self::QuantizeQ8 => ("matvec", "quantize_q8"),
+            Self::RmsNorm => ("norm", "rms_norm"),
+            Self::RmsNormRows => ("norm", "rms_norm_rows"),
+            Self::RmsNormInPlace => ("norm", "rms_norm_in_place"),
+            Self::Add => ("elementwise", "add"),
+            Self::AddBias => ("elementwise", "add_bias"),
+            Self::Copy => ("elementwise", "copy"),
+            Self::SiluMul => ("elementwise", "silu_mul"),
+            Self::GeluMul => ("elementwise", "gelu_mul"),
+            Self::Rope => ("rope", "rope"),
+            Self::StoreKv => ("store_kv", "store_kv"),
+            Self::Attention => ("attention", "attention"),
+        }
+    }
+}
+
+const MODULES: [(&str, &str); 6] = [
+    ("matvec", include_str!("matvec.wgsl")),
+    ("norm", include_str!("norm.wgsl")),
+    ("elementwise", include_str!("elementwise.wgsl")),
+    ("rope", include_str!("rope.wgsl")),
+    ("store_kv", include_str!("store_kv.wgsl")),
+    ("attention", include_str!("attention.wgsl")),
+];
+
+/// The compiled kernels, in [`Kernel::ALL`]'s order.
 pub(super) struct Kernels {
-    pub(super) matvec_f32: wgpu::ComputePipeline,
-    pub(super) matvec_q8_0: wgpu::ComputePipeline,
-    pub(super) matvec_q4_0: wgpu::ComputePipeline,
-    pub(super) matvec_q4_1: wgpu::ComputePipeline,
+    pipelines: Vec<wgpu::ComputePipeline>,
 }
 
 impl Kernels {
     pub(super) fn new(device: &wgpu::Device) -> Self {
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some("matvec"),
-            source: wgpu::ShaderSource::Wgsl(include_str!("matvec.wgsl").into()),
-        });
-        let pipeline = |entry: &str| {
-            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(entry),
-                layout: None,
-                module: &module,
-                entry_point: Some(entry),
-                compilation_options: wgpu::PipelineCompilationOptions::default(),
-                cache: None,
+        let modules: Vec<(&str, wgpu::ShaderModule)> = MODULES
+            .iter()
+            .map(|(name, source)| {
+                let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                    label: Some(name),
+                    source: wgpu::ShaderSource::Wgsl((*source).into()),
+                });
+                (*name, module)
             })
-        };
-        Self {
-            matvec_f32: pipeline("matvec_f32"),
-            matvec_q8_0: pipeline("matvec_q8_0"),
-            matvec_q4_0: pipeline("matvec_q4_0"),
-            matvec_q4_1: pipeline("matvec_q4_1"),
-        }
+            .collect();
+        let pipelines = Kernel::ALL
+            .iter()
+            .map(|kernel| {
+                let (file, entry) = kernel.source();
+                let module = modules
+                    .iter()
+                    .find(|(name, _)| *name == file)
+                    .map(|(_, module)| module);
+                device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(entry),
+                    layout: None,
+                    // Every file is in MODULES.
+                    module: module.unwrap_or(&modules[0].1),
+                    entry_point: Some(entry),
+                    compilation_options: wgpu::PipelineCompilationOptions::default(),
+                    cache: None,
+                })
+            })
+            .collect();
+        Self { pipelines }
+    }
+
+    pub(super) fn get(&self, kernel: Kernel) -> &wgpu::ComputePipeline {
+        // Built in `Kernel::ALL`'s order, which is the variants' order.
+        &self.pipelines[kernel as usize]
     }
 }

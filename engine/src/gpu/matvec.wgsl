@@ -1,143 +1,208 @@
-// The decode step's matrix-vector product y = W x, one workgroup per row
-// of W: its threads take the row's blocks in turn and the workgroup adds
-// their partial sums. W is f32, or one of GGUF's formats of 32-value
-// blocks, read as GGUF stores them (blocks of 34, 18 or 20 bytes, so bytes
-// are read out of u32 words):
+// The matrix products y = W x of the forward pass. A workgroup of 64
+// threads computes 8 rows of W for one token, 8 threads a row: each takes
+// every 8th block of the row, and the row's threads add their partial
+// sums. Token t reads its row of x and writes y[t] (rows values).
+//
+// W is f32 (with f32 x), or one of GGUF's formats of 32-value blocks, read
+// as GGUF stores them (blocks of 34, 18 or 20 bytes, so bytes are read out
+// of u32 words):
 // - Q8_0: an f16 scale d, then 32 int8 q: d q;
 // - Q4_0: d, then 16 bytes, value j in byte j's low nibble and value
 //   j + 16 in its high one: d (q - 8);
 // - Q4_1: d, an f16 minimum m, then Q4_0's nibbles: d q + m.
+// Their x is rounded to 8-bit blocks first (`quantize_q8`), as llama.cpp
+// and the CPU engine do: per block 8 words of i8, a scale dx and dx sum(q),
+// both through f16. A block's dot product is then an exact integer, and a
+// row is sum(int * d * dx) (+ m * dx sum(q) for Q4_1), the CPU's
+// arithmetic in another order across blocks.
 
-struct Shape {
+struct Params {
     rows: u32,
     cols: u32,
-    // Workgroups along x per row of the grid (rows beyond 65535 use y).
-    grid_x: u32,
-    _pad: u32,
+    _pad: vec2<u32>,
+    _rest: array<vec4<u32>, 3>,
 }
 
-@group(0) @binding(0) var<storage, read> weights: array<u32>;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<uniform> shape: Shape;
+@group(0) @binding(0) var<uniform> shape: Params;
+@group(0) @binding(1) var<storage, read> weights: array<u32>;
+@group(0) @binding(2) var<storage, read> x: array<f32>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+// The 8-bit blocks of x (10 words each), for the block formats.
+@group(0) @binding(4) var<storage, read> xq: array<u32>;
+// Where `quantize_q8` writes them.
+@group(0) @binding(5) var<storage, read_write> y_q: array<u32>;
 
 const THREADS: u32 = 64u;
+const ROWS: u32 = 8u;
+const LANES: u32 = 8u;
+const Q8_WORDS: u32 = 10u;
 var<workgroup> partial: array<f32, 64>;
 
 fn byte_at(offset: u32) -> u32 {
     return (weights[offset >> 2u] >> ((offset & 3u) * 8u)) & 0xffu;
 }
 
-fn int8_at(offset: u32) -> f32 {
-    return f32(bitcast<i32>(byte_at(offset) << 24u) >> 24u);
+fn int8_at(offset: u32) -> i32 {
+    return bitcast<i32>(byte_at(offset) << 24u) >> 24u;
 }
 
 fn f16_at(offset: u32) -> f32 {
     return unpack2x16float(byte_at(offset) | (byte_at(offset + 1u) << 8u)).x;
 }
 
-// The row of W this workgroup computes (the grid wraps rows to y).
-fn row_of(group: vec3<u32>) -> u32 {
-    return group.y * shape.grid_x + group.x;
+// Value j of the 8-bit block starting at word `block`.
+fn xq_at(block: u32, j: u32) -> i32 {
+    return bitcast<i32>(xq[block + j / 4u] << (24u - 8u * (j % 4u))) >> 24u;
 }
 
-// Adds the threads' partial sums and writes the row's value.
-fn finish(row: u32, thread: u32, partial_sum: f32) {
-    let total = reduce(thread, partial_sum);
-    if (thread == 0u && row < shape.rows) {
-        y[row] = total;
-    }
+fn xq_scale(block: u32) -> f32 {
+    return bitcast<f32>(xq[block + 8u]);
 }
 
-// The workgroup's sum of `value`, in thread 0.
-fn reduce(thread: u32, value: f32) -> f32 {
-    partial[thread] = value;
+fn xq_sum(block: u32) -> f32 {
+    return bitcast<f32>(xq[block + 9u]);
+}
+
+// The row of W this thread works on (the grid wraps to y), and its lane.
+fn row_of(group: vec3<u32>, count: vec3<u32>, thread: u32) -> u32 {
+    return (group.y * count.x + group.x) * ROWS + thread / LANES;
+}
+
+// Adds each row's lanes and writes the rows' values.
+fn finish(row: u32, token: u32, thread: u32, partial_sum: f32) {
+    partial[thread] = partial_sum;
     workgroupBarrier();
-    for (var half = THREADS / 2u; half > 0u; half = half / 2u) {
-        if (thread < half) {
+    let lane = thread % LANES;
+    for (var half = LANES / 2u; half > 0u; half = half / 2u) {
+        if (lane < half) {
             partial[thread] = partial[thread] + partial[thread + half];
         }
         workgroupBarrier();
     }
-    return partial[0];
+    if (lane == 0u && row < shape.rows) {
+        y[token * shape.rows + row] = partial[thread];
+    }
 }
 
 @compute @workgroup_size(64)
 fn matvec_f32(@builtin(workgroup_id) group: vec3<u32>,
+              @builtin(num_workgroups) count: vec3<u32>,
               @builtin(local_invocation_index) thread: u32) {
-    let row = row_of(group);
+    let row = row_of(group, count, thread);
+    let xs = group.z * shape.cols;
     var sum = 0.0;
     if (row < shape.rows) {
         let start = row * shape.cols;
-        for (var c = thread; c < shape.cols; c = c + THREADS) {
-            sum = sum + bitcast<f32>(weights[start + c]) * x[c];
+        for (var c = thread % LANES; c < shape.cols; c = c + LANES) {
+            sum = sum + bitcast<f32>(weights[start + c]) * x[xs + c];
         }
     }
-    finish(row, thread, sum);
+    finish(row, group.z, thread, sum);
 }
 
 @compute @workgroup_size(64)
 fn matvec_q8_0(@builtin(workgroup_id) group: vec3<u32>,
+               @builtin(num_workgroups) count: vec3<u32>,
                @builtin(local_invocation_index) thread: u32) {
-    let row = row_of(group);
+    let row = row_of(group, count, thread);
     let blocks = shape.cols / 32u;
     var sum = 0.0;
     if (row < shape.rows) {
-        for (var b = thread; b < blocks; b = b + THREADS) {
+        for (var b = thread % LANES; b < blocks; b = b + LANES) {
             let at = (row * blocks + b) * 34u;
-            var block = 0.0;
+            let xb = (group.z * blocks + b) * Q8_WORDS;
+            var acc = 0;
             for (var i = 0u; i < 32u; i = i + 1u) {
-                block = block + int8_at(at + 2u + i) * x[b * 32u + i];
+                acc = acc + int8_at(at + 2u + i) * xq_at(xb, i);
             }
-            sum = sum + f16_at(at) * block;
+            sum = sum + f32(acc) * (f16_at(at) * xq_scale(xb));
         }
     }
-    finish(row, thread, sum);
+    finish(row, group.z, thread, sum);
 }
 
 @compute @workgroup_size(64)
 fn matvec_q4_0(@builtin(workgroup_id) group: vec3<u32>,
+               @builtin(num_workgroups) count: vec3<u32>,
                @builtin(local_invocation_index) thread: u32) {
-    let row = row_of(group);
+    let row = row_of(group, count, thread);
     let blocks = shape.cols / 32u;
     var sum = 0.0;
     if (row < shape.rows) {
-        for (var b = thread; b < blocks; b = b + THREADS) {
+        for (var b = thread % LANES; b < blocks; b = b + LANES) {
             let at = (row * blocks + b) * 18u;
-            let base = b * 32u;
-            var block = 0.0;
+            let xb = (group.z * blocks + b) * Q8_WORDS;
+            var acc = 0;
             for (var j = 0u; j < 16u; j = j + 1u) {
                 let q = byte_at(at + 2u + j);
-                block = block + (f32(q & 15u) - 8.0) * x[base + j]
-                    + (f32(q >> 4u) - 8.0) * x[base + j + 16u];
+                acc = acc + (i32(q & 15u) - 8) * xq_at(xb, j)
+                    + (i32(q >> 4u) - 8) * xq_at(xb, j + 16u);
             }
-            sum = sum + f16_at(at) * block;
+            sum = sum + f32(acc) * (f16_at(at) * xq_scale(xb));
         }
     }
-    finish(row, thread, sum);
+    finish(row, group.z, thread, sum);
 }
 
 @compute @workgroup_size(64)
 fn matvec_q4_1(@builtin(workgroup_id) group: vec3<u32>,
+               @builtin(num_workgroups) count: vec3<u32>,
                @builtin(local_invocation_index) thread: u32) {
-    let row = row_of(group);
+    let row = row_of(group, count, thread);
     let blocks = shape.cols / 32u;
     var sum = 0.0;
+    var mins = 0.0;
     if (row < shape.rows) {
-        for (var b = thread; b < blocks; b = b + THREADS) {
+        for (var b = thread % LANES; b < blocks; b = b + LANES) {
             let at = (row * blocks + b) * 20u;
-            let base = b * 32u;
-            var block = 0.0;
-            var plain = 0.0;
+            let xb = (group.z * blocks + b) * Q8_WORDS;
+            var acc = 0;
             for (var j = 0u; j < 16u; j = j + 1u) {
                 let q = byte_at(at + 4u + j);
-                let low = x[base + j];
-                let high = x[base + j + 16u];
-                block = block + f32(q & 15u) * low + f32(q >> 4u) * high;
-                plain = plain + low + high;
+                acc = acc + i32(q & 15u) * xq_at(xb, j) + i32(q >> 4u) * xq_at(xb, j + 16u);
             }
-            sum = sum + f16_at(at) * block + f16_at(at + 2u) * plain;
+            sum = sum + f32(acc) * (f16_at(at) * xq_scale(xb));
+            mins = mins + f16_at(at + 2u) * xq_sum(xb);
         }
     }
-    finish(row, thread, sum);
+    finish(row, group.z, thread, sum + mins);
+}
+
+fn round_f16(value: f32) -> f32 {
+    return unpack2x16float(pack2x16float(vec2<f32>(value, 0.0))).x;
+}
+
+// x's 32-value blocks to 8 bits, one thread per block (all tokens' blocks
+// in a row: the columns are a multiple of 32). `shape.rows` is the number
+// of blocks.
+@compute @workgroup_size(64)
+fn quantize_q8(@builtin(workgroup_id) group: vec3<u32>,
+               @builtin(num_workgroups) count: vec3<u32>,
+               @builtin(local_invocation_index) thread: u32) {
+    let block = (group.y * count.x + group.x) * THREADS + thread;
+    if (block >= shape.rows) {
+        return;
+    }
+    let start = block * 32u;
+    var amax = 0.0;
+    for (var j = 0u; j < 32u; j = j + 1u) {
+        amax = max(amax, abs(x[start + j]));
+    }
+    let d = amax / 127.0;
+    var id = 0.0;
+    if (amax != 0.0) {
+        id = 127.0 / amax;
+    }
+    var sum = 0;
+    for (var k = 0u; k < 8u; k = k + 1u) {
+        var word = 0u;
+        for (var j = 0u; j < 4u; j = j + 1u) {
+            let q = i32(round(x[start + 4u * k + j] * id));
+            sum = sum + q;
+            word = word | ((bitcast<u32>(q) & 0xffu) << (8u * j));
+        }
+        y_q[block * Q8_WORDS + k] = word;
+    }
+    y_q[block * Q8_WORDS + 8u] = bitcast<u32>(round_f16(d));
+    y_q[block * Q8_WORDS + 9u] = bitcast<u32>(round_f16(d * f32(sum)));
 }

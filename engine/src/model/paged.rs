@@ -44,6 +44,9 @@ pub struct KvPool {
     /// `state_len` floats per slot, slot after slot.
     states: Vec<f32>,
     state_len: usize,
+    /// Set for a shard on a GPU: the keys and values are there, and the
+    /// host holds none.
+    gpu: Option<crate::gpu::GpuKv>,
 }
 
 /// The most recurrent-state slots a pool holds: far more sequences than an
@@ -62,7 +65,19 @@ impl KvPool {
             blocks: 0,
             states: Vec::new(),
             state_len: 0,
+            gpu: None,
         }
+    }
+
+    /// The same pool with its keys and values on a GPU.
+    pub fn on_gpu(mut self, kv: crate::gpu::GpuKv) -> Self {
+        self.gpu = Some(kv);
+        self
+    }
+
+    /// The keys and values on the GPU, for a pool there.
+    pub fn gpu_mut(&mut self) -> Option<&mut crate::gpu::GpuKv> {
+        self.gpu.as_mut()
     }
 
     /// The same pool with `state_len` floats of recurrent state per
@@ -134,6 +149,11 @@ impl KvPool {
         if blocks <= self.blocks {
             return;
         }
+        if self.gpu.is_some() {
+            // The GPU's buffers grow at the next step, which can fail.
+            self.blocks = blocks;
+            return;
+        }
         let len = blocks * BLOCK_TOKENS * self.kv_dim;
         for cache in self.keys.iter_mut().chain(self.values.iter_mut()) {
             cache.resize(len, f16::ZERO);
@@ -154,6 +174,7 @@ impl KvPool {
             .map(|c| c.len() * 2)
             .sum::<usize>()
             + self.states.len() * 4
+            + self.gpu.as_ref().map_or(0, |g| g.size_bytes() as usize)
     }
 
     /// Where position `position` of a sequence with `table` starts in a

@@ -147,6 +147,11 @@ impl QMatrix {
         self.data.len()
     }
 
+    /// Its bytes, row after row, as the model file stores them.
+    pub fn bytes(&self) -> &[u8] {
+        &self.data
+    }
+
     fn row(&self, r: usize) -> &[u8] {
         let width = self.format.row_bytes(self.cols);
         &self.data[r * width..(r + 1) * width]

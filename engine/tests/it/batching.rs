@@ -134,7 +134,7 @@ fn config(max_sequences: usize, step_tokens: usize, kv_blocks: usize) -> BatchCo
 
 /// Alone, then all eight at once with staggered arrivals and a small step
 /// budget, so prompt chunks share steps with other sequences' decoding.
-fn check_invariance(model: &LoadedModel, executor: Executor<'_>) {
+pub(crate) fn check_invariance(model: &LoadedModel, executor: Executor<'_>) {
     check_invariance_with(model, executor, 8);
 }
 

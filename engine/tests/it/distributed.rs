@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tessera_engine::dist::collectives::{Group, TcpRing};
 use tessera_engine::dist::shard::{split_evenly, ShardSpec};
+use tessera_engine::model::Transformer;
 use tessera_engine::serve::executor::{ExecError, Executor};
 use tessera_engine::serve::{
     load_transformer, model_config, GenerateRequest, LoadedModel, Prompt, Session,
@@ -84,7 +85,7 @@ pub(crate) fn cases() -> Vec<(String, Prompt, usize)> {
 
 /// Greedy ids, and at each step the top-1/top-2 logit margin (the
 /// difference of their logprobs).
-fn greedy_with_margins(
+pub(crate) fn greedy_with_margins(
     session: &mut Session<'_>,
     prompt: &Prompt,
     n: usize,
@@ -138,6 +139,19 @@ pub(crate) fn on_ranks_with<T>(
     group: fn(TcpRing) -> Box<dyn Group>,
     body: impl FnOnce(&LoadedModel, Executor<'_>) -> T,
 ) -> (T, Vec<Result<(), ExecError>>) {
+    on_prepared_ranks(path, sharding, world, group, |_, _| {}, body)
+}
+
+/// [`on_ranks_with`], each rank's shard passed to `prepare` (with its
+/// rank) once loaded: to put it on a GPU, say.
+pub(crate) fn on_prepared_ranks<T>(
+    path: &Path,
+    sharding: Sharding,
+    world: usize,
+    group: fn(TcpRing) -> Box<dyn Group>,
+    prepare: fn(usize, &mut Transformer),
+    body: impl FnOnce(&LoadedModel, Executor<'_>) -> T,
+) -> (T, Vec<Result<(), ExecError>>) {
     let layers = model_config(path).expect("config").layers;
     let (listeners, addrs) = tessera_testkit::loopback_listeners(world);
     let mut listeners = listeners.into_iter();
@@ -149,7 +163,8 @@ pub(crate) fn on_ranks_with<T>(
             let (addrs, path) = (addrs.clone(), path.to_path_buf());
             std::thread::spawn(move || {
                 let shard = spec(sharding, rank, world, layers);
-                let transformer = load_transformer(&path, &shard, |_, _| {}).expect("loads");
+                let mut transformer = load_transformer(&path, &shard, |_, _| {}).expect("loads");
+                prepare(rank, &mut transformer);
                 let ring = TcpRing::from_listener(rank, listener, &addrs, "test", TIMEOUT, TIMEOUT)
                     .expect("ring");
                 let mut executor = Executor::new(&transformer, 1, group(ring));
@@ -158,7 +173,8 @@ pub(crate) fn on_ranks_with<T>(
         })
         .collect();
     let shard = spec(sharding, 0, world, layers);
-    let model = LoadedModel::load_shard(path, Some(&shard), |_, _| {}).expect("loads");
+    let mut model = LoadedModel::load_shard(path, Some(&shard), |_, _| {}).expect("loads");
+    prepare(0, &mut model.transformer);
     let ring = TcpRing::from_listener(0, own, &addrs, "test", TIMEOUT, TIMEOUT).expect("ring");
     let out = body(&model, Executor::new(&model.transformer, 1, Box::new(ring)));
     let followers = workers

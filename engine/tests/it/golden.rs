@@ -72,7 +72,12 @@ fn messages(case: &Value) -> Vec<ChatMessage> {
 fn matches_llama_cpp_on_the_shared_golden_set() {
     let model = LoadedModel::load(&tessera_testkit::default_model_path(), |_, _| {})
         .expect("default model loads");
-    let mut session = Session::new(&model, 2);
+    golden_set(&model);
+}
+
+/// The shared golden set on `model` (the default model, on either device).
+pub(crate) fn golden_set(model: &LoadedModel) {
+    let mut session = Session::new(model, 2);
     let golden = load_cases("llamacpp-smollm2-135m-q4_1.json");
     let mut failures = Vec::new();
     for (i, case) in golden["chats"]

@@ -211,7 +211,7 @@ impl Transformer {
     }
 }
 
-fn cap_logits(logits: &mut [f32], cap: Option<f32>) {
+pub(super) fn cap_logits(logits: &mut [f32], cap: Option<f32>) {
     if let Some(cap) = cap {
         ops::softcap(logits, cap);
     }

@@ -94,6 +94,8 @@ pub enum ForwardError {
     Collective(#[from] CollectiveError),
     #[error("this shard was split for {expected} ranks but runs in a group of {actual}")]
     GroupSize { expected: usize, actual: usize },
+    #[error("GPU: {0}")]
+    Gpu(#[from] crate::gpu::GpuError),
     #[error("recurrent-state slot {slot}: {reason}")]
     StateSlot { slot: usize, reason: &'static str },
 }

@@ -83,6 +83,7 @@ impl Transformer {
             embeddings,
             kv_layers: counts.kv_layers,
             state_len: counts.state_len,
+            gpu: None,
             layers: loaded,
             final_norm,
             output,

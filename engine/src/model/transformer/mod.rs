@@ -4,6 +4,10 @@
 //! takes hidden states in and hands hidden states on.
 
 mod cache;
+mod gpu;
+mod gpu_forward;
+mod gpu_scratch;
+mod gpu_weights;
 mod head;
 mod io;
 mod layer;
@@ -173,6 +177,9 @@ pub struct Transformer {
     /// Floats of recurrent state a sequence needs across this shard's
     /// linear-attention layers (0 without any).
     state_len: usize,
+    /// Set once the weights are on a GPU ([`Transformer::to_gpu`]): the
+    /// forward passes run there.
+    gpu: Option<gpu_weights::GpuModel>,
 }
 
 /// What a tensor-parallel rank owns beyond its slice of every layer: its
@@ -215,6 +222,9 @@ impl Transformer {
     /// An empty pool of keys and values for this shard's attention layers,
     /// and of recurrent state for its linear ones.
     pub fn new_pool(&self) -> KvPool {
+        if let Some(model) = &self.gpu {
+            return self.gpu_pool(model);
+        }
         KvPool::new(self.kv_layers, self.config.kv_dim()).with_state(self.state_len)
     }
 
@@ -309,6 +319,9 @@ impl Transformer {
         output: RowOutput,
         step: Pass<'_, 'w>,
     ) -> Result<ForwardOutput<'w>, ForwardError> {
+        if let Some(model) = &self.gpu {
+            return self.forward_gpu(model, input, spans, step);
+        }
         let Pass {
             kv,
             ws,
@@ -350,6 +363,12 @@ impl Transformer {
             return Err(ForwardError::Empty);
         }
         let context = self.check_spans(spans, tokens, kv)?;
+        if kv.gpu_mut().is_some() {
+            return Err(crate::gpu::GpuError::Unsupported(
+                "the CPU's forward pass over a pool on the GPU".into(),
+            )
+            .into());
+        }
         if self.state_len > 0 {
             for span in spans {
                 kv.ensure_state_slot(span.state)

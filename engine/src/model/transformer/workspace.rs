@@ -56,6 +56,8 @@ pub struct Workspace {
     pub(super) linear: LinearWorkspace,
     /// A tensor rank's whole rows and its part of the output rows.
     pub(super) gathers: GatherBuffers,
+    /// The GPU's buffers, for a shard on a GPU.
+    pub(super) gpu: Option<super::gpu_scratch::GpuScratch>,
 }
 
 impl Workspace {
