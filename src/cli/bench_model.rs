@@ -100,6 +100,8 @@ fn spread(runs: Vec<f64>) -> Spread {
 struct Report {
     bench: &'static str,
     model: String,
+    /// Where it ran: cpu, or the GPU adapter.
+    device: String,
     threads: usize,
     runs: usize,
     n_gen: usize,
@@ -119,6 +121,8 @@ struct Report {
 struct BatchReport {
     bench: &'static str,
     model: String,
+    /// Where it ran: cpu, or the GPU adapter.
+    device: String,
     threads: usize,
     runs: usize,
     prompt_tokens: usize,
@@ -133,6 +137,8 @@ struct BatchReport {
 struct SpecBenchReport {
     bench: &'static str,
     model: String,
+    /// Where it ran: cpu, or the GPU adapter.
+    device: String,
     threads: usize,
     runs: usize,
     gen_tokens: usize,
@@ -207,6 +213,7 @@ fn dispatch<'m>(
         let report = SpecBenchReport {
             bench: "speculative",
             model: model.path.display().to_string(),
+            device: model.transformer.device_name(),
             threads,
             runs: args.runs,
             gen_tokens: args.gen_tokens,
@@ -240,6 +247,7 @@ fn dispatch<'m>(
     let report = BatchReport {
         bench: "batch",
         model: model.path.display().to_string(),
+        device: model.transformer.device_name(),
         threads,
         runs: args.runs,
         prompt_tokens: args.prompt_tokens,
@@ -317,6 +325,7 @@ fn measure<'m>(
     let report = Report {
         bench: "model",
         model: model.path.display().to_string(),
+        device: model.transformer.device_name(),
         threads,
         runs: args.runs,
         n_gen: args.n_gen,

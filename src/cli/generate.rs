@@ -79,6 +79,8 @@ pub struct GenerateArgs {
 #[derive(Serialize)]
 struct JsonOutput<'a> {
     model: String,
+    /// Where it ran: cpu, or the GPU adapter.
+    device: String,
     prompt_token_ids: &'a [u32],
     generated_token_ids: &'a [u32],
     text: &'a str,
@@ -205,7 +207,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         let model = args.model.load(args.json)?;
         let session = Session::new(&model, args.model.threads());
         let output = generate(session, &request, args.json)?;
-        return print(&args, &model.path, &output, None);
+        return print(&args, &model, &output, None);
     }
     let threads = args.model.rank_threads();
     let RankZero {
@@ -228,7 +230,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         model.transformer.weight_bytes(),
         reports,
     );
-    print(&args, &model.path, &output, Some(distributed))
+    print(&args, &model, &output, Some(distributed))
 }
 
 fn generate(
@@ -260,7 +262,7 @@ fn generate_with(
 
 fn print(
     args: &GenerateArgs,
-    model_path: &std::path::Path,
+    model: &tessera_engine::serve::LoadedModel,
     output: &GenerationOutput,
     distributed: Option<Distributed>,
 ) -> anyhow::Result<()> {
@@ -276,7 +278,8 @@ fn print(
             }
         }
         let json = JsonOutput {
-            model: model_path.display().to_string(),
+            model: model.path.display().to_string(),
+            device: model.transformer.device_name(),
             prompt_token_ids: &output.prompt_tokens,
             generated_token_ids: &output.tokens,
             text: &output.text,

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use clap::Args;
 use tessera_engine::dist::shard::ShardSpec;
+use tessera_engine::gpu::DeviceChoice;
 use tessera_engine::serve::LoadedModel;
 
 /// The default model (its card is in resources/model_cards/).
@@ -21,6 +22,10 @@ pub struct ModelArgs {
     /// Compute threads (default: all cores; with --world, per rank and 1).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Where the model runs: auto (a hardware GPU that runs it, else the
+    /// CPU), cpu, gpu, or gpu:N (an adapter of `tessera devices`).
+    #[arg(long, default_value = "auto")]
+    pub device: DeviceChoice,
 }
 
 impl ModelArgs {
@@ -45,7 +50,7 @@ impl ModelArgs {
         let path = resolve_model(&self.model)?;
         let interactive = !quiet && std::io::stderr().is_terminal();
         let started = std::time::Instant::now();
-        let model = LoadedModel::load_shard(&path, spec, |done, total| {
+        let mut model = LoadedModel::load_shard(&path, spec, |done, total| {
             if interactive {
                 eprint!("\rloading {}: {done}/{total} parts", path.display());
             }
@@ -59,9 +64,13 @@ impl ModelArgs {
                 anyhow::Error::new(error).context(format!("loading model {shown}"))
             }
         })?;
+        let device = model
+            .transformer
+            .use_device(self.device)
+            .with_context(|| format!("--device {}", self.device))?;
         if !quiet {
             eprintln!(
-                "{}loaded {} ({:.0} MB of weights) in {:.2} s",
+                "{}loaded {} ({:.0} MB of weights) in {:.2} s, on {device}",
                 if interactive { "\r" } else { "" },
                 path.display(),
                 model.transformer.weight_bytes() as f64 / 1e6,

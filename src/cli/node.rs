@@ -33,6 +33,10 @@ pub struct NodeArgs {
     /// Compute threads of each runner (default: all cores).
     #[arg(long)]
     pub runner_threads: Option<usize>,
+    /// Where this node runs its models: auto (a hardware GPU that runs the
+    /// model, else the CPU), cpu, gpu, or gpu:N (see `tessera devices`).
+    #[arg(long, default_value = "auto")]
+    pub device: tessera_engine::gpu::DeviceChoice,
     /// Where this node's slot of 64 ring ports starts (it holds the first
     /// port, its ranks take the next free ones). Default: the first free
     /// slot in 20000-31999 from a place picked by the node id, so that
@@ -176,6 +180,7 @@ pub fn run(mut args: NodeArgs) -> anyhow::Result<()> {
         worker: !args.no_worker,
         ring_port_base: args.ring_port_base,
         max_concurrent: args.max_concurrent,
+        runner_device: args.device,
         runner_threads: args
             .runner_threads
             .filter(|t| *t > 0)

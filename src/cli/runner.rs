@@ -36,6 +36,9 @@ pub struct RunnerArgs {
     pub instance_json: String,
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    /// Where the model runs: auto, cpu, gpu or gpu:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: tessera_engine::gpu::DeviceChoice,
     /// The model's files, as the node's download found them (a GGUF file
     /// or a safetensors folder); without it, the model id is looked up
     /// under `$TESSERA_HOME/models`.
@@ -174,6 +177,7 @@ fn engine_setup(args: &RunnerArgs) -> anyhow::Result<(EngineSetup, usize)> {
         ring_id: instance.instance_id.clone(),
         ring_security: ring_security(instance.ring_sealed)?,
         threads: args.threads,
+        device: args.device,
         max_concurrent: tessera_actors::worker::plan::max_concurrent(&instance),
         embedding,
     };

@@ -14,6 +14,7 @@ mod embeddings;
 mod faults;
 mod generate_cli;
 mod gguf_repo;
+mod gpu;
 mod replay_cli;
 mod secure;
 mod speculative;

@@ -49,6 +49,8 @@ pub struct NodeOptions {
     pub worker: bool,
     /// Compute threads of each runner process.
     pub runner_threads: usize,
+    /// Where each runner puts its model: auto, cpu, gpu or gpu:N.
+    pub runner_device: tessera_engine::gpu::DeviceChoice,
     /// Generations an instance this node's master places runs at once.
     pub max_concurrent: u32,
     /// Where to start looking for this node's slot of ring ports (`None`:
@@ -501,6 +503,7 @@ fn supervisor_args(parts: SupervisedParts<'_>) -> Result<SupervisorArgs, NodeErr
             })?,
             data_dir: options.data_dir.clone(),
             threads: options.runner_threads.max(1),
+            device: options.runner_device,
             runner_endpoint,
             downloader: downloader.clone(),
         })
@@ -1129,6 +1132,7 @@ mod tests {
             data_dir: dir.to_path_buf(),
             worker: false,
             runner_threads: 1,
+            runner_device: tessera_engine::gpu::DeviceChoice::Cpu,
             max_concurrent: 1,
             ring_port_base: None,
             models: crate::worker::downloads::ModelStore::new(

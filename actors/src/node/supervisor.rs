@@ -166,6 +166,8 @@ pub struct WorkerSettings {
     pub exe: std::path::PathBuf,
     pub data_dir: std::path::PathBuf,
     pub threads: usize,
+    /// Where each runner puts its model (`--device`).
+    pub device: tessera_engine::gpu::DeviceChoice,
     pub runner_endpoint: String,
     pub downloader: Arc<crate::worker::downloads::Downloader>,
 }
@@ -180,6 +182,7 @@ impl WorkerSettings {
             exe: self.exe.clone(),
             data_dir: self.data_dir.clone(),
             threads: self.threads,
+            device: self.device,
             runner_endpoint: self.runner_endpoint.clone(),
             downloader: self.downloader.clone(),
         }

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use tessera_engine::dist::collectives::{Group, SingleRank, TcpRing};
 use tessera_engine::dist::shard::ShardSpec;
+use tessera_engine::gpu::DeviceChoice;
 use tessera_engine::model::paged::blocks_for;
 use tessera_engine::model::Transformer;
 use tessera_engine::serve::batch::{Batch, BatchConfig, SeqEvent, SeqId};
@@ -52,6 +53,8 @@ pub struct EngineSetup {
     /// What the ranks prove to each other, and whether frames are sealed.
     pub ring_security: tessera_engine::dist::ring_security::RingSecurity,
     pub threads: usize,
+    /// Where the shard runs.
+    pub device: tessera_engine::gpu::DeviceChoice,
     /// Generations in one batch at once (the instance's `max_concurrent`).
     pub max_concurrent: usize,
     /// The model makes embeddings (a sentence-transformers folder), not
@@ -102,6 +105,15 @@ pub struct EngineBackend {
     follower: Option<Executor<'static>>,
     /// An embedding model, once warmed up.
     embedder: Option<EmbedHead>,
+}
+
+/// Puts a loaded shard on `device`, saying where it went.
+fn place(transformer: &mut Transformer, device: DeviceChoice) -> Result<(), BackendError> {
+    let placed = transformer
+        .use_device(device)
+        .map_err(|e| BackendError::Engine(format!("--device {device}: {e}")))?;
+    tracing::info!(device = %placed, "the shard is placed");
+    Ok(())
 }
 
 fn engine_error(error: impl std::fmt::Display) -> BackendError {
@@ -177,14 +189,16 @@ impl Backend for EngineBackend {
             return Ok(embedder.weight_bytes() as u64);
         }
         if setup.rank == 0 {
-            let model = LoadedModel::load_shard(&setup.path, Some(&setup.spec), progress)
+            let mut model = LoadedModel::load_shard(&setup.path, Some(&setup.spec), progress)
                 .map_err(engine_error)?;
+            place(&mut model.transformer, setup.device)?;
             let model: &'static LoadedModel = Box::leak(Box::new(model));
             self.loaded = Loaded::Head(model);
             Ok(model.transformer.weight_bytes() as u64)
         } else {
-            let transformer =
+            let mut transformer =
                 load_transformer(&setup.path, &setup.spec, progress).map_err(engine_error)?;
+            place(&mut transformer, setup.device)?;
             let transformer: &'static Transformer = Box::leak(Box::new(transformer));
             self.loaded = Loaded::Follower(transformer);
             Ok(transformer.weight_bytes() as u64)

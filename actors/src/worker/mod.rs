@@ -98,6 +98,8 @@ pub struct WorkerArgs {
     pub data_dir: PathBuf,
     /// Compute threads per runner.
     pub threads: usize,
+    /// Where each runner puts its model.
+    pub device: tessera_engine::gpu::DeviceChoice,
     /// The loopback endpoint of this node's session, for its runners.
     pub runner_endpoint: String,
     /// Brings model files in.
@@ -365,6 +367,7 @@ impl WorkerState {
             ("--connect", &self.args.runner_endpoint),
             ("--instance-json", &instance_json),
             ("--threads", &self.args.threads.to_string()),
+            ("--device", &self.args.device.to_string()),
         ] {
             args.extend([flag.into(), value.into()]);
         }

@@ -68,3 +68,55 @@ impl Gpu {
         })
     }
 }
+
+/// Where a model runs: `auto` (a hardware GPU if this machine has one the
+/// model fits and runs on, else the CPU), `cpu`, `gpu` (the first hardware
+/// adapter, else the first) or `gpu:N` (adapter N of `tessera devices`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DeviceChoice {
+    #[default]
+    Auto,
+    Cpu,
+    Gpu(Option<usize>),
+}
+
+impl std::str::FromStr for DeviceChoice {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "auto" => Ok(Self::Auto),
+            "cpu" => Ok(Self::Cpu),
+            "gpu" => Ok(Self::Gpu(None)),
+            _ => text
+                .strip_prefix("gpu:")
+                .and_then(|n| n.parse().ok())
+                .map(|n| Self::Gpu(Some(n)))
+                .ok_or_else(|| {
+                    format!(
+                        "`{text}` is not a device: auto, cpu, gpu or gpu:N (see `tessera devices`)"
+                    )
+                }),
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Auto => f.write_str("auto"),
+            Self::Cpu => f.write_str("cpu"),
+            Self::Gpu(None) => f.write_str("gpu"),
+            Self::Gpu(Some(n)) => write!(f, "gpu:{n}"),
+        }
+    }
+}
+
+/// The hardware adapter `auto` would take: the first that is not a
+/// software rasterizer (which runs on the same CPU cores, slower than the
+/// CPU engine).
+pub fn hardware_adapter() -> Option<usize> {
+    enumerate()
+        .iter()
+        .position(|a| a.get_info().device_type != wgpu::DeviceType::Cpu)
+}

@@ -42,17 +42,8 @@ fn byte_at(offset: u32) -> u32 {
     return (weights[offset >> 2u] >> ((offset & 3u) * 8u)) & 0xffu;
 }
 
-fn int8_at(offset: u32) -> i32 {
-    return bitcast<i32>(byte_at(offset) << 24u) >> 24u;
-}
-
 fn f16_at(offset: u32) -> f32 {
     return unpack2x16float(byte_at(offset) | (byte_at(offset + 1u) << 8u)).x;
-}
-
-// Value j of the 8-bit block starting at word `block`.
-fn xq_at(block: u32, j: u32) -> i32 {
-    return bitcast<i32>(xq[block + j / 4u] << (24u - 8u * (j % 4u))) >> 24u;
 }
 
 fn xq_scale(block: u32) -> f32 {
@@ -100,6 +91,41 @@ fn matvec_f32(@builtin(workgroup_id) group: vec3<u32>,
     finish(row, group.z, thread, sum);
 }
 
+// The word of W's bytes starting at byte `offset` (any alignment).
+fn word_at(offset: u32) -> u32 {
+    let first = offset >> 2u;
+    let shift = (offset & 3u) * 8u;
+    if (shift == 0u) {
+        return weights[first];
+    }
+    return (weights[first] >> shift) | (weights[first + 1u] << (32u - shift));
+}
+
+const LOW_NIBBLES: u32 = 0x0f0f0f0fu;
+
+// The integer dot product of 16 bytes of nibbles at byte `offset` (value
+// j in byte j's low nibble, j + 16 in its high one) with the 8-bit block
+// at word `xb`. Packed 8-bit dot products where the adapter has them
+// (naga writes the plain arithmetic where it has not).
+fn nibble_dot(offset: u32, xb: u32) -> i32 {
+    var acc = 0;
+    for (var w = 0u; w < 4u; w = w + 1u) {
+        let nibbles = word_at(offset + 4u * w);
+        acc = acc + dot4I8Packed(nibbles & LOW_NIBBLES, xq[xb + w])
+            + dot4I8Packed((nibbles >> 4u) & LOW_NIBBLES, xq[xb + 4u + w]);
+    }
+    return acc;
+}
+
+// The sum of the 8-bit block at word `xb`.
+fn xq_total(xb: u32) -> i32 {
+    var total = 0;
+    for (var w = 0u; w < 8u; w = w + 1u) {
+        total = total + dot4I8Packed(0x01010101u, xq[xb + w]);
+    }
+    return total;
+}
+
 @compute @workgroup_size(64)
 fn matvec_q8_0(@builtin(workgroup_id) group: vec3<u32>,
                @builtin(num_workgroups) count: vec3<u32>,
@@ -112,8 +138,8 @@ fn matvec_q8_0(@builtin(workgroup_id) group: vec3<u32>,
             let at = (row * blocks + b) * 34u;
             let xb = (group.z * blocks + b) * Q8_WORDS;
             var acc = 0;
-            for (var i = 0u; i < 32u; i = i + 1u) {
-                acc = acc + int8_at(at + 2u + i) * xq_at(xb, i);
+            for (var w = 0u; w < 8u; w = w + 1u) {
+                acc = acc + dot4I8Packed(word_at(at + 2u + 4u * w), xq[xb + w]);
             }
             sum = sum + f32(acc) * (f16_at(at) * xq_scale(xb));
         }
@@ -132,12 +158,8 @@ fn matvec_q4_0(@builtin(workgroup_id) group: vec3<u32>,
         for (var b = thread % LANES; b < blocks; b = b + LANES) {
             let at = (row * blocks + b) * 18u;
             let xb = (group.z * blocks + b) * Q8_WORDS;
-            var acc = 0;
-            for (var j = 0u; j < 16u; j = j + 1u) {
-                let q = byte_at(at + 2u + j);
-                acc = acc + (i32(q & 15u) - 8) * xq_at(xb, j)
-                    + (i32(q >> 4u) - 8) * xq_at(xb, j + 16u);
-            }
+            // sum (q - 8) x = sum q x - 8 sum x, exactly, in integers.
+            let acc = nibble_dot(at + 2u, xb) - 8 * xq_total(xb);
             sum = sum + f32(acc) * (f16_at(at) * xq_scale(xb));
         }
     }
@@ -156,13 +178,10 @@ fn matvec_q4_1(@builtin(workgroup_id) group: vec3<u32>,
         for (var b = thread % LANES; b < blocks; b = b + LANES) {
             let at = (row * blocks + b) * 20u;
             let xb = (group.z * blocks + b) * Q8_WORDS;
-            var acc = 0;
-            for (var j = 0u; j < 16u; j = j + 1u) {
-                let q = byte_at(at + 4u + j);
-                acc = acc + i32(q & 15u) * xq_at(xb, j) + i32(q >> 4u) * xq_at(xb, j + 16u);
-            }
-            sum = sum + f32(acc) * (f16_at(at) * xq_scale(xb));
-            mins = mins + f16_at(at + 2u) * xq_sum(xb);
+            // Blocks of 20 bytes start on a word: d and m are one word.
+            let scales = unpack2x16float(weights[at >> 2u]);
+            sum = sum + f32(nibble_dot(at + 4u, xb)) * (scales.x * xq_scale(xb));
+            mins = mins + scales.y * xq_sum(xb);
         }
     }
     finish(row, group.z, thread, sum + mins);

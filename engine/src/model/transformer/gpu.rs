@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use crate::gpu::matvec::{Format, GpuMatrix};
 use crate::gpu::ops::MAX_HEAD_DIM;
-use crate::gpu::{Gpu, GpuBuffer, GpuError, GpuKv};
+use crate::gpu::{DeviceChoice, Gpu, GpuBuffer, GpuError, GpuKv};
 use crate::model::config::Activation;
 use crate::model::paged::{KvPool, BLOCK_TOKENS};
 use crate::model::weights::Matrix;
@@ -55,6 +55,41 @@ impl Transformer {
         model.bytes = model.weight_bytes();
         self.gpu = Some(model);
         Ok(())
+    }
+
+    /// Puts this shard where `choice` says, and says where it runs: on a
+    /// GPU (its adapter's name and backend) or on the CPU. `auto` takes a
+    /// hardware GPU when there is one and the shard runs there, else stays
+    /// on the CPU (and logs why); `gpu` and `gpu:N` fail instead.
+    pub fn use_device(&mut self, choice: DeviceChoice) -> Result<String, GpuError> {
+        let index = match choice {
+            DeviceChoice::Cpu => return Ok("cpu".into()),
+            DeviceChoice::Gpu(index) => index,
+            DeviceChoice::Auto => match crate::gpu::hardware_adapter() {
+                Some(index) => Some(index),
+                None => return Ok("cpu".into()),
+            },
+        };
+        let placed = Gpu::open(index).and_then(|gpu| self.to_gpu(Arc::new(gpu)));
+        match placed {
+            Err(error) if choice == DeviceChoice::Auto => {
+                tracing::warn!(%error, "the GPU cannot take this model: it runs on the CPU");
+                Ok("cpu".into())
+            }
+            placed => placed.map(|()| self.device_name()),
+        }
+    }
+
+    /// Where this shard runs: `cpu`, or `gpu:N`, the adapter's name and
+    /// its backend.
+    pub fn device_name(&self) -> String {
+        match self.gpu() {
+            Some(gpu) => format!(
+                "gpu:{} {} ({})",
+                gpu.report.index, gpu.report.name, gpu.report.backend
+            ),
+            None => "cpu".into(),
+        }
     }
 
     /// The adapter this shard runs on, if it runs on a GPU.
