@@ -61,6 +61,10 @@ export function nodeCard(state, nodeId, { master, self } = {}) {
       fact('OS', [info.os, info.osVersion].filter(Boolean).join(' ') || '—'),
       fact('CPU', `${info.cpuCores || 0} cores · ${info.cpuModel || '?'}`),
       fact('Backends', (info.engineBackends || []).map((b) => enumLabel(b, 'ENGINE_BACKEND_')).join(', ') || '—'),
+      fact('GPUs', (info.gpus || []).map(gpuLabel).join('; ') || 'none'),
+      fact('Device', info.device || 'auto'),
+      fact('Decode speed', Number(info.decodeBytesPerSecond || 0) > 0
+        ? `${fmtBytes(Number(info.decodeBytesPerSecond))}/s of weights` : 'not measured yet'),
       fact('Disk free', fmtBytes(info.diskAvailableBytes)),
       fact('Version', info.tesseraVersion || '—')),
     h('div', { class: 'mem' },
@@ -70,6 +74,14 @@ export function nodeCard(state, nodeId, { master, self } = {}) {
     h('div', { class: 'node-instances' },
       h('h4', { text: instances.length ? 'Instances' : 'No instances' }),
       instances.map((i) => instanceRow(state, i, nodeId))));
+}
+
+/** An adapter as `gpu:N name (backend, kind, memory)`. */
+function gpuLabel(gpu) {
+  const bytes = Number(gpu.memoryBytes || 0);
+  const memory = bytes === 0 ? 'memory unknown'
+    : `${fmtBytes(bytes)}${gpu.unifiedMemory ? ' shared' : ''}`;
+  return `gpu:${gpu.index || 0} ${gpu.name} (${gpu.backend}, ${gpu.kind}, ${memory})`;
 }
 
 function fact(term, value) {

@@ -45,5 +45,6 @@ pub mod model;
 pub mod ops;
 pub mod quant;
 pub mod serve;
+pub mod speed;
 pub mod text;
 pub mod threadpool;

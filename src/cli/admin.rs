@@ -382,21 +382,46 @@ async fn nodes(client: &AdminClient, json: bool) -> anyhow::Result<()> {
         return print_json(&nodes);
     }
     println!(
-        "{:<38} {:<7} {:<20} {:>6} {:>12}",
-        "NODE", "ROLE", "HOST", "CORES", "FREE MEM"
+        "{:<38} {:<7} {:<20} {:>6} {:>12}  {:<6} {:>11}  GPUS",
+        "NODE", "ROLE", "HOST", "CORES", "FREE MEM", "DEVICE", "DECODE"
     );
     for n in &reply.nodes {
         let info = n.info.clone().unwrap_or_default();
+        let gpus: Vec<String> = info.gpus.iter().map(gpu_summary).collect();
+        let speed = match info.decode_bytes_per_second {
+            0 => "-".to_string(),
+            bytes => format!("{:.1} GB/s", bytes as f64 / 1e9),
+        };
         println!(
-            "{:<38} {:<7} {:<20} {:>6} {:>9.1} GB",
+            "{:<38} {:<7} {:<20} {:>6} {:>9.1} GB  {:<6} {:>11}  {}",
             n.node_id,
             if n.is_master { "master" } else { "" },
             info.hostname,
             info.cpu_cores,
-            info.memory_available_bytes as f64 / 1e9
+            info.memory_available_bytes as f64 / 1e9,
+            info.device,
+            speed,
+            if gpus.is_empty() {
+                "none".into()
+            } else {
+                gpus.join("; ")
+            }
         );
     }
     Ok(())
+}
+
+/// One adapter in a line: `gpu:N name (backend, kind, memory)`.
+fn gpu_summary(gpu: &v1::GpuAdapter) -> String {
+    let memory = match (gpu.memory_bytes, gpu.unified_memory) {
+        (0, _) => "memory unknown".to_string(),
+        (bytes, true) => format!("{:.1} GB shared", bytes as f64 / 1e9),
+        (bytes, false) => format!("{:.1} GB", bytes as f64 / 1e9),
+    };
+    format!(
+        "gpu:{} {} ({}, {}, {memory})",
+        gpu.index, gpu.name, gpu.backend, gpu.kind
+    )
 }
 
 async fn instances(client: &AdminClient, json: bool) -> anyhow::Result<()> {

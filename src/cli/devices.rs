@@ -24,6 +24,8 @@ pub fn run(args: DevicesArgs) -> anyhow::Result<()> {
                 "backend": a.backend,
                 "kind": a.kind.name(),
                 "driver": a.driver,
+                "memory_bytes": a.memory_bytes,
+                "unified_memory": a.unified_memory,
                 "shader_f16": a.shader_f16,
                 "subgroups": a.subgroups,
                 "timestamps": a.timestamps,
@@ -38,8 +40,13 @@ pub fn run(args: DevicesArgs) -> anyhow::Result<()> {
             .into_iter()
             .filter_map(|(has, what)| has.then_some(what))
             .collect();
+            let memory = match (a.memory_bytes, a.unified_memory) {
+                (0, _) => "memory unknown".to_string(),
+                (bytes, true) => format!("{:.1} GB shared", bytes as f64 / 1e9),
+                (bytes, false) => format!("{:.1} GB", bytes as f64 / 1e9),
+            };
             println!(
-                "gpu:{}  {}  ({}, {}; {})  {}",
+                "gpu:{}  {}  ({}, {}, {memory}; {})  {}",
                 a.index,
                 a.name,
                 a.backend,

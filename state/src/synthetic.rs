@@ -348,6 +348,9 @@ impl SyntheticEvents {
             ring_port_base: 0,
             actor_restarts: 0,
             last_actor_failure: String::new(),
+            gpus: Vec::new(),
+            device: String::new(),
+            decode_bytes_per_second: 0,
         }
     }
 }

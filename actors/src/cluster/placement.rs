@@ -49,6 +49,9 @@ pub struct NodeCapacity {
     /// Models whose files it holds, each with whether all of them (rather
     /// than some shards'): placement prefers nodes that need not download.
     pub models_held: BTreeMap<String, bool>,
+    /// How fast it reads weights in a decode step on its device, as it
+    /// measured (0: not measured yet).
+    pub decode_bytes_per_second: u64,
 }
 
 impl NodeCapacity {
@@ -81,7 +84,8 @@ impl NodeCapacity {
                     .unwrap_or_default();
                 Some(Self {
                     node_id: id.clone(),
-                    available_bytes: info.memory_available_bytes,
+                    available_bytes: placement_memory(info),
+                    decode_bytes_per_second: info.decode_bytes_per_second,
                     models_held,
                     ip,
                     ring_port_base: u16::try_from(info.ring_port_base)
@@ -91,6 +95,32 @@ impl NodeCapacity {
                 })
             })
             .collect()
+    }
+}
+
+/// The memory a node's models go to: its GPU's own memory where it runs
+/// them on a discrete GPU whose memory it knows, else the machine's
+/// available memory (unified-memory GPUs share it).
+pub fn placement_memory(info: &v1::NodeInfo) -> u64 {
+    match models_gpu(info) {
+        Some(gpu) if !gpu.unified_memory && gpu.memory_bytes > 0 => gpu.memory_bytes,
+        _ => info.memory_available_bytes,
+    }
+}
+
+/// The adapter a node's `--device` puts its models on, as `DeviceChoice`
+/// picks it: `gpu:N` that adapter; `gpu` the first hardware one, else the
+/// first; `auto` the first hardware one; `cpu` none.
+fn models_gpu(info: &v1::NodeInfo) -> Option<&v1::GpuAdapter> {
+    let hardware = || info.gpus.iter().find(|g| g.kind != "cpu");
+    match info.device.as_str() {
+        "cpu" => None,
+        "gpu" => hardware().or(info.gpus.first()),
+        "" | "auto" => hardware(),
+        other => {
+            let index: u32 = other.strip_prefix("gpu:")?.parse().ok()?;
+            info.gpus.iter().find(|g| g.index == index)
+        }
     }
 }
 
@@ -505,95 +535,129 @@ fn rank_bounds(
 }
 
 /// Splits the model over exactly these nodes, or says which one lacks
-/// memory. Returns each rank's shard and bytes.
+/// memory. Returns each rank's shard and bytes. A pipeline's layers go in
+/// proportion to each node's measured decode speed where every node has
+/// measured it and that split fits their memory (a GPU node takes more
+/// layers than a CPU one), else in proportion to their memory.
 fn place_on(
     request: &PlacementRequest<'_>,
     nodes: &[NodeCapacity],
 ) -> Result<Shares, PlacementError> {
-    let model = request.model;
-    let layers = model.n_layers;
-    let storage = model.storage_size_bytes;
-    let world = nodes.len();
-    let shares: Vec<(ShardSpec, u64)> = match request.sharding {
+    let shares = match request.sharding {
         Sharding::Pipeline => {
-            // Layers in proportion to what each node can give after headroom.
-            let weights: Vec<u64> = nodes
+            let speeds: Vec<u64> = nodes.iter().map(|n| n.decode_bytes_per_second).collect();
+            if speeds.iter().all(|&s| s > 0) {
+                let by_speed = with_draft(request, pipeline_shares(request, &speeds)?);
+                if fits(request, nodes, &by_speed).is_ok() {
+                    return Ok(by_speed);
+                }
+            }
+            let room: Vec<u64> = nodes
                 .iter()
                 .map(|n| {
                     n.available_bytes
                         .saturating_sub(headroom(n.available_bytes))
                 })
                 .collect();
-            let ranges = split_proportionally(layers, &weights, "layers").map_err(|_| {
-                PlacementError::TooManyRanks {
-                    model: model.model_id.clone(),
-                    sharding: "pipeline",
-                    max: layers as usize,
-                    what: "one layer per rank",
-                    wanted: world,
-                }
-            })?;
-            ranges
-                .into_iter()
-                .map(|r| {
-                    let bytes = storage * u64::from(r.end - r.start) / u64::from(layers);
-                    (
-                        ShardSpec::Pipeline {
-                            start_layer: r.start,
-                            end_layer: r.end,
-                            n_layers: layers,
-                        },
-                        bytes + RANK_OVERHEAD,
-                    )
-                })
-                .collect()
+            with_draft(request, pipeline_shares(request, &room)?)
         }
-        Sharding::Tensor => {
-            let groups =
-                split_evenly(model.num_key_value_heads, world, "KV heads").map_err(|_| {
-                    PlacementError::TooManyRanks {
-                        model: model.model_id.clone(),
-                        sharding: "tensor",
-                        max: model.num_key_value_heads as usize,
-                        what: "one KV head per rank",
-                        wanted: world,
-                    }
-                })?;
-            groups
-                .iter()
-                .enumerate()
-                .map(|(rank, g)| {
-                    // The largest group share bounds the attention part; the
-                    // MLP and head split evenly. Every rank keeps the whole
-                    // embedding table, not counted in the card: the overhead
-                    // covers small models, and big ones are dominated by layers.
-                    let kv = u64::from(model.num_key_value_heads);
-                    let attention_share = storage * u64::from(g.end - g.start) / kv;
-                    let even_share = storage / world as u64;
-                    let bytes = attention_share.max(even_share);
-                    (
-                        ShardSpec::Tensor {
-                            rank: rank as u32,
-                            world_size: world as u32,
-                        },
-                        bytes + RANK_OVERHEAD,
-                    )
-                })
-                .collect()
-        }
+        Sharding::Tensor => with_draft(request, tensor_shares(request, nodes.len())?),
         Sharding::Unspecified => return Err(PlacementError::NoSharding),
     };
-    let mut shares = shares;
+    fits(request, nodes, &shares)?;
+    Ok(shares)
+}
+
+/// A pipeline's layers over ranks in proportion to `weights`.
+fn pipeline_shares(
+    request: &PlacementRequest<'_>,
+    weights: &[u64],
+) -> Result<Shares, PlacementError> {
+    let model = request.model;
+    let layers = model.n_layers;
+    let storage = model.storage_size_bytes;
+    let ranges = split_proportionally(layers, weights, "layers").map_err(|_| {
+        PlacementError::TooManyRanks {
+            model: model.model_id.clone(),
+            sharding: "pipeline",
+            max: layers as usize,
+            what: "one layer per rank",
+            wanted: weights.len(),
+        }
+    })?;
+    Ok(ranges
+        .into_iter()
+        .map(|r| {
+            let bytes = storage * u64::from(r.end - r.start) / u64::from(layers);
+            (
+                ShardSpec::Pipeline {
+                    start_layer: r.start,
+                    end_layer: r.end,
+                    n_layers: layers,
+                },
+                bytes + RANK_OVERHEAD,
+            )
+        })
+        .collect())
+}
+
+/// A tensor split's ranks, each with its KV heads' share of the layers.
+fn tensor_shares(request: &PlacementRequest<'_>, world: usize) -> Result<Shares, PlacementError> {
+    let model = request.model;
+    let storage = model.storage_size_bytes;
+    let groups = split_evenly(model.num_key_value_heads, world, "KV heads").map_err(|_| {
+        PlacementError::TooManyRanks {
+            model: model.model_id.clone(),
+            sharding: "tensor",
+            max: model.num_key_value_heads as usize,
+            what: "one KV head per rank",
+            wanted: world,
+        }
+    })?;
+    Ok(groups
+        .iter()
+        .enumerate()
+        .map(|(rank, g)| {
+            // The largest group share bounds the attention part; the
+            // MLP and head split evenly. Every rank keeps the whole
+            // embedding table, not counted in the card: the overhead
+            // covers small models, and big ones are dominated by layers.
+            let kv = u64::from(model.num_key_value_heads);
+            let attention_share = storage * u64::from(g.end - g.start) / kv;
+            let even_share = storage / world as u64;
+            let bytes = attention_share.max(even_share);
+            (
+                ShardSpec::Tensor {
+                    rank: rank as u32,
+                    world_size: world as u32,
+                },
+                bytes + RANK_OVERHEAD,
+            )
+        })
+        .collect())
+}
+
+/// `shares` with the draft model's bytes on rank 0, which runs it.
+fn with_draft(request: &PlacementRequest<'_>, mut shares: Shares) -> Shares {
     if let (Some(draft), Some((_, rank0))) = (request.draft, shares.first_mut()) {
         *rank0 += draft_bytes(draft);
     }
-    for (node, (_, needed)) in nodes.iter().zip(&shares) {
+    shares
+}
+
+/// Whether every node has the memory for its share, beside its headroom.
+fn fits(
+    request: &PlacementRequest<'_>,
+    nodes: &[NodeCapacity],
+    shares: &Shares,
+) -> Result<(), PlacementError> {
+    for (node, (_, needed)) in nodes.iter().zip(shares) {
         let room = headroom(node.available_bytes);
         let usable = node.available_bytes.saturating_sub(room);
         if *needed > usable {
             return Err(PlacementError::NotEnoughMemory {
-                model: model.model_id.clone(),
-                nodes: world,
+                model: request.model.model_id.clone(),
+                nodes: nodes.len(),
                 node: node.node_id.clone(),
                 needed: ByteCount(*needed),
                 available: ByteCount(node.available_bytes),
@@ -602,7 +666,7 @@ fn place_on(
             });
         }
     }
-    Ok(shares)
+    Ok(())
 }
 
 fn build(
@@ -755,7 +819,95 @@ mod tests {
             ip: "127.0.0.1".into(),
             ring_port_base: RING_BASE_PORT,
             models_held: BTreeMap::new(),
+            decode_bytes_per_second: 0,
         }
+    }
+
+    fn measured(node: NodeCapacity, bytes_per_second: u64) -> NodeCapacity {
+        NodeCapacity {
+            decode_bytes_per_second: bytes_per_second,
+            ..node
+        }
+    }
+
+    /// Each node's layers in a placement's ranks.
+    fn layers_by_node(p: &Placement) -> BTreeMap<String, u32> {
+        p.instance
+            .ranks
+            .iter()
+            .map(|r| match r.shard.as_ref().and_then(shard_from_proto) {
+                Some(ShardSpec::Pipeline {
+                    start_layer,
+                    end_layer,
+                    ..
+                }) => (r.node_id.clone(), end_layer - start_layer),
+                other => panic!("not a pipeline shard: {other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_pipeline_gives_the_faster_node_more_layers_when_every_node_measured() {
+        let model = card(GB, 30, 8);
+        let nodes = [
+            measured(node("gpu", 8 * GB), 4_000_000_000),
+            measured(node("cpu", 8 * GB), 1_000_000_000),
+        ];
+        let placed = run(&model, Sharding::Pipeline, 2, &nodes).expect("fits");
+        let layers = layers_by_node(&placed);
+        assert_eq!((layers["gpu"], layers["cpu"]), (23, 7), "{layers:?}");
+        // One node not measured yet: by memory, as before.
+        let nodes = [
+            measured(node("gpu", 8 * GB), 4_000_000_000),
+            node("cpu", 8 * GB),
+        ];
+        let layers = layers_by_node(&run(&model, Sharding::Pipeline, 2, &nodes).expect("fits"));
+        assert_eq!((layers["gpu"], layers["cpu"]), (15, 15), "{layers:?}");
+    }
+
+    #[test]
+    fn a_split_by_speed_the_fast_nodes_memory_cannot_hold_goes_by_memory() {
+        // The fast node would take 24 of 30 layers (3.2 GB of 4 GB), more
+        // than its 2 GB less headroom holds.
+        let model = card(4 * GB, 30, 8);
+        let nodes = [
+            measured(node("small-gpu", 2 * GB), 4_000_000_000),
+            measured(node("big-cpu", 16 * GB), 1_000_000_000),
+        ];
+        let layers = layers_by_node(&run(&model, Sharding::Pipeline, 2, &nodes).expect("fits"));
+        assert!(layers["small-gpu"] < layers["big-cpu"], "{layers:?}");
+    }
+
+    #[test]
+    fn placement_counts_a_discrete_gpus_own_memory_and_a_unified_ones_shared() {
+        let gpu = |kind: &str, memory: u64, unified: bool| v1::GpuAdapter {
+            index: 0,
+            name: "a GPU".into(),
+            kind: kind.into(),
+            memory_bytes: memory,
+            unified_memory: unified,
+            ..Default::default()
+        };
+        let info = |device: &str, gpus: Vec<v1::GpuAdapter>| v1::NodeInfo {
+            memory_available_bytes: 30 * GB,
+            device: device.into(),
+            gpus,
+            ..Default::default()
+        };
+        let discrete = vec![gpu("discrete", 12 * GB, false)];
+        assert_eq!(placement_memory(&info("auto", discrete.clone())), 12 * GB);
+        assert_eq!(placement_memory(&info("gpu:0", discrete.clone())), 12 * GB);
+        assert_eq!(placement_memory(&info("cpu", discrete)), 30 * GB);
+        let integrated = vec![gpu("integrated", 30 * GB, true)];
+        assert_eq!(placement_memory(&info("auto", integrated)), 30 * GB);
+        // A software adapter is never auto's, and memory not known is the
+        // machine's.
+        let lavapipe = vec![gpu("cpu", 30 * GB, true)];
+        assert_eq!(placement_memory(&info("auto", lavapipe)), 30 * GB);
+        assert_eq!(
+            placement_memory(&info("gpu", vec![gpu("discrete", 0, false)])),
+            30 * GB
+        );
     }
 
     fn holding(mut node: NodeCapacity, model: &str, whole: bool) -> NodeCapacity {

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
+use tessera_engine::gpu::DeviceChoice;
 
 use ractor::{call_t, Actor, ActorRef};
 use tessera_protos::v1::{
@@ -340,11 +341,26 @@ pub async fn start(options: NodeOptions) -> Result<RunningNode, NodeError> {
         events.clone(),
         replica.clone(),
     )));
+    // What this node says of itself beyond what the machine tells.
+    let own = v1::NodeInfo {
+        no_worker: !options.worker,
+        ring_port_base: u32::from(ring_slot.base),
+        device: options.runner_device.to_string(),
+        ..Default::default()
+    };
+    let speed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    if options.worker {
+        let (speed, dir) = (speed.clone(), options.data_dir.clone());
+        let (device, threads) = (options.runner_device, options.runner_threads);
+        tokio::task::spawn_blocking(move || {
+            let measured = decode_speed(&dir, device, threads);
+            speed.store(measured, std::sync::atomic::Ordering::Relaxed);
+        });
+    }
     tasks.push(tokio::spawn(publish_node_info(
         events,
         options.data_dir.clone(),
-        options.worker,
-        ring_slot.base,
+        (own, speed),
         replica,
         health.clone(),
     )));
@@ -961,9 +977,49 @@ fn downloads_reply(
     }
 }
 
-/// Gathers this machine's facts with `sysinfo`.
+/// This machine's GPU adapters, asked once (drivers are slow to ask, and
+/// the adapters do not change while a node runs).
+fn gpu_adapters() -> &'static [v1::GpuAdapter] {
+    static ADAPTERS: std::sync::OnceLock<Vec<v1::GpuAdapter>> = std::sync::OnceLock::new();
+    ADAPTERS.get_or_init(|| {
+        tessera_engine::gpu::adapters()
+            .into_iter()
+            .map(|a| v1::GpuAdapter {
+                index: a.index as u32,
+                name: a.name,
+                backend: a.backend,
+                kind: a.kind.name().to_string(),
+                driver: a.driver,
+                memory_bytes: a.memory_bytes,
+                unified_memory: a.unified_memory,
+                shader_f16: a.shader_f16,
+                subgroups: a.subgroups,
+            })
+            .collect()
+    })
+}
+
+/// The CPU, and the backend of each kind of GPU adapter there is.
+fn engine_backends(gpus: &[v1::GpuAdapter]) -> Vec<i32> {
+    let mut backends = vec![v1::EngineBackend::Cpu as i32];
+    for gpu in gpus {
+        let backend = match gpu.backend.as_str() {
+            "vulkan" => v1::EngineBackend::Vulkan,
+            "metal" => v1::EngineBackend::Metal,
+            "dx12" => v1::EngineBackend::Dx12,
+            _ => continue,
+        } as i32;
+        if !backends.contains(&backend) {
+            backends.push(backend);
+        }
+    }
+    backends
+}
+
+/// Gathers this machine's facts with `sysinfo`, and its GPU adapters.
 pub fn gather_node_info(data_dir: &Path) -> v1::NodeInfo {
     use sysinfo::{Networks, System};
+    let gpus = gpu_adapters();
     let (memory_total_bytes, memory_available_bytes) = match System::new() {
         Ok(mut system) => {
             system.refresh_memory();
@@ -1008,7 +1064,10 @@ pub fn gather_node_info(data_dir: &Path) -> v1::NodeInfo {
         memory_available_bytes,
         disk_available_bytes,
         addresses,
-        engine_backends: vec![v1::EngineBackend::Cpu as i32],
+        engine_backends: engine_backends(gpus),
+        gpus: gpus.to_vec(),
+        device: String::new(),
+        decode_bytes_per_second: 0,
         tessera_version: env!("CARGO_PKG_VERSION").to_string(),
         gathered_at_unix_ms: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -1034,17 +1093,52 @@ async fn resend_unindexed_reports(events: Arc<LocalEvents>, replica: ActorRef<Re
     }
 }
 
+/// This node's decode speed on its device: as kept in `decode-speed.json`
+/// in its data dir, else measured now (a fraction of a second) and kept.
+/// It is measured again when the device, the adapters or tessera change.
+fn decode_speed(data_dir: &Path, device: DeviceChoice, threads: usize) -> u64 {
+    let adapters: Vec<&str> = gpu_adapters().iter().map(|g| g.name.as_str()).collect();
+    let key = format!(
+        "{device} {threads} [{}] {}",
+        adapters.join(", "),
+        env!("CARGO_PKG_VERSION")
+    );
+    let path = data_dir.join("decode-speed.json");
+    let kept = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .filter(|kept| kept["key"] == key.as_str())
+        .and_then(|kept| kept["bytes_per_second"].as_u64());
+    if let Some(kept) = kept {
+        return kept;
+    }
+    match tessera_engine::speed::decode_bytes_per_second(device, threads) {
+        Ok(measured) => {
+            let record = serde_json::json!({"key": key, "bytes_per_second": measured});
+            if let Err(error) = std::fs::write(&path, record.to_string()) {
+                tracing::warn!(%error, "keeping the decode speed");
+            }
+            tracing::info!(device = %device, bytes_per_second = measured, "decode speed measured");
+            measured
+        }
+        Err(error) => {
+            tracing::warn!(%error, "measuring the decode speed");
+            0
+        }
+    }
+}
+
 /// Publishes this node's info until the log holds it (a master may not be
 /// elected yet), then whenever it changes materially (available memory by
 /// more than 5%), at most every 2 seconds and at least every 30 seconds.
 async fn publish_node_info(
     events: Arc<LocalEvents>,
     data_dir: PathBuf,
-    worker: bool,
-    ring_port_base: u16,
+    (own, speed): (v1::NodeInfo, Arc<std::sync::atomic::AtomicU64>),
     replica: ActorRef<ReplicaMsg>,
     health: watch::Receiver<Health>,
 ) {
+    let mut speed_sent = 0;
     let node_id = events.node_id().to_string();
     let mut last_sent: Option<(u64, std::time::Instant)> = None;
     let mut restarts_sent = 0;
@@ -1057,8 +1151,10 @@ async fn publish_node_info(
             (restarts, health.last_failure.clone().unwrap_or_default())
         };
         let info = v1::NodeInfo {
-            no_worker: !worker,
-            ring_port_base: u32::from(ring_port_base),
+            no_worker: own.no_worker,
+            ring_port_base: own.ring_port_base,
+            device: own.device.clone(),
+            decode_bytes_per_second: speed.load(std::sync::atomic::Ordering::Relaxed),
             actor_restarts,
             last_actor_failure,
             ..gather_node_info(&data_dir)
@@ -1067,8 +1163,9 @@ async fn publish_node_info(
         let known = call_t!(replica, ReplicaMsg::GetState, crate::ACTOR_CALL_MS)
             .map(|state| state.nodes.contains_key(&node_id))
             .unwrap_or(false);
+        let measured = info.decode_bytes_per_second;
         let due = match last_sent {
-            _ if !known || actor_restarts != restarts_sent => true,
+            _ if !known || actor_restarts != restarts_sent || measured != speed_sent => true,
             None => true,
             Some((previous, at)) => {
                 let change = previous.abs_diff(available) as f64 / previous.max(1) as f64;
@@ -1086,6 +1183,7 @@ async fn publish_node_info(
             Ok(()) => {
                 last_sent = Some((available, std::time::Instant::now()));
                 restarts_sent = actor_restarts;
+                speed_sent = measured;
             }
             Err(error) => tracing::warn!(%error, "publishing node info"),
         }

@@ -151,8 +151,12 @@ impl EngineBackend {
     fn batch_config(&self, model: &LoadedModel) -> BatchConfig {
         let sequences = self.setup.max_concurrent.max(1);
         let context = model.transformer.config.context_length;
+        let planned = sequences * blocks_for(context.min(KV_POSITIONS_PER_SEQUENCE));
+        // A shard on a GPU keeps its keys and values there: at most what
+        // the adapter holds beside the weights.
+        let on_gpu = model.transformer.gpu_kv_blocks().unwrap_or(usize::MAX);
         BatchConfig {
-            kv_blocks: sequences * blocks_for(context.min(KV_POSITIONS_PER_SEQUENCE)),
+            kv_blocks: planned.min(on_gpu),
             ..BatchConfig::for_context(sequences, context)
         }
     }

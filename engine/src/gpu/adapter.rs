@@ -33,6 +33,12 @@ pub struct AdapterReport {
     pub backend: String,
     pub kind: AdapterKind,
     pub driver: String,
+    /// Bytes of its own memory (its device-local heaps) where the backend
+    /// tells (Vulkan); 0 where it does not.
+    pub memory_bytes: u64,
+    /// Whether it shares the machine's memory (integrated GPUs, Apple
+    /// silicon, software adapters): then placement counts the machine's.
+    pub unified_memory: bool,
     pub shader_f16: bool,
     pub subgroups: bool,
     pub timestamps: bool,
@@ -71,10 +77,35 @@ pub(super) fn report(index: usize, adapter: &wgpu::Adapter) -> AdapterReport {
             .filter(|s| !s.is_empty())
             .collect::<Vec<_>>()
             .join(" "),
+        memory_bytes: memory_bytes(adapter),
+        unified_memory: matches!(kind, AdapterKind::Integrated | AdapterKind::Cpu),
         shader_f16: features.contains(wgpu::Features::SHADER_F16),
         subgroups: features.contains(wgpu::Features::SUBGROUP),
         timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
     }
+}
+
+/// The size of a Vulkan adapter's device-local heaps (wgpu itself does not
+/// say how much memory an adapter has); 0 on other backends.
+fn memory_bytes(adapter: &wgpu::Adapter) -> u64 {
+    // SAFETY: the Vulkan adapter is only read, while `adapter` holds it.
+    let Some(hal) = (unsafe { adapter.as_hal::<wgpu::hal::api::Vulkan>() }) else {
+        return 0;
+    };
+    let instance = hal.shared_instance().raw_instance();
+    // SAFETY: the physical device was enumerated from this instance, which
+    // outlives the call; the query writes only the returned struct.
+    let memory =
+        unsafe { instance.get_physical_device_memory_properties(hal.raw_physical_device()) };
+    // VK_MEMORY_HEAP_DEVICE_LOCAL_BIT.
+    const DEVICE_LOCAL: u32 = 1;
+    memory
+        .memory_heaps
+        .iter()
+        .take(memory.memory_heap_count as usize)
+        .filter(|heap| heap.flags.as_raw() & DEVICE_LOCAL != 0)
+        .map(|heap| heap.size)
+        .sum()
 }
 
 pub(super) fn enumerate() -> Vec<wgpu::Adapter> {

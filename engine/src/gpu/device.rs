@@ -112,11 +112,14 @@ impl std::fmt::Display for DeviceChoice {
     }
 }
 
-/// The hardware adapter `auto` would take: the first that is not a
-/// software rasterizer (which runs on the same CPU cores, slower than the
-/// CPU engine).
-pub fn hardware_adapter() -> Option<usize> {
-    enumerate()
-        .iter()
-        .position(|a| a.get_info().device_type != wgpu::DeviceType::Cpu)
+/// The adapter `auto` takes for `bytes` of weights: the first hardware one
+/// (never a software rasterizer, which runs on the same CPU cores, slower
+/// than the CPU engine) whose memory holds them, where its memory is known.
+pub fn adapter_for(bytes: u64) -> Option<usize> {
+    super::adapter::adapters()
+        .into_iter()
+        .find(|a| {
+            a.kind != super::AdapterKind::Cpu && (a.memory_bytes == 0 || a.memory_bytes >= bytes)
+        })
+        .map(|a| a.index)
 }

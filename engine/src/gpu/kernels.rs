@@ -9,8 +9,6 @@ pub(super) enum Kernel {
     MatvecQ4_1,
     QuantizeQ8,
     RmsNorm,
-    RmsNormRows,
-    RmsNormInPlace,
     Add,
     AddBias,
     Copy,
@@ -19,18 +17,17 @@ pub(super) enum Kernel {
     Rope,
     StoreKv,
     Attention,
+    BestOfRows,
 }
 
 impl Kernel {
-    const ALL: [Kernel; 16] = [
+    const ALL: [Kernel; 15] = [
         Kernel::MatvecF32,
         Kernel::MatvecQ8_0,
         Kernel::MatvecQ4_0,
         Kernel::MatvecQ4_1,
         Kernel::QuantizeQ8,
         Kernel::RmsNorm,
-        Kernel::RmsNormRows,
-        Kernel::RmsNormInPlace,
         Kernel::Add,
         Kernel::AddBias,
         Kernel::Copy,
@@ -39,6 +36,7 @@ impl Kernel {
         Kernel::Rope,
         Kernel::StoreKv,
         Kernel::Attention,
+        Kernel::BestOfRows,
     ];
 
     /// Its WGSL file and entry point.
@@ -50,8 +48,6 @@ impl Kernel {
             Self::MatvecQ4_1 => ("matvec", "matvec_q4_1"),
             Self::QuantizeQ8 => ("matvec", "quantize_q8"),
             Self::RmsNorm => ("norm", "rms_norm"),
-            Self::RmsNormRows => ("norm", "rms_norm_rows"),
-            Self::RmsNormInPlace => ("norm", "rms_norm_in_place"),
             Self::Add => ("elementwise", "add"),
             Self::AddBias => ("elementwise", "add_bias"),
             Self::Copy => ("elementwise", "copy"),
@@ -60,17 +56,19 @@ impl Kernel {
             Self::Rope => ("rope", "rope"),
             Self::StoreKv => ("store_kv", "store_kv"),
             Self::Attention => ("attention", "attention"),
+            Self::BestOfRows => ("best", "best_of_rows"),
         }
     }
 }
 
-const MODULES: [(&str, &str); 6] = [
+const MODULES: [(&str, &str); 7] = [
     ("matvec", include_str!("matvec.wgsl")),
     ("norm", include_str!("norm.wgsl")),
     ("elementwise", include_str!("elementwise.wgsl")),
     ("rope", include_str!("rope.wgsl")),
     ("store_kv", include_str!("store_kv.wgsl")),
     ("attention", include_str!("attention.wgsl")),
+    ("best", include_str!("best.wgsl")),
 ];
 
 /// The compiled kernels, in [`Kernel::ALL`]'s order.

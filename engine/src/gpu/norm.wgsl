@@ -1,13 +1,13 @@
 // RMS norm, one workgroup per row of `width` values: out = x / rms(x) * w.
-// `rms_norm` reads rows of `input`; `rms_norm_rows` reads the rows
-// `picked` names (the tokens that want logits); `rms_norm_in_place` norms
-// `out` itself (q and k norms, post-norms).
+// `mode` 0 reads rows of `input`; 1 the rows `picked` names (the tokens
+// that want logits); 2 norms `out` itself (q and k norms, post-norms).
+// Bindings a mode does not read are bound to any buffer.
 
 struct Params {
     rows: u32,
     width: u32,
     eps: f32,
-    _pad: u32,
+    mode: u32,
     _rest: array<vec4<u32>, 3>,
 }
 
@@ -44,51 +44,32 @@ fn scale_of(thread: u32, squares: f32) -> f32 {
     return 1.0 / sqrt(mean + p.eps);
 }
 
+// Where row `row`'s values are read: `input`'s row, the row `picked`
+// names, or `out`'s own row.
+fn read_at(row_start: u32, i: u32) -> f32 {
+    if (p.mode == 2u) {
+        return out[row_start + i];
+    }
+    return input[row_start + i];
+}
+
 @compute @workgroup_size(64)
 fn rms_norm(@builtin(workgroup_id) group: vec3<u32>,
             @builtin(num_workgroups) count: vec3<u32>,
             @builtin(local_invocation_index) thread: u32) {
     let row = min(row_of(group, count), p.rows - 1u);
-    let start = row * p.width;
+    var source = row * p.width;
+    if (p.mode == 1u) {
+        source = picked[row] * p.width;
+    }
+    let target_start = row * p.width;
     var squares = 0.0;
     for (var i = thread; i < p.width; i = i + THREADS) {
-        squares = squares + input[start + i] * input[start + i];
+        let v = read_at(source, i);
+        squares = squares + v * v;
     }
     let scale = scale_of(thread, squares);
     for (var i = thread; i < p.width; i = i + THREADS) {
-        out[start + i] = (input[start + i] * scale) * weight[i];
-    }
-}
-
-@compute @workgroup_size(64)
-fn rms_norm_rows(@builtin(workgroup_id) group: vec3<u32>,
-                 @builtin(num_workgroups) count: vec3<u32>,
-                 @builtin(local_invocation_index) thread: u32) {
-    let row = min(row_of(group, count), p.rows - 1u);
-    let start = picked[row] * p.width;
-    let to = row * p.width;
-    var squares = 0.0;
-    for (var i = thread; i < p.width; i = i + THREADS) {
-        squares = squares + input[start + i] * input[start + i];
-    }
-    let scale = scale_of(thread, squares);
-    for (var i = thread; i < p.width; i = i + THREADS) {
-        out[to + i] = (input[start + i] * scale) * weight[i];
-    }
-}
-
-@compute @workgroup_size(64)
-fn rms_norm_in_place(@builtin(workgroup_id) group: vec3<u32>,
-                     @builtin(num_workgroups) count: vec3<u32>,
-                     @builtin(local_invocation_index) thread: u32) {
-    let row = min(row_of(group, count), p.rows - 1u);
-    let start = row * p.width;
-    var squares = 0.0;
-    for (var i = thread; i < p.width; i = i + THREADS) {
-        squares = squares + out[start + i] * out[start + i];
-    }
-    let scale = scale_of(thread, squares);
-    for (var i = thread; i < p.width; i = i + THREADS) {
-        out[start + i] = (out[start + i] * scale) * weight[i];
+        out[target_start + i] = (read_at(source, i) * scale) * weight[i];
     }
 }

@@ -76,8 +76,8 @@ impl Step<'_> {
         check("rms_norm input", input, rows * width)?;
         check("rms_norm output", out, rows * width)?;
         check("rms_norm weight", weight, width)?;
-        let shape = params(&[word(rows)?, word(width)?, eps.to_bits()]);
-        let buffers = [Some(input), Some(weight), Some(out)];
+        let shape = params(&[word(rows)?, word(width)?, eps.to_bits(), 0]);
+        let buffers = [Some(input), Some(weight), Some(out), Some(weight)];
         self.record(Kernel::RmsNorm, shape, &buffers, grid_of(rows, 1));
         Ok(())
     }
@@ -94,9 +94,9 @@ impl Step<'_> {
         check("rms_norm_rows output", out, rows * width)?;
         check("rms_norm_rows weight", weight, width)?;
         check("rms_norm_rows picked", picked, rows)?;
-        let shape = params(&[word(rows)?, word(width)?, eps.to_bits()]);
+        let shape = params(&[word(rows)?, word(width)?, eps.to_bits(), 1]);
         let buffers = [Some(input), Some(weight), Some(out), Some(picked)];
-        self.record(Kernel::RmsNormRows, shape, &buffers, grid_of(rows, 1));
+        self.record(Kernel::RmsNorm, shape, &buffers, grid_of(rows, 1));
         Ok(())
     }
 
@@ -110,9 +110,9 @@ impl Step<'_> {
     ) -> Result<(), GpuError> {
         check("rms_norm_in_place", x, rows * width)?;
         check("rms_norm_in_place weight", weight, width)?;
-        let shape = params(&[word(rows)?, word(width)?, eps.to_bits()]);
-        let buffers = [None, Some(weight), Some(x)];
-        self.record(Kernel::RmsNormInPlace, shape, &buffers, grid_of(rows, 1));
+        let shape = params(&[word(rows)?, word(width)?, eps.to_bits(), 2]);
+        let buffers = [Some(weight), Some(weight), Some(x), Some(weight)];
+        self.record(Kernel::RmsNorm, shape, &buffers, grid_of(rows, 1));
         Ok(())
     }
 
@@ -251,6 +251,29 @@ impl Step<'_> {
         let buffers = [q, keys, values, positions, tables, out].map(Some);
         let grid = [word(heads)?, word(tokens)?, 1];
         self.record(Kernel::Attention, shape, &buffers, grid);
+        Ok(())
+    }
+
+    /// Each of `rows` rows of `vocab` logits' best token into `best`, three
+    /// words a row (its id's bits, its logit, the softmax mass relative to
+    /// it), with the final soft cap applied first where there is one.
+    pub fn best_of_rows(
+        &mut self,
+        [logits, best]: [&GpuBuffer; 2],
+        rows: usize,
+        vocab: usize,
+        softcap: Option<f32>,
+    ) -> Result<(), GpuError> {
+        check("best_of_rows logits", logits, rows * vocab)?;
+        check("best_of_rows best", best, 3 * rows)?;
+        let cap = softcap.unwrap_or(0.0).to_bits();
+        let shape = params(&[word(rows)?, word(vocab)?, cap]);
+        self.record(
+            Kernel::BestOfRows,
+            shape,
+            &[Some(logits), Some(best)],
+            grid_of(rows, 1),
+        );
         Ok(())
     }
 }

@@ -226,8 +226,43 @@ fn a_hybrid_model_keeps_each_sequences_recurrent_state_apart() {
 
 /// About 600 tokens of system prompt.
 fn long_system_prompt() -> String {
+    system_prompt(20)
+}
+
+/// About 30 tokens of system prompt, `times` times.
+fn system_prompt(times: usize) -> String {
     let sentence = "You are a careful assistant for a home cluster of computers; answer briefly, name the machine you mean, and never invent a number you were not given. ";
-    sentence.repeat(20)
+    sentence.repeat(times)
+}
+
+/// Two questions under one system prompt of `times` sentences: the second,
+/// after the first, takes the prompt's whole blocks from the cache and
+/// answers what it answers cold.
+pub(crate) fn check_shared_system_prompt(
+    model: &LoadedModel,
+    executor: Executor<'_>,
+    times: usize,
+) {
+    let mut batch = Batch::new(model, executor, config(8, 128, 512));
+    let system = system_prompt(times);
+    let request = |question: &str| {
+        let mut request = GenerateRequest::new(chat(Some(&system), question));
+        request.max_tokens = 8;
+        request.ignore_eos = true;
+        request
+    };
+    let (first, second) = (request(QUESTIONS[0]), request(QUESTIONS[1]));
+    let cold = run_all(&mut batch, std::slice::from_ref(&second), &[0], None)[&0].clone();
+    batch.clear_cache();
+    run_all(&mut batch, &[first], &[0], None);
+    let hit = &run_all(&mut batch, &[second], &[0], None)[&0];
+    let cached = hit.stats.prompt_tokens - hit.stats.prefilled_tokens;
+    assert!(
+        cached >= BLOCK_TOKENS * (cold.stats.prompt_tokens / BLOCK_TOKENS / 2),
+        "{cached} of {} prompt tokens from the cache",
+        hit.stats.prompt_tokens
+    );
+    assert_eq!(hit.tokens, cold.tokens, "cached prefix, cold tokens");
 }
 
 #[test]

@@ -19,6 +19,7 @@ use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use tessera_engine::gpu::matvec::Format;
 use tessera_engine::gpu::ops::{Elementwise, RopeShape};
+use tessera_engine::logits::BestToken;
 use tessera_engine::ops::{self, RopeStyle};
 use tessera_engine::quant::{self, Activations, QMatrix, WeightFormat};
 use tessera_engine::threadpool::ThreadPool;
@@ -284,6 +285,44 @@ fn norms_rotations_and_activations_are_the_cpu_ops() {
     }
 }
 
+#[test]
+fn each_rows_best_token_is_the_cpus() {
+    let Some(gpu) = gpu_for("each_rows_best_token_is_the_cpus") else {
+        return;
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(10);
+    for (rows, vocab, softcap) in [(1, 7, None), (3, 1000, None), (2, 49152, Some(30.0f32))] {
+        let mut logits: Vec<f32> = (0..rows * vocab)
+            .map(|_| rng.gen_range(-20.0..20.0))
+            .collect();
+        // A tie in the first row: the lower id wins, as on the CPU.
+        let top = logits[..vocab].iter().copied().fold(f32::MIN, f32::max) + 1.0;
+        logits[vocab - 1] = top;
+        logits[vocab / 2] = top;
+        let input = gpu.buffer_with("logits", bytemuck::cast_slice(&logits));
+        let best = gpu.buffer("best", (3 * rows * 4) as u64);
+        let mut step = gpu.step();
+        step.best_of_rows([&input, &best], rows, vocab, softcap)
+            .expect("records");
+        let words = step.read(&best, 3 * rows).expect("runs");
+        for (row, got) in words.chunks_exact(3).enumerate() {
+            let got = BestToken::from_words([got[0], got[1], got[2]]);
+            let mut row_logits = logits[row * vocab..(row + 1) * vocab].to_vec();
+            if let Some(cap) = softcap {
+                ops::softcap(&mut row_logits, cap);
+            }
+            let want = BestToken::of(&row_logits, 0);
+            assert_eq!(got.token, want.token, "row {row} of {vocab}");
+            close(
+                &[got.logit, got.mass],
+                &[want.logit, want.mass],
+                1e-4,
+                "best",
+            );
+        }
+    }
+}
+
 /// `got` within `tolerance` of `want`, relative to each value's size (and
 /// absolute below 1): f32 kernels that differ in the order or the
 /// approximation of their operations (exp, the norm's sum).
@@ -341,6 +380,33 @@ fn eight_concurrent_requests_on_the_gpu_each_get_what_they_get_alone() {
     };
     let model = default_model_on(gpu);
     super::batching::check_invariance(&model, Executor::single(&model.transformer, 2));
+}
+
+/// Prefix sharing on the GPU: a second question under the same system
+/// prompt takes its blocks, computed for the first, from the GPU's cache
+/// and answers what it answers cold.
+#[test]
+fn a_shared_system_prompt_is_taken_from_the_gpus_cache_and_gives_cold_tokens() {
+    let name = "a_shared_system_prompt_is_taken_from_the_gpus_cache_and_gives_cold_tokens";
+    let Some(gpu) = gpu_for(name) else {
+        return;
+    };
+    let model = default_model_on(gpu);
+    super::batching::check_shared_system_prompt(&model, Executor::single(&model.transformer, 2), 3);
+}
+
+/// Speculative verification on the GPU: prompt lookup's drafts, checked
+/// several positions a step, give plain decoding's tokens.
+#[test]
+fn speculative_decoding_on_the_gpu_gives_plain_decodings_tokens() {
+    let Some(gpu) = gpu_for("speculative_decoding_on_the_gpu_gives_plain_decodings_tokens") else {
+        return;
+    };
+    let model = default_model_on(gpu);
+    super::speculative::echo_speculates_identically(
+        &model,
+        Executor::single(&model.transformer, 2),
+    );
 }
 
 fn first_rank_on_the_gpu(rank: usize, transformer: &mut Transformer) {
@@ -418,5 +484,91 @@ fn a_pipeline_of_a_gpu_stage_and_a_cpu_stage_gives_the_single_machine_answer() {
                 );
             }
         }
+    }
+}
+
+/// The transformers reference cases of every family the GPU runs (their
+/// safetensors weights, f32, dequantized on upload), held to the same rule
+/// as on the CPU (`hf_reference.rs`).
+const ON_THE_GPU: &[&str] = &[
+    "llama",
+    "llama-rope-llama3",
+    "llama-rope-linear",
+    "llama-rope-yarn",
+    "llama-rope-dynamic",
+    "llama-bias",
+    "mistral",
+    "mistral-sliding-window",
+    "qwen2",
+    "qwen3",
+    "phi3",
+    "phi3-longrope",
+    "phi3-longrope-short",
+    "phi3-longrope-crossing",
+    "smollm3",
+    "olmo2",
+    "gemma2",
+    "gemma3",
+];
+
+/// The cases whose layers the GPU cannot run yet, and what it names.
+const REFUSED: &[(&str, &str)] = &[
+    ("qwen3-moe", "mixture-of-experts"),
+    ("qwen3-moe-dense-layer", "mixture-of-experts"),
+    ("mixtral", "mixture-of-experts"),
+    ("qwen3-5", "gated attention"),
+    ("qwen3-5-moe", "gated attention"),
+    ("qwen3-next", "gated attention"),
+];
+
+#[test]
+fn every_dense_family_matches_transformers_on_the_gpu() {
+    let Some(gpu) = gpu_for("every_dense_family_matches_transformers_on_the_gpu") else {
+        return;
+    };
+    let gpu = Arc::new(gpu);
+    for name in ON_THE_GPU {
+        super::hf_reference::single_on_gpu(name, gpu.clone());
+    }
+}
+
+#[test]
+fn families_the_gpu_cannot_run_yet_are_refused_by_name() {
+    let Some(gpu) = gpu_for("families_the_gpu_cannot_run_yet_are_refused_by_name") else {
+        return;
+    };
+    let gpu = Arc::new(gpu);
+    for (name, reason) in REFUSED {
+        let path = super::hf_reference::case_dir(name);
+        let mut model = LoadedModel::load(&path, |_, _| {}).expect("the case loads");
+        let error = model
+            .transformer
+            .to_gpu(gpu.clone())
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            error.contains("cannot run this model yet") && error.contains(reason),
+            "{name}: {error}"
+        );
+        // Refused, the model is as it was: it still answers on the CPU.
+        assert!(model.transformer.gpu().is_none());
+        assert_eq!(model.transformer.device_name(), "cpu");
+    }
+    let every: Vec<&str> = ON_THE_GPU
+        .iter()
+        .chain(REFUSED.iter().map(|(n, _)| n))
+        .copied()
+        .collect();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/hf-reference");
+    for entry in std::fs::read_dir(root)
+        .expect("hf-reference folder")
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let old_layout = name == "llama-rope-llama3-old-config";
+        assert!(
+            !entry.path().is_dir() || old_layout || every.contains(&name.as_str()),
+            "{name}: neither run on the GPU nor refused there"
+        );
     }
 }

@@ -10,8 +10,10 @@
 
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde_json::Value;
+use tessera_engine::gpu::Gpu;
 use tessera_engine::serve::{model_config, GenerateRequest, LoadedModel, Prompt, Session};
 use tessera_engine::text::chat_template::ChatMessage;
 
@@ -22,7 +24,7 @@ const CLOSE_MARGIN: f64 = 0.05;
 /// The first step's top-5 logprobs may differ from transformers' by this.
 const LOGPROB_TOLERANCE: f64 = 0.1;
 
-fn case_dir(name: &str) -> PathBuf {
+pub(crate) fn case_dir(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data/hf-reference")
         .join(name)
@@ -227,6 +229,21 @@ fn single(name: &str, path: &Path) {
     let mut session = Session::new(&model, 2);
     let answers: Vec<Answer> = expected.iter().map(|e| answer(&mut session, e)).collect();
     check_answers(&format!("{name} {}", path.display()), &expected, &answers);
+}
+
+/// The case on one machine with its weights on `gpu` (the GPU's tests).
+pub(crate) fn single_on_gpu(name: &str, gpu: Arc<Gpu>) {
+    let expected = expected(name);
+    let path = case_dir(name);
+    let mut model =
+        LoadedModel::load(&path, |_, _| {}).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    model
+        .transformer
+        .to_gpu(gpu)
+        .unwrap_or_else(|e| panic!("{name} on the GPU: {e}"));
+    let mut session = Session::new(&model, 2);
+    let answers: Vec<Answer> = expected.iter().map(|e| answer(&mut session, e)).collect();
+    check_answers(&format!("{name} on the GPU"), &expected, &answers);
 }
 
 /// The case on `world` ranks (threads on a loopback ring).

@@ -168,6 +168,23 @@ fn check_identical(
     speculative
 }
 
+/// The echo request alone, plainly and then with prompt lookup: the same
+/// tokens, and the drafts really taken (the GPU's check; the CPU's runs
+/// every request, alone and eight at once, in [`check_identical`]).
+pub(crate) fn echo_speculates_identically(model: &LoadedModel, executor: Executor<'_>) {
+    let request = requests(40).remove(ECHO);
+    let mut batch = Batch::new(model, executor, config());
+    let plain = alone(&mut batch, std::slice::from_ref(&request)).remove(0);
+    batch.set_speculation(ngram(4));
+    let speculative = alone(&mut batch, std::slice::from_ref(&request)).remove(0);
+    assert_eq!(speculative.tokens, plain.tokens);
+    let stats = &speculative.stats;
+    assert!(
+        stats.accepted_draft_tokens > 10 && stats.decode_steps < stats.generated_tokens - 10,
+        "the repeated passage is drafted and accepted: {stats:?}"
+    );
+}
+
 fn model() -> LoadedModel {
     LoadedModel::load(&tessera_testkit::default_model_path(), |_, _| {})
         .expect("default model loads")

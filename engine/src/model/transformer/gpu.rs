@@ -59,13 +59,14 @@ impl Transformer {
 
     /// Puts this shard where `choice` says, and says where it runs: on a
     /// GPU (its adapter's name and backend) or on the CPU. `auto` takes a
-    /// hardware GPU when there is one and the shard runs there, else stays
-    /// on the CPU (and logs why); `gpu` and `gpu:N` fail instead.
+    /// hardware GPU whose memory holds the weights (where it is known) when
+    /// the shard runs there, else stays on the CPU (and logs why); `gpu`
+    /// and `gpu:N` fail instead.
     pub fn use_device(&mut self, choice: DeviceChoice) -> Result<String, GpuError> {
         let index = match choice {
             DeviceChoice::Cpu => return Ok("cpu".into()),
             DeviceChoice::Gpu(index) => index,
-            DeviceChoice::Auto => match crate::gpu::hardware_adapter() {
+            DeviceChoice::Auto => match crate::gpu::adapter_for(self.weight_bytes() as u64) {
                 Some(index) => Some(index),
                 None => return Ok("cpu".into()),
             },
@@ -95,6 +96,23 @@ impl Transformer {
     /// The adapter this shard runs on, if it runs on a GPU.
     pub fn gpu(&self) -> Option<&Arc<Gpu>> {
         self.gpu.as_ref().map(|m| &m.gpu)
+    }
+
+    /// The most KV blocks this shard's GPU holds: what one layer's buffer
+    /// may take, and, where the adapter's own memory is known, what is
+    /// left of nine tenths of it beside the weights. `None` on the CPU.
+    pub fn gpu_kv_blocks(&self) -> Option<usize> {
+        let model = self.gpu.as_ref()?;
+        let kv_dim = self.config.kv_dim();
+        let layer_block = (BLOCK_TOKENS * kv_dim * 2) as u64;
+        let mut blocks = model.gpu.max_binding_bytes() / layer_block.max(1);
+        let report = &model.gpu.report;
+        if report.memory_bytes > 0 && !report.unified_memory {
+            let free = (report.memory_bytes / 10 * 9).saturating_sub(model.bytes);
+            let all_layers = 2 * layer_block * self.kv_layers.max(1) as u64;
+            blocks = blocks.min(free / all_layers);
+        }
+        Some(blocks as usize)
     }
 
     /// Bytes of weights on the GPU (0 on the CPU).

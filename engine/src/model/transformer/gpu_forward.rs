@@ -15,9 +15,10 @@ use crate::ops::RopeStyle;
 use super::gpu_scratch::GpuScratch;
 use super::gpu_weights::{GpuLayer, GpuModel};
 use super::head::cap_logits;
-use super::io::{ForwardError, ForwardOutput, SeqSpan, StageInput};
+use super::io::{ForwardError, ForwardOutput, RowOutput, SeqSpan, StageInput};
 use super::workspace::{Pass, Workspace};
 use super::Transformer;
+use crate::logits::BestToken;
 
 impl Transformer {
     /// [`Transformer::forward_batch`] on the GPU.
@@ -26,6 +27,7 @@ impl Transformer {
         model: &GpuModel,
         input: StageInput<'_>,
         spans: &[SeqSpan<'_>],
+        output: RowOutput,
         step: Pass<'_, 'w>,
     ) -> Result<ForwardOutput<'w>, ForwardError> {
         let Pass { kv, ws, .. } = step;
@@ -58,10 +60,15 @@ impl Transformer {
         for layer in &model.layers {
             self.record_layer(&mut step, layer, &scratch, gpu_kv, tokens)?;
         }
-        let out = self.finish_gpu(model, step, &scratch, tokens, wanted, ws);
+        let rows = Rows {
+            tokens,
+            wanted,
+            output,
+        };
+        let out = self.finish_gpu(model, step, &scratch, rows, ws);
         ws.gpu = Some(scratch);
         out?;
-        self.gpu_output(tokens, wanted, ws)
+        self.gpu_output(rows, ws)
     }
 
     /// Writes the step's input, angles and cache addresses to the GPU.
@@ -247,8 +254,11 @@ impl Transformer {
         model: &GpuModel,
         mut step: Step<'_>,
         s: &GpuScratch,
-        tokens: usize,
-        wanted: usize,
+        Rows {
+            tokens,
+            wanted,
+            output,
+        }: Rows,
         ws: &mut Workspace,
     ) -> Result<(), GpuError> {
         let cfg = &self.config;
@@ -280,6 +290,18 @@ impl Transformer {
             wanted,
             &[(head, &s.logits)],
         )?;
+        if output == RowOutput::BestTokens {
+            let softcap = cfg.variant.final_softcap;
+            step.best_of_rows([&s.logits, &s.best], wanted, cfg.vocab, softcap)?;
+            let words = step.read(&s.best, 3 * wanted)?;
+            ws.best.clear();
+            ws.best.extend(
+                words
+                    .chunks_exact(3)
+                    .map(|w| BestToken::from_words([w[0], w[1], w[2]])),
+            );
+            return Ok(());
+        }
         let logits = step.read(&s.logits, wanted * cfg.vocab)?;
         if ws.logits.len() < logits.len() {
             ws.logits.resize(logits.len(), 0.0);
@@ -293,13 +315,19 @@ impl Transformer {
     /// [`Transformer::finish_gpu`] read back.
     fn gpu_output<'w>(
         &self,
-        tokens: usize,
-        wanted: usize,
+        Rows {
+            tokens,
+            wanted,
+            output,
+        }: Rows,
         ws: &'w mut Workspace,
     ) -> Result<ForwardOutput<'w>, ForwardError> {
         let (h, vocab) = (self.config.hidden, self.config.vocab);
         if !self.is_last_stage() || wanted == 0 {
             return Ok(ForwardOutput::Hidden(&ws.x[..tokens * h]));
+        }
+        if self.is_first_stage() && output == RowOutput::BestTokens {
+            return Ok(ForwardOutput::Best(&ws.best[..wanted]));
         }
         if self.is_first_stage() {
             return Ok(ForwardOutput::Logits(&ws.logits[..wanted * vocab]));
@@ -329,6 +357,15 @@ fn project(
         step.matmul(matrix, input, y, n)?;
     }
     Ok(())
+}
+
+/// A step's rows: its tokens, the rows that want logits, and what they
+/// want.
+#[derive(Clone, Copy)]
+struct Rows {
+    tokens: usize,
+    wanted: usize,
+    output: RowOutput,
 }
 
 /// `out = norm(x)`, or a copy of `x` for a family without this norm.

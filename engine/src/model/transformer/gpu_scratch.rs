@@ -34,6 +34,8 @@ pub(crate) struct GpuScratch {
     pub(super) picked: GpuBuffer,
     pub(super) normed_rows: GpuBuffer,
     pub(super) logits: GpuBuffer,
+    /// Each row's best token, three words (greedy rows).
+    pub(super) best: GpuBuffer,
 }
 
 impl GpuScratch {
@@ -68,6 +70,7 @@ impl GpuScratch {
             picked: floats("picked", rows),
             normed_rows: floats("normed rows", rows * cfg.hidden),
             logits: floats("logits", rows * cfg.vocab),
+            best: floats("best", 3 * rows),
         }
     }
 

@@ -320,7 +320,7 @@ impl Transformer {
         step: Pass<'_, 'w>,
     ) -> Result<ForwardOutput<'w>, ForwardError> {
         if let Some(model) = &self.gpu {
-            return self.forward_gpu(model, input, spans, step);
+            return self.forward_gpu(model, input, spans, output, step);
         }
         let Pass {
             kv,
