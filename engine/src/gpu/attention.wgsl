@@ -4,11 +4,12 @@
 //
 // The arithmetic follows the CPU's (model/attention.rs): q rounded to f16,
 // scores soft-capped where the family caps them, the softmax's weights
-// rounded to f16 before they meet V. Two passes over the positions and no
-// scratch memory: the first finds the scores' max and the softmax's sum
-// (each thread over its positions, then combined), the second takes 64
-// positions at a time, their weights in workgroup memory, and each thread
-// adds them into its own dimensions of the output, position by position.
+// rounded to f16 before they meet V, e^x as the CPU computes it
+// (exp_poly.wgsl). Three passes over the positions and no scratch memory:
+// the first finds the largest score, the second the softmax's sum (each
+// thread over its positions, then combined), the third takes 64 positions
+// at a time, their weights in workgroup memory, and each thread adds them
+// into its own dimensions of the output, position by position.
 // A token's result depends on its sequence only, never on the batch.
 
 struct Params {
@@ -125,24 +126,18 @@ fn attention(@builtin(workgroup_id) group: vec3<u32>,
     }
     workgroupBarrier();
 
-    // Pass 1: each thread's max and sum over its positions, then combined.
+    // Pass 1: the largest score; then the sum of each e^(s - largest), as
+    // the CPU's softmax takes them (the order of the sum differs).
     var most = NONE;
-    var sum = 0.0;
     for (var at = first + thread; at < seen; at = at + THREADS) {
-        let s = score(slot_of(table, at), kv_head);
-        if (s > most) {
-            sum = sum * exp(most - s) + 1.0;
-            most = s;
-        } else {
-            sum = sum + exp(s - most);
-        }
+        most = max(most, score(slot_of(table, at), kv_head));
     }
     let top = reduce_max(thread, most);
-    var mine = 0.0;
-    if (most > NONE) {
-        mine = sum * exp(most - top);
+    var sum = 0.0;
+    for (var at = first + thread; at < seen; at = at + THREADS) {
+        sum = sum + exp_poly(score(slot_of(table, at), kv_head) - top);
     }
-    let total = reduce_sum(thread, mine);
+    let inverse = 1.0 / reduce_sum(thread, sum);
 
     // Pass 2: the weights, 64 positions at a time, into the output.
     var acc = array<f32, 4>(0.0, 0.0, 0.0, 0.0);
@@ -152,7 +147,7 @@ fn attention(@builtin(workgroup_id) group: vec3<u32>,
         var slot = 0u;
         if (at < seen) {
             slot = slot_of(table, at);
-            weight = round_f16(exp(score(slot, kv_head) - top) / total);
+            weight = round_f16(exp_poly(score(slot, kv_head) - top) * inverse);
         }
         tile_weights[thread] = weight;
         tile_slots[thread] = slot;

@@ -58,7 +58,7 @@ fn silu_mul(@builtin(workgroup_id) group: vec3<u32>,
     let i = index_of(group, count, thread);
     if (i < p.count) {
         let g = a[i];
-        a[i] = g / (1.0 + exp(-g)) * b[i];
+        a[i] = g / (1.0 + exp_poly(-g)) * b[i];
     }
 }
 

@@ -7,7 +7,17 @@ pub(super) enum Kernel {
     MatvecQ8_0,
     MatvecQ4_0,
     MatvecQ4_1,
+    MatvecF16,
+    MatvecBf16,
+    MatvecQ5_0,
+    MatvecQ5_1,
+    MatvecQ4K,
+    MatvecQ5K,
+    MatvecQ6K,
+    MatvecQ2K,
+    MatvecQ3K,
     QuantizeQ8,
+    QuantizeQ8K,
     RmsNorm,
     Add,
     AddBias,
@@ -21,12 +31,22 @@ pub(super) enum Kernel {
 }
 
 impl Kernel {
-    const ALL: [Kernel; 15] = [
+    const ALL: [Kernel; 25] = [
         Kernel::MatvecF32,
         Kernel::MatvecQ8_0,
         Kernel::MatvecQ4_0,
         Kernel::MatvecQ4_1,
+        Kernel::MatvecF16,
+        Kernel::MatvecBf16,
+        Kernel::MatvecQ5_0,
+        Kernel::MatvecQ5_1,
+        Kernel::MatvecQ4K,
+        Kernel::MatvecQ5K,
+        Kernel::MatvecQ6K,
+        Kernel::MatvecQ2K,
+        Kernel::MatvecQ3K,
         Kernel::QuantizeQ8,
+        Kernel::QuantizeQ8K,
         Kernel::RmsNorm,
         Kernel::Add,
         Kernel::AddBias,
@@ -46,7 +66,17 @@ impl Kernel {
             Self::MatvecQ8_0 => ("matvec", "matvec_q8_0"),
             Self::MatvecQ4_0 => ("matvec", "matvec_q4_0"),
             Self::MatvecQ4_1 => ("matvec", "matvec_q4_1"),
+            Self::MatvecF16 => ("matvec", "matvec_f16"),
+            Self::MatvecBf16 => ("matvec", "matvec_bf16"),
+            Self::MatvecQ5_0 => ("matvec", "matvec_q5_0"),
+            Self::MatvecQ5_1 => ("matvec", "matvec_q5_1"),
+            Self::MatvecQ4K => ("matvec_k", "matvec_q4_k"),
+            Self::MatvecQ5K => ("matvec_k", "matvec_q5_k"),
+            Self::MatvecQ6K => ("matvec_k", "matvec_q6_k"),
+            Self::MatvecQ2K => ("matvec_k", "matvec_q2_k"),
+            Self::MatvecQ3K => ("matvec_k", "matvec_q3_k"),
             Self::QuantizeQ8 => ("matvec", "quantize_q8"),
+            Self::QuantizeQ8K => ("matvec_k", "quantize_q8k"),
             Self::RmsNorm => ("norm", "rms_norm"),
             Self::Add => ("elementwise", "add"),
             Self::AddBias => ("elementwise", "add_bias"),
@@ -61,14 +91,21 @@ impl Kernel {
     }
 }
 
-const MODULES: [(&str, &str); 7] = [
-    ("matvec", include_str!("matvec.wgsl")),
-    ("norm", include_str!("norm.wgsl")),
-    ("elementwise", include_str!("elementwise.wgsl")),
-    ("rope", include_str!("rope.wgsl")),
-    ("store_kv", include_str!("store_kv.wgsl")),
-    ("attention", include_str!("attention.wgsl")),
-    ("best", include_str!("best.wgsl")),
+/// What the matrix-product files share, compiled before each of them.
+const MATVEC_COMMON: &str = include_str!("matvec_common.wgsl");
+/// The CPU's exponential, for the files whose results go through one.
+const EXP_POLY: &str = include_str!("exp_poly.wgsl");
+
+/// Each module's name and its source's parts, compiled as one.
+const MODULES: [(&str, &[&str]); 8] = [
+    ("matvec", &[MATVEC_COMMON, include_str!("matvec.wgsl")]),
+    ("matvec_k", &[MATVEC_COMMON, include_str!("matvec_k.wgsl")]),
+    ("norm", &[include_str!("norm.wgsl")]),
+    ("elementwise", &[EXP_POLY, include_str!("elementwise.wgsl")]),
+    ("rope", &[include_str!("rope.wgsl")]),
+    ("store_kv", &[include_str!("store_kv.wgsl")]),
+    ("attention", &[EXP_POLY, include_str!("attention.wgsl")]),
+    ("best", &[include_str!("best.wgsl")]),
 ];
 
 /// The compiled kernels, in [`Kernel::ALL`]'s order.
@@ -80,10 +117,11 @@ impl Kernels {
     pub(super) fn new(device: &wgpu::Device) -> Self {
         let modules: Vec<(&str, wgpu::ShaderModule)> = MODULES
             .iter()
-            .map(|(name, source)| {
+            .map(|(name, parts)| {
+                let source = parts.join("\n");
                 let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
                     label: Some(name),
-                    source: wgpu::ShaderSource::Wgsl((*source).into()),
+                    source: wgpu::ShaderSource::Wgsl(source.into()),
                 });
                 (*name, module)
             })

@@ -1,52 +1,116 @@
-//! The matrix products on the GPU: a weight matrix uploaded once (f32, or
-//! Q8_0, Q4_0 or Q4_1 as GGUF stores them), then `y[t] = W x[t]` for each
-//! token's vector, 8 rows of one token per workgroup (`matvec.wgsl`). The
-//! block formats take x rounded to 8-bit blocks, as the CPU engine and
-//! llama.cpp do ([`Step::quantize_q8`]).
+//! The matrix products on the GPU: a weight matrix uploaded once as GGUF
+//! stores it (f32, f16, bf16, the 32-value block formats or the K-quants),
+//! then `y[t] = W x[t]` for each token's vector, 8 rows of one token per
+//! workgroup (`matvec.wgsl`, `matvec_k.wgsl`). The block formats take x
+//! rounded to 8-bit blocks of 32 ([`Step::quantize_q8`]) and the K-quants
+//! to 8-bit blocks of 256 ([`Step::quantize_q8k`]), as the CPU engine and
+//! llama.cpp do.
 
 use super::device::Gpu;
 use super::error::GpuError;
 use super::kernels::Kernel;
 use super::step::{grid_for_values, grid_of, params, GpuBuffer, Step};
 
-/// Rows of W per workgroup (matvec.wgsl's `ROWS`).
+/// Rows of W per workgroup (matvec_common.wgsl's `ROWS`).
 const ROWS_PER_GROUP: usize = 8;
 /// Bytes of one 32-value block of 8-bit activations: 8 words of i8, the
 /// scale and the scaled sum.
 pub const Q8_BLOCK_BYTES: usize = 40;
+/// Bytes of one 256-value block of 8-bit activations: 64 words of i8, the
+/// f32 scale, and the sums of each 16 values as 16 words.
+pub const Q8K_BLOCK_BYTES: usize = 81 * 4;
+/// Values per block of 8-bit activations for the 32-value formats.
+const BLOCK: usize = 32;
 
 /// A matrix product's input: f32 rows, or their 8-bit blocks.
 #[derive(Clone, Copy, Debug)]
 pub enum Input<'a> {
     F32(&'a GpuBuffer),
+    /// Blocks of 32 ([`Step::quantize_q8`]).
     Q8(&'a GpuBuffer),
+    /// Blocks of 256 ([`Step::quantize_q8k`]).
+    Q8K(&'a GpuBuffer),
 }
 
-/// Values per block of every block format here.
-const BLOCK: usize = 32;
+/// The input a format's products take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputKind {
+    F32,
+    Q8,
+    Q8K,
+}
 
-/// How a matrix's values are stored.
+/// How a matrix's values are stored (GGUF's layouts).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
     F32,
+    F16,
+    Bf16,
     Q8_0,
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
+    Q4K,
+    Q5K,
+    Q6K,
+    Q2K,
+    Q3K,
 }
 
 impl Format {
-    /// Whether its products take 8-bit activations.
-    pub fn takes_q8(self) -> bool {
-        self != Self::F32
+    /// The input its products take.
+    pub fn input(self) -> InputKind {
+        match self {
+            Self::F32 | Self::F16 | Self::Bf16 => InputKind::F32,
+            Self::Q8_0 | Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 => InputKind::Q8,
+            Self::Q4K | Self::Q5K | Self::Q6K | Self::Q2K | Self::Q3K => InputKind::Q8K,
+        }
     }
 
-    /// Bytes of one block of 32 values (f32: of 32 values too).
+    /// Values per block: 32, 256 for the K-quants, 2 for the 16-bit
+    /// floats (a word), 1 for f32.
+    pub fn block_values(self) -> usize {
+        match self.input() {
+            InputKind::Q8 => 32,
+            InputKind::Q8K => 256,
+            InputKind::F32 if self == Self::F32 => 1,
+            InputKind::F32 => 2,
+        }
+    }
+
+    /// Bytes of one block.
     pub fn block_bytes(self) -> usize {
         match self {
-            Self::F32 => 4 * BLOCK,
+            Self::F32 | Self::F16 | Self::Bf16 => 4,
             Self::Q8_0 => 34,
             Self::Q4_0 => 18,
             Self::Q4_1 => 20,
+            Self::Q5_0 => 22,
+            Self::Q5_1 => 24,
+            Self::Q4K => 144,
+            Self::Q5K => 176,
+            Self::Q6K => 210,
+            Self::Q2K => 84,
+            Self::Q3K => 110,
+        }
+    }
+
+    fn kernel(self) -> Kernel {
+        match self {
+            Self::F32 => Kernel::MatvecF32,
+            Self::F16 => Kernel::MatvecF16,
+            Self::Bf16 => Kernel::MatvecBf16,
+            Self::Q8_0 => Kernel::MatvecQ8_0,
+            Self::Q4_0 => Kernel::MatvecQ4_0,
+            Self::Q4_1 => Kernel::MatvecQ4_1,
+            Self::Q5_0 => Kernel::MatvecQ5_0,
+            Self::Q5_1 => Kernel::MatvecQ5_1,
+            Self::Q4K => Kernel::MatvecQ4K,
+            Self::Q5K => Kernel::MatvecQ5K,
+            Self::Q6K => Kernel::MatvecQ6K,
+            Self::Q2K => Kernel::MatvecQ2K,
+            Self::Q3K => Kernel::MatvecQ3K,
         }
     }
 }
@@ -83,8 +147,8 @@ impl Gpu {
         self.upload(bytemuck::cast_slice(values), rows, cols, Format::F32)
     }
 
-    /// Uploads a matrix of 32-value blocks as GGUF stores it (`format`
-    /// Q8_0, Q4_0 or Q4_1): each row `cols / 32` blocks.
+    /// Uploads a matrix as GGUF stores it in `format` (not f32): each row
+    /// `cols / format.block_values()` blocks.
     pub fn upload_blocks(
         &self,
         format: Format,
@@ -92,13 +156,14 @@ impl Gpu {
         rows: usize,
         cols: usize,
     ) -> Result<GpuMatrix, GpuError> {
+        let per_block = format.block_values();
         let fits = format != Format::F32
             && cols > 0
-            && cols.is_multiple_of(BLOCK)
-            && bytes.len() == rows * cols / BLOCK * format.block_bytes();
+            && cols.is_multiple_of(per_block)
+            && bytes.len() == rows * cols / per_block * format.block_bytes();
         if !fits {
             return Err(GpuError::Shape(format!(
-                "{} bytes for a {format:?} {rows} x {cols} matrix (columns a multiple of {BLOCK})",
+                "{} bytes for a {format:?} {rows} x {cols} matrix (columns a multiple of {per_block})",
                 bytes.len()
             )));
         }
@@ -149,15 +214,24 @@ impl Gpu {
         }
         let input = self.buffer_with("x", bytemuck::cast_slice(x));
         let output = self.buffer("y", (matrix.rows * tokens * 4) as u64);
-        let blocks = (matrix.cols * tokens).div_ceil(BLOCK);
-        let quantized = self.buffer("x in 8 bits", (blocks * Q8_BLOCK_BYTES) as u64);
         let mut step = self.step();
-        if matrix.format.takes_q8() {
-            step.quantize_q8(&input, &quantized, tokens, matrix.cols)?;
-            step.matmul(matrix, Input::Q8(&quantized), &output, tokens)?;
-        } else {
-            step.matmul(matrix, Input::F32(&input), &output, tokens)?;
-        }
+        let quantized;
+        let input = match matrix.format.input() {
+            InputKind::F32 => Input::F32(&input),
+            InputKind::Q8 => {
+                let blocks = (matrix.cols * tokens).div_ceil(32);
+                quantized = self.buffer("x in 8 bits", (blocks * Q8_BLOCK_BYTES) as u64);
+                step.quantize_q8(&input, &quantized, tokens, matrix.cols)?;
+                Input::Q8(&quantized)
+            }
+            InputKind::Q8K => {
+                let blocks = (matrix.cols * tokens).div_ceil(256);
+                quantized = self.buffer("x in 8 bits", (blocks * Q8K_BLOCK_BYTES) as u64);
+                step.quantize_q8k(&input, &quantized, tokens, matrix.cols)?;
+                Input::Q8K(&quantized)
+            }
+        };
+        step.matmul(matrix, input, &output, tokens)?;
         step.read(&output, matrix.rows * tokens)
     }
 }
@@ -189,8 +263,35 @@ impl Step<'_> {
         Ok(())
     }
 
+    /// `tokens` rows of `cols` f32 values of `x` as 8-bit blocks of 256
+    /// (llama.cpp's Q8_K) into `xq`.
+    pub fn quantize_q8k(
+        &mut self,
+        x: &GpuBuffer,
+        xq: &GpuBuffer,
+        tokens: usize,
+        cols: usize,
+    ) -> Result<(), GpuError> {
+        let blocks = tokens * cols / 256;
+        let fits = cols.is_multiple_of(256)
+            && x.bytes() >= (tokens * cols * 4) as u64
+            && xq.bytes() >= (blocks * Q8K_BLOCK_BYTES) as u64;
+        if !fits {
+            return Err(GpuError::Shape(format!(
+                "8-bit blocks of 256 of {tokens} rows of {cols}: buffers of {} and {} bytes",
+                x.bytes(),
+                xq.bytes()
+            )));
+        }
+        let shape = params(&[blocks as u32]);
+        let buffers = [None, Some(x), None, None, Some(xq)];
+        self.record(Kernel::QuantizeQ8K, shape, &buffers, grid_of(blocks, 1));
+        Ok(())
+    }
+
     /// `y[t] = W x[t]` for `tokens` rows of the input into rows of `y`:
-    /// f32 rows for an f32 matrix, 8-bit blocks for the block formats.
+    /// f32 rows for the float formats, 8-bit blocks for the others
+    /// ([`Format::input`]).
     pub fn matmul(
         &mut self,
         matrix: &GpuMatrix,
@@ -198,36 +299,38 @@ impl Step<'_> {
         y: &GpuBuffer,
         tokens: usize,
     ) -> Result<(), GpuError> {
-        let (x, needed) = match input {
-            Input::F32(x) => (x, matrix.cols * tokens * 4),
-            Input::Q8(x) => (x, matrix.cols / BLOCK * tokens * Q8_BLOCK_BYTES),
+        let (x, kind, needed) = match input {
+            Input::F32(x) => (x, InputKind::F32, matrix.cols * tokens * 4),
+            Input::Q8(x) => (x, InputKind::Q8, matrix.cols / 32 * tokens * Q8_BLOCK_BYTES),
+            Input::Q8K(x) => (
+                x,
+                InputKind::Q8K,
+                matrix.cols / 256 * tokens * Q8K_BLOCK_BYTES,
+            ),
         };
-        let q8 = matches!(input, Input::Q8(_));
-        let matches = q8 == matrix.format.takes_q8();
+        let matches = kind == matrix.format.input();
         let too_small = x.bytes() < needed as u64 || y.bytes() < (matrix.rows * tokens * 4) as u64;
         if !matches || too_small || tokens > super::step::MAX_GRID as usize {
             return Err(GpuError::Shape(format!(
-                "{tokens} tokens of {} input through a {:?} {} x {} matrix into {} bytes",
-                if q8 { "8-bit" } else { "f32" },
+                "{tokens} tokens of {kind:?} input through a {:?} {} x {} matrix into {} bytes",
                 matrix.format,
                 matrix.rows,
                 matrix.cols,
                 y.bytes()
             )));
         }
-        let kernel = match matrix.format {
-            Format::F32 => Kernel::MatvecF32,
-            Format::Q8_0 => Kernel::MatvecQ8_0,
-            Format::Q4_0 => Kernel::MatvecQ4_0,
-            Format::Q4_1 => Kernel::MatvecQ4_1,
-        };
         let shape = params(&[matrix.rows as u32, matrix.cols as u32]);
         let buffers = match input {
             Input::F32(x) => [Some(&matrix.buffer), Some(x), Some(y), None],
-            Input::Q8(xq) => [Some(&matrix.buffer), None, Some(y), Some(xq)],
+            Input::Q8(xq) | Input::Q8K(xq) => [Some(&matrix.buffer), None, Some(y), Some(xq)],
         };
         let groups = matrix.rows.div_ceil(ROWS_PER_GROUP);
-        self.record(kernel, shape, &buffers, grid_of(groups, tokens as u32));
+        self.record(
+            matrix.format.kernel(),
+            shape,
+            &buffers,
+            grid_of(groups, tokens as u32),
+        );
         Ok(())
     }
 }

@@ -1,79 +1,17 @@
-// The matrix products y = W x of the forward pass. A workgroup of 64
-// threads computes 8 rows of W for one token, 8 threads a row: each takes
-// every 8th block of the row, and the row's threads add their partial
-// sums. Token t reads its row of x and writes y[t] (rows values).
-//
-// W is f32 (with f32 x), or one of GGUF's formats of 32-value blocks, read
-// as GGUF stores them (blocks of 34, 18 or 20 bytes, so bytes are read out
-// of u32 words):
+// The products of f32, f16 and bf16 matrices (with f32 x) and of GGUF's
+// formats of 32-value blocks (lane k takes every 8th block of the row):
 // - Q8_0: an f16 scale d, then 32 int8 q: d q;
 // - Q4_0: d, then 16 bytes, value j in byte j's low nibble and value
 //   j + 16 in its high one: d (q - 8);
-// - Q4_1: d, an f16 minimum m, then Q4_0's nibbles: d q + m.
+// - Q4_1: d, an f16 minimum m, then Q4_0's nibbles: d q + m;
+// - Q5_0: d, 32 high bits (bit j: value j's fifth bit), Q4_0's nibbles:
+//   d (q - 16);
+// - Q5_1: d, m, the high bits, the nibbles: d q + m.
 // Their x is rounded to 8-bit blocks first (`quantize_q8`), as llama.cpp
 // and the CPU engine do: per block 8 words of i8, a scale dx and dx sum(q),
 // both through f16. A block's dot product is then an exact integer, and a
-// row is sum(int * d * dx) (+ m * dx sum(q) for Q4_1), the CPU's
+// row is sum(int * d * dx) (+ m * dx sum(q) for Q4_1 and Q5_1), the CPU's
 // arithmetic in another order across blocks.
-
-struct Params {
-    rows: u32,
-    cols: u32,
-    _pad: vec2<u32>,
-    _rest: array<vec4<u32>, 3>,
-}
-
-@group(0) @binding(0) var<uniform> shape: Params;
-@group(0) @binding(1) var<storage, read> weights: array<u32>;
-@group(0) @binding(2) var<storage, read> x: array<f32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-// The 8-bit blocks of x (10 words each), for the block formats.
-@group(0) @binding(4) var<storage, read> xq: array<u32>;
-// Where `quantize_q8` writes them.
-@group(0) @binding(5) var<storage, read_write> y_q: array<u32>;
-
-const THREADS: u32 = 64u;
-const ROWS: u32 = 8u;
-const LANES: u32 = 8u;
-const Q8_WORDS: u32 = 10u;
-var<workgroup> partial: array<f32, 64>;
-
-fn byte_at(offset: u32) -> u32 {
-    return (weights[offset >> 2u] >> ((offset & 3u) * 8u)) & 0xffu;
-}
-
-fn f16_at(offset: u32) -> f32 {
-    return unpack2x16float(byte_at(offset) | (byte_at(offset + 1u) << 8u)).x;
-}
-
-fn xq_scale(block: u32) -> f32 {
-    return bitcast<f32>(xq[block + 8u]);
-}
-
-fn xq_sum(block: u32) -> f32 {
-    return bitcast<f32>(xq[block + 9u]);
-}
-
-// The row of W this thread works on (the grid wraps to y), and its lane.
-fn row_of(group: vec3<u32>, count: vec3<u32>, thread: u32) -> u32 {
-    return (group.y * count.x + group.x) * ROWS + thread / LANES;
-}
-
-// Adds each row's lanes and writes the rows' values.
-fn finish(row: u32, token: u32, thread: u32, partial_sum: f32) {
-    partial[thread] = partial_sum;
-    workgroupBarrier();
-    let lane = thread % LANES;
-    for (var half = LANES / 2u; half > 0u; half = half / 2u) {
-        if (lane < half) {
-            partial[thread] = partial[thread] + partial[thread + half];
-        }
-        workgroupBarrier();
-    }
-    if (lane == 0u && row < shape.rows) {
-        y[token * shape.rows + row] = partial[thread];
-    }
-}
 
 @compute @workgroup_size(64)
 fn matvec_f32(@builtin(workgroup_id) group: vec3<u32>,
@@ -91,17 +29,43 @@ fn matvec_f32(@builtin(workgroup_id) group: vec3<u32>,
     finish(row, group.z, thread, sum);
 }
 
-// The word of W's bytes starting at byte `offset` (any alignment).
-fn word_at(offset: u32) -> u32 {
-    let first = offset >> 2u;
-    let shift = (offset & 3u) * 8u;
-    if (shift == 0u) {
-        return weights[first];
+// An f16 or bf16 matrix: two values a word (the columns are even), lane k
+// takes every 8th word of the row.
+fn float_pairs_dot(group: vec3<u32>, row: u32, thread: u32, bf16: bool) -> f32 {
+    var sum = 0.0;
+    if (row < shape.rows) {
+        let pairs = shape.cols / 2u;
+        let start = row * pairs;
+        let xs = group.z * shape.cols;
+        for (var p = thread % LANES; p < pairs; p = p + LANES) {
+            let word = weights[start + p];
+            var w: vec2<f32>;
+            if (bf16) {
+                w = vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u));
+            } else {
+                w = unpack2x16float(word);
+            }
+            sum = sum + w.x * x[xs + 2u * p] + w.y * x[xs + 2u * p + 1u];
+        }
     }
-    return (weights[first] >> shift) | (weights[first + 1u] << (32u - shift));
+    return sum;
 }
 
-const LOW_NIBBLES: u32 = 0x0f0f0f0fu;
+@compute @workgroup_size(64)
+fn matvec_f16(@builtin(workgroup_id) group: vec3<u32>,
+              @builtin(num_workgroups) count: vec3<u32>,
+              @builtin(local_invocation_index) thread: u32) {
+    let row = row_of(group, count, thread);
+    finish(row, group.z, thread, float_pairs_dot(group, row, thread, false));
+}
+
+@compute @workgroup_size(64)
+fn matvec_bf16(@builtin(workgroup_id) group: vec3<u32>,
+               @builtin(num_workgroups) count: vec3<u32>,
+               @builtin(local_invocation_index) thread: u32) {
+    let row = row_of(group, count, thread);
+    finish(row, group.z, thread, float_pairs_dot(group, row, thread, true));
+}
 
 // The integer dot product of 16 bytes of nibbles at byte `offset` (value
 // j in byte j's low nibble, j + 16 in its high one) with the 8-bit block
@@ -181,6 +145,68 @@ fn matvec_q4_1(@builtin(workgroup_id) group: vec3<u32>,
             // Blocks of 20 bytes start on a word: d and m are one word.
             let scales = unpack2x16float(weights[at >> 2u]);
             sum = sum + f32(nibble_dot(at + 4u, xb)) * (scales.x * xq_scale(xb));
+            mins = mins + scales.y * xq_sum(xb);
+        }
+    }
+    finish(row, group.z, thread, sum + mins);
+}
+
+// Bits `first..first + 4` of `bits`, each moved to bit 4 of its own byte:
+// the fifth bits of four values.
+fn fifth_bits(bits: u32, first: u32) -> u32 {
+    let b = bits >> first;
+    return ((b & 1u) | ((b & 2u) << 7u) | ((b & 4u) << 14u) | ((b & 8u) << 21u)) << 4u;
+}
+
+// The integer dot product of a 5-bit block (nibbles at byte `offset`,
+// fifth bits `high`) with the 8-bit block at word `xb`, values unsigned.
+fn five_bit_dot(offset: u32, high: u32, xb: u32) -> i32 {
+    var acc = 0;
+    for (var w = 0u; w < 4u; w = w + 1u) {
+        let nibbles = word_at(offset + 4u * w);
+        let low = (nibbles & LOW_NIBBLES) | fifth_bits(high, 4u * w);
+        let top = ((nibbles >> 4u) & LOW_NIBBLES) | fifth_bits(high, 16u + 4u * w);
+        acc = acc + dot4I8Packed(low, xq[xb + w]) + dot4I8Packed(top, xq[xb + 4u + w]);
+    }
+    return acc;
+}
+
+@compute @workgroup_size(64)
+fn matvec_q5_0(@builtin(workgroup_id) group: vec3<u32>,
+               @builtin(num_workgroups) count: vec3<u32>,
+               @builtin(local_invocation_index) thread: u32) {
+    let row = row_of(group, count, thread);
+    let blocks = shape.cols / 32u;
+    var sum = 0.0;
+    if (row < shape.rows) {
+        for (var b = thread % LANES; b < blocks; b = b + LANES) {
+            let at = (row * blocks + b) * 22u;
+            let xb = (group.z * blocks + b) * Q8_WORDS;
+            // sum (q - 16) x = sum q x - 16 sum x, exactly.
+            let acc = five_bit_dot(at + 6u, word_at(at + 2u), xb) - 16 * xq_total(xb);
+            sum = sum + f32(acc) * (f16_at(at) * xq_scale(xb));
+        }
+    }
+    finish(row, group.z, thread, sum);
+}
+
+@compute @workgroup_size(64)
+fn matvec_q5_1(@builtin(workgroup_id) group: vec3<u32>,
+               @builtin(num_workgroups) count: vec3<u32>,
+               @builtin(local_invocation_index) thread: u32) {
+    let row = row_of(group, count, thread);
+    let blocks = shape.cols / 32u;
+    var sum = 0.0;
+    var mins = 0.0;
+    if (row < shape.rows) {
+        for (var b = thread % LANES; b < blocks; b = b + LANES) {
+            // Blocks of 24 bytes start on a word: d and m, the high bits,
+            // then the nibbles.
+            let at = (row * blocks + b) * 24u;
+            let xb = (group.z * blocks + b) * Q8_WORDS;
+            let scales = unpack2x16float(weights[at >> 2u]);
+            let acc = five_bit_dot(at + 8u, weights[(at >> 2u) + 1u], xb);
+            sum = sum + f32(acc) * (scales.x * xq_scale(xb));
             mins = mins + scales.y * xq_sum(xb);
         }
     }

@@ -96,56 +96,78 @@ fn an_f32_matrix_times_a_vector_is_the_exact_product() {
         let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
         let matrix = gpu.upload_f32(&w, rows, cols).expect("uploads");
         let got = gpu.matvec(&matrix, &x).expect("runs");
-        let (exact, scale): (Vec<f64>, Vec<f64>) = w
-            .chunks(cols)
-            .map(|row| {
-                let terms = row
-                    .iter()
-                    .zip(&x)
-                    .map(|(a, b)| f64::from(*a) * f64::from(*b));
-                (terms.clone().sum::<f64>(), terms.map(f64::abs).sum::<f64>())
-            })
-            .unzip();
+        let (exact, scale) = exact_products(&w, &x, cols);
         check(&got, &exact, &scale, cols, &format!("f32 {rows} x {cols}"));
     }
 }
 
-/// A random matrix of `format`'s blocks as GGUF stores it, and its values.
-fn blocks(rng: &mut impl Rng, format: Format, rows: usize, cols: usize) -> (Vec<u8>, Vec<f64>) {
-    let mut bytes = Vec::new();
-    let mut values = Vec::new();
-    fn f16(rng: &mut impl Rng, bytes: &mut Vec<u8>, low: f32, high: f32) -> f64 {
-        let v = half::f16::from_f32(rng.gen_range(low..high));
-        bytes.extend_from_slice(&v.to_le_bytes());
-        f64::from(v.to_f32())
-    }
-    for _ in 0..rows * cols / 32 {
-        let d = f16(rng, &mut bytes, 0.001, 0.05);
-        match format {
-            Format::Q8_0 => {
-                let qs: Vec<i8> = (0..32).map(|_| rng.gen_range(-127..=127)).collect();
-                bytes.extend(qs.iter().map(|&q| q as u8));
-                values.extend(qs.iter().map(|&q| d * f64::from(q)));
-            }
-            Format::Q4_0 | Format::Q4_1 => {
-                let m = if format == Format::Q4_1 {
-                    f16(rng, &mut bytes, -0.5, 0.5)
-                } else {
-                    0.0
-                };
-                let nibbles: Vec<u8> = (0..32).map(|_| rng.gen_range(0..16)).collect();
-                // Value j in byte j's low nibble, value j + 16 in its high.
-                bytes.extend((0..16).map(|j| nibbles[j] | (nibbles[j + 16] << 4)));
-                values.extend(nibbles.iter().map(|&q| match format {
-                    Format::Q4_0 => d * (f64::from(q) - 8.0),
-                    _ => d * f64::from(q) + m,
-                }));
-            }
-            Format::F32 => unreachable!("f32 has no blocks"),
+#[test]
+fn f16_and_bf16_matrices_times_vectors_are_the_exact_products() {
+    let Some(gpu) = gpu_for("f16_and_bf16_matrices_times_vectors_are_the_exact_products") else {
+        return;
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(6);
+    for (rows, cols) in [(1, 2), (7, 6), (65, 100), (300, 1000)] {
+        let x: Vec<f32> = (0..cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let values: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let halves: Vec<half::f16> = values.iter().map(|v| half::f16::from_f32(*v)).collect();
+        let brains: Vec<half::bf16> = values.iter().map(|v| half::bf16::from_f32(*v)).collect();
+        let cases = [
+            (
+                Format::F16,
+                bytemuck::cast_slice::<_, u8>(&halves).to_vec(),
+                halves.iter().map(|v| v.to_f32()).collect::<Vec<_>>(),
+            ),
+            (
+                Format::Bf16,
+                bytemuck::cast_slice::<_, u8>(&brains).to_vec(),
+                brains.iter().map(|v| v.to_f32()).collect(),
+            ),
+        ];
+        for (format, bytes, w) in cases {
+            let matrix = gpu
+                .upload_blocks(format, &bytes, rows, cols)
+                .expect("uploads");
+            let got = gpu.matvec(&matrix, &x).expect("runs");
+            let (exact, scale) = exact_products(&w, &x, cols);
+            check(
+                &got,
+                &exact,
+                &scale,
+                cols,
+                &format!("{format:?} {rows} x {cols}"),
+            );
         }
     }
-    (bytes, values)
 }
+
+/// Each row of `w` (`cols` wide) dotted with `x` in f64, and its sum of
+/// |w x|.
+fn exact_products(w: &[f32], x: &[f32], cols: usize) -> (Vec<f64>, Vec<f64>) {
+    w.chunks(cols)
+        .map(|row| {
+            let terms = row
+                .iter()
+                .zip(x)
+                .map(|(a, b)| f64::from(*a) * f64::from(*b));
+            (terms.clone().sum::<f64>(), terms.map(f64::abs).sum::<f64>())
+        })
+        .unzip()
+}
+
+/// The GPU formats of blocks and their CPU twins.
+const BLOCK_FORMATS: [(Format, WeightFormat); 10] = [
+    (Format::Q8_0, WeightFormat::Q8_0),
+    (Format::Q4_0, WeightFormat::Q4_0),
+    (Format::Q4_1, WeightFormat::Q4_1),
+    (Format::Q5_0, WeightFormat::Q5_0),
+    (Format::Q5_1, WeightFormat::Q5_1),
+    (Format::Q4K, WeightFormat::Q4_K),
+    (Format::Q5K, WeightFormat::Q5_K),
+    (Format::Q6K, WeightFormat::Q6_K),
+    (Format::Q2K, WeightFormat::Q2_K),
+    (Format::Q3K, WeightFormat::Q3_K),
+];
 
 #[test]
 fn block_matrices_times_vectors_are_the_cpu_kernels_products() {
@@ -154,15 +176,14 @@ fn block_matrices_times_vectors_are_the_cpu_kernels_products() {
     };
     let mut rng = rand::rngs::StdRng::seed_from_u64(8);
     let pool = ThreadPool::new(1);
-    for (format, cpu_format) in [
-        (Format::Q8_0, WeightFormat::Q8_0),
-        (Format::Q4_0, WeightFormat::Q4_0),
-        (Format::Q4_1, WeightFormat::Q4_1),
-    ] {
+    for (format, cpu_format) in BLOCK_FORMATS {
+        let block = cpu_format.block_values();
         // Rows of one block, of an odd number of blocks (blocks fall
-        // across u32 words), more blocks than threads, and several tokens.
-        for (rows, cols, tokens) in [(1, 32, 1), (5, 96, 3), (67, 576, 2), (200, 32 * 70, 5)] {
-            let (bytes, w) = blocks(&mut rng, format, rows, cols);
+        // across u32 words), more blocks than lanes, and several tokens.
+        for (rows, blocks, tokens) in [(1, 1, 1), (5, 3, 3), (67, 18, 2), (200, 9, 5)] {
+            let cols = blocks * block;
+            let values: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let bytes = quant::quantize(cpu_format, &values);
             let x: Vec<f32> = (0..cols * tokens)
                 .map(|_| rng.gen_range(-1.0..1.0))
                 .collect();
@@ -171,22 +192,18 @@ fn block_matrices_times_vectors_are_the_cpu_kernels_products() {
                 .expect("uploads");
             let got = gpu.matmul(&matrix, &x, tokens).expect("runs");
             // The CPU kernel: the same 8-bit activations, the same integer
-            // dot per block; only the order of the sum across blocks differs.
+            // dot per block; only the order of the f32 sums differs.
             let cpu = QMatrix::from_bytes(cpu_format, rows, cols, bytes).expect("a matrix");
+            let mut w = vec![0.0f32; rows * cols];
+            for (r, row) in w.chunks_exact_mut(cols).enumerate() {
+                cpu.dequantize_row(r, row);
+            }
             let mut acts = Activations::default();
             acts.set(&x, tokens, cols);
             let mut want = vec![0.0f32; rows * tokens];
             quant::matmul(&cpu, &mut acts, &mut want, &pool);
             let scale: Vec<f64> = (0..tokens)
-                .flat_map(|t| {
-                    let x = &x[t * cols..(t + 1) * cols];
-                    w.chunks(cols).map(move |row| {
-                        row.iter()
-                            .zip(x)
-                            .map(|(a, b)| (a * f64::from(*b)).abs())
-                            .sum()
-                    })
-                })
+                .flat_map(|t| exact_products(&w, &x[t * cols..(t + 1) * cols], cols).1)
                 .collect();
             let want: Vec<f64> = want.iter().map(|v| f64::from(*v)).collect();
             check(
@@ -345,6 +362,8 @@ fn shapes_that_do_not_fit_are_refused() {
     assert!(gpu.upload_blocks(Format::Q8_0, &[0; 34], 1, 33).is_err());
     assert!(gpu.upload_blocks(Format::Q4_1, &[0; 18], 1, 32).is_err());
     assert!(gpu.upload_blocks(Format::F32, &[0; 128], 1, 32).is_err());
+    assert!(gpu.upload_blocks(Format::Q4K, &[0; 144], 1, 128).is_err());
+    assert!(gpu.upload_blocks(Format::F16, &[0; 6], 1, 3).is_err());
     let matrix = gpu.upload_f32(&[1.0; 6], 2, 3).expect("uploads");
     assert!(gpu.matvec(&matrix, &[1.0; 4]).is_err());
 }
@@ -372,6 +391,27 @@ fn the_default_model_on_the_gpu_matches_llama_cpp_on_the_golden_set() {
 /// 8 concurrent greedy requests (and a seeded sampled one) on the GPU, with
 /// prompt chunks sharing steps with other sequences' decoding, each give
 /// what they give alone.
+#[test]
+fn a_q4_k_m_file_on_the_gpu_gives_llama_cpps_logits() {
+    let Some(gpu) = gpu_for("a_q4_k_m_file_on_the_gpu_gives_llama_cpps_logits") else {
+        return;
+    };
+    // Q4_K and Q6_K where the columns are whole super-blocks, Q5_0 and
+    // Q8_0 where they are not: each read as the file stores it.
+    let mut model = LoadedModel::load(&super::kquants::q4_k_m_mix(), |_, _| {}).expect("loads");
+    let cpu_bytes = model.transformer.weight_bytes() as u64;
+    model
+        .transformer
+        .to_gpu(Arc::new(gpu))
+        .expect("a Q4_K_M file runs on the GPU");
+    let gpu_bytes = model.transformer.gpu_weight_bytes();
+    assert!(
+        gpu_bytes <= cpu_bytes,
+        "{gpu_bytes} bytes on the GPU for {cpu_bytes} on the CPU: some matrix was widened"
+    );
+    super::kquants::q4_k_m_logits_match_llama_cpp(&model);
+}
+
 #[test]
 fn eight_concurrent_requests_on_the_gpu_each_get_what_they_get_alone() {
     let Some(gpu) = gpu_for("eight_concurrent_requests_on_the_gpu_each_get_what_they_get_alone")

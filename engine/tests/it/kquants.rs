@@ -211,9 +211,14 @@ fn a_model_with_a_type_without_native_kernels_generates() {
 
 #[test]
 fn q4_k_m_logits_match_llama_cpp_at_the_first_generated_position() {
-    let path = q4_k_m_mix();
-    let model = LoadedModel::load(&path, |_, _| {}).expect("loads");
-    let mut session = Session::new(&model, 2);
+    let model = LoadedModel::load(&q4_k_m_mix(), |_, _| {}).expect("loads");
+    q4_k_m_logits_match_llama_cpp(&model);
+}
+
+/// `model` (the Q4_K_M mix, on any device) against llama.cpp's logits
+/// after "The quick brown fox".
+pub(crate) fn q4_k_m_logits_match_llama_cpp(model: &LoadedModel) {
+    let mut session = Session::new(model, 2);
     let prompt = [504, 2365, 6354, 16438]; // "The quick brown fox"
     let ours = session.logits_for(&prompt).expect("forward pass");
     let file = format!(

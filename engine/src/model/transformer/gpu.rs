@@ -233,36 +233,70 @@ impl Upload<'_> {
         })
     }
 
-    /// A matrix as the file stores it where a GPU kernel reads that
-    /// format, else dequantized to f32 (correct, but 4 bytes a value).
+    /// A matrix as the file stores it (every native format has a GPU
+    /// kernel); candle's other formats as bf16 where they are bf16, else
+    /// dequantized to f32 (correct, but 4 bytes a value).
     fn matrix(&self, matrix: &Matrix) -> Result<GpuMatrix, GpuError> {
         let (rows, cols) = (matrix.rows(), matrix.cols());
         match matrix {
             Matrix::Native(m) => {
-                let direct = match m.format() {
-                    WeightFormat::Q8_0 => Some(Format::Q8_0),
-                    WeightFormat::Q4_0 => Some(Format::Q4_0),
-                    WeightFormat::Q4_1 => Some(Format::Q4_1),
-                    _ => None,
+                let format = match m.format() {
+                    WeightFormat::F32 => Format::F32,
+                    WeightFormat::F16 => Format::F16,
+                    WeightFormat::Q8_0 => Format::Q8_0,
+                    WeightFormat::Q4_0 => Format::Q4_0,
+                    WeightFormat::Q4_1 => Format::Q4_1,
+                    WeightFormat::Q5_0 => Format::Q5_0,
+                    WeightFormat::Q5_1 => Format::Q5_1,
+                    WeightFormat::Q4_K => Format::Q4K,
+                    WeightFormat::Q5_K => Format::Q5K,
+                    WeightFormat::Q6_K => Format::Q6K,
+                    WeightFormat::Q2_K => Format::Q2K,
+                    WeightFormat::Q3_K => Format::Q3K,
                 };
-                if let Some(format) = direct {
+                if format != Format::F32 && cols.is_multiple_of(format.block_values()) {
                     return self.gpu.upload_blocks(format, m.bytes(), rows, cols);
                 }
+                // f32 (its bytes need not be aligned to f32), or an f16
+                // matrix of odd width (its kernel reads pairs).
                 let mut values = vec![0.0f32; rows * cols];
                 for (r, row) in values.chunks_exact_mut(cols).enumerate() {
                     m.dequantize_row(r, row);
                 }
                 self.gpu.upload_f32(&values, rows, cols)
             }
-            Matrix::Candle { inner, .. } => {
-                let values = inner
-                    .dequantize_f16()
-                    .and_then(|t| t.to_dtype(candle_core::DType::F32))
-                    .and_then(|t| t.flatten_all())
-                    .and_then(|t| t.to_vec1::<f32>())
-                    .map_err(|e| GpuError::Unsupported(format!("dequantizing a matrix: {e}")))?;
-                self.gpu.upload_f32(&values, rows, cols)
+            Matrix::Candle { inner, .. } => self.candle_matrix(inner, rows, cols),
+        }
+    }
+
+    /// A matrix candle holds: bf16 as it is (when the columns are even),
+    /// anything else as f32.
+    fn candle_matrix(
+        &self,
+        inner: &candle_core::quantized::QMatMul,
+        rows: usize,
+        cols: usize,
+    ) -> Result<GpuMatrix, GpuError> {
+        use candle_core::quantized::QMatMul;
+        use candle_core::DType;
+        let failed =
+            |e: candle_core::Error| GpuError::Unsupported(format!("reading a matrix: {e}"));
+        if let QMatMul::Tensor(t) = inner {
+            if t.dtype() == DType::BF16 && cols.is_multiple_of(2) {
+                let values = t
+                    .flatten_all()
+                    .and_then(|t| t.to_vec1::<half::bf16>())
+                    .map_err(failed)?;
+                let bytes: &[u8] = bytemuck::cast_slice(&values);
+                return self.gpu.upload_blocks(Format::Bf16, bytes, rows, cols);
             }
         }
+        let values = inner
+            .dequantize_f16()
+            .and_then(|t| t.to_dtype(DType::F32))
+            .and_then(|t| t.flatten_all())
+            .and_then(|t| t.to_vec1::<f32>())
+            .map_err(failed)?;
+        self.gpu.upload_f32(&values, rows, cols)
     }
 }

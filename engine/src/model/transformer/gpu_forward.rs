@@ -5,7 +5,7 @@
 //! sends back only the rows asked for: the logits of the tokens that want
 //! them, or a pipeline stage's hidden states.
 
-use crate::gpu::matvec::{GpuMatrix, Input};
+use crate::gpu::matvec::{GpuMatrix, Input, InputKind};
 use crate::gpu::ops::{AttentionShape, Elementwise, RopeShape};
 use crate::gpu::{Gpu, GpuBuffer, GpuError, GpuKv, Step};
 use crate::model::config::{Activation, LayerRope};
@@ -160,7 +160,7 @@ impl Transformer {
         let mlp = &layer.mlp;
         project(
             step,
-            [&s.normed, &s.xq],
+            [&s.normed, &s.xq, &s.xqk],
             h,
             n,
             &[(&mlp.gate, &s.gate), (&mlp.up, &s.up)],
@@ -172,7 +172,13 @@ impl Transformer {
             Activation::GeluTanh => Elementwise::GeluMul,
         };
         step.elementwise(act, [&s.gate, &s.up], n * f, 0)?;
-        project(step, [&s.gate, &s.xq], f, n, &[(&mlp.down, &s.proj)])?;
+        project(
+            step,
+            [&s.gate, &s.xq, &s.xqk],
+            f,
+            n,
+            &[(&mlp.down, &s.proj)],
+        )?;
         block_output(
             step,
             s,
@@ -197,7 +203,7 @@ impl Transformer {
         let a = &layer.attention;
         let (qd, kvd, hd) = (cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
         let qkv = [(&a.wq, &s.q), (&a.wk, &s.k), (&a.wv, &s.v)];
-        project(step, [&s.normed, &s.xq], cfg.hidden, n, &qkv)?;
+        project(step, [&s.normed, &s.xq, &s.xqk], cfg.hidden, n, &qkv)?;
         add_bias(step, &s.q, a.q_bias.as_ref(), n * qd, qd)?;
         add_bias(step, &s.k, a.k_bias.as_ref(), n * kvd, kvd)?;
         add_bias(step, &s.v, a.v_bias.as_ref(), n * kvd, kvd)?;
@@ -244,7 +250,7 @@ impl Transformer {
             [&s.q, keys, values, &s.positions, &s.tables, &s.attn],
             shape,
         )?;
-        project(step, [&s.attn, &s.xq], qd, n, &[(&a.wo, &s.proj)])
+        project(step, [&s.attn, &s.xq, &s.xqk], qd, n, &[(&a.wo, &s.proj)])
     }
 
     /// The step's end: the final norm and head where this shard has them,
@@ -285,7 +291,7 @@ impl Transformer {
         };
         project(
             &mut step,
-            [&s.normed_rows, &s.xq],
+            [&s.normed_rows, &s.xq, &s.xqk],
             h,
             wanted,
             &[(head, &s.logits)],
@@ -337,22 +343,27 @@ impl Transformer {
 }
 
 /// Each matrix of `products` times the `n` rows of `cols` in `x`, into its
-/// output; `xq` takes x's 8-bit blocks once for those that read them.
+/// output; `xq` and `xqk` take x's 8-bit blocks (of 32, of 256) once for
+/// those that read them.
 fn project(
     step: &mut Step<'_>,
-    [x, xq]: [&GpuBuffer; 2],
+    [x, xq, xqk]: [&GpuBuffer; 3],
     cols: usize,
     n: usize,
     products: &[(&GpuMatrix, &GpuBuffer)],
 ) -> Result<(), GpuError> {
-    if products.iter().any(|(m, _)| m.format.takes_q8()) {
+    let takes = |kind| products.iter().any(|(m, _)| m.format.input() == kind);
+    if takes(InputKind::Q8) {
         step.quantize_q8(x, xq, n, cols)?;
     }
+    if takes(InputKind::Q8K) {
+        step.quantize_q8k(x, xqk, n, cols)?;
+    }
     for (matrix, y) in products {
-        let input = if matrix.format.takes_q8() {
-            Input::Q8(xq)
-        } else {
-            Input::F32(x)
+        let input = match matrix.format.input() {
+            InputKind::F32 => Input::F32(x),
+            InputKind::Q8 => Input::Q8(xq),
+            InputKind::Q8K => Input::Q8K(xqk),
         };
         step.matmul(matrix, input, y, n)?;
     }

@@ -1,6 +1,6 @@
 //! A step's buffers on the GPU (`gpu_forward.rs` fills and reads them).
 
-use crate::gpu::matvec::Q8_BLOCK_BYTES;
+use crate::gpu::matvec::{Q8K_BLOCK_BYTES, Q8_BLOCK_BYTES};
 use crate::gpu::{Gpu, GpuBuffer};
 use crate::model::config::ModelConfig;
 
@@ -21,6 +21,7 @@ pub(crate) struct GpuScratch {
     pub(super) up: GpuBuffer,
     /// A matrix product's input in 8-bit blocks (the widest input).
     pub(super) xq: GpuBuffer,
+    pub(super) xqk: GpuBuffer,
     pub(super) cos: GpuBuffer,
     pub(super) sin: GpuBuffer,
     pub(super) cos_local: GpuBuffer,
@@ -59,6 +60,10 @@ impl GpuScratch {
             xq: gpu.buffer(
                 "x in 8 bits",
                 (tokens * widest.div_ceil(32) * Q8_BLOCK_BYTES) as u64,
+            ),
+            xqk: gpu.buffer(
+                "x in 8-bit blocks of 256",
+                (tokens * widest.div_ceil(256) * Q8K_BLOCK_BYTES) as u64,
             ),
             cos: floats("cos", tokens * pairs),
             sin: floats("sin", tokens * pairs),

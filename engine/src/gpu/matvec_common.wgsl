@@ -1,0 +1,78 @@
+// What every matrix-product kernel shares (`matvec.wgsl` and
+// `matvec_k.wgsl` are each compiled after this file). A workgroup of 64
+// threads computes 8 rows of W for one token, 8 threads (lanes) a row,
+// and the row's lanes add their partial sums (`finish`). Token t reads its
+// row of x and writes y[t] (rows values). W is read as GGUF stores it, so
+// blocks of any byte size are read out of u32 words (`word_at`).
+
+struct Params {
+    rows: u32,
+    cols: u32,
+    _pad: vec2<u32>,
+    _rest: array<vec4<u32>, 3>,
+}
+
+@group(0) @binding(0) var<uniform> shape: Params;
+@group(0) @binding(1) var<storage, read> weights: array<u32>;
+@group(0) @binding(2) var<storage, read> x: array<f32>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+// The 8-bit blocks of x (10 words each), for the block formats.
+@group(0) @binding(4) var<storage, read> xq: array<u32>;
+// Where `quantize_q8` writes them.
+@group(0) @binding(5) var<storage, read_write> y_q: array<u32>;
+
+const THREADS: u32 = 64u;
+const ROWS: u32 = 8u;
+const LANES: u32 = 8u;
+const Q8_WORDS: u32 = 10u;
+var<workgroup> partial: array<f32, 64>;
+
+fn byte_at(offset: u32) -> u32 {
+    return (weights[offset >> 2u] >> ((offset & 3u) * 8u)) & 0xffu;
+}
+
+fn f16_at(offset: u32) -> f32 {
+    return unpack2x16float(byte_at(offset) | (byte_at(offset + 1u) << 8u)).x;
+}
+
+fn xq_scale(block: u32) -> f32 {
+    return bitcast<f32>(xq[block + 8u]);
+}
+
+fn xq_sum(block: u32) -> f32 {
+    return bitcast<f32>(xq[block + 9u]);
+}
+
+// The row of W this thread works on (the grid wraps to y), and its lane.
+fn row_of(group: vec3<u32>, count: vec3<u32>, thread: u32) -> u32 {
+    return (group.y * count.x + group.x) * ROWS + thread / LANES;
+}
+
+// Adds each row's lanes and writes the rows' values.
+fn finish(row: u32, token: u32, thread: u32, partial_sum: f32) {
+    partial[thread] = partial_sum;
+    workgroupBarrier();
+    let lane = thread % LANES;
+    for (var half = LANES / 2u; half > 0u; half = half / 2u) {
+        if (lane < half) {
+            partial[thread] = partial[thread] + partial[thread + half];
+        }
+        workgroupBarrier();
+    }
+    if (lane == 0u && row < shape.rows) {
+        y[token * shape.rows + row] = partial[thread];
+    }
+}
+
+// The word of W's bytes starting at byte `offset` (any alignment).
+fn word_at(offset: u32) -> u32 {
+    let first = offset >> 2u;
+    let shift = (offset & 3u) * 8u;
+    if (shift == 0u) {
+        return weights[first];
+    }
+    return (weights[first] >> shift) | (weights[first + 1u] << (32u - shift));
+}
+
+const LOW_NIBBLES: u32 = 0x0f0f0f0fu;
+
