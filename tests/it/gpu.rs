@@ -42,7 +42,7 @@ fn generate_and_bench_run_on_the_gpu_with_llama_cpps_tokens() {
         "--chat",
         "What is the capital of France?",
         "--max-tokens",
-        "8",
+        "7",
         "--json",
     ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -54,9 +54,11 @@ fn generate_and_bench_run_on_the_gpu_with_llama_cpps_tokens() {
             .is_some_and(|d| d.starts_with("gpu:")),
         "{json}"
     );
-    // llama.cpp's greedy ids for this prompt (shared golden set); every
-    // step has a clear margin there.
-    let want = [60, 23, 39614, 1141, 552, 28, 2618, 2828];
+    // llama.cpp's first greedy ids for this prompt (shared golden set):
+    // each of these steps has a top-1/top-2 margin of at least 0.34 there.
+    // The eighth's is 0.23, under the golden rule's 0.25: the GPU sums in
+    // another order than the CPU, and may take the runner-up there.
+    let want = [60, 23, 39614, 1141, 552, 28, 2618];
     let got: Vec<u64> = json["generated_token_ids"]
         .as_array()
         .expect("ids")
