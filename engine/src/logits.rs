@@ -79,6 +79,164 @@ impl BestToken {
     }
 }
 
+/// Writes the `n` best `(token, logit)` pairs to `best`, best first (ties:
+/// lower id first), skipping NaN. One pass keeping a small sorted list: most
+/// logits cost one comparison against the worst kept, so this is linear in
+/// the vocabulary with no sort and no allocation once `best` has grown.
+pub fn collect_best(logits: &[f32], n: usize, best: &mut Vec<(u32, f32)>) {
+    best.clear();
+    if n == 0 {
+        return;
+    }
+    let mut worst_kept = f32::NEG_INFINITY;
+    for (id, &logit) in (0u32..).zip(logits) {
+        if best.len() == n {
+            // Only strictly greater enters: on ties the lower id stays.
+            if logit.is_nan() || logit <= worst_kept {
+                continue;
+            }
+            best.pop();
+        } else if logit.is_nan() {
+            continue;
+        }
+        let position = best.partition_point(|&(_, kept)| kept >= logit);
+        best.insert(position, (id, logit));
+        if best.len() == n {
+            worst_kept = best.last().map_or(f32::NEG_INFINITY, |&(_, l)| l);
+        }
+    }
+}
+
+/// Candidates a row keeps when only its best few come back
+/// ([`BestRows`]): enough for the top-k of llama.cpp's and Ollama's
+/// defaults (40), and for every `top_logprobs` OpenAI allows (20).
+pub const TOP_CANDIDATES: usize = 64;
+
+/// Pads a row's candidates when it has fewer than [`TOP_CANDIDATES`] that
+/// are not NaN (a vocabulary that small, or NaN logits).
+const NO_CANDIDATE: (u32, f32) = (u32::MAX, f32::NAN);
+
+/// What the sampler needs of some rows of logits when it needs less than
+/// the whole rows: each row's [`BestToken`], and, when asked for, its
+/// [`TOP_CANDIDATES`] best `(token, logit)` pairs as [`collect_best`]
+/// orders them (padded to that many with an id of `u32::MAX`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BestRows {
+    pub tokens: Vec<BestToken>,
+    pub candidates: Vec<(u32, f32)>,
+}
+
+impl BestRows {
+    pub fn clear(&mut self) {
+        self.tokens.clear();
+        self.candidates.clear();
+    }
+
+    /// Replaces these rows by those of `logits` (rows of `vocab`), with
+    /// their candidates when `with_candidates`.
+    pub fn take_of(&mut self, logits: &[f32], vocab: usize, with_candidates: bool) {
+        self.clear();
+        if vocab == 0 {
+            return;
+        }
+        let mut kept = Vec::with_capacity(TOP_CANDIDATES);
+        for row in logits.chunks_exact(vocab) {
+            self.tokens.push(BestToken::of(row, 0));
+            if with_candidates {
+                collect_best(row, TOP_CANDIDATES, &mut kept);
+                self.push_candidates(&kept);
+            }
+        }
+    }
+
+    /// Appends one row's candidates (at most [`TOP_CANDIDATES`], best
+    /// first), padded.
+    pub fn push_candidates(&mut self, kept: &[(u32, f32)]) {
+        let kept = &kept[..kept.len().min(TOP_CANDIDATES)];
+        self.candidates.extend_from_slice(kept);
+        let padding = TOP_CANDIDATES - kept.len();
+        self.candidates
+            .extend(std::iter::repeat_n(NO_CANDIDATE, padding));
+    }
+
+    /// Replaces these rows by a copy of `rows`.
+    pub fn copy_from(&mut self, rows: BestView<'_>) {
+        self.clear();
+        self.tokens.extend_from_slice(rows.tokens);
+        self.candidates.extend_from_slice(rows.candidates);
+    }
+
+    pub fn view(&self) -> BestView<'_> {
+        BestView {
+            tokens: &self.tokens,
+            candidates: &self.candidates,
+        }
+    }
+}
+
+/// Borrowed [`BestRows`], split row by row.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BestView<'a> {
+    pub tokens: &'a [BestToken],
+    /// Empty, or [`TOP_CANDIDATES`] a row.
+    candidates: &'a [(u32, f32)],
+}
+
+impl<'a> BestView<'a> {
+    pub fn of_tokens(tokens: &'a [BestToken]) -> Self {
+        Self {
+            tokens,
+            candidates: &[],
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Whether the rows carry their candidates.
+    pub fn has_candidates(&self) -> bool {
+        !self.candidates.is_empty()
+    }
+
+    /// The first `count` rows (at most all of them), and the rest.
+    pub fn split_front(self, count: usize) -> (Self, Self) {
+        let count = count.min(self.tokens.len());
+        let (tokens, rest_tokens) = self.tokens.split_at(count);
+        let per_row = if self.candidates.is_empty() {
+            0
+        } else {
+            TOP_CANDIDATES
+        };
+        let at = (count * per_row).min(self.candidates.len());
+        let (candidates, rest_candidates) = self.candidates.split_at(at);
+        (
+            Self { tokens, candidates },
+            Self {
+                tokens: rest_tokens,
+                candidates: rest_candidates,
+            },
+        )
+    }
+
+    /// Row `i`'s best token and its candidates, without the padding (empty
+    /// when the rows carry none). Panics past the last row, as indexing
+    /// does.
+    pub fn row(&self, i: usize) -> (BestToken, &'a [(u32, f32)]) {
+        let best = self.tokens[i];
+        let kept = self
+            .candidates
+            .get(i * TOP_CANDIDATES..(i + 1) * TOP_CANDIDATES)
+            .unwrap_or_default();
+        let real = kept.iter().take_while(|c| c.0 != NO_CANDIDATE.0).count();
+        (best, &kept[..real])
+    }
+}
+
 /// Index and value of the largest logit; ties go to the lowest id and NaN is
 /// never chosen. `(0, -inf)` when nothing is larger than `-inf`.
 ///
@@ -158,4 +316,45 @@ pub(crate) fn exp_non_positive(x: f32) -> f32 {
     let whole_bits = shifted.to_bits().wrapping_sub(ROUNDING_MAGIC.to_bits());
     let scale = f32::from_bits(whole_bits.wrapping_add(127) << 23);
     poly * scale
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_keep_their_candidates_best_first_and_split_row_by_row() {
+        let logits = [
+            1.0,
+            f32::NAN,
+            3.0,
+            3.0,
+            -2.0,
+            // A second row: NaN but one.
+            f32::NAN,
+            f32::NAN,
+            0.5,
+            f32::NAN,
+            f32::NAN,
+        ];
+        let mut rows = BestRows::default();
+        rows.take_of(&logits, 5, true);
+        assert_eq!(rows.candidates.len(), 2 * TOP_CANDIDATES);
+        let view = rows.view();
+        assert!(view.has_candidates());
+        let (best, kept) = view.row(0);
+        assert_eq!(best.token, 2);
+        assert_eq!(kept, &[(2, 3.0), (3, 3.0), (0, 1.0), (4, -2.0)]);
+        let (front, back) = view.split_front(1);
+        assert_eq!(front.len(), 1);
+        let (best, kept) = back.row(0);
+        assert_eq!((best.token, kept), (2, &[(2, 0.5)][..]));
+
+        rows.take_of(&logits, 5, false);
+        assert!(!rows.view().has_candidates());
+        assert_eq!(rows.view().row(1).1, &[]);
+        let mut copy = BestRows::default();
+        copy.copy_from(rows.view());
+        assert_eq!(copy, rows);
+    }
 }

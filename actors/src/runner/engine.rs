@@ -107,6 +107,13 @@ pub struct EngineBackend {
     embedder: Option<EmbedHead>,
 }
 
+/// The KV blocks this shard's memory holds: a shard on a GPU keeps its
+/// keys and values there, at most what the adapter holds beside the
+/// weights; the CPU's pool is planned by sequences and context alone.
+fn kv_blocks_held(transformer: &Transformer) -> usize {
+    transformer.gpu_kv_blocks().unwrap_or(usize::MAX)
+}
+
 /// Puts a loaded shard on `device`, saying where it went.
 fn place(transformer: &mut Transformer, device: DeviceChoice) -> Result<(), BackendError> {
     let placed = transformer
@@ -148,15 +155,14 @@ impl EngineBackend {
         self.setup.threads.max(1)
     }
 
-    fn batch_config(&self, model: &LoadedModel) -> BatchConfig {
+    /// The batch's settings; `held`: the KV blocks every rank's memory
+    /// holds ([`Executor::least_kv_blocks`]).
+    fn batch_config(&self, model: &LoadedModel, held: usize) -> BatchConfig {
         let sequences = self.setup.max_concurrent.max(1);
         let context = model.transformer.config.context_length;
         let planned = sequences * blocks_for(context.min(KV_POSITIONS_PER_SEQUENCE));
-        // A shard on a GPU keeps its keys and values there: at most what
-        // the adapter holds beside the weights.
-        let on_gpu = model.transformer.gpu_kv_blocks().unwrap_or(usize::MAX);
         BatchConfig {
-            kv_blocks: planned.min(on_gpu),
+            kv_blocks: planned.min(held),
             ..BatchConfig::for_context(sequences, context)
         }
     }
@@ -219,13 +225,22 @@ impl Backend for EngineBackend {
             }
             Loaded::Follower(transformer) => {
                 let group = self.take_group();
-                self.follower = Some(Executor::new(transformer, threads, group));
+                let mut executor = Executor::new(transformer, threads, group);
+                executor
+                    .least_kv_blocks(kv_blocks_held(transformer))
+                    .map_err(|e| {
+                        BackendError::Engine(format!("telling rank 0 the KV budget: {e}"))
+                    })?;
+                self.follower = Some(executor);
                 Ok(())
             }
             Loaded::Head(model) => {
                 let group = self.take_group();
-                let executor = Executor::new(&model.transformer, threads, group);
-                let mut batch = Batch::new(model, executor, self.batch_config(model));
+                let mut executor = Executor::new(&model.transformer, threads, group);
+                let least = executor
+                    .least_kv_blocks(kv_blocks_held(&model.transformer))
+                    .map_err(|e| BackendError::Engine(format!("agreeing on a KV budget: {e}")))?;
+                let mut batch = Batch::new(model, executor, self.batch_config(model, least));
                 warm(&mut batch).map_err(|e| BackendError::Engine(format!("warming up: {e}")))?;
                 self.head = Some(Head {
                     batch,

@@ -28,10 +28,11 @@ pub(super) enum Kernel {
     StoreKv,
     Attention,
     BestOfRows,
+    TopOfRows,
 }
 
 impl Kernel {
-    const ALL: [Kernel; 25] = [
+    const ALL: [Kernel; 26] = [
         Kernel::MatvecF32,
         Kernel::MatvecQ8_0,
         Kernel::MatvecQ4_0,
@@ -57,6 +58,7 @@ impl Kernel {
         Kernel::StoreKv,
         Kernel::Attention,
         Kernel::BestOfRows,
+        Kernel::TopOfRows,
     ];
 
     /// Its WGSL file and entry point.
@@ -87,6 +89,7 @@ impl Kernel {
             Self::StoreKv => ("store_kv", "store_kv"),
             Self::Attention => ("attention", "attention"),
             Self::BestOfRows => ("best", "best_of_rows"),
+            Self::TopOfRows => ("best", "top_of_rows"),
         }
     }
 }
@@ -151,5 +154,14 @@ impl Kernels {
     pub(super) fn get(&self, kernel: Kernel) -> &wgpu::ComputePipeline {
         // Built in `Kernel::ALL`'s order, which is the variants' order.
         &self.pipelines[kernel as usize]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_top_kernel_keeps_as_many_candidates_as_the_cpu_reads() {
+        let wanted = format!("const TOP: u32 = {}u;", crate::logits::TOP_CANDIDATES);
+        assert!(include_str!("best.wgsl").contains(&wanted), "{wanted}");
     }
 }

@@ -6,6 +6,7 @@
 use super::error::GpuError;
 use super::kernels::Kernel;
 use super::step::{grid_for_values, grid_of, params, GpuBuffer, Step};
+use crate::logits::TOP_CANDIDATES;
 
 /// A value-by-value kernel over `a`, reading `b`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -259,21 +260,48 @@ impl Step<'_> {
     /// it), with the final soft cap applied first where there is one.
     pub fn best_of_rows(
         &mut self,
-        [logits, best]: [&GpuBuffer; 2],
+        buffers: [&GpuBuffer; 2],
         rows: usize,
         vocab: usize,
         softcap: Option<f32>,
     ) -> Result<(), GpuError> {
-        check("best_of_rows logits", logits, rows * vocab)?;
-        check("best_of_rows best", best, 3 * rows)?;
+        self.over_rows(
+            Kernel::BestOfRows,
+            buffers,
+            [rows, vocab, 3 * rows],
+            softcap,
+        )
+    }
+
+    /// Each row's [`TOP_CANDIDATES`] best `(token, logit)` pairs, as the
+    /// CPU's [`crate::logits::collect_best`] orders them (padded with an
+    /// id of `u32::MAX`), into `best` after [`Step::best_of_rows`]' words:
+    /// two words a pair, from word `3 * rows`.
+    pub fn top_of_rows(
+        &mut self,
+        buffers: [&GpuBuffer; 2],
+        rows: usize,
+        vocab: usize,
+        softcap: Option<f32>,
+    ) -> Result<(), GpuError> {
+        let words = (3 + 2 * TOP_CANDIDATES) * rows;
+        self.over_rows(Kernel::TopOfRows, buffers, [rows, vocab, words], softcap)
+    }
+
+    /// One of `best.wgsl`'s kernels: a workgroup per row of logits,
+    /// writing `words` values into `best`.
+    fn over_rows(
+        &mut self,
+        kernel: Kernel,
+        [logits, best]: [&GpuBuffer; 2],
+        [rows, vocab, words]: [usize; 3],
+        softcap: Option<f32>,
+    ) -> Result<(), GpuError> {
+        check("the rows' logits", logits, rows * vocab)?;
+        check("the rows' best tokens", best, words)?;
         let cap = softcap.unwrap_or(0.0).to_bits();
         let shape = params(&[word(rows)?, word(vocab)?, cap]);
-        self.record(
-            Kernel::BestOfRows,
-            shape,
-            &[Some(logits), Some(best)],
-            grid_of(rows, 1),
-        );
+        self.record(kernel, shape, &[Some(logits), Some(best)], grid_of(rows, 1));
         Ok(())
     }
 }

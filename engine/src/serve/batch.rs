@@ -17,7 +17,7 @@ use std::collections::VecDeque;
 use std::ops::ControlFlow;
 use std::time::Instant;
 
-use crate::logits::BestToken;
+use crate::logits::{BestRows, BestView};
 use crate::model::paged::{blocks_for, BlockId, BlockManager, PoolError, BLOCK_TOKENS};
 use crate::model::transformer::RowOutput;
 use crate::model::SeqSpan;
@@ -230,7 +230,7 @@ pub struct Batch<'m> {
     planned: Vec<Planned>,
     step_tokens: Vec<u32>,
     logits: Vec<f32>,
-    best: Vec<BestToken>,
+    best: BestRows,
     launches: VecDeque<Launch>,
     launch_clock: u64,
     speculation: Option<SpecState>,
@@ -259,7 +259,7 @@ impl<'m> Batch<'m> {
             planned: Vec::new(),
             step_tokens: Vec::new(),
             logits: Vec::new(),
-            best: Vec::new(),
+            best: BestRows::default(),
             launches: VecDeque::new(),
             launch_clock: 0,
             speculation: None,
@@ -510,17 +510,7 @@ impl<'m> Batch<'m> {
                 }
             })
             .collect();
-        // When every row's sampling needs only its best token, a tensor
-        // rank sends that rather than its share of the vocabulary.
-        let only_best = self
-            .planned
-            .iter()
-            .all(|p| p.logits == 0 || self.running[candidates[p.index]].decoder.needs_only_best());
-        let output = if only_best {
-            RowOutput::BestTokens
-        } else {
-            RowOutput::Logits
-        };
+        let output = self.row_output(candidates);
         let started = Instant::now();
         self.executor.launch(&spans, &self.step_tokens, output)?;
         self.launch_clock += 1;
@@ -538,6 +528,27 @@ impl<'m> Batch<'m> {
             started,
         });
         Ok(true)
+    }
+
+    /// What the planned step wants of its rows: only their best tokens
+    /// when every row's sampling needs no more (a tensor rank then sends
+    /// that rather than its share of the vocabulary), their top candidates
+    /// when that is all every row's needs (a GPU then reads back those
+    /// rather than the vocabulary), else the logits.
+    fn row_output(&self, candidates: &[usize]) -> RowOutput {
+        let decoders = || {
+            self.planned
+                .iter()
+                .filter(|p| p.logits > 0)
+                .map(|p| &self.running[candidates[p.index]].decoder)
+        };
+        if decoders().all(Decoder::needs_only_best) {
+            RowOutput::BestTokens
+        } else if decoders().all(Decoder::needs_only_candidates) {
+            RowOutput::TopCandidates
+        } else {
+            RowOutput::Logits
+        }
     }
 
     /// Drafts for the decoding sequences among `candidates` that speculate,
@@ -611,7 +622,9 @@ impl<'m> Batch<'m> {
                 values: &mut logits[..rows * vocab],
                 vocab,
             },
-            RowOutput::BestTokens => StepRows::Best(&best[..rows]),
+            RowOutput::BestTokens | RowOutput::TopCandidates => {
+                StepRows::Best(best.view().split_front(rows).0)
+            }
         };
         self.after_step(&launch.parts, step_rows, sink);
         self.logits = logits;
@@ -952,10 +965,10 @@ impl<'m> Batch<'m> {
 }
 
 /// A collected step's rows, part after part: logits, or their best tokens
-/// ([`RowOutput`]).
+/// and maybe their candidates ([`RowOutput`]).
 enum StepRows<'a> {
     Logits { values: &'a mut [f32], vocab: usize },
-    Best(&'a [BestToken]),
+    Best(BestView<'a>),
 }
 
 impl<'a> StepRows<'a> {
@@ -972,7 +985,7 @@ impl<'a> StepRows<'a> {
                 }
             }
             StepRows::Best(best) => {
-                let (front, back) = best.split_at(count);
+                let (front, back) = best.split_front(count);
                 *best = back;
                 StepRows::Best(front)
             }
@@ -985,7 +998,10 @@ impl<'a> StepRows<'a> {
             StepRows::Logits { values, vocab } => {
                 Row::Logits(&mut values[i * *vocab..(i + 1) * *vocab])
             }
-            StepRows::Best(best) => Row::Best(best[i]),
+            StepRows::Best(best) => {
+                let (token, candidates) = best.row(i);
+                Row::Best(token, candidates)
+            }
         }
     }
 }

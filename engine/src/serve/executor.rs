@@ -24,7 +24,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::dist::collectives::{CollectiveError, Group, SingleRank};
-use crate::logits::BestToken;
+use crate::logits::BestRows;
 use crate::model::paged::{BlockId, KvPool};
 use crate::model::transformer::RowOutput;
 use crate::model::transformer::{ForwardError, Pass};
@@ -69,6 +69,7 @@ fn encode_batch(spans: &[SeqSpan<'_>], tokens: &[u32], output: RowOutput, out: &
     word(match output {
         RowOutput::Logits => BATCH,
         RowOutput::BestTokens => BATCH_OF_BESTS,
+        RowOutput::TopCandidates => BATCH_OF_TOPS,
     });
     word(spans.len() as u32);
     for span in spans {
@@ -105,6 +106,8 @@ pub enum Step {
 const BATCH: u32 = 3;
 /// A batch whose rows that want logits want only their best tokens.
 const BATCH_OF_BESTS: u32 = 4;
+/// A batch whose rows that want logits want their top candidates.
+const BATCH_OF_TOPS: u32 = 5;
 const SHUTDOWN: u32 = 2;
 
 impl Step {
@@ -142,6 +145,9 @@ impl Step {
             }
             [BATCH_OF_BESTS, count, ref rest @ ..] => {
                 Self::decode_batch(count as usize, rest, RowOutput::BestTokens)
+            }
+            [BATCH_OF_TOPS, count, ref rest @ ..] => {
+                Self::decode_batch(count as usize, rest, RowOutput::TopCandidates)
             }
             _ => Err(format!("an unknown step of {} words", words.len())),
         }
@@ -220,7 +226,7 @@ pub struct Executor<'m> {
     pool: ThreadPool,
     group: Box<dyn Group>,
     logits: Vec<f32>,
-    best: Vec<BestToken>,
+    best: BestRows,
     hidden: Vec<f32>,
     message: Vec<u8>,
     shut_down: bool,
@@ -228,7 +234,7 @@ pub struct Executor<'m> {
     launched: VecDeque<Launched>,
     /// Buffers of collected steps, for the next launches.
     spare: Vec<Vec<f32>>,
-    spare_best: Vec<Vec<BestToken>>,
+    spare_best: Vec<BestRows>,
 }
 
 /// A step rank 0 launched: how many rows it waits for, of what, and the
@@ -245,13 +251,13 @@ enum Held {
     /// They come from the last stage at collection.
     Later,
     Logits(Vec<f32>),
-    Best(Vec<BestToken>),
+    Best(BestRows),
 }
 
-/// Rank 0's best tokens of whole rows of logits.
-fn best_of_rows(logits: &[f32], vocab: usize, out: &mut Vec<BestToken>) {
-    out.clear();
-    out.extend(logits.chunks_exact(vocab).map(|row| BestToken::of(row, 0)));
+/// Rank 0's best tokens of whole rows of logits, with their candidates
+/// for [`RowOutput::TopCandidates`].
+fn best_of_rows(logits: &[f32], vocab: usize, output: RowOutput, out: &mut BestRows) {
+    out.take_of(logits, vocab, output == RowOutput::TopCandidates);
 }
 
 impl<'m> Executor<'m> {
@@ -269,7 +275,7 @@ impl<'m> Executor<'m> {
             pool: ThreadPool::new(threads),
             group,
             logits: Vec::new(),
-            best: Vec::new(),
+            best: BestRows::default(),
             hidden: Vec::new(),
             message: Vec::new(),
             shut_down: false,
@@ -318,6 +324,40 @@ impl<'m> Executor<'m> {
         self.kv.ensure_blocks(blocks);
     }
 
+    /// Every rank's most KV blocks (`local`: what its memory holds) to
+    /// rank 0, which gets the least of them: the instance's pool has the
+    /// same blocks on every rank, so the smallest GPU caps it. Every rank
+    /// calls this once, before the first step; the others get their own.
+    pub fn least_kv_blocks(&mut self, local: usize) -> Result<usize, ExecError> {
+        // Counts up to MAX_POOL_BLOCKS (2^20) are exact as f32.
+        let mine = local.min(MAX_POOL_BLOCKS);
+        let size = self.world_size();
+        if size == 1 {
+            return Ok(mine);
+        }
+        let rank = self.rank();
+        let mut counts = vec![1; size];
+        counts[0] = 0;
+        let word = [mine as f32];
+        let sent: &[f32] = if rank == 0 { &[] } else { &word };
+        let mut gathered = vec![0.0f32; size - 1];
+        self.group.gather_to_first(sent, &counts, &mut gathered)?;
+        if rank != 0 {
+            return Ok(mine);
+        }
+        let mut least = mine;
+        for (from, &other) in (1..).zip(&gathered) {
+            if !(other >= 0.0 && other <= MAX_POOL_BLOCKS as f32) {
+                return Err(ExecError::BadStep {
+                    rank: from,
+                    message: format!("a KV budget of {other} blocks"),
+                });
+            }
+            least = least.min(other as usize);
+        }
+        Ok(least)
+    }
+
     /// Rank 0: every rank runs `tokens`, span by span. Returns the logits
     /// rows the spans ask for, in span order.
     pub fn step(
@@ -358,7 +398,7 @@ impl<'m> Executor<'m> {
                 let buffer = self.spare.pop().unwrap_or_default();
                 Held::Logits(std::mem::replace(&mut self.logits, buffer))
             }
-            (true, RowOutput::BestTokens) => {
+            (true, RowOutput::BestTokens | RowOutput::TopCandidates) => {
                 let buffer = self.spare_best.pop().unwrap_or_default();
                 Held::Best(std::mem::replace(&mut self.best, buffer))
             }
@@ -384,13 +424,14 @@ impl<'m> Executor<'m> {
     }
 
     /// Rank 0: [`Executor::collect`] into `logits` (or `best`, for a step
-    /// launched for [`RowOutput::BestTokens`]), whose buffer is traded for
+    /// launched for [`RowOutput::BestTokens`] or
+    /// [`RowOutput::TopCandidates`]), whose buffer is traded for
     /// the one holding the rows rather than copied into; returns how many
     /// rows at its start are the step's.
     pub fn collect_into(
         &mut self,
         logits: &mut Vec<f32>,
-        best: &mut Vec<BestToken>,
+        best: &mut BestRows,
     ) -> Result<Option<usize>, ExecError> {
         let Some(launched) = self.launched.pop_front() else {
             return Ok(None);
@@ -420,7 +461,9 @@ impl<'m> Executor<'m> {
                 Ok(model.head_of_normed(&self.hidden, &mut self.workspace, &self.pool)?)
             });
         match (computed, launched.output) {
-            (Ok(rows), RowOutput::BestTokens) => best_of_rows(rows, model.config.vocab, best),
+            (Ok(rows), RowOutput::BestTokens | RowOutput::TopCandidates) => {
+                best_of_rows(rows, model.config.vocab, launched.output, best)
+            }
             (Ok(_), RowOutput::Logits) => self.workspace.swap_logits(logits),
             (Err(error), _) => {
                 // What else was launched will not come either.
@@ -564,14 +607,13 @@ impl<'m> Executor<'m> {
         let mut have_logits = false;
         let mut have_best = false;
         match out {
-            ForwardOutput::Logits(rows) if rank == 0 && output == RowOutput::BestTokens => {
-                best_of_rows(rows, model.config.vocab, &mut self.best);
+            ForwardOutput::Logits(rows) if rank == 0 && output != RowOutput::Logits => {
+                best_of_rows(rows, model.config.vocab, output, &mut self.best);
                 have_best = true;
             }
             ForwardOutput::Logits(_) if rank == 0 => have_logits = true,
             ForwardOutput::Best(rows) if rank == 0 => {
-                self.best.clear();
-                self.best.extend_from_slice(rows);
+                self.best.copy_from(rows);
                 have_best = true;
             }
             // Tensor-parallel ranks other than 0 sent their share of the
@@ -655,6 +697,18 @@ mod tests {
                 }],
                 tokens: vec![5],
                 output: RowOutput::Logits,
+            },
+            Step::Batch {
+                spans: vec![WireSpan {
+                    start: 3,
+                    len: 1,
+                    logits: 1,
+                    table: vec![2],
+                    prompt: 3,
+                    state: 1,
+                }],
+                tokens: vec![9],
+                output: RowOutput::TopCandidates,
             },
         ] {
             step.encode(&mut bytes);

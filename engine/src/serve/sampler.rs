@@ -11,7 +11,7 @@
 //! reused, and no step sorts the whole vocabulary unless top-p is asked for
 //! without top-k and the nucleus turns out to be very wide.
 
-use crate::logits::{exp_non_positive, BestToken};
+use crate::logits::{collect_best, exp_non_positive, BestToken, TOP_CANDIDATES};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -339,6 +339,52 @@ impl Sampler {
             && self.params.logit_bias.is_empty()
     }
 
+    /// Whether a row's [`BestToken`] and its [`TOP_CANDIDATES`] best
+    /// tokens are all this sampler needs: top-k within them (or greedy),
+    /// alternatives to list within them, and no penalties or bias (which
+    /// change logits outside them).
+    pub fn needs_only_candidates(&self) -> bool {
+        let params = &self.params;
+        let top_k_within = (1..=TOP_CANDIDATES).contains(&params.top_k);
+        (params.temperature == 0.0 || top_k_within)
+            && params.top_logprobs <= TOP_CANDIDATES
+            && !params.penalties_enabled()
+            && params.logit_bias.is_empty()
+    }
+
+    /// What [`Sampler::sample`] would give for the row that `best` and
+    /// `candidates` (its best, as [`collect_best`] orders them, all of them
+    /// when fewer than [`TOP_CANDIDATES`]) were taken of, drawing the same
+    /// random number, for a sampler that
+    /// [`needs_only_candidates`](Sampler::needs_only_candidates).
+    pub fn sample_candidates(&mut self, best: BestToken, candidates: &[(u32, f32)]) -> Sampled {
+        let (max_logit, mass) = (best.logit, best.mass);
+        let log_normaliser = max_logit + mass.ln();
+        let token = if self.params.temperature == 0.0 {
+            best.token
+        } else {
+            let top_k = self.params.top_k.min(candidates.len());
+            self.draw_sorted(&candidates[..top_k], max_logit)
+                .unwrap_or(best.token)
+        };
+        // The drawn token is a candidate; the greedy one is too unless every
+        // logit is NaN, when `sample` reads a NaN logit.
+        let logprob = candidates
+            .iter()
+            .find(|&&(id, _)| id == token)
+            .map_or(f32::NAN, |&(_, logit)| logit - log_normaliser);
+        let listed = self.params.top_logprobs.min(candidates.len());
+        let top_logprobs = candidates[..listed]
+            .iter()
+            .map(|&(id, logit)| (id, logit - log_normaliser))
+            .collect();
+        Sampled {
+            token,
+            logprob,
+            top_logprobs,
+        }
+    }
+
     /// The token [`Sampler::sample`] would choose from the row `best` was
     /// taken of, with the same logprob, for a sampler that
     /// [`needs_only_best`](Sampler::needs_only_best) (any other gets the
@@ -444,32 +490,53 @@ impl Sampler {
     /// Truncates the candidates, applies temperature and draws one. `None`
     /// when there is nothing to draw from (the caller takes the argmax).
     fn draw(&mut self, logits: &[f32], max_logit: f32, mass: f32) -> Option<u32> {
-        let inverse_temperature = 1.0 / self.params.temperature;
-        // An infinite logit, or a temperature so small that its inverse
-        // overflows, leaves nothing to draw from but the argmax.
-        if !max_logit.is_finite() || !inverse_temperature.is_finite() {
+        if !self.can_draw(max_logit) {
             return None;
         }
         let top_k = self.params.top_k;
-        // After top-k the candidates are sorted best first.
-        let mut sorted = false;
         if top_k > 0 && top_k <= STREAMING_TOP_K_LIMIT {
             collect_best(logits, top_k, &mut self.candidates);
-            sorted = true;
-        } else {
-            // -inf and NaN logits stay in but get weight exactly 0 (see
-            // `exp_non_positive`) and rank last, so they are never drawn; not
-            // filtering them keeps this copy a straight, memcpy-like loop.
-            self.candidates.clear();
-            self.candidates.extend((0u32..).zip(logits.iter().copied()));
+            return self.draw_from_candidates(max_logit, mass, true);
         }
-        if !sorted && top_k > 0 && top_k < self.candidates.len() {
+        // -inf and NaN logits stay in but get weight exactly 0 (see
+        // `exp_non_positive`) and rank last, so they are never drawn; not
+        // filtering them keeps this copy a straight, memcpy-like loop.
+        self.candidates.clear();
+        self.candidates.extend((0u32..).zip(logits.iter().copied()));
+        // After top-k the candidates are sorted best first.
+        let mut sorted = false;
+        if top_k > 0 && top_k < self.candidates.len() {
             self.candidates
                 .select_nth_unstable_by(top_k - 1, best_first);
             self.candidates.truncate(top_k);
             self.candidates.sort_unstable_by(best_first);
             sorted = true;
         }
+        self.draw_from_candidates(max_logit, mass, sorted)
+    }
+
+    /// [`Sampler::draw`] from a row's best candidates, already sorted and
+    /// cut to top-k.
+    fn draw_sorted(&mut self, candidates: &[(u32, f32)], max_logit: f32) -> Option<u32> {
+        if !self.can_draw(max_logit) {
+            return None;
+        }
+        self.candidates.clear();
+        self.candidates.extend_from_slice(candidates);
+        // A sorted set's mass is computed from it: the row's is not read.
+        self.draw_from_candidates(max_logit, f32::NAN, true)
+    }
+
+    /// Whether there is anything to draw from: an infinite logit, or a
+    /// temperature so small that its inverse overflows, leaves nothing but
+    /// the argmax.
+    fn can_draw(&self, max_logit: f32) -> bool {
+        max_logit.is_finite() && (1.0 / self.params.temperature).is_finite()
+    }
+
+    /// Top-p, min-p and the temperature over `self.candidates` (the whole
+    /// row's, whose mass is `mass`, or a sorted top-k), then one draw.
+    fn draw_from_candidates(&mut self, max_logit: f32, mass: f32, sorted: bool) -> Option<u32> {
         if self.params.top_p < 1.0 {
             // Without top-k the candidates are the whole vocabulary, whose
             // mass is already known.
@@ -490,6 +557,7 @@ impl Sampler {
         }
 
         // Softmax at the requested temperature, weights stored in place.
+        let inverse_temperature = 1.0 / self.params.temperature;
         let total = softmax_weights_in_place(&mut self.candidates, max_logit, inverse_temperature);
         if !(total > 0.0 && total.is_finite()) {
             return None;
@@ -597,34 +665,6 @@ fn pick_by_weight(weighted: &[(u32, f32)], drawn_mass: f64) -> Option<u32> {
         .map(|&(id, _)| id)
 }
 
-/// Writes the `n` best `(token, logit)` pairs to `best`, best first (ties:
-/// lower id first), skipping NaN. One pass keeping a small sorted list: most
-/// logits cost one comparison against the worst kept, so this is linear in
-/// the vocabulary with no sort and no allocation once `best` has grown.
-fn collect_best(logits: &[f32], n: usize, best: &mut Vec<(u32, f32)>) {
-    best.clear();
-    if n == 0 {
-        return;
-    }
-    let mut worst_kept = f32::NEG_INFINITY;
-    for (id, &logit) in (0u32..).zip(logits) {
-        if best.len() == n {
-            // Only strictly greater enters: on ties the lower id stays.
-            if logit.is_nan() || logit <= worst_kept {
-                continue;
-            }
-            best.pop();
-        } else if logit.is_nan() {
-            continue;
-        }
-        let position = best.partition_point(|&(_, kept)| kept >= logit);
-        best.insert(position, (id, logit));
-        if best.len() == n {
-            worst_kept = best.last().map_or(f32::NEG_INFINITY, |&(_, l)| l);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -642,6 +682,88 @@ mod tests {
     fn logits(n: usize, salt: u64) -> Vec<f32> {
         let mut rng = StdRng::seed_from_u64(salt);
         (0..n).map(|_| rng.gen_range(-10.0f32..10.0)).collect()
+    }
+
+    /// `sample` on whole rows and `sample_candidates` on what a GPU reads
+    /// back of them give the same tokens, logprobs and alternatives, draw
+    /// after draw (the same random numbers), for every sampler that needs
+    /// only candidates.
+    #[test]
+    fn candidates_sample_as_the_whole_row_does() {
+        use crate::logits::BestRows;
+        let mut rows: Vec<Vec<f32>> = (0..6).map(|salt| logits(1000, salt)).collect();
+        // Ties across the 40th place, NaN and -inf; a vocabulary smaller
+        // than the candidates; a row of NaN but one.
+        let mut tied = logits(1000, 9);
+        let mut order = tied.clone();
+        order.sort_by(|a, b| b.total_cmp(a));
+        for at in [3, 500, 999, 12, 640] {
+            tied[at] = order[39];
+        }
+        tied[7] = f32::NAN;
+        tied[8] = f32::NEG_INFINITY;
+        rows.push(tied);
+        rows.push(vec![0.5, -1.0, 2.0]);
+        rows.push(vec![f32::NAN, f32::NAN, 1.0, f32::NAN]);
+        let mut variants = Vec::new();
+        for (temperature, top_k, top_p, min_p, top_logprobs) in [
+            (0.0, 0, 1.0, 0.0, 5),
+            (0.0, 0, 1.0, 0.0, MAX_TOP_LOGPROBS),
+            (0.8, 40, 1.0, 0.0, 0),
+            (1.0, 1, 1.0, 0.0, 3),
+            (1.3, TOP_CANDIDATES, 0.9, 0.0, 2),
+            (0.7, 20, 0.95, 0.05, 20),
+            (5.0, 64, 0.5, 0.0, 0),
+        ] {
+            variants.push(SamplingParams {
+                temperature,
+                top_k,
+                top_p,
+                min_p,
+                top_logprobs,
+                seed: Some(3),
+                ..SamplingParams::default()
+            });
+        }
+        for p in variants {
+            let mut whole = Sampler::new(p.clone(), 1000).unwrap();
+            let mut from_candidates = Sampler::new(p.clone(), 1000).unwrap();
+            assert!(from_candidates.needs_only_candidates(), "{p:?}");
+            for round in 0..20 {
+                for row in &rows {
+                    let mut best = BestRows::default();
+                    best.take_of(row, row.len(), true);
+                    let (token, kept) = best.view().row(0);
+                    let got = from_candidates.sample_candidates(token, kept);
+                    let want = whole.sample(&mut row.clone(), &[]);
+                    let what = format!("{p:?}, round {round}, a row of {}", row.len());
+                    assert_eq!(got.token, want.token, "{what}");
+                    assert_eq!(got.logprob.to_bits(), want.logprob.to_bits(), "{what}");
+                    assert_eq!(got.top_logprobs, want.top_logprobs, "{what}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn only_what_reads_or_changes_the_whole_row_needs_it() {
+        let needs = |change: &dyn Fn(&mut SamplingParams)| {
+            let mut p = params(0.8);
+            p.top_k = 40;
+            change(&mut p);
+            Sampler::new(p, 1000).unwrap().needs_only_candidates()
+        };
+        assert!(needs(&|_| {}));
+        assert!(needs(&|p| p.temperature = 0.0));
+        assert!(needs(&|p| {
+            p.temperature = 0.0;
+            p.top_k = 0;
+        }));
+        assert!(!needs(&|p| p.top_k = 0));
+        assert!(!needs(&|p| p.top_k = TOP_CANDIDATES + 1));
+        assert!(!needs(&|p| p.repetition_penalty = 1.1));
+        assert!(!needs(&|p| p.presence_penalty = 0.5));
+        assert!(!needs(&|p| p.logit_bias = vec![(3, 1.0)]));
     }
 
     #[test]

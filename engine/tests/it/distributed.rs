@@ -255,3 +255,45 @@ fn pipeline_world_2_agrees_with_one_machine() {
 fn pipeline_world_3_agrees_with_one_machine() {
     check(Sharding::Pipeline, 3);
 }
+
+/// Each rank tells rank 0 how many KV blocks its memory holds, and rank 0
+/// learns the least (a pipeline's smallest GPU caps the instance's pool).
+#[test]
+fn rank_0_learns_the_least_kv_budget_of_its_ranks() {
+    let path = tessera_testkit::default_model_path();
+    let world = 3;
+    let layers = model_config(&path).expect("config").layers;
+    let (listeners, addrs) = tessera_testkit::loopback_listeners(world);
+    let mut listeners = listeners.into_iter();
+    let own = listeners.next().expect("rank 0 listener");
+    let held = [50, 7, usize::MAX];
+    let workers: Vec<_> = listeners
+        .enumerate()
+        .map(|(i, listener)| {
+            let rank = i + 1;
+            let (addrs, path) = (addrs.clone(), path.clone());
+            std::thread::spawn(move || {
+                let shard = spec(Sharding::Pipeline, rank, world, layers);
+                let transformer = load_transformer(&path, &shard, |_, _| {}).expect("loads");
+                let ring = TcpRing::from_listener(rank, listener, &addrs, "test", TIMEOUT, TIMEOUT)
+                    .expect("ring");
+                let mut executor = Executor::new(&transformer, 1, Box::new(ring));
+                let own = executor.least_kv_blocks(held[rank]).expect("sent");
+                assert_eq!(own, held[rank].min(1 << 20), "rank {rank} keeps its own");
+                executor.serve(None, TIMEOUT)
+            })
+        })
+        .collect();
+    let shard = spec(Sharding::Pipeline, 0, world, layers);
+    let model = LoadedModel::load_shard(&path, Some(&shard), |_, _| {}).expect("loads");
+    let ring = TcpRing::from_listener(0, own, &addrs, "test", TIMEOUT, TIMEOUT).expect("ring");
+    let mut executor = Executor::new(&model.transformer, 1, Box::new(ring));
+    assert_eq!(executor.least_kv_blocks(held[0]).expect("gathered"), 7);
+    drop(executor);
+    for worker in workers {
+        worker
+            .join()
+            .expect("worker rank")
+            .expect("serves until rank 0 is done");
+    }
+}

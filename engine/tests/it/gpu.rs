@@ -19,15 +19,17 @@ use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 use tessera_engine::gpu::matvec::Format;
 use tessera_engine::gpu::ops::{Elementwise, RopeShape};
-use tessera_engine::logits::BestToken;
+use tessera_engine::logits::{collect_best, BestToken, TOP_CANDIDATES};
 use tessera_engine::ops::{self, RopeStyle};
 use tessera_engine::quant::{self, Activations, QMatrix, WeightFormat};
 use tessera_engine::threadpool::ThreadPool;
 
+use std::ops::ControlFlow;
 use tessera_engine::gpu::{self, Gpu};
 use tessera_engine::model::Transformer;
 use tessera_engine::serve::executor::Executor;
-use tessera_engine::serve::{LoadedModel, Session};
+use tessera_engine::serve::sampler::SamplingParams;
+use tessera_engine::serve::{GenerateRequest, LoadedModel, Prompt, Session};
 
 use super::distributed::{greedy_with_margins, on_prepared_ranks, Sharding};
 
@@ -340,6 +342,90 @@ fn each_rows_best_token_is_the_cpus() {
     }
 }
 
+#[test]
+fn each_rows_top_candidates_are_the_cpus() {
+    let Some(gpu) = gpu_for("each_rows_top_candidates_are_the_cpus") else {
+        return;
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let cases = [
+        (2, 5, None),
+        (1, 7, None),
+        (1, TOP_CANDIDATES, None),
+        (3, 1000, None),
+        (2, 49155, None),
+        (2, 3000, Some(30.0f32)),
+    ];
+    for (rows, vocab, softcap) in cases {
+        let mut logits: Vec<f32> = (0..rows * vocab)
+            .map(|_| rng.gen_range(-20.0..20.0))
+            .collect();
+        if softcap.is_none() {
+            awkward_row(&mut logits[..vocab], &mut rng);
+        }
+        let input = gpu.buffer_with("logits", bytemuck::cast_slice(&logits));
+        let words = (3 + 2 * TOP_CANDIDATES) * rows;
+        let best = gpu.buffer("best", (words * 4) as u64);
+        let mut step = gpu.step();
+        step.best_of_rows([&input, &best], rows, vocab, softcap)
+            .expect("records");
+        step.top_of_rows([&input, &best], rows, vocab, softcap)
+            .expect("records");
+        let words = step.read(&best, words).expect("runs");
+        let pairs = words[3 * rows..].chunks_exact(2 * TOP_CANDIDATES);
+        for (row, pairs) in pairs.enumerate() {
+            let got: Vec<(u32, f32)> = pairs
+                .chunks_exact(2)
+                .map(|w| (w[0].to_bits(), w[1]))
+                .take_while(|&(id, _)| id != u32::MAX)
+                .collect();
+            let mut row_logits = logits[row * vocab..(row + 1) * vocab].to_vec();
+            if let Some(cap) = softcap {
+                ops::softcap(&mut row_logits, cap);
+            }
+            let mut want = Vec::new();
+            collect_best(&row_logits, TOP_CANDIDATES, &mut want);
+            let what = format!("row {row} of {vocab}");
+            let ids = |pairs: &[(u32, f32)]| pairs.iter().map(|p| p.0).collect::<Vec<_>>();
+            assert_eq!(ids(&got), ids(&want), "{what}");
+            let values = |pairs: &[(u32, f32)]| pairs.iter().map(|p| p.1).collect::<Vec<_>>();
+            if softcap.is_some() {
+                // The GPU's tanh is its own.
+                close(&values(&got), &values(&want), 1e-5, &what);
+            } else {
+                // Read as stored, -0.0 and -inf included.
+                let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+                assert_eq!(bits(values(&got)), bits(values(&want)), "{what}");
+            }
+        }
+    }
+}
+
+/// Makes a row hard to rank: NaN, -inf, both zeros, and logits equal to
+/// the 60th best in scattered places, so the TOP_CANDIDATES-th place falls
+/// among equal logits (taken by lower id). A row of a vocabulary under 8 is
+/// all NaN but one.
+fn awkward_row(row: &mut [f32], rng: &mut impl Rng) {
+    let vocab = row.len();
+    if vocab < 8 {
+        row.fill(f32::NAN);
+        row[vocab / 2] = 1.5;
+        return;
+    }
+    row[0] = f32::NAN;
+    row[1] = 0.0;
+    row[2] = -0.0;
+    row[vocab - 1] = f32::NEG_INFINITY;
+    if vocab > 2 * TOP_CANDIDATES {
+        let mut order = row.to_vec();
+        order.sort_by(|a, b| b.total_cmp(a));
+        let tie = order[60];
+        for _ in 0..12 {
+            row[rng.gen_range(3..vocab - 1)] = tie;
+        }
+    }
+}
+
 /// `got` within `tolerance` of `want`, relative to each value's size (and
 /// absolute below 1): f32 kernels that differ in the order or the
 /// approximation of their operations (exp, the norm's sum).
@@ -420,6 +506,48 @@ fn eight_concurrent_requests_on_the_gpu_each_get_what_they_get_alone() {
     };
     let model = default_model_on(gpu);
     super::batching::check_invariance(&model, Executor::single(&model.transformer, 2));
+}
+
+/// Top-k sampling on the GPU reads back each row's candidates, not its
+/// logits, and draws what the whole rows draw: a bias of zero on one token
+/// (which the candidates cannot carry) sends the same request through the
+/// logits, and the tokens are the same, their logprobs within the two
+/// exponentials' rounding.
+#[test]
+fn top_k_sampling_on_the_gpu_draws_from_the_candidates_what_whole_rows_draw() {
+    let name = "top_k_sampling_on_the_gpu_draws_from_the_candidates_what_whole_rows_draw";
+    let Some(gpu) = gpu_for(name) else {
+        return;
+    };
+    let model = default_model_on(gpu);
+    let mut session = Session::new(&model, 2);
+    let generate = |session: &mut Session<'_>, logit_bias: Vec<(u32, f32)>| {
+        let mut request = GenerateRequest::new(Prompt::Raw("Once upon a time".into()));
+        request.max_tokens = 16;
+        request.ignore_eos = true;
+        request.logprobs = true;
+        request.sampling = SamplingParams {
+            temperature: 1.2,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.02,
+            top_logprobs: 3,
+            seed: Some(5),
+            logit_bias,
+            ..SamplingParams::default()
+        };
+        session
+            .generate(&request, |_| ControlFlow::Continue(()))
+            .expect("generates")
+    };
+    let candidates = generate(&mut session, Vec::new());
+    let whole_rows = generate(&mut session, vec![(0, 0.0)]);
+    assert_eq!(candidates.tokens, whole_rows.tokens);
+    for (a, b) in candidates.logprobs.iter().zip(&whole_rows.logprobs) {
+        close(&[a.logprob], &[b.logprob], 1e-4, "logprob");
+        let ids = |t: &[(u32, f32)]| t.iter().map(|p| p.0).collect::<Vec<_>>();
+        assert_eq!(ids(&a.top), ids(&b.top));
+    }
 }
 
 /// Prefix sharing on the GPU: a second question under the same system

@@ -18,7 +18,7 @@ use super::head::cap_logits;
 use super::io::{ForwardError, ForwardOutput, RowOutput, SeqSpan, StageInput};
 use super::workspace::{Pass, Workspace};
 use super::Transformer;
-use crate::logits::BestToken;
+use crate::logits::{BestRows, BestToken, TOP_CANDIDATES};
 
 impl Transformer {
     /// [`Transformer::forward_batch`] on the GPU.
@@ -296,16 +296,16 @@ impl Transformer {
             wanted,
             &[(head, &s.logits)],
         )?;
-        if output == RowOutput::BestTokens {
+        if output != RowOutput::Logits {
+            let candidates = output == RowOutput::TopCandidates;
             let softcap = cfg.variant.final_softcap;
             step.best_of_rows([&s.logits, &s.best], wanted, cfg.vocab, softcap)?;
-            let words = step.read(&s.best, 3 * wanted)?;
-            ws.best.clear();
-            ws.best.extend(
-                words
-                    .chunks_exact(3)
-                    .map(|w| BestToken::from_words([w[0], w[1], w[2]])),
-            );
+            if candidates {
+                step.top_of_rows([&s.logits, &s.best], wanted, cfg.vocab, softcap)?;
+            }
+            let per_row = 3 + if candidates { 2 * TOP_CANDIDATES } else { 0 };
+            let words = step.read(&s.best, per_row * wanted)?;
+            read_best_rows(&words, wanted, &mut ws.best);
             return Ok(());
         }
         let logits = step.read(&s.logits, wanted * cfg.vocab)?;
@@ -332,8 +332,8 @@ impl Transformer {
         if !self.is_last_stage() || wanted == 0 {
             return Ok(ForwardOutput::Hidden(&ws.x[..tokens * h]));
         }
-        if self.is_first_stage() && output == RowOutput::BestTokens {
-            return Ok(ForwardOutput::Best(&ws.best[..wanted]));
+        if self.is_first_stage() && output != RowOutput::Logits {
+            return Ok(ForwardOutput::Best(ws.best.view()));
         }
         if self.is_first_stage() {
             return Ok(ForwardOutput::Logits(&ws.logits[..wanted * vocab]));
@@ -368,6 +368,20 @@ fn project(
         step.matmul(matrix, input, y, n)?;
     }
     Ok(())
+}
+
+/// `wanted` rows' best tokens as [`Step::best_of_rows`] wrote them, then
+/// their candidates if [`Step::top_of_rows`] wrote them after.
+fn read_best_rows(words: &[f32], wanted: usize, out: &mut BestRows) {
+    out.clear();
+    let (tokens, candidates) = words.split_at((3 * wanted).min(words.len()));
+    out.tokens.extend(
+        tokens
+            .chunks_exact(3)
+            .map(|w| BestToken::from_words([w[0], w[1], w[2]])),
+    );
+    out.candidates
+        .extend(candidates.chunks_exact(2).map(|w| (w[0].to_bits(), w[1])));
 }
 
 /// A step's rows: its tokens, the rows that want logits, and what they

@@ -2,6 +2,7 @@
 
 use crate::gpu::matvec::{Q8K_BLOCK_BYTES, Q8_BLOCK_BYTES};
 use crate::gpu::{Gpu, GpuBuffer};
+use crate::logits::TOP_CANDIDATES;
 use crate::model::config::ModelConfig;
 
 /// A step's buffers on the GPU, sized for the largest step so far.
@@ -35,7 +36,8 @@ pub(crate) struct GpuScratch {
     pub(super) picked: GpuBuffer,
     pub(super) normed_rows: GpuBuffer,
     pub(super) logits: GpuBuffer,
-    /// Each row's best token, three words (greedy rows).
+    /// Each row's best token, three words, then (for top-k rows) its
+    /// candidates, two words each.
     pub(super) best: GpuBuffer,
 }
 
@@ -75,7 +77,7 @@ impl GpuScratch {
             picked: floats("picked", rows),
             normed_rows: floats("normed rows", rows * cfg.hidden),
             logits: floats("logits", rows * cfg.vocab),
-            best: floats("best", 3 * rows),
+            best: floats("best", (3 + 2 * TOP_CANDIDATES) * rows),
         }
     }
 

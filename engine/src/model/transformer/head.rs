@@ -198,16 +198,23 @@ impl Transformer {
                 };
                 BestToken::from_words([words[0], words[1], words[2]])
             };
-            ws.best.extend(BestToken::combine((0..size).map(of_rank)));
+            ws.best
+                .tokens
+                .extend(BestToken::combine((0..size).map(of_rank)));
         }
-        if let Some(bad) = ws.best.iter().find(|b| b.token as usize >= cfg.vocab) {
+        if let Some(bad) = ws
+            .best
+            .tokens
+            .iter()
+            .find(|b| b.token as usize >= cfg.vocab)
+        {
             let message = format!(
                 "a best token {} of a vocabulary of {}",
                 bad.token, cfg.vocab
             );
             return Err(CollectiveError::Invalid(message).into());
         }
-        Ok(ForwardOutput::Best(&ws.best))
+        Ok(ForwardOutput::Best(ws.best.view()))
     }
 }
 

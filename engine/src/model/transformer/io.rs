@@ -1,7 +1,7 @@
 //! What a forward pass takes and gives, and how it fails.
 
 use crate::dist::collectives::CollectiveError;
-use crate::logits::BestToken;
+use crate::logits::BestView;
 use crate::model::paged::BlockId;
 
 /// What a stage consumes.
@@ -23,9 +23,10 @@ pub enum ForwardOutput<'a> {
     /// vocab/hidden times smaller than its logits (85 times for
     /// SmolLM2-135M), and the first stage has the tied embeddings anyway.
     Normed(&'a [f32]),
-    /// Rank 0 of a tensor group asked for [`RowOutput::BestTokens`]: one
-    /// per row that wants logits.
-    Best(&'a [BestToken]),
+    /// Rank 0 of a tensor group asked for [`RowOutput::BestTokens`], or a
+    /// GPU head for that or [`RowOutput::TopCandidates`]: one per row that
+    /// wants logits, with its candidates for the latter.
+    Best(BestView<'a>),
     /// A tensor rank other than 0: its share of the logits (or of the best
     /// tokens) went to rank 0, the only rank that samples.
     SentToFirst,
@@ -37,11 +38,17 @@ pub enum RowOutput {
     /// The whole vocabulary's logits.
     #[default]
     Logits,
-    /// Only the row's [`BestToken`], all that greedy sampling needs: a
+    /// Only the row's [`crate::logits::BestToken`], all that greedy sampling needs: a
     /// tensor rank then sends rank 0 12 bytes per row, not its share of
     /// the vocabulary. Where the logits are whole on one rank anyway they
     /// come back whole, and the caller takes their best.
     BestTokens,
+    /// The row's [`crate::logits::BestToken`] and its [`crate::logits::TOP_CANDIDATES`]
+    /// best tokens, all that top-k sampling needs: a GPU reads back 130
+    /// words a row rather than the vocabulary. Where the logits are whole
+    /// on the CPU anyway (or gathered there from tensor ranks) they come
+    /// back whole, and the caller takes the candidates.
+    TopCandidates,
 }
 
 /// One sequence's share of a batched step: its tokens are the next `len`

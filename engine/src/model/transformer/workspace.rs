@@ -1,6 +1,6 @@
 //! The forward pass's scratch buffers.
 
-use crate::logits::BestToken;
+use crate::logits::BestRows;
 use crate::model::attention::{self};
 use crate::model::config::ModelConfig;
 use crate::model::deltanet::LinearWorkspace;
@@ -48,7 +48,7 @@ pub struct Workspace {
     /// A tensor rank's best tokens, as words, to send; and rank 0's
     /// combined ones.
     pub(super) local_best: Vec<f32>,
-    pub(super) best: Vec<BestToken>,
+    pub(super) best: BestRows,
     pub(super) acts: Activations,
     /// The mixture-of-experts block's buffers (empty for dense models).
     pub(super) moe: MoeWorkspace,

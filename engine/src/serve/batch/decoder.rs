@@ -64,10 +64,12 @@ pub fn prompt_opens_reasoning(model: &LoadedModel, format: &OutputFormat, prompt
 }
 
 /// A step's row for one sequence: its logits, or only their best token
-/// when that is all its sampling needs ([`Decoder::needs_only_best`]).
+/// when that is all its sampling needs ([`Decoder::needs_only_best`]),
+/// with the row's best candidates when those are
+/// ([`Decoder::needs_only_candidates`]).
 pub enum Row<'a> {
     Logits(&'a mut [f32]),
-    Best(BestToken),
+    Best(BestToken, &'a [(u32, f32)]),
 }
 
 /// Where a sequence's events go; `Break` cancels it.
@@ -115,6 +117,13 @@ impl Decoder {
         self.sampler.needs_only_best() && !self.want_logprobs && self.constraint.is_none()
     }
 
+    /// Whether a row's best candidates are all it needs: top-k sampling
+    /// (or greedy with alternatives to list) without penalties, bias or a
+    /// constraint, which read or change the whole row.
+    pub fn needs_only_candidates(&self) -> bool {
+        self.sampler.needs_only_candidates() && self.constraint.is_none()
+    }
+
     /// Samples the next token from `row` (`history`: the prompt and the
     /// tokens so far) and streams what it releases. `Some(token)` when the
     /// sequence goes on with `token` fed back; `None` once it has ended.
@@ -134,7 +143,8 @@ impl Decoder {
                 }
                 self.sampler.sample(logits, history)
             }
-            Row::Best(best) => self.sampler.sample_best(best),
+            Row::Best(best, []) => self.sampler.sample_best(best),
+            Row::Best(best, candidates) => self.sampler.sample_candidates(best, candidates),
         };
         let id = sampled.token;
         self.first_token_at.get_or_insert_with(Instant::now);
