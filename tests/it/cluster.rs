@@ -1090,6 +1090,10 @@ fn a_pipeline_instance_downloads_only_each_nodes_files() {
     .unwrap_or_else(|| panic!("not ready:\n{}\n{}", first.log(), second.log()));
 
     let folder = repo_name.replace('/', "--");
+    // Layers go by each node's measured speed, which a busy machine skews
+    // (a 27/3 split leaves rank 0 needing every file): so each rank must
+    // hold exactly its stage's files, and some rank must have skipped one.
+    let mut some_rank_skipped_a_file = false;
     for rank in placed["ranks"].as_array().expect("ranks") {
         let node = [&first, &second]
             .into_iter()
@@ -1110,7 +1114,7 @@ fn a_pipeline_instance_downloads_only_each_nodes_files() {
                 .filter(|name| name.ends_with(".safetensors"))
                 .collect();
         assert_eq!(present, expected, "rank {}", rank["rank"]);
-        assert!(present.len() < all_files.len(), "not every file");
+        some_rank_skipped_a_file |= present.len() < all_files.len();
         assert!(
             !node
                 .dir
@@ -1121,6 +1125,7 @@ fn a_pipeline_instance_downloads_only_each_nodes_files() {
             "only model files"
         );
     }
+    assert!(some_rank_skipped_a_file, "every rank fetched every file");
     // The catalogue says both nodes hold parts of the model, neither all.
     let listed = models(ns, ports[0], &["--json", "list"]);
     let listed: Value = serde_json::from_slice(&listed.stdout).expect("models list JSON");
