@@ -10,6 +10,9 @@ pub struct Gpu {
     pub(super) device: wgpu::Device,
     pub(super) queue: wgpu::Queue,
     pub(super) kernels: Kernels,
+    /// What a plain matrix product binds where a routed one reads its
+    /// routes (`matvec_common.wgsl`).
+    pub(super) no_routes: wgpu::Buffer,
 }
 
 impl Gpu {
@@ -60,11 +63,18 @@ impl Gpu {
                 reason: format!("compiling the kernels: {error}"),
             });
         }
+        let no_routes = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("no routes"),
+            size: 8,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
         Ok(Self {
             report,
             device,
             queue,
             kernels,
+            no_routes,
         })
     }
 }

@@ -74,3 +74,37 @@ fn gelu_mul(@builtin(workgroup_id) group: vec3<u32>,
         a[i] = 0.5 * x * (1.0 + tanh(inner)) * b[i];
     }
 }
+
+// a = each row of 2 width values of b's first half (gated attention's
+// query heads, each followed by its gate).
+@compute @workgroup_size(64)
+fn first_halves(@builtin(workgroup_id) group: vec3<u32>,
+                @builtin(num_workgroups) count: vec3<u32>,
+                @builtin(local_invocation_index) thread: u32) {
+    let i = index_of(group, count, thread);
+    if (i < p.count) {
+        a[i] = b[(i / p.width) * 2u * p.width + i % p.width];
+    }
+}
+
+// a = each row of 2 width values of b's second half (the gates).
+@compute @workgroup_size(64)
+fn second_halves(@builtin(workgroup_id) group: vec3<u32>,
+                 @builtin(num_workgroups) count: vec3<u32>,
+                 @builtin(local_invocation_index) thread: u32) {
+    let i = index_of(group, count, thread);
+    if (i < p.count) {
+        a[i] = b[(i / p.width) * 2u * p.width + p.width + i % p.width];
+    }
+}
+
+// a = a sigmoid(b) (gated attention's output gate).
+@compute @workgroup_size(64)
+fn sigmoid_mul(@builtin(workgroup_id) group: vec3<u32>,
+               @builtin(num_workgroups) count: vec3<u32>,
+               @builtin(local_invocation_index) thread: u32) {
+    let i = index_of(group, count, thread);
+    if (i < p.count) {
+        a[i] = a[i] * (1.0 / (1.0 + exp(-b[i])));
+    }
+}

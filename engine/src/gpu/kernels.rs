@@ -29,10 +29,20 @@ pub(super) enum Kernel {
     Attention,
     BestOfRows,
     TopOfRows,
+    RouteExperts,
+    SumExperts,
+    AddShared,
+    FirstHalves,
+    SecondHalves,
+    SigmoidMul,
+    Conv,
+    L2Heads,
+    Gates,
+    Recur,
 }
 
 impl Kernel {
-    const ALL: [Kernel; 26] = [
+    const ALL: [Kernel; 36] = [
         Kernel::MatvecF32,
         Kernel::MatvecQ8_0,
         Kernel::MatvecQ4_0,
@@ -59,6 +69,16 @@ impl Kernel {
         Kernel::Attention,
         Kernel::BestOfRows,
         Kernel::TopOfRows,
+        Kernel::RouteExperts,
+        Kernel::SumExperts,
+        Kernel::AddShared,
+        Kernel::FirstHalves,
+        Kernel::SecondHalves,
+        Kernel::SigmoidMul,
+        Kernel::Conv,
+        Kernel::L2Heads,
+        Kernel::Gates,
+        Kernel::Recur,
     ];
 
     /// Its WGSL file and entry point.
@@ -90,6 +110,16 @@ impl Kernel {
             Self::Attention => ("attention", "attention"),
             Self::BestOfRows => ("best", "best_of_rows"),
             Self::TopOfRows => ("best", "top_of_rows"),
+            Self::RouteExperts => ("moe", "route"),
+            Self::SumExperts => ("moe", "sum_experts"),
+            Self::AddShared => ("moe", "add_shared"),
+            Self::FirstHalves => ("elementwise", "first_halves"),
+            Self::SecondHalves => ("elementwise", "second_halves"),
+            Self::SigmoidMul => ("elementwise", "sigmoid_mul"),
+            Self::Conv => ("deltanet", "conv"),
+            Self::L2Heads => ("deltanet", "l2_heads"),
+            Self::Gates => ("deltanet", "gates"),
+            Self::Recur => ("deltanet", "recur"),
         }
     }
 }
@@ -100,7 +130,7 @@ const MATVEC_COMMON: &str = include_str!("matvec_common.wgsl");
 const EXP_POLY: &str = include_str!("exp_poly.wgsl");
 
 /// Each module's name and its source's parts, compiled as one.
-const MODULES: [(&str, &[&str]); 8] = [
+const MODULES: [(&str, &[&str]); 10] = [
     ("matvec", &[MATVEC_COMMON, include_str!("matvec.wgsl")]),
     ("matvec_k", &[MATVEC_COMMON, include_str!("matvec_k.wgsl")]),
     ("norm", &[include_str!("norm.wgsl")]),
@@ -109,6 +139,8 @@ const MODULES: [(&str, &[&str]); 8] = [
     ("store_kv", &[include_str!("store_kv.wgsl")]),
     ("attention", &[EXP_POLY, include_str!("attention.wgsl")]),
     ("best", &[include_str!("best.wgsl")]),
+    ("moe", &[EXP_POLY, include_str!("moe.wgsl")]),
+    ("deltanet", &[include_str!("deltanet.wgsl")]),
 ];
 
 /// The compiled kernels, in [`Kernel::ALL`]'s order.

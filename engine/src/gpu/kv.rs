@@ -16,6 +16,11 @@ pub struct GpuKv {
     /// Bytes of one block in one layer's keys (or values).
     block_bytes: u64,
     blocks: usize,
+    /// Each sequence's recurrent state (hybrid models), `state_floats` a
+    /// slot, `slots` slots.
+    states: GpuBuffer,
+    state_floats: usize,
+    slots: usize,
 }
 
 impl GpuKv {
@@ -26,10 +31,55 @@ impl GpuKv {
         Self {
             keys: empty("keys"),
             values: empty("values"),
+            states: gpu.buffer("states", 4),
             gpu,
             block_bytes,
             blocks: 0,
+            state_floats: 0,
+            slots: 0,
         }
+    }
+
+    /// The same cache with `floats` of recurrent state per sequence.
+    pub fn with_state(mut self, floats: usize) -> Self {
+        self.state_floats = floats;
+        self
+    }
+
+    /// Floats of recurrent state per sequence.
+    pub fn state_floats(&self) -> usize {
+        self.state_floats
+    }
+
+    /// Grows the states to hold `slots` slots, keeping what they hold.
+    pub fn ensure_state_slots(&mut self, slots: usize) -> Result<(), GpuError> {
+        if slots <= self.slots || self.state_floats == 0 {
+            return Ok(());
+        }
+        let slot_bytes = self.state_floats as u64 * 4;
+        let most = self.gpu.max_binding_bytes();
+        let fit = (most / slot_bytes) as usize;
+        if slots > fit {
+            return Err(GpuError::TooLarge {
+                what: format!("the recurrent states of {slots} sequences"),
+                bytes: slots as u64 * slot_bytes,
+                most,
+            });
+        }
+        let slots = slots.max(self.slots + self.slots / 2).min(fit);
+        let grown = self.gpu.buffer("states", slots as u64 * slot_bytes);
+        if self.slots > 0 {
+            self.gpu
+                .copy(&self.states, &grown, self.slots as u64 * slot_bytes);
+        }
+        self.states = grown;
+        self.slots = slots;
+        Ok(())
+    }
+
+    /// Every sequence's recurrent state, slot after slot.
+    pub fn states(&self) -> &GpuBuffer {
+        &self.states
     }
 
     /// Blocks held.
@@ -77,5 +127,6 @@ impl GpuKv {
     /// Bytes held on the GPU.
     pub fn size_bytes(&self) -> u64 {
         2 * self.keys.len() as u64 * self.blocks as u64 * self.block_bytes
+            + (self.slots * self.state_floats * 4) as u64
     }
 }

@@ -130,7 +130,50 @@ impl GpuMatrix {
     }
 }
 
+/// A mixture of experts' matrices (each `rows` x `cols`, all of one
+/// format) one after another in one buffer, for [`Step::matmul_routed`].
+pub struct GpuExperts {
+    matrix: GpuMatrix,
+    pub experts: usize,
+    pub rows: usize,
+}
+
+impl GpuExperts {
+    /// Bytes it takes on the GPU.
+    pub fn bytes(&self) -> u64 {
+        self.matrix.bytes()
+    }
+
+    pub fn format(&self) -> Format {
+        self.matrix.format
+    }
+}
+
 impl Gpu {
+    /// Uploads experts' matrices, each `rows` x `cols` in `format` as
+    /// GGUF stores it (f32: its values' bytes), one after another.
+    pub fn upload_experts(
+        &self,
+        format: Format,
+        experts: &[&[u8]],
+        rows: usize,
+        cols: usize,
+    ) -> Result<GpuExperts, GpuError> {
+        let one = experts.first().map_or(0, |e| e.len());
+        if one == 0 || experts.iter().any(|e| e.len() != one) {
+            return Err(GpuError::Shape(format!(
+                "{} experts' {format:?} matrices, empty or of unequal sizes",
+                experts.len()
+            )));
+        }
+        let matrix = self.upload_bytes(format, &experts.concat(), rows * experts.len(), cols)?;
+        Ok(GpuExperts {
+            matrix,
+            experts: experts.len(),
+            rows,
+        })
+    }
+
     /// Uploads `rows` x `cols` f32 values, row after row.
     pub fn upload_f32(
         &self,
@@ -156,9 +199,24 @@ impl Gpu {
         rows: usize,
         cols: usize,
     ) -> Result<GpuMatrix, GpuError> {
+        if format == Format::F32 {
+            return Err(GpuError::Shape(
+                "f32 values go through upload_f32, not as blocks".into(),
+            ));
+        }
+        self.upload_bytes(format, bytes, rows, cols)
+    }
+
+    /// Uploads a matrix's bytes in `format` (f32: its values' bytes).
+    pub fn upload_bytes(
+        &self,
+        format: Format,
+        bytes: &[u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<GpuMatrix, GpuError> {
         let per_block = format.block_values();
-        let fits = format != Format::F32
-            && cols > 0
+        let fits = cols > 0
             && cols.is_multiple_of(per_block)
             && bytes.len() == rows * cols / per_block * format.block_bytes();
         if !fits {
@@ -299,38 +357,119 @@ impl Step<'_> {
         y: &GpuBuffer,
         tokens: usize,
     ) -> Result<(), GpuError> {
+        let product = Product {
+            rows: matrix.rows,
+            products: tokens,
+            input_rows: tokens,
+            x_per: 0,
+        };
+        let no_routes = GpuBuffer {
+            buffer: self.gpu.no_routes.clone(),
+        };
+        self.product(matrix, product, input, [y, &no_routes])
+    }
+
+    /// A mixture of experts' products: row z of `y` = W_e x[z / x_per],
+    /// W_e the matrix of expert `routes[2z]` ([`Step::route_experts`]),
+    /// for `products` rows. The gate and up products of `t` tokens with
+    /// k experts each take x_per = k; the down products (one input row
+    /// each) x_per = 1.
+    pub fn matmul_routed(
+        &mut self,
+        experts: &GpuExperts,
+        input: Input<'_>,
+        [y, routes]: [&GpuBuffer; 2],
+        products: usize,
+        x_per: usize,
+    ) -> Result<(), GpuError> {
+        if x_per == 0 || !products.is_multiple_of(x_per) || routes.bytes() < (products * 8) as u64 {
+            return Err(GpuError::Shape(format!(
+                "{products} routed products of {x_per} a row with {} bytes of routes",
+                routes.bytes()
+            )));
+        }
+        let product = Product {
+            rows: experts.rows,
+            products,
+            input_rows: products / x_per,
+            x_per,
+        };
+        self.product(&experts.matrix, product, input, [y, routes])
+    }
+
+    /// Records one product after checking every buffer holds its part.
+    fn product(
+        &mut self,
+        matrix: &GpuMatrix,
+        product: Product,
+        input: Input<'_>,
+        [y, routes]: [&GpuBuffer; 2],
+    ) -> Result<(), GpuError> {
+        let Product {
+            rows,
+            products,
+            input_rows,
+            x_per,
+        } = product;
         let (x, kind, needed) = match input {
-            Input::F32(x) => (x, InputKind::F32, matrix.cols * tokens * 4),
-            Input::Q8(x) => (x, InputKind::Q8, matrix.cols / 32 * tokens * Q8_BLOCK_BYTES),
+            Input::F32(x) => (x, InputKind::F32, matrix.cols * input_rows * 4),
+            Input::Q8(x) => (
+                x,
+                InputKind::Q8,
+                matrix.cols / 32 * input_rows * Q8_BLOCK_BYTES,
+            ),
             Input::Q8K(x) => (
                 x,
                 InputKind::Q8K,
-                matrix.cols / 256 * tokens * Q8K_BLOCK_BYTES,
+                matrix.cols / 256 * input_rows * Q8K_BLOCK_BYTES,
             ),
         };
         let matches = kind == matrix.format.input();
-        let too_small = x.bytes() < needed as u64 || y.bytes() < (matrix.rows * tokens * 4) as u64;
-        if !matches || too_small || tokens > super::step::MAX_GRID as usize {
+        let too_small = x.bytes() < needed as u64 || y.bytes() < (rows * products * 4) as u64;
+        if !matches || too_small || products > super::step::MAX_GRID as usize {
             return Err(GpuError::Shape(format!(
-                "{tokens} tokens of {kind:?} input through a {:?} {} x {} matrix into {} bytes",
+                "{products} rows of {kind:?} input through a {:?} {rows} x {} matrix into {} bytes",
                 matrix.format,
-                matrix.rows,
                 matrix.cols,
                 y.bytes()
             )));
         }
-        let shape = params(&[matrix.rows as u32, matrix.cols as u32]);
+        let shape = params(&[rows as u32, matrix.cols as u32, x_per as u32]);
         let buffers = match input {
-            Input::F32(x) => [Some(&matrix.buffer), Some(x), Some(y), None],
-            Input::Q8(xq) | Input::Q8K(xq) => [Some(&matrix.buffer), None, Some(y), Some(xq)],
+            Input::F32(x) => [
+                Some(&matrix.buffer),
+                Some(x),
+                Some(y),
+                None,
+                None,
+                Some(routes),
+            ],
+            Input::Q8(xq) | Input::Q8K(xq) => [
+                Some(&matrix.buffer),
+                None,
+                Some(y),
+                Some(xq),
+                None,
+                Some(routes),
+            ],
         };
-        let groups = matrix.rows.div_ceil(ROWS_PER_GROUP);
+        let groups = rows.div_ceil(ROWS_PER_GROUP);
         self.record(
             matrix.format.kernel(),
             shape,
             &buffers,
-            grid_of(groups, tokens as u32),
+            grid_of(groups, products as u32),
         );
         Ok(())
     }
+}
+
+/// One dispatch of products: `products` rows of `rows` values from
+/// `input_rows` rows of input (`x_per` of them a row when routed, else 0).
+#[derive(Clone, Copy)]
+struct Product {
+    rows: usize,
+    products: usize,
+    input_rows: usize,
+    x_per: usize,
 }

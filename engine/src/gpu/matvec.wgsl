@@ -18,10 +18,10 @@ fn matvec_f32(@builtin(workgroup_id) group: vec3<u32>,
               @builtin(num_workgroups) count: vec3<u32>,
               @builtin(local_invocation_index) thread: u32) {
     let row = row_of(group, count, thread);
-    let xs = group.z * shape.cols;
+    let xs = x_row(group.z) * shape.cols;
     var sum = 0.0;
     if (row < shape.rows) {
-        let start = row * shape.cols;
+        let start = w_row(group.z, row) * shape.cols;
         for (var c = thread % LANES; c < shape.cols; c = c + LANES) {
             sum = sum + bitcast<f32>(weights[start + c]) * x[xs + c];
         }
@@ -35,8 +35,8 @@ fn float_pairs_dot(group: vec3<u32>, row: u32, thread: u32, bf16: bool) -> f32 {
     var sum = 0.0;
     if (row < shape.rows) {
         let pairs = shape.cols / 2u;
-        let start = row * pairs;
-        let xs = group.z * shape.cols;
+        let start = w_row(group.z, row) * pairs;
+        let xs = x_row(group.z) * shape.cols;
         for (var p = thread % LANES; p < pairs; p = p + LANES) {
             let word = weights[start + p];
             var w: vec2<f32>;
@@ -99,8 +99,8 @@ fn matvec_q8_0(@builtin(workgroup_id) group: vec3<u32>,
     var sum = 0.0;
     if (row < shape.rows) {
         for (var b = thread % LANES; b < blocks; b = b + LANES) {
-            let at = (row * blocks + b) * 34u;
-            let xb = (group.z * blocks + b) * Q8_WORDS;
+            let at = (w_row(group.z, row) * blocks + b) * 34u;
+            let xb = (x_row(group.z) * blocks + b) * Q8_WORDS;
             var acc = 0;
             for (var w = 0u; w < 8u; w = w + 1u) {
                 acc = acc + dot4I8Packed(word_at(at + 2u + 4u * w), xq[xb + w]);
@@ -120,8 +120,8 @@ fn matvec_q4_0(@builtin(workgroup_id) group: vec3<u32>,
     var sum = 0.0;
     if (row < shape.rows) {
         for (var b = thread % LANES; b < blocks; b = b + LANES) {
-            let at = (row * blocks + b) * 18u;
-            let xb = (group.z * blocks + b) * Q8_WORDS;
+            let at = (w_row(group.z, row) * blocks + b) * 18u;
+            let xb = (x_row(group.z) * blocks + b) * Q8_WORDS;
             // sum (q - 8) x = sum q x - 8 sum x, exactly, in integers.
             let acc = nibble_dot(at + 2u, xb) - 8 * xq_total(xb);
             sum = sum + f32(acc) * (f16_at(at) * xq_scale(xb));
@@ -140,8 +140,8 @@ fn matvec_q4_1(@builtin(workgroup_id) group: vec3<u32>,
     var mins = 0.0;
     if (row < shape.rows) {
         for (var b = thread % LANES; b < blocks; b = b + LANES) {
-            let at = (row * blocks + b) * 20u;
-            let xb = (group.z * blocks + b) * Q8_WORDS;
+            let at = (w_row(group.z, row) * blocks + b) * 20u;
+            let xb = (x_row(group.z) * blocks + b) * Q8_WORDS;
             // Blocks of 20 bytes start on a word: d and m are one word.
             let scales = unpack2x16float(weights[at >> 2u]);
             sum = sum + f32(nibble_dot(at + 4u, xb)) * (scales.x * xq_scale(xb));
@@ -180,8 +180,8 @@ fn matvec_q5_0(@builtin(workgroup_id) group: vec3<u32>,
     var sum = 0.0;
     if (row < shape.rows) {
         for (var b = thread % LANES; b < blocks; b = b + LANES) {
-            let at = (row * blocks + b) * 22u;
-            let xb = (group.z * blocks + b) * Q8_WORDS;
+            let at = (w_row(group.z, row) * blocks + b) * 22u;
+            let xb = (x_row(group.z) * blocks + b) * Q8_WORDS;
             // sum (q - 16) x = sum q x - 16 sum x, exactly.
             let acc = five_bit_dot(at + 6u, word_at(at + 2u), xb) - 16 * xq_total(xb);
             sum = sum + f32(acc) * (f16_at(at) * xq_scale(xb));
@@ -202,8 +202,8 @@ fn matvec_q5_1(@builtin(workgroup_id) group: vec3<u32>,
         for (var b = thread % LANES; b < blocks; b = b + LANES) {
             // Blocks of 24 bytes start on a word: d and m, the high bits,
             // then the nibbles.
-            let at = (row * blocks + b) * 24u;
-            let xb = (group.z * blocks + b) * Q8_WORDS;
+            let at = (w_row(group.z, row) * blocks + b) * 24u;
+            let xb = (x_row(group.z) * blocks + b) * Q8_WORDS;
             let scales = unpack2x16float(weights[at >> 2u]);
             let acc = five_bit_dot(at + 8u, weights[(at >> 2u) + 1u], xb);
             sum = sum + f32(acc) * (scales.x * xq_scale(xb));

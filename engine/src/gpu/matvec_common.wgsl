@@ -4,11 +4,17 @@
 // and the row's lanes add their partial sums (`finish`). Token t reads its
 // row of x and writes y[t] (rows values). W is read as GGUF stores it, so
 // blocks of any byte size are read out of u32 words (`word_at`).
+//
+// A routed product (a mixture of experts) has W as every expert's matrix
+// one after another, and a product row z per (token, chosen expert): it
+// reads x's row z / x_per and expert `routes[2z]`'s matrix (`x_row`,
+// `w_row`). A plain product has x_per 0.
 
 struct Params {
     rows: u32,
     cols: u32,
-    _pad: vec2<u32>,
+    x_per: u32,
+    _pad: u32,
     _rest: array<vec4<u32>, 3>,
 }
 
@@ -20,6 +26,9 @@ struct Params {
 @group(0) @binding(4) var<storage, read> xq: array<u32>;
 // Where `quantize_q8` writes them.
 @group(0) @binding(5) var<storage, read_write> y_q: array<u32>;
+// A routed product's routes: per product row, its expert and its weight's
+// bits (`moe.wgsl: route`); one unused word for a plain product.
+@group(0) @binding(6) var<storage, read> routes: array<u32>;
 
 const THREADS: u32 = 64u;
 const ROWS: u32 = 8u;
@@ -41,6 +50,22 @@ fn xq_scale(block: u32) -> f32 {
 
 fn xq_sum(block: u32) -> f32 {
     return bitcast<f32>(xq[block + 9u]);
+}
+
+// The row of x product row z reads.
+fn x_row(z: u32) -> u32 {
+    if (shape.x_per == 0u) {
+        return z;
+    }
+    return z / shape.x_per;
+}
+
+// The row of W's buffer that row `row` of product row z reads.
+fn w_row(z: u32, row: u32) -> u32 {
+    if (shape.x_per == 0u) {
+        return row;
+    }
+    return routes[2u * z] * shape.rows + row;
 }
 
 // The row of W this thread works on (the grid wraps to y), and its lane.

@@ -61,8 +61,8 @@ fn k4_row(group: vec3<u32>, row: u32, lane: u32, width: u32, fifth: bool) -> f32
     var mins = 0.0;
     let nibbles_at = select(16u, 48u, fifth);
     for (var b = 0u; b < blocks; b = b + 1u) {
-        let at = (row * blocks + b) * width;
-        let xb = (group.z * blocks + b) * Q8K_WORDS;
+        let at = (w_row(group.z, row) * blocks + b) * width;
+        let xb = (x_row(group.z) * blocks + b) * Q8K_WORDS;
         var bits: array<u32, 8>;
         let shift = 4u * (lane % 2u);
         for (var w = 0u; w < 8u; w = w + 1u) {
@@ -126,8 +126,8 @@ fn matvec_q6_k(@builtin(workgroup_id) group: vec3<u32>,
         let low_at = 64u * half + 32u * (quarter % 2u);
         let low_shift = 4u * (quarter / 2u);
         for (var b = 0u; b < blocks; b = b + 1u) {
-            let at = (row * blocks + b) * 210u;
-            let xb = (group.z * blocks + b) * Q8K_WORDS;
+            let at = (w_row(group.z, row) * blocks + b) * 210u;
+            let xb = (x_row(group.z) * blocks + b) * Q8K_WORDS;
             var bits: array<u32, 8>;
             for (var w = 0u; w < 8u; w = w + 1u) {
                 let low = (word_at(at + low_at + 4u * w) >> low_shift) & LOW_NIBBLES;
@@ -158,8 +158,8 @@ fn matvec_q2_k(@builtin(workgroup_id) group: vec3<u32>,
         let pairs_at = 16u + 32u * (lane / 4u);
         let shift = 2u * (lane % 4u);
         for (var b = 0u; b < blocks; b = b + 1u) {
-            let at = (row * blocks + b) * 84u;
-            let xb = (group.z * blocks + b) * Q8K_WORDS;
+            let at = (w_row(group.z, row) * blocks + b) * 84u;
+            let xb = (x_row(group.z) * blocks + b) * Q8K_WORDS;
             var bits: array<u32, 8>;
             for (var w = 0u; w < 8u; w = w + 1u) {
                 bits[w] = (weights[(at + pairs_at) / 4u + w] >> shift) & 0x03030303u;
@@ -201,8 +201,8 @@ fn matvec_q3_k(@builtin(workgroup_id) group: vec3<u32>,
         let half = lane / 4u;
         let pair = lane % 4u;
         for (var b = 0u; b < blocks; b = b + 1u) {
-            let at = (row * blocks + b) * 110u;
-            let xb = (group.z * blocks + b) * Q8K_WORDS;
+            let at = (w_row(group.z, row) * blocks + b) * 110u;
+            let xb = (x_row(group.z) * blocks + b) * Q8K_WORDS;
             var bits: array<u32, 8>;
             for (var w = 0u; w < 8u; w = w + 1u) {
                 let low = (word_at(at + 32u + 32u * half + 4u * w) >> (2u * pair)) & 0x03030303u;

@@ -21,6 +21,12 @@ pub enum Elementwise {
     SiluMul,
     /// a = gelu_tanh(a) b.
     GeluMul,
+    /// a = the first `width` of each `2 width` values of b.
+    FirstHalves,
+    /// a = the second `width` of each `2 width` values of b.
+    SecondHalves,
+    /// a = a sigmoid(b).
+    SigmoidMul,
 }
 
 /// How rotary embeddings rotate `tokens x heads` heads of `head_dim`.
@@ -50,7 +56,7 @@ pub struct AttentionShape {
 /// The largest head dimension the attention kernel holds.
 pub const MAX_HEAD_DIM: usize = 256;
 
-fn check(what: &str, buffer: &GpuBuffer, values: usize) -> Result<(), GpuError> {
+pub(super) fn check(what: &str, buffer: &GpuBuffer, values: usize) -> Result<(), GpuError> {
     if buffer.bytes() < (values * 4) as u64 {
         return Err(GpuError::Shape(format!(
             "{what}: {values} values in a buffer of {} bytes",
@@ -60,7 +66,7 @@ fn check(what: &str, buffer: &GpuBuffer, values: usize) -> Result<(), GpuError> 
     Ok(())
 }
 
-fn word(value: usize) -> Result<u32, GpuError> {
+pub(super) fn word(value: usize) -> Result<u32, GpuError> {
     u32::try_from(value).map_err(|_| GpuError::Shape(format!("{value} does not fit a GPU word")))
 }
 
@@ -127,15 +133,19 @@ impl Step<'_> {
         width: usize,
     ) -> Result<(), GpuError> {
         check("elementwise a", a, count)?;
-        let b_len = if op == Elementwise::AddBias {
-            if width == 0 || !count.is_multiple_of(width) {
-                return Err(GpuError::Shape(format!(
-                    "a bias of {width} over {count} values"
-                )));
-            }
-            width
-        } else {
-            count
+        let by_rows = matches!(
+            op,
+            Elementwise::AddBias | Elementwise::FirstHalves | Elementwise::SecondHalves
+        );
+        if by_rows && (width == 0 || !count.is_multiple_of(width)) {
+            return Err(GpuError::Shape(format!(
+                "{op:?} by rows of {width} over {count} values"
+            )));
+        }
+        let b_len = match op {
+            Elementwise::AddBias => width,
+            Elementwise::FirstHalves | Elementwise::SecondHalves => 2 * count,
+            _ => count,
         };
         check("elementwise b", b, b_len)?;
         let kernel = match op {
@@ -144,6 +154,9 @@ impl Step<'_> {
             Elementwise::Copy => Kernel::Copy,
             Elementwise::SiluMul => Kernel::SiluMul,
             Elementwise::GeluMul => Kernel::GeluMul,
+            Elementwise::FirstHalves => Kernel::FirstHalves,
+            Elementwise::SecondHalves => Kernel::SecondHalves,
+            Elementwise::SigmoidMul => Kernel::SigmoidMul,
         };
         let shape = params(&[word(count)?, word(width)?]);
         self.record(kernel, shape, &[Some(a), Some(b)], grid_for_values(count));

@@ -102,6 +102,33 @@ impl LocalShape {
     }
 }
 
+/// A layer's weights and sizes, as the GPU's upload reads them.
+pub(crate) struct LinearParts<'a> {
+    pub w_q: &'a Matrix,
+    pub w_k: &'a Matrix,
+    /// One matrix each where the layer holds every head (not a tensor
+    /// rank's runs of heads).
+    pub w_v: &'a [Matrix],
+    pub w_z: &'a [Matrix],
+    pub w_out: &'a Matrix,
+    /// b's and a's products, or the one fused product (`None` for a).
+    pub beta: &'a Matrix,
+    pub alpha: Option<&'a Matrix>,
+    pub conv: &'a [f32],
+    pub decay: &'a [f32],
+    pub dt_bias: &'a [f32],
+    pub norm: &'a [f32],
+    pub eps: f32,
+    pub key_heads: usize,
+    pub key_dim: usize,
+    pub value_dim: usize,
+    pub kernel: usize,
+    pub key_of: &'a [usize],
+    pub beta_index: &'a [usize],
+    pub alpha_index: &'a [usize],
+    pub ba_width: usize,
+}
+
 /// Which heads a rank holds of a linear-attention layer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LinearSplit {
@@ -249,6 +276,36 @@ impl GatedDeltaNet {
     }
 
     /// Floats of one sequence's state for this layer.
+    pub(crate) fn parts(&self) -> LinearParts<'_> {
+        let (beta, alpha) = match &self.beta_alpha {
+            BetaAlpha::Separate { beta, alpha } => (beta, Some(alpha)),
+            BetaAlpha::Fused(m) => (m, None),
+        };
+        let shape = &self.shape;
+        LinearParts {
+            w_q: &self.w_q,
+            w_k: &self.w_k,
+            w_v: &self.w_v,
+            w_z: &self.w_z,
+            w_out: &self.w_out,
+            beta,
+            alpha,
+            conv: &self.conv,
+            decay: &self.decay,
+            dt_bias: &self.dt_bias,
+            norm: &self.norm,
+            eps: self.eps,
+            key_heads: shape.key_heads,
+            key_dim: shape.key_dim,
+            value_dim: shape.value_dim,
+            kernel: shape.kernel,
+            key_of: &shape.key_of,
+            beta_index: &shape.beta_index,
+            alpha_index: &shape.alpha_index,
+            ba_width: shape.ba_width,
+        }
+    }
+
     pub fn state_len(&self) -> usize {
         self.shape.state_len()
     }

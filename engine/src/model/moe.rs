@@ -104,6 +104,13 @@ struct SharedExpert {
     gate: Vec<f32>,
 }
 
+/// One of an expert's matrices, as the layer holds it.
+#[derive(Clone, Copy)]
+pub(crate) enum ExpertMatrix<'a> {
+    Native(&'a QMatrix),
+    Other(&'a Matrix),
+}
+
 /// Each expert's gate, up and down.
 enum ExpertWeights {
     /// All in our native formats: the grouped kernels.
@@ -256,6 +263,36 @@ impl Experts {
             weights,
             shared,
         })
+    }
+
+    /// Its routing and each expert's rows (for the GPU's upload).
+    pub(crate) fn config(&self) -> &MoeConfig {
+        &self.moe
+    }
+
+    pub(crate) fn router(&self) -> &Matrix {
+        &self.router
+    }
+
+    /// The shared expert's gate, up and down, and its gate vector.
+    pub(crate) fn shared_expert(&self) -> Option<([&Matrix; 3], &[f32])> {
+        self.shared
+            .as_ref()
+            .map(|s| ([&s.w_gate, &s.w_up, &s.w_down], s.gate.as_slice()))
+    }
+
+    /// Each expert's gate, up and down.
+    pub(crate) fn expert_matrices(&self) -> Vec<[ExpertMatrix<'_>; 3]> {
+        match &self.weights {
+            ExpertWeights::Native(all) => all
+                .iter()
+                .map(|m| m.each_ref().map(ExpertMatrix::Native))
+                .collect(),
+            ExpertWeights::Other(all) => all
+                .iter()
+                .map(|m| m.each_ref().map(ExpertMatrix::Other))
+                .collect(),
+        }
     }
 
     /// Bytes of weights held.

@@ -140,7 +140,11 @@ pub(crate) fn check_invariance(model: &LoadedModel, executor: Executor<'_>) {
 
 /// [`check_invariance`] with at most `max_sequences` running at once (the
 /// others wait, and take the blocks and state slots of those that end).
-fn check_invariance_with(model: &LoadedModel, executor: Executor<'_>, max_sequences: usize) {
+pub(crate) fn check_invariance_with(
+    model: &LoadedModel,
+    executor: Executor<'_>,
+    max_sequences: usize,
+) {
     let requests = requests(16);
     let mut batch = Batch::new(model, executor, config(max_sequences, 24, 256));
     let expected = alone(&mut batch, &requests);

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use tessera_engine::gpu::matvec::Format;
 use tessera_engine::gpu::ops::{Elementwise, RopeShape};
 use tessera_engine::logits::{collect_best, BestToken, TOP_CANDIDATES};
+use tessera_engine::model::moe::{route, Route};
 use tessera_engine::ops::{self, RopeStyle};
 use tessera_engine::quant::{self, Activations, QMatrix, WeightFormat};
 use tessera_engine::threadpool::ThreadPool;
@@ -215,6 +216,164 @@ fn block_matrices_times_vectors_are_the_cpu_kernels_products() {
                 cols,
                 &format!("{format:?} {rows} x {cols}, {tokens} tokens"),
             );
+        }
+    }
+}
+
+/// Routing: each token's experts are the CPU's `route`'s (ties to the
+/// lower index), their weights its weights up to the softmax's sum (f32
+/// here, f64 there: a relative 1e-6).
+#[test]
+fn experts_are_routed_as_the_cpu_routes_them() {
+    let Some(gpu) = gpu_for("experts_are_routed_as_the_cpu_routes_them") else {
+        return;
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+    for (experts, per_token, normalize) in
+        [(10, 3, true), (10, 3, false), (4, 4, true), (67, 8, true)]
+    {
+        let tokens = 9;
+        let mut logits: Vec<f32> = (0..tokens * experts)
+            .map(|_| rng.gen_range(-4.0..4.0))
+            .collect();
+        // A row of equal logits and one with a tie for the best.
+        logits[..experts].fill(0.5);
+        logits[experts] = 3.0;
+        logits[experts + 2] = 3.0;
+        let logits_gpu = gpu.buffer_with("logits", bytemuck::cast_slice(&logits));
+        let routes = gpu.buffer("routes", (8 * tokens * per_token) as u64);
+        let mut step = gpu.step();
+        let routing = gpu::moe::Routing {
+            tokens,
+            experts,
+            per_token,
+            normalize,
+        };
+        step.route_experts([&logits_gpu, &routes], routing)
+            .expect("routes");
+        let got = step.read(&routes, 2 * tokens * per_token).expect("runs");
+        for t in 0..tokens {
+            let mut row = logits[t * experts..(t + 1) * experts].to_vec();
+            let mut want = vec![Route::default(); per_token];
+            route(&mut row, normalize, &mut want);
+            for (slot, want) in want.iter().enumerate() {
+                let at = 2 * (t * per_token + slot);
+                let what = format!("{experts} experts, {per_token} a token, token {t} slot {slot}");
+                assert_eq!(got[at].to_bits(), want.expert, "{what}");
+                let weight = got[at + 1];
+                assert!(
+                    (weight - want.weight).abs() <= 1e-6 * want.weight.abs().max(1e-3),
+                    "{what}: {weight} against {}",
+                    want.weight
+                );
+            }
+        }
+    }
+}
+
+/// Routed products (every expert's matrix in one buffer, one product row
+/// per token and expert) are each expert's CPU product of its token's
+/// row, and the weighted sum adds them in the token's slot order.
+#[test]
+fn routed_expert_products_are_each_experts_cpu_product() {
+    let Some(gpu) = gpu_for("routed_expert_products_are_each_experts_cpu_product") else {
+        return;
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(34);
+    let pool = ThreadPool::new(1);
+    let (experts, rows, cols, tokens, per_token) = (5, 37, 256, 3, 2);
+    for (format, cpu_format) in [
+        (Format::F32, WeightFormat::F32),
+        (Format::Q4_0, WeightFormat::Q4_0),
+        (Format::Q4K, WeightFormat::Q4_K),
+    ] {
+        let matrices: Vec<Vec<u8>> = (0..experts)
+            .map(|_| {
+                let values: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                quant::quantize(cpu_format, &values)
+            })
+            .collect();
+        let parts: Vec<&[u8]> = matrices.iter().map(Vec::as_slice).collect();
+        let stacked = gpu
+            .upload_experts(format, &parts, rows, cols)
+            .expect("uploads");
+        let x: Vec<f32> = (0..tokens * cols)
+            .map(|_| rng.gen_range(-1.0..1.0))
+            .collect();
+        // Token t's experts: 4 - t and t (a token may take expert 0 last).
+        let chosen = |t: usize, slot: usize| if slot == 0 { 4 - t } else { t };
+        let mut route_words = Vec::new();
+        for t in 0..tokens {
+            for slot in 0..per_token {
+                route_words.extend([chosen(t, slot) as u32, 0.25f32.to_bits()]);
+            }
+        }
+        let routes = gpu.buffer_with("routes", bytemuck::cast_slice(&route_words));
+        let x_gpu = gpu.buffer_with("x", bytemuck::cast_slice(&x));
+        let xq = gpu.buffer(
+            "xq",
+            (tokens * cols / 32 * 40 + tokens * cols / 256 * 324) as u64,
+        );
+        let y = gpu.buffer("y", (tokens * per_token * rows * 4) as u64);
+        let mut step = gpu.step();
+        let input = match format.input() {
+            gpu::matvec::InputKind::F32 => gpu::matvec::Input::F32(&x_gpu),
+            gpu::matvec::InputKind::Q8 => {
+                step.quantize_q8(&x_gpu, &xq, tokens, cols).expect("q8");
+                gpu::matvec::Input::Q8(&xq)
+            }
+            gpu::matvec::InputKind::Q8K => {
+                step.quantize_q8k(&x_gpu, &xq, tokens, cols).expect("q8k");
+                gpu::matvec::Input::Q8K(&xq)
+            }
+        };
+        step.matmul_routed(
+            &stacked,
+            input,
+            [&y, &routes],
+            tokens * per_token,
+            per_token,
+        )
+        .expect("records");
+        let got = step.read(&y, tokens * per_token * rows).expect("runs");
+        for t in 0..tokens {
+            for slot in 0..per_token {
+                let e = chosen(t, slot);
+                let cpu = QMatrix::from_bytes(cpu_format, rows, cols, matrices[e].clone())
+                    .expect("a matrix");
+                let mut w = vec![0.0f32; rows * cols];
+                for (r, row) in w.chunks_exact_mut(cols).enumerate() {
+                    cpu.dequantize_row(r, row);
+                }
+                let token_x = &x[t * cols..(t + 1) * cols];
+                let mut acts = Activations::default();
+                acts.set(token_x, 1, cols);
+                let mut want = vec![0.0f32; rows];
+                quant::matmul(&cpu, &mut acts, &mut want, &pool);
+                let scale = exact_products(&w, token_x, cols).1;
+                let want: Vec<f64> = want.iter().map(|v| f64::from(*v)).collect();
+                let row = (t * per_token + slot) * rows;
+                check(
+                    &got[row..row + rows],
+                    &want,
+                    &scale,
+                    cols,
+                    &format!("{format:?}, token {t}, expert {e}"),
+                );
+            }
+        }
+        // The weighted sum of each token's rows, in slot order.
+        let out = gpu.buffer("sum", (tokens * rows * 4) as u64);
+        let mut step = gpu.step();
+        step.sum_experts([&y, &routes, &out], [tokens, per_token, rows])
+            .expect("records");
+        let sums = step.read(&out, tokens * rows).expect("runs");
+        for t in 0..tokens {
+            for r in 0..rows {
+                let at = |slot: usize| got[(t * per_token + slot) * rows + r];
+                let want = at(0) * 0.25 + at(1) * 0.25;
+                assert!((sums[t * rows + r] - want).abs() <= 1e-6 * want.abs().max(1.0));
+            }
         }
     }
 }
@@ -508,6 +667,31 @@ fn eight_concurrent_requests_on_the_gpu_each_get_what_they_get_alone() {
     super::batching::check_invariance(&model, Executor::single(&model.transformer, 2));
 }
 
+/// The GGUF fixtures of a mixture of experts and of a hybrid model (as
+/// llama.cpp converted them, experts stored as one tensor) on the GPU:
+/// a token's experts do not depend on who else is in the step, and each
+/// sequence's recurrent state stays in its own slot (three slots for
+/// eight requests: a slot is reset when the next sequence takes it).
+#[test]
+fn experts_and_recurrent_states_on_the_gpu_are_batch_invariant() {
+    let name = "experts_and_recurrent_states_on_the_gpu_are_batch_invariant";
+    let Some(gpu) = gpu_for(name) else {
+        return;
+    };
+    let gpu = Arc::new(gpu);
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/hf-reference");
+    for case in ["qwen3-moe", "qwen3-5", "qwen3-5-moe"] {
+        let path = root.join(case).join("model.gguf");
+        let mut model = LoadedModel::load(&path, |_, _| {}).expect("the fixture loads");
+        model.transformer.to_gpu(gpu.clone()).expect("on the GPU");
+        super::batching::check_invariance(&model, Executor::single(&model.transformer, 2));
+        if model.transformer.has_recurrent_state() {
+            let executor = Executor::single(&model.transformer, 2);
+            super::batching::check_invariance_with(&model, executor, 3);
+        }
+    }
+}
+
 /// Top-k sampling on the GPU reads back each row's candidates, not its
 /// logits, and draws what the whole rows draw: a bias of zero on one token
 /// (which the candidates cannot carry) sends the same request through the
@@ -677,21 +861,17 @@ const ON_THE_GPU: &[&str] = &[
     "olmo2",
     "gemma2",
     "gemma3",
-];
-
-/// The cases whose layers the GPU cannot run yet, and what it names.
-const REFUSED: &[(&str, &str)] = &[
-    ("qwen3-moe", "mixture-of-experts"),
-    ("qwen3-moe-dense-layer", "mixture-of-experts"),
-    ("mixtral", "mixture-of-experts"),
-    ("qwen3-5", "gated attention"),
-    ("qwen3-5-moe", "gated attention"),
-    ("qwen3-next", "gated attention"),
+    "mixtral",
+    "qwen3-moe",
+    "qwen3-moe-dense-layer",
+    "qwen3-5",
+    "qwen3-5-moe",
+    "qwen3-next",
 ];
 
 #[test]
-fn every_dense_family_matches_transformers_on_the_gpu() {
-    let Some(gpu) = gpu_for("every_dense_family_matches_transformers_on_the_gpu") else {
+fn every_family_the_gpu_runs_matches_transformers_there() {
+    let Some(gpu) = gpu_for("every_family_the_gpu_runs_matches_transformers_there") else {
         return;
     };
     let gpu = Arc::new(gpu);
@@ -700,33 +880,10 @@ fn every_dense_family_matches_transformers_on_the_gpu() {
     }
 }
 
+/// Every reference case runs on the GPU (a new family's case must be
+/// added to [`ON_THE_GPU`] or its refusal tested).
 #[test]
-fn families_the_gpu_cannot_run_yet_are_refused_by_name() {
-    let Some(gpu) = gpu_for("families_the_gpu_cannot_run_yet_are_refused_by_name") else {
-        return;
-    };
-    let gpu = Arc::new(gpu);
-    for (name, reason) in REFUSED {
-        let path = super::hf_reference::case_dir(name);
-        let mut model = LoadedModel::load(&path, |_, _| {}).expect("the case loads");
-        let error = model
-            .transformer
-            .to_gpu(gpu.clone())
-            .expect_err("refused")
-            .to_string();
-        assert!(
-            error.contains("cannot run this model yet") && error.contains(reason),
-            "{name}: {error}"
-        );
-        // Refused, the model is as it was: it still answers on the CPU.
-        assert!(model.transformer.gpu().is_none());
-        assert_eq!(model.transformer.device_name(), "cpu");
-    }
-    let every: Vec<&str> = ON_THE_GPU
-        .iter()
-        .chain(REFUSED.iter().map(|(n, _)| n))
-        .copied()
-        .collect();
+fn every_reference_case_is_run_on_the_gpu() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/hf-reference");
     for entry in std::fs::read_dir(root)
         .expect("hf-reference folder")
@@ -735,8 +892,8 @@ fn families_the_gpu_cannot_run_yet_are_refused_by_name() {
         let name = entry.file_name().to_string_lossy().into_owned();
         let old_layout = name == "llama-rope-llama3-old-config";
         assert!(
-            !entry.path().is_dir() || old_layout || every.contains(&name.as_str()),
-            "{name}: neither run on the GPU nor refused there"
+            !entry.path().is_dir() || old_layout || ON_THE_GPU.contains(&name.as_str()),
+            "{name}: not run on the GPU"
         );
     }
 }

@@ -5,20 +5,27 @@
 //! What runs there: dense attention layers (grouped-query, biases, q/k
 //! norms per head or across heads, post-norms, sliding windows, soft caps,
 //! every RoPE the CPU computes, since the angles come from it) with SwiGLU
-//! or GeGLU MLPs. A shard with experts, linear-attention layers, gated
-//! attention or a tensor split stays on the CPU, and says so.
+//! or GeGLU MLPs or a mixture of SwiGLU experts (with a shared expert or
+//! not), gated attention, and the Gated DeltaNet layers of the hybrid
+//! Qwens. A tensor-parallel rank stays on the CPU, and says so.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
-use crate::gpu::matvec::{Format, GpuMatrix};
+use crate::gpu::deltanet::{LinearShape, MOST_TAPS};
+use crate::gpu::matvec::{Format, GpuExperts, GpuMatrix};
 use crate::gpu::ops::MAX_HEAD_DIM;
 use crate::gpu::{DeviceChoice, Gpu, GpuBuffer, GpuError, GpuKv};
 use crate::model::config::Activation;
+use crate::model::deltanet::GatedDeltaNet;
+use crate::model::moe::{ExpertMatrix, Experts};
 use crate::model::paged::{KvPool, BLOCK_TOKENS};
 use crate::model::weights::Matrix;
-use crate::quant::WeightFormat;
+use crate::quant::{QMatrix, WeightFormat};
 
-use super::gpu_weights::{GpuAttention, GpuLayer, GpuMlp, GpuModel};
+use super::gpu_weights::{
+    GpuAttention, GpuFfn, GpuLayer, GpuLinear, GpuMixer, GpuMlp, GpuModel, GpuMoe, GpuSharedExpert,
+};
 use super::{Attention, Layer, Mixer, Mlp, Transformer};
 
 impl Transformer {
@@ -124,8 +131,11 @@ impl Transformer {
     pub(super) fn gpu_pool(&self, model: &GpuModel) -> KvPool {
         let kv_dim = self.config.kv_dim();
         let block_bytes = (BLOCK_TOKENS * kv_dim * 2) as u64;
-        let kv = GpuKv::new(model.gpu.clone(), self.kv_layers, block_bytes);
-        KvPool::new(self.kv_layers, kv_dim).on_gpu(kv)
+        let kv =
+            GpuKv::new(model.gpu.clone(), self.kv_layers, block_bytes).with_state(self.state_len);
+        KvPool::new(self.kv_layers, kv_dim)
+            .with_state(self.state_len)
+            .on_gpu(kv)
     }
 
     fn check_gpu_support(&self) -> Result<(), GpuError> {
@@ -140,16 +150,14 @@ impl Transformer {
                 cfg.head_dim
             ));
         }
-        if cfg.variant.attn_output_gate {
-            return refuse("gated attention (Qwen3.5)");
-        }
         for layer in &self.layers {
-            match (&layer.mixer, &layer.mlp) {
-                (Mixer::Linear { .. }, _) => {
-                    return refuse("linear-attention (Gated DeltaNet) layers")
+            if let Mixer::Linear { net, .. } = &layer.mixer {
+                let kernel = net.parts().kernel;
+                if kernel == 0 || kernel > MOST_TAPS {
+                    return refuse(&format!(
+                        "a convolution of {kernel} taps (at most {MOST_TAPS})"
+                    ));
                 }
-                (_, Mlp::Experts(_)) => return refuse("mixture-of-experts layers"),
-                _ => {}
             }
         }
         if self.is_last_stage() && self.final_norm.is_none() {
@@ -169,8 +177,13 @@ impl Upload<'_> {
     }
 
     fn layer(&self, layer: &Layer, activation: Activation) -> Result<GpuLayer, GpuError> {
-        let (
-            Mixer::Attention(attn),
+        let mixer = match &layer.mixer {
+            Mixer::Attention(attn) => GpuMixer::Attention(self.attention(attn)?),
+            Mixer::Linear { net, state_offset } => {
+                GpuMixer::Linear(self.linear(net, *state_offset)?)
+            }
+        };
+        let mlp = match &layer.mlp {
             Mlp::Dense {
                 w_gate,
                 w_up,
@@ -178,20 +191,7 @@ impl Upload<'_> {
                 gate_bias,
                 up_bias,
                 down_bias,
-            },
-        ) = (&layer.mixer, &layer.mlp)
-        else {
-            return Err(GpuError::Unsupported(
-                "a layer other than attention and a dense MLP".into(),
-            ));
-        };
-        Ok(GpuLayer {
-            attn_norm: self.vector(layer.attn_norm.as_deref()),
-            attn_post_norm: self.vector(layer.attn_post_norm.as_deref()),
-            ffn_norm: self.vector(layer.ffn_norm.as_deref()),
-            ffn_post_norm: self.vector(layer.ffn_post_norm.as_deref()),
-            attention: self.attention(attn)?,
-            mlp: GpuMlp {
+            } => GpuFfn::Dense(GpuMlp {
                 gate: self.matrix(w_gate)?,
                 up: self.matrix(w_up)?,
                 down: self.matrix(w_down)?,
@@ -199,7 +199,59 @@ impl Upload<'_> {
                 up_bias: self.vector(up_bias.as_deref()),
                 down_bias: self.vector(down_bias.as_deref()),
                 activation,
-            },
+            }),
+            Mlp::Experts(experts) => GpuFfn::Experts(self.experts(experts)?),
+        };
+        Ok(GpuLayer {
+            attn_norm: self.vector(layer.attn_norm.as_deref()),
+            attn_post_norm: self.vector(layer.attn_post_norm.as_deref()),
+            ffn_norm: self.vector(layer.ffn_norm.as_deref()),
+            ffn_post_norm: self.vector(layer.ffn_post_norm.as_deref()),
+            mixer,
+            mlp,
+        })
+    }
+
+    /// A layer's router, and each of its gate, up and down matrices as one
+    /// buffer of every expert's.
+    fn experts(&self, experts: &Experts) -> Result<GpuMoe, GpuError> {
+        let moe = experts.config();
+        let matrices = experts.expert_matrices();
+        let stack = |which: usize| -> Result<GpuExperts, GpuError> {
+            let parts = matrices
+                .iter()
+                .map(|m| expert_bytes(m[which]))
+                .collect::<Result<Vec<_>, _>>()?;
+            let Some((format, rows, cols)) = parts.first().map(|p| (p.0, p.1, p.2)) else {
+                return Err(GpuError::Unsupported("a layer of no experts".into()));
+            };
+            if parts.iter().any(|p| p.0 != format) {
+                return Err(GpuError::Unsupported(
+                    "experts whose matrices differ in format".into(),
+                ));
+            }
+            let bytes: Vec<&[u8]> = parts.iter().map(|p| p.3.as_ref()).collect();
+            self.gpu.upload_experts(format, &bytes, rows, cols)
+        };
+        let shared = match experts.shared_expert() {
+            Some(([gate, up, down], gate_vector)) => Some(GpuSharedExpert {
+                gate: self.matrix(gate)?,
+                up: self.matrix(up)?,
+                down: self.matrix(down)?,
+                gate_vector: self
+                    .gpu
+                    .buffer_with("shared gate", bytemuck::cast_slice(gate_vector)),
+            }),
+            None => None,
+        };
+        Ok(GpuMoe {
+            shared,
+            router: self.matrix(experts.router())?,
+            gate: stack(0)?,
+            up: stack(1)?,
+            down: stack(2)?,
+            per_token: moe.experts_per_token,
+            normalize: moe.normalize_top_k,
         })
     }
 
@@ -230,6 +282,65 @@ impl Upload<'_> {
             v_bias: self.vector(attn.v_bias.as_deref()),
             o_bias: self.vector(attn.o_bias.as_deref()),
             qk_norms,
+            output_gate: attn.output_gate,
+        })
+    }
+
+    /// A Gated DeltaNet layer holding every head.
+    fn linear(&self, net: &GatedDeltaNet, state_offset: usize) -> Result<GpuLinear, GpuError> {
+        let parts = net.parts();
+        let ([w_v], [w_z]) = (parts.w_v, parts.w_z) else {
+            return Err(GpuError::Unsupported(
+                "a linear-attention layer split into runs of heads".into(),
+            ));
+        };
+        let value_heads = parts.key_of.len();
+        let key_heads = parts.key_heads.max(1);
+        let per_key = (value_heads / key_heads).max(1);
+        let grouped = (0..value_heads).all(|j| parts.key_of[j] == j / per_key);
+        let tiled = (0..value_heads).all(|j| parts.key_of[j] == j % key_heads);
+        let grouped = match (grouped, tiled) {
+            (true, _) => Some(per_key),
+            (false, true) => None,
+            _ => {
+                return Err(GpuError::Unsupported(
+                    "value heads in an order neither grouped nor tiled".into(),
+                ))
+            }
+        };
+        let mut head_gates = Vec::with_capacity(4 * value_heads);
+        for j in 0..value_heads {
+            head_gates.extend([
+                parts.beta_index[j] as u32,
+                parts.alpha_index[j] as u32,
+                parts.decay[j].to_bits(),
+                parts.dt_bias[j].to_bits(),
+            ]);
+        }
+        let words = |label, v: &[u32]| self.gpu.buffer_with(label, bytemuck::cast_slice(v));
+        let floats = |label, v: &[f32]| self.gpu.buffer_with(label, bytemuck::cast_slice(v));
+        Ok(GpuLinear {
+            shape: LinearShape {
+                key_heads: parts.key_heads,
+                key_dim: parts.key_dim,
+                value_heads,
+                value_dim: parts.value_dim,
+                kernel: parts.kernel,
+                grouped,
+            },
+            q: self.matrix(parts.w_q)?,
+            k: self.matrix(parts.w_k)?,
+            v: self.matrix(w_v)?,
+            z: self.matrix(w_z)?,
+            out: self.matrix(parts.w_out)?,
+            beta: self.matrix(parts.beta)?,
+            alpha: parts.alpha.map(|a| self.matrix(a)).transpose()?,
+            ba_width: parts.ba_width,
+            taps: floats("conv taps", parts.conv),
+            head_gates: words("head gates", &head_gates),
+            norm: floats("gated norm", parts.norm),
+            eps: parts.eps,
+            state_offset,
         })
     }
 
@@ -237,66 +348,83 @@ impl Upload<'_> {
     /// kernel); candle's other formats as bf16 where they are bf16, else
     /// dequantized to f32 (correct, but 4 bytes a value).
     fn matrix(&self, matrix: &Matrix) -> Result<GpuMatrix, GpuError> {
-        let (rows, cols) = (matrix.rows(), matrix.cols());
-        match matrix {
-            Matrix::Native(m) => {
-                let format = match m.format() {
-                    WeightFormat::F32 => Format::F32,
-                    WeightFormat::F16 => Format::F16,
-                    WeightFormat::Q8_0 => Format::Q8_0,
-                    WeightFormat::Q4_0 => Format::Q4_0,
-                    WeightFormat::Q4_1 => Format::Q4_1,
-                    WeightFormat::Q5_0 => Format::Q5_0,
-                    WeightFormat::Q5_1 => Format::Q5_1,
-                    WeightFormat::Q4_K => Format::Q4K,
-                    WeightFormat::Q5_K => Format::Q5K,
-                    WeightFormat::Q6_K => Format::Q6K,
-                    WeightFormat::Q2_K => Format::Q2K,
-                    WeightFormat::Q3_K => Format::Q3K,
-                };
-                if format != Format::F32 && cols.is_multiple_of(format.block_values()) {
-                    return self.gpu.upload_blocks(format, m.bytes(), rows, cols);
-                }
-                // f32 (its bytes need not be aligned to f32), or an f16
-                // matrix of odd width (its kernel reads pairs).
-                let mut values = vec![0.0f32; rows * cols];
-                for (r, row) in values.chunks_exact_mut(cols).enumerate() {
-                    m.dequantize_row(r, row);
-                }
-                self.gpu.upload_f32(&values, rows, cols)
-            }
-            Matrix::Candle { inner, .. } => self.candle_matrix(inner, rows, cols),
-        }
+        let (format, rows, cols, bytes) = matrix_bytes(matrix)?;
+        self.gpu.upload_bytes(format, &bytes, rows, cols)
     }
+}
 
-    /// A matrix candle holds: bf16 as it is (when the columns are even),
-    /// anything else as f32.
-    fn candle_matrix(
-        &self,
-        inner: &candle_core::quantized::QMatMul,
-        rows: usize,
-        cols: usize,
-    ) -> Result<GpuMatrix, GpuError> {
-        use candle_core::quantized::QMatMul;
-        use candle_core::DType;
-        let failed =
-            |e: candle_core::Error| GpuError::Unsupported(format!("reading a matrix: {e}"));
-        if let QMatMul::Tensor(t) = inner {
-            if t.dtype() == DType::BF16 && cols.is_multiple_of(2) {
-                let values = t
-                    .flatten_all()
-                    .and_then(|t| t.to_vec1::<half::bf16>())
-                    .map_err(failed)?;
-                let bytes: &[u8] = bytemuck::cast_slice(&values);
-                return self.gpu.upload_blocks(Format::Bf16, bytes, rows, cols);
-            }
-        }
-        let values = inner
-            .dequantize_f16()
-            .and_then(|t| t.to_dtype(DType::F32))
-            .and_then(|t| t.flatten_all())
-            .and_then(|t| t.to_vec1::<f32>())
-            .map_err(failed)?;
-        self.gpu.upload_f32(&values, rows, cols)
+/// A matrix's format, shape and bytes as the GPU reads them.
+type GpuBytes<'m> = (Format, usize, usize, Cow<'m, [u8]>);
+
+fn expert_bytes(matrix: ExpertMatrix<'_>) -> Result<GpuBytes<'_>, GpuError> {
+    match matrix {
+        ExpertMatrix::Native(m) => Ok(native_bytes(m)),
+        ExpertMatrix::Other(m) => matrix_bytes(m),
     }
+}
+
+fn matrix_bytes(matrix: &Matrix) -> Result<GpuBytes<'_>, GpuError> {
+    match matrix {
+        Matrix::Native(m) => Ok(native_bytes(m)),
+        Matrix::Candle { inner, .. } => candle_bytes(inner, matrix.rows(), matrix.cols()),
+    }
+}
+
+/// Our formats as stored, but f32 (its bytes need not be aligned to f32)
+/// and f16 of odd width (its kernel reads pairs) as f32 values.
+fn native_bytes(m: &QMatrix) -> GpuBytes<'_> {
+    let (rows, cols) = (m.rows(), m.cols());
+    let format = match m.format() {
+        WeightFormat::F32 => Format::F32,
+        WeightFormat::F16 => Format::F16,
+        WeightFormat::Q8_0 => Format::Q8_0,
+        WeightFormat::Q4_0 => Format::Q4_0,
+        WeightFormat::Q4_1 => Format::Q4_1,
+        WeightFormat::Q5_0 => Format::Q5_0,
+        WeightFormat::Q5_1 => Format::Q5_1,
+        WeightFormat::Q4_K => Format::Q4K,
+        WeightFormat::Q5_K => Format::Q5K,
+        WeightFormat::Q6_K => Format::Q6K,
+        WeightFormat::Q2_K => Format::Q2K,
+        WeightFormat::Q3_K => Format::Q3K,
+    };
+    if format != Format::F32 && cols.is_multiple_of(format.block_values()) {
+        return (format, rows, cols, Cow::Borrowed(m.bytes()));
+    }
+    let mut values = vec![0.0f32; rows * cols];
+    for (r, row) in values.chunks_exact_mut(cols).enumerate() {
+        m.dequantize_row(r, row);
+    }
+    let bytes = bytemuck::cast_slice(&values).to_vec();
+    (Format::F32, rows, cols, Cow::Owned(bytes))
+}
+
+/// A matrix candle holds: bf16 as it is (when the columns are even),
+/// anything else as f32.
+fn candle_bytes(
+    inner: &candle_core::quantized::QMatMul,
+    rows: usize,
+    cols: usize,
+) -> Result<GpuBytes<'static>, GpuError> {
+    use candle_core::quantized::QMatMul;
+    use candle_core::DType;
+    let failed = |e: candle_core::Error| GpuError::Unsupported(format!("reading a matrix: {e}"));
+    if let QMatMul::Tensor(t) = inner {
+        if t.dtype() == DType::BF16 && cols.is_multiple_of(2) {
+            let values = t
+                .flatten_all()
+                .and_then(|t| t.to_vec1::<half::bf16>())
+                .map_err(failed)?;
+            let bytes = bytemuck::cast_slice(&values).to_vec();
+            return Ok((Format::Bf16, rows, cols, Cow::Owned(bytes)));
+        }
+    }
+    let values = inner
+        .dequantize_f16()
+        .and_then(|t| t.to_dtype(DType::F32))
+        .and_then(|t| t.flatten_all())
+        .and_then(|t| t.to_vec1::<f32>())
+        .map_err(failed)?;
+    let bytes = bytemuck::cast_slice(&values).to_vec();
+    Ok((Format::F32, rows, cols, Cow::Owned(bytes)))
 }

@@ -5,15 +5,19 @@
 //! sends back only the rows asked for: the logits of the tokens that want
 //! them, or a pipeline stage's hidden states.
 
-use crate::gpu::matvec::{GpuMatrix, Input, InputKind};
+use crate::gpu::deltanet::{Section, StateAt};
+use crate::gpu::matvec::{GpuExperts, GpuMatrix, Input, InputKind};
+use crate::gpu::moe::Routing;
 use crate::gpu::ops::{AttentionShape, Elementwise, RopeShape};
 use crate::gpu::{Gpu, GpuBuffer, GpuError, GpuKv, Step};
 use crate::model::config::{Activation, LayerRope};
-use crate::model::paged::BLOCK_TOKENS;
+use crate::model::paged::{BLOCK_TOKENS, MAX_STATE_SLOTS};
 use crate::ops::RopeStyle;
 
 use super::gpu_scratch::GpuScratch;
-use super::gpu_weights::{GpuLayer, GpuModel};
+use super::gpu_weights::{
+    GpuAttention, GpuFfn, GpuLayer, GpuLinear, GpuMixer, GpuMlp, GpuModel, GpuMoe,
+};
 use super::head::cap_logits;
 use super::io::{ForwardError, ForwardOutput, RowOutput, SeqSpan, StageInput};
 use super::workspace::{Pass, Workspace};
@@ -51,14 +55,25 @@ impl Transformer {
             GpuError::Unsupported("a pool on the CPU for a shard on the GPU".into())
         })?;
         gpu_kv.ensure_blocks(blocks)?;
+        if self.state_len > 0 {
+            let slots = spans.iter().map(|s| s.state + 1).max().unwrap_or(0);
+            if slots > MAX_STATE_SLOTS {
+                return Err(ForwardError::StateSlot {
+                    slot: slots - 1,
+                    reason: "beyond the most slots a pool holds",
+                });
+            }
+            gpu_kv.ensure_state_slots(slots)?;
+        }
         let wanted: usize = spans.iter().map(|s| s.logits).sum();
         let table_words: usize = spans.iter().map(|s| s.table.len()).sum();
         let gpu = &model.gpu;
         let scratch = GpuScratch::ensure(ws.gpu.take(), gpu, cfg, [tokens, wanted, table_words]);
         self.upload_step(gpu, &scratch, spans, tokens, ws);
         let mut step = gpu.step();
+        let n = [tokens, spans.len()];
         for layer in &model.layers {
-            self.record_layer(&mut step, layer, &scratch, gpu_kv, tokens)?;
+            self.record_layer(&mut step, layer, &scratch, gpu_kv, n)?;
         }
         let rows = Rows {
             tokens,
@@ -116,6 +131,21 @@ impl Transformer {
         words(&scratch.slots, &slots);
         words(&scratch.tables, &tables);
         words(&scratch.picked, &picked);
+        if self.state_len > 0 {
+            let mut first = 0;
+            let mut seq = Vec::with_capacity(4 * spans.len());
+            for span in spans {
+                let fresh = span.start == 0;
+                seq.extend([
+                    first as u32,
+                    span.len as u32,
+                    span.state as u32,
+                    fresh.into(),
+                ]);
+                first += span.len;
+            }
+            words(&scratch.linear.spans, &seq);
+        }
     }
 
     /// One layer's kernels: attention, then the MLP, each with its norms
@@ -126,7 +156,7 @@ impl Transformer {
         layer: &GpuLayer,
         s: &GpuScratch,
         kv: &GpuKv,
-        n: usize,
+        [n, span_count]: [usize; 2],
     ) -> Result<(), GpuError> {
         let cfg = &self.config;
         let (h, f) = (cfg.hidden, cfg.ffn);
@@ -138,12 +168,21 @@ impl Transformer {
             h,
             cfg.norm_eps,
         )?;
-        self.record_attention(step, layer, s, kv, n)?;
-        let a = &layer.attention;
+        let o_bias = match &layer.mixer {
+            GpuMixer::Attention(a) => {
+                self.record_attention(step, a, s, kv, n)?;
+                a.o_bias.as_ref()
+            }
+            GpuMixer::Linear(linear) => {
+                let states = (kv.states(), kv.state_floats());
+                record_linear(step, linear, s, states, [n, span_count, h])?;
+                None
+            }
+        };
         block_output(
             step,
             s,
-            [a.o_bias.as_ref(), layer.attn_post_norm.as_ref()],
+            [o_bias, layer.attn_post_norm.as_ref()],
             n,
             h,
             cfg.norm_eps,
@@ -157,32 +196,20 @@ impl Transformer {
             h,
             cfg.norm_eps,
         )?;
-        let mlp = &layer.mlp;
-        project(
-            step,
-            [&s.normed, &s.xq, &s.xqk],
-            h,
-            n,
-            &[(&mlp.gate, &s.gate), (&mlp.up, &s.up)],
-        )?;
-        add_bias(step, &s.gate, mlp.gate_bias.as_ref(), n * f, f)?;
-        add_bias(step, &s.up, mlp.up_bias.as_ref(), n * f, f)?;
-        let act = match mlp.activation {
-            Activation::Silu => Elementwise::SiluMul,
-            Activation::GeluTanh => Elementwise::GeluMul,
+        let down_bias = match &layer.mlp {
+            GpuFfn::Dense(mlp) => {
+                record_mlp(step, mlp, s, [n, h, f])?;
+                mlp.down_bias.as_ref()
+            }
+            GpuFfn::Experts(moe) => {
+                record_experts(step, moe, s, [n, h])?;
+                None
+            }
         };
-        step.elementwise(act, [&s.gate, &s.up], n * f, 0)?;
-        project(
-            step,
-            [&s.gate, &s.xq, &s.xqk],
-            f,
-            n,
-            &[(&mlp.down, &s.proj)],
-        )?;
         block_output(
             step,
             s,
-            [mlp.down_bias.as_ref(), layer.ffn_post_norm.as_ref()],
+            [down_bias, layer.ffn_post_norm.as_ref()],
             n,
             h,
             cfg.norm_eps,
@@ -194,16 +221,26 @@ impl Transformer {
     fn record_attention(
         &self,
         step: &mut Step<'_>,
-        layer: &GpuLayer,
+        a: &GpuAttention,
         s: &GpuScratch,
         kv: &GpuKv,
         n: usize,
     ) -> Result<(), GpuError> {
         let cfg = &self.config;
-        let a = &layer.attention;
         let (qd, kvd, hd) = (cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
-        let qkv = [(&a.wq, &s.q), (&a.wk, &s.k), (&a.wv, &s.v)];
+        let q_out = if a.output_gate { &s.q_gated } else { &s.q };
+        let qkv = [(&a.wq, q_out), (&a.wk, &s.k), (&a.wv, &s.v)];
         project(step, [&s.normed, &s.xq, &s.xqk], cfg.hidden, n, &qkv)?;
+        if a.output_gate {
+            // Each head's q, then its gate.
+            step.elementwise(Elementwise::FirstHalves, [&s.q, &s.q_gated], n * qd, hd)?;
+            step.elementwise(
+                Elementwise::SecondHalves,
+                [&s.attn_gate, &s.q_gated],
+                n * qd,
+                hd,
+            )?;
+        }
         add_bias(step, &s.q, a.q_bias.as_ref(), n * qd, qd)?;
         add_bias(step, &s.k, a.k_bias.as_ref(), n * kvd, kvd)?;
         add_bias(step, &s.v, a.v_bias.as_ref(), n * kvd, kvd)?;
@@ -250,6 +287,9 @@ impl Transformer {
             [&s.q, keys, values, &s.positions, &s.tables, &s.attn],
             shape,
         )?;
+        if a.output_gate {
+            step.elementwise(Elementwise::SigmoidMul, [&s.attn, &s.attn_gate], n * qd, 0)?;
+        }
         project(step, [&s.attn, &s.xq, &s.xqk], qd, n, &[(&a.wo, &s.proj)])
     }
 
@@ -366,6 +406,232 @@ fn project(
             InputKind::Q8K => Input::Q8K(xqk),
         };
         step.matmul(matrix, input, y, n)?;
+    }
+    Ok(())
+}
+
+/// The dense MLP over `s.normed` (`n x h`, `f` intermediate rows) into
+/// `s.proj`, before its down bias.
+fn record_mlp(
+    step: &mut Step<'_>,
+    mlp: &GpuMlp,
+    s: &GpuScratch,
+    [n, h, f]: [usize; 3],
+) -> Result<(), GpuError> {
+    project(
+        step,
+        [&s.normed, &s.xq, &s.xqk],
+        h,
+        n,
+        &[(&mlp.gate, &s.gate), (&mlp.up, &s.up)],
+    )?;
+    add_bias(step, &s.gate, mlp.gate_bias.as_ref(), n * f, f)?;
+    add_bias(step, &s.up, mlp.up_bias.as_ref(), n * f, f)?;
+    let act = match mlp.activation {
+        Activation::Silu => Elementwise::SiluMul,
+        Activation::GeluTanh => Elementwise::GeluMul,
+    };
+    step.elementwise(act, [&s.gate, &s.up], n * f, 0)?;
+    project(
+        step,
+        [&s.gate, &s.xq, &s.xqk],
+        f,
+        n,
+        &[(&mlp.down, &s.proj)],
+    )
+}
+
+/// A mixture of experts over `s.normed` (`n x h`) into `s.proj`: the
+/// router's logits, each token's experts (`s.routes`), their SwiGLU
+/// products one row per (token, expert), and the weighted sum.
+fn record_experts(
+    step: &mut Step<'_>,
+    moe: &GpuMoe,
+    s: &GpuScratch,
+    [n, h]: [usize; 2],
+) -> Result<(), GpuError> {
+    let routing = Routing {
+        tokens: n,
+        experts: moe.gate.experts,
+        per_token: moe.per_token,
+        normalize: moe.normalize,
+    };
+    let (k, f) = (moe.per_token, moe.gate.rows);
+    project(
+        step,
+        [&s.normed, &s.xq, &s.xqk],
+        h,
+        n,
+        &[(&moe.router, &s.router)],
+    )?;
+    step.route_experts([&s.router, &s.routes], routing)?;
+    let products = [(&moe.gate, &s.expert_gate), (&moe.up, &s.expert_up)];
+    let input = RoutedInput {
+        x: [&s.normed, &s.xq, &s.xqk],
+        cols: h,
+        rows: n,
+        x_per: k,
+    };
+    project_routed(step, input, &products, &s.routes)?;
+    step.elementwise(
+        Elementwise::SiluMul,
+        [&s.expert_gate, &s.expert_up],
+        n * k * f,
+        0,
+    )?;
+    let input = RoutedInput {
+        x: [&s.expert_gate, &s.xq, &s.xqk],
+        cols: f,
+        rows: n * k,
+        x_per: 1,
+    };
+    project_routed(step, input, &[(&moe.down, &s.expert_out)], &s.routes)?;
+    step.sum_experts([&s.expert_out, &s.routes, &s.proj], [n, k, h])?;
+    let Some(shared) = &moe.shared else {
+        return Ok(());
+    };
+    let f = shared.gate.rows;
+    project(
+        step,
+        [&s.normed, &s.xq, &s.xqk],
+        h,
+        n,
+        &[(&shared.gate, &s.shared_gate), (&shared.up, &s.shared_up)],
+    )?;
+    step.elementwise(
+        Elementwise::SiluMul,
+        [&s.shared_gate, &s.shared_up],
+        n * f,
+        0,
+    )?;
+    project(
+        step,
+        [&s.shared_gate, &s.xq, &s.xqk],
+        f,
+        n,
+        &[(&shared.down, &s.shared_out)],
+    )?;
+    step.add_shared_expert(
+        [&s.shared_out, &s.normed, &shared.gate_vector, &s.proj],
+        n,
+        h,
+    )
+}
+
+/// A Gated DeltaNet layer over `s.normed` (`n x h`) into `s.proj`, each
+/// of the step's `span_count` sequences from its state in `states` (its
+/// slots of `slot_floats`).
+fn record_linear(
+    step: &mut Step<'_>,
+    linear: &GpuLinear,
+    s: &GpuScratch,
+    (states, slot_floats): (&GpuBuffer, usize),
+    [n, span_count, h]: [usize; 3],
+) -> Result<(), GpuError> {
+    let l = &s.linear;
+    let shape = linear.shape;
+    let (qk, vw) = (shape.qk_width(), shape.v_width());
+    let mut products = vec![
+        (&linear.q, &l.q),
+        (&linear.k, &l.k),
+        (&linear.v, &l.v),
+        (&linear.z, &l.z),
+        (&linear.beta, &l.beta),
+    ];
+    if let Some(alpha) = &linear.alpha {
+        products.push((alpha, &l.alpha));
+    }
+    project(step, [&s.normed, &s.xq, &s.xqk], h, n, &products)?;
+    let conv_at = StateAt {
+        slot_floats,
+        offset: linear.state_offset,
+    };
+    let sections = [(&l.q, qk, 0), (&l.k, qk, qk), (&l.v, vw, 2 * qk)];
+    for (values, width, first_channel) in sections {
+        let section = Section {
+            values,
+            width,
+            first_channel,
+        };
+        let buffers = [&linear.taps, states, &l.spans];
+        step.linear_conv(section, buffers, [span_count, n], (shape, conv_at))?;
+    }
+    let dk = shape.key_dim;
+    let heads = n * shape.key_heads;
+    step.l2_heads(&l.q, [heads, dk], 1e-6, 1.0 / (dk as f32).sqrt())?;
+    step.l2_heads(&l.k, [heads, dk], 1e-6, 1.0)?;
+    let alpha = if linear.alpha.is_some() {
+        &l.alpha
+    } else {
+        &l.beta
+    };
+    step.linear_gates(
+        [&l.beta, alpha, &linear.head_gates, &l.gates],
+        [n, shape.value_heads, linear.ba_width],
+    )?;
+    let s_at = StateAt {
+        slot_floats,
+        offset: linear.state_offset + shape.conv_floats(),
+    };
+    step.delta_rule(
+        [&l.q, &l.k, &l.v, &l.gates, states, &l.spans, &l.out],
+        [span_count, n],
+        (shape, s_at),
+    )?;
+    let dv = shape.value_dim;
+    step.rms_norm_in_place(
+        [&l.out, &linear.norm],
+        n * shape.value_heads,
+        dv,
+        linear.eps,
+    )?;
+    // o = rms_norm(o) w silu(z), as z = silu(z) o.
+    step.elementwise(Elementwise::SiluMul, [&l.z, &l.out], n * vw, 0)?;
+    project(
+        step,
+        [&l.z, &s.xq, &s.xqk],
+        vw,
+        n,
+        &[(&linear.out, &s.proj)],
+    )
+}
+
+/// The input of routed products: `rows` rows of `cols` in `x` (with its
+/// 8-bit buffers), each read by `x_per` product rows.
+struct RoutedInput<'a> {
+    x: [&'a GpuBuffer; 3],
+    cols: usize,
+    rows: usize,
+    x_per: usize,
+}
+
+/// [`project`] for experts: each product row through its routed expert.
+fn project_routed(
+    step: &mut Step<'_>,
+    input: RoutedInput<'_>,
+    products: &[(&GpuExperts, &GpuBuffer)],
+    routes: &GpuBuffer,
+) -> Result<(), GpuError> {
+    let RoutedInput {
+        x: [x, xq, xqk],
+        cols,
+        rows,
+        x_per,
+    } = input;
+    let takes = |kind| products.iter().any(|(m, _)| m.format().input() == kind);
+    if takes(InputKind::Q8) {
+        step.quantize_q8(x, xq, rows, cols)?;
+    }
+    if takes(InputKind::Q8K) {
+        step.quantize_q8k(x, xqk, rows, cols)?;
+    }
+    for (experts, y) in products {
+        let input = match experts.format().input() {
+            InputKind::F32 => Input::F32(x),
+            InputKind::Q8 => Input::Q8(xq),
+            InputKind::Q8K => Input::Q8K(xqk),
+        };
+        step.matmul_routed(experts, input, [y, routes], rows * x_per, x_per)?;
     }
     Ok(())
 }

@@ -4,7 +4,8 @@
 
 use std::sync::Arc;
 
-use crate::gpu::matvec::GpuMatrix;
+use crate::gpu::deltanet::LinearShape;
+use crate::gpu::matvec::{GpuExperts, GpuMatrix};
 use crate::gpu::{Gpu, GpuBuffer};
 use crate::model::config::{Activation, LayerRope};
 
@@ -23,8 +24,67 @@ pub(crate) struct GpuLayer {
     pub(crate) attn_post_norm: Option<GpuBuffer>,
     pub(crate) ffn_norm: Option<GpuBuffer>,
     pub(crate) ffn_post_norm: Option<GpuBuffer>,
-    pub(crate) attention: GpuAttention,
-    pub(crate) mlp: GpuMlp,
+    pub(crate) mixer: GpuMixer,
+    pub(crate) mlp: GpuFfn,
+}
+
+/// What mixes a layer's tokens: attention, or a Gated DeltaNet.
+pub(crate) enum GpuMixer {
+    Attention(GpuAttention),
+    Linear(GpuLinear),
+}
+
+/// A Gated DeltaNet layer's weights (every head: one machine, or a
+/// pipeline stage).
+pub(crate) struct GpuLinear {
+    pub(crate) shape: LinearShape,
+    pub(crate) q: GpuMatrix,
+    pub(crate) k: GpuMatrix,
+    pub(crate) v: GpuMatrix,
+    pub(crate) z: GpuMatrix,
+    pub(crate) out: GpuMatrix,
+    /// b's product, and a's where it is its own (else b's holds both).
+    pub(crate) beta: GpuMatrix,
+    pub(crate) alpha: Option<GpuMatrix>,
+    /// Width of b's (and a's) product rows.
+    pub(crate) ba_width: usize,
+    /// The convolution's taps, `channels x kernel`.
+    pub(crate) taps: GpuBuffer,
+    /// Per value head: b's and a's places in a row, A and dt.
+    pub(crate) head_gates: GpuBuffer,
+    /// The gated norm's weight (one value head wide).
+    pub(crate) norm: GpuBuffer,
+    pub(crate) eps: f32,
+    /// Where its state starts in a sequence's slot.
+    pub(crate) state_offset: usize,
+}
+
+/// A layer's feed-forward block: one MLP, or a mixture of experts. One a
+/// layer, built once and never moved: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum GpuFfn {
+    Dense(GpuMlp),
+    Experts(GpuMoe),
+}
+
+/// A router and its experts' matrices (SwiGLU experts, as on the CPU).
+pub(crate) struct GpuMoe {
+    pub(crate) router: GpuMatrix,
+    pub(crate) gate: GpuExperts,
+    pub(crate) up: GpuExperts,
+    pub(crate) down: GpuExperts,
+    pub(crate) per_token: usize,
+    /// Whether the chosen experts' weights are renormalised.
+    pub(crate) normalize: bool,
+    /// The expert every token runs, scaled by `sigmoid(gate . x)`.
+    pub(crate) shared: Option<GpuSharedExpert>,
+}
+
+pub(crate) struct GpuSharedExpert {
+    pub(crate) gate: GpuMatrix,
+    pub(crate) up: GpuMatrix,
+    pub(crate) down: GpuMatrix,
+    pub(crate) gate_vector: GpuBuffer,
 }
 
 pub(crate) struct GpuAttention {
@@ -41,6 +101,8 @@ pub(crate) struct GpuAttention {
     pub(crate) o_bias: Option<GpuBuffer>,
     /// The q and k norms and their widths (a head, or all heads).
     pub(crate) qk_norms: Option<[(GpuBuffer, usize); 2]>,
+    /// Whether wq gives each head's q then its output gate (Qwen3.5).
+    pub(crate) output_gate: bool,
 }
 
 pub(crate) struct GpuMlp {
@@ -55,25 +117,36 @@ pub(crate) struct GpuMlp {
 
 impl GpuModel {
     pub(crate) fn weight_bytes(&self) -> u64 {
-        let matrices: u64 = self
+        let layers: u64 = self
             .layers
             .iter()
-            .map(|l| {
-                let a = &l.attention;
-                [
-                    &a.wq,
-                    &a.wk,
-                    &a.wv,
-                    &a.wo,
-                    &l.mlp.gate,
-                    &l.mlp.up,
-                    &l.mlp.down,
-                ]
-                .iter()
-                .map(|m| m.bytes())
-                .sum::<u64>()
-            })
+            .map(|l| l.mixer.bytes() + l.mlp.bytes())
             .sum();
-        matrices + self.head.as_ref().map_or(0, GpuMatrix::bytes)
+        layers + self.head.as_ref().map_or(0, GpuMatrix::bytes)
+    }
+}
+
+impl GpuMixer {
+    fn bytes(&self) -> u64 {
+        match self {
+            Self::Attention(a) => [&a.wq, &a.wk, &a.wv, &a.wo].iter().map(|m| m.bytes()).sum(),
+            Self::Linear(l) => {
+                let alpha = l.alpha.as_ref().map_or(0, GpuMatrix::bytes);
+                [&l.q, &l.k, &l.v, &l.z, &l.out, &l.beta]
+                    .iter()
+                    .map(|m| m.bytes())
+                    .sum::<u64>()
+                    + alpha
+            }
+        }
+    }
+}
+
+impl GpuFfn {
+    fn bytes(&self) -> u64 {
+        match self {
+            Self::Dense(m) => m.gate.bytes() + m.up.bytes() + m.down.bytes(),
+            Self::Experts(m) => m.router.bytes() + m.gate.bytes() + m.up.bytes() + m.down.bytes(),
+        }
     }
 }
