@@ -7,6 +7,8 @@ use super::kernels::Kernels;
 /// A device opened on one adapter, with the kernels compiled for it.
 pub struct Gpu {
     pub report: AdapterReport,
+    /// Whether the matrix products add a row's lanes across a subgroup.
+    pub subgroups: bool,
     pub(super) device: wgpu::Device,
     pub(super) queue: wgpu::Queue,
     pub(super) kernels: Kernels,
@@ -17,8 +19,14 @@ pub struct Gpu {
 
 impl Gpu {
     /// Opens adapter `index` (`None`: the first that is not a software
-    /// one, else the first).
+    /// one, else the first), using subgroups where it has them.
     pub fn open(index: Option<usize>) -> Result<Self, GpuError> {
+        Self::open_with(index, true)
+    }
+
+    /// [`Gpu::open`], with subgroups only if `subgroups` and the adapter
+    /// has them in sizes of 8 lanes or more (the tests run both ways).
+    pub fn open_with(index: Option<usize>, subgroups: bool) -> Result<Self, GpuError> {
         let all = enumerate();
         let chosen = match index {
             Some(index) => index,
@@ -38,9 +46,16 @@ impl Gpu {
             });
         };
         let report = report(chosen, adapter);
+        let subgroups = subgroups
+            && adapter.features().contains(wgpu::Features::SUBGROUP)
+            && adapter.get_info().subgroup_min_size >= 8;
         let descriptor = wgpu::DeviceDescriptor {
             label: Some("tessera"),
-            required_features: wgpu::Features::empty(),
+            required_features: if subgroups {
+                wgpu::Features::SUBGROUP
+            } else {
+                wgpu::Features::empty()
+            },
             required_limits: adapter.limits(),
             ..Default::default()
         };
@@ -56,7 +71,7 @@ impl Gpu {
             tracing::error!(%error, "GPU error");
         }));
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let kernels = Kernels::new(&device);
+        let kernels = Kernels::new(&device, subgroups);
         if let Some(error) = pollster::block_on(scope.pop()) {
             return Err(GpuError::Device {
                 adapter: report.name.clone(),
@@ -71,6 +86,7 @@ impl Gpu {
         });
         Ok(Self {
             report,
+            subgroups,
             device,
             queue,
             kernels,

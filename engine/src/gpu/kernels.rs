@@ -129,7 +129,14 @@ const MATVEC_COMMON: &str = include_str!("matvec_common.wgsl");
 /// The CPU's exponential, for the files whose results go through one.
 const EXP_POLY: &str = include_str!("exp_poly.wgsl");
 
-/// Each module's name and its source's parts, compiled as one.
+/// How the matrix products add a row's lanes: in workgroup memory (every
+/// adapter), or across a subgroup (the same sums, where subgroups hold 8
+/// lanes or more).
+const FINISH_SHARED: &str = include_str!("finish_shared.wgsl");
+const FINISH_SUBGROUP: &str = include_str!("finish_subgroup.wgsl");
+
+/// Each module's name and its source's parts, compiled as one; the matrix
+/// products' with one of the `FINISH_*` parts.
 const MODULES: [(&str, &[&str]); 10] = [
     ("matvec", &[MATVEC_COMMON, include_str!("matvec.wgsl")]),
     ("matvec_k", &[MATVEC_COMMON, include_str!("matvec_k.wgsl")]),
@@ -149,10 +156,21 @@ pub(super) struct Kernels {
 }
 
 impl Kernels {
-    pub(super) fn new(device: &wgpu::Device) -> Self {
+    /// The kernels, the products reducing across subgroups if
+    /// `subgroups` (the device must have [`wgpu::Features::SUBGROUP`]).
+    pub(super) fn new(device: &wgpu::Device, subgroups: bool) -> Self {
+        let finish = if subgroups {
+            FINISH_SUBGROUP
+        } else {
+            FINISH_SHARED
+        };
         let modules: Vec<(&str, wgpu::ShaderModule)> = MODULES
             .iter()
             .map(|(name, parts)| {
+                let mut parts = parts.to_vec();
+                if name.starts_with("matvec") {
+                    parts.insert(1, finish);
+                }
                 let source = parts.join("\n");
                 let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
                     label: Some(name),

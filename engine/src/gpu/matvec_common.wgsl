@@ -1,7 +1,8 @@
 // What every matrix-product kernel shares (`matvec.wgsl` and
 // `matvec_k.wgsl` are each compiled after this file). A workgroup of 64
 // threads computes 8 rows of W for one token, 8 threads (lanes) a row,
-// and the row's lanes add their partial sums (`finish`). Token t reads its
+// and the row's lanes add their partial sums (`finish`, in workgroup
+// memory or across a subgroup: `finish_*.wgsl`). Token t reads its
 // row of x and writes y[t] (rows values). W is read as GGUF stores it, so
 // blocks of any byte size are read out of u32 words (`word_at`).
 //
@@ -34,7 +35,6 @@ const THREADS: u32 = 64u;
 const ROWS: u32 = 8u;
 const LANES: u32 = 8u;
 const Q8_WORDS: u32 = 10u;
-var<workgroup> partial: array<f32, 64>;
 
 fn byte_at(offset: u32) -> u32 {
     return (weights[offset >> 2u] >> ((offset & 3u) * 8u)) & 0xffu;
@@ -71,22 +71,6 @@ fn w_row(z: u32, row: u32) -> u32 {
 // The row of W this thread works on (the grid wraps to y), and its lane.
 fn row_of(group: vec3<u32>, count: vec3<u32>, thread: u32) -> u32 {
     return (group.y * count.x + group.x) * ROWS + thread / LANES;
-}
-
-// Adds each row's lanes and writes the rows' values.
-fn finish(row: u32, token: u32, thread: u32, partial_sum: f32) {
-    partial[thread] = partial_sum;
-    workgroupBarrier();
-    let lane = thread % LANES;
-    for (var half = LANES / 2u; half > 0u; half = half / 2u) {
-        if (lane < half) {
-            partial[thread] = partial[thread] + partial[thread + half];
-        }
-        workgroupBarrier();
-    }
-    if (lane == 0u && row < shape.rows) {
-        y[token * shape.rows + row] = partial[thread];
-    }
 }
 
 // The word of W's bytes starting at byte `offset` (any alignment).

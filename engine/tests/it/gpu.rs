@@ -220,6 +220,47 @@ fn block_matrices_times_vectors_are_the_cpu_kernels_products() {
     }
 }
 
+/// The matrix products add a row's lanes across a subgroup where the
+/// adapter has subgroups of 8 or more (lavapipe does), else in workgroup
+/// memory: the same pairs in the same order, so the same bits, for every
+/// format.
+#[test]
+fn subgroup_and_workgroup_sums_give_the_same_bits() {
+    let name = "subgroup_and_workgroup_sums_give_the_same_bits";
+    let Some(with) = gpu_for(name) else {
+        return;
+    };
+    if !with.subgroups {
+        tessera_testkit::not_run_here(name, "the adapter has no subgroups of 8 lanes or more");
+        return;
+    }
+    let without = Gpu::open_with(None, false).expect("the adapter opens");
+    assert!(!without.subgroups);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(55);
+    let mut formats = vec![
+        (Format::F32, WeightFormat::F32),
+        (Format::F16, WeightFormat::F16),
+    ];
+    formats.extend(BLOCK_FORMATS);
+    for (format, cpu_format) in formats {
+        let (rows, cols, tokens) = (67, 2 * 256, 3);
+        let values: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let bytes = quant::quantize(cpu_format, &values);
+        let x: Vec<f32> = (0..cols * tokens)
+            .map(|_| rng.gen_range(-1.0..1.0))
+            .collect();
+        let product = |gpu: &Gpu| {
+            let matrix = gpu
+                .upload_bytes(format, &bytes, rows, cols)
+                .expect("uploads");
+            gpu.matmul(&matrix, &x, tokens).expect("runs")
+        };
+        let (a, b) = (product(&with), product(&without));
+        let same = a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{format:?}: {:?} against {:?}", &a[..4], &b[..4]);
+    }
+}
+
 /// Routing: each token's experts are the CPU's `route`'s (ties to the
 /// lower index), their weights its weights up to the softmax's sum (f32
 /// here, f64 there: a relative 1e-6).
