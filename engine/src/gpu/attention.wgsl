@@ -23,8 +23,14 @@ struct Params {
     scale: f32,
     // 0: no soft cap.
     softcap: f32,
-    _pad: u32,
-    _rest: array<vec4<u32>, 2>,
+    // The first query head and KV head of these (a tensor rank's share):
+    // query head h reads KV head (q_first + h) / group - kv_first.
+    q_first: u32,
+    kv_first: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+    _rest: array<vec4<u32>, 1>,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -112,7 +118,7 @@ fn attention(@builtin(workgroup_id) group: vec3<u32>,
              @builtin(local_invocation_index) thread: u32) {
     let head = group.x;
     let token = group.y;
-    let kv_head = head / p.group;
+    let kv_head = (p.q_first + head) / p.group - p.kv_first;
     let position = tokens[2u * token];
     let table = tokens[2u * token + 1u];
     let seen = position + 1u;

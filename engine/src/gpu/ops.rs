@@ -47,6 +47,12 @@ pub struct AttentionShape {
     pub tokens: usize,
     pub heads: usize,
     pub kv_heads: usize,
+    /// Query heads per KV head, and the first query and KV head of these
+    /// (0 but on a tensor rank): query head h reads KV head
+    /// `(q_first + h) / group - kv_first`.
+    pub group: usize,
+    pub q_first: usize,
+    pub kv_first: usize,
     pub head_dim: usize,
     pub window: Option<usize>,
     pub scale: f32,
@@ -235,15 +241,20 @@ impl Step<'_> {
             tokens,
             heads,
             kv_heads,
+            group,
+            q_first,
+            kv_first,
             head_dim,
             window,
             scale,
             softcap,
         } = shape;
-        let fits = head_dim <= MAX_HEAD_DIM
-            && head_dim.is_multiple_of(2)
-            && kv_heads > 0
-            && heads.is_multiple_of(kv_heads);
+        // Every query head reads one of these KV heads.
+        let reads_ours = group > 0
+            && heads > 0
+            && q_first / group >= kv_first
+            && (q_first + heads - 1) / group < kv_first + kv_heads;
+        let fits = head_dim <= MAX_HEAD_DIM && head_dim.is_multiple_of(2) && reads_ours;
         if !fits || tokens > super::step::MAX_GRID as usize {
             return Err(GpuError::Shape(format!(
                 "attention of {tokens} tokens, {heads} heads over {kv_heads} KV heads of {head_dim} (at most {MAX_HEAD_DIM})"
@@ -257,10 +268,12 @@ impl Step<'_> {
             word(heads)?,
             word(head_dim)?,
             word(kv_heads * head_dim)?,
-            word(heads / kv_heads)?,
+            word(group)?,
             word(window.unwrap_or(0))?,
             scale.to_bits(),
             softcap.unwrap_or(0.0).to_bits(),
+            word(q_first)?,
+            word(kv_first)?,
         ]);
         let buffers = [q, keys, values, positions, tables, out].map(Some);
         let grid = [word(heads)?, word(tokens)?, 1];

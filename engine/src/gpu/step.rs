@@ -134,7 +134,12 @@ pub(super) fn grid_for_values(count: usize) -> [u32; 3] {
     grid_of(count.div_ceil(THREADS), 1)
 }
 
-impl Step<'_> {
+impl<'g> Step<'g> {
+    /// The device it records for.
+    pub fn gpu(&self) -> &'g Gpu {
+        self.gpu
+    }
+
     /// Records `kernel` over `grid` with `params` and `buffers` (bindings
     /// 1, 2, ... in order; `None` for one the kernel does not read).
     pub(super) fn record(

@@ -27,7 +27,7 @@ pub(crate) enum Sharding {
     Pipeline,
 }
 
-fn spec(sharding: Sharding, rank: usize, world: usize, layers: usize) -> ShardSpec {
+pub(crate) fn spec(sharding: Sharding, rank: usize, world: usize, layers: usize) -> ShardSpec {
     match sharding {
         Sharding::Tensor => ShardSpec::Tensor {
             rank: rank as u32,

@@ -832,6 +832,66 @@ fn a_pipeline_of_a_gpu_stage_and_a_cpu_stage_gives_the_single_machine_answer() {
     if gpu_for(name).is_none() {
         return;
     }
+    let prepares: [fn(usize, &mut Transformer); 2] =
+        [first_rank_on_the_gpu, second_rank_on_the_gpu];
+    on_ranks_with_the_gpu_give_the_single_machines_answers(Sharding::Pipeline, &prepares);
+}
+
+/// Tensor-parallel ranks on the GPU (both, or one beside a CPU rank):
+/// each gathers the attention's output and the MLP's activations through
+/// the CPU's ring between its GPU's steps, and the instance gives the
+/// single machine's greedy answers under the same margin rule.
+#[test]
+fn tensor_parallel_ranks_on_the_gpu_give_the_single_machine_answer() {
+    let name = "tensor_parallel_ranks_on_the_gpu_give_the_single_machine_answer";
+    if gpu_for(name).is_none() {
+        return;
+    }
+    let prepares: [fn(usize, &mut Transformer); 2] =
+        [every_rank_on_the_gpu, second_rank_on_the_gpu];
+    on_ranks_with_the_gpu_give_the_single_machines_answers(Sharding::Tensor, &prepares);
+}
+
+/// What a tensor rank on the GPU cannot gather yet is refused by name, and
+/// the rank stays on the CPU.
+#[test]
+fn a_tensor_rank_the_gpu_cannot_run_is_refused_by_name() {
+    let Some(gpu) = gpu_for("a_tensor_rank_the_gpu_cannot_run_is_refused_by_name") else {
+        return;
+    };
+    let gpu = Arc::new(gpu);
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/hf-reference");
+    for (case, reason) in [
+        ("olmo2", "q and k normed across heads"),
+        ("qwen3-moe", "a mixture of experts"),
+        ("qwen3-5", "linear attention"),
+    ] {
+        let path = root.join(case).join("model.gguf");
+        let layers = tessera_engine::serve::model_config(&path)
+            .expect("config")
+            .layers;
+        let shard = super::distributed::spec(Sharding::Tensor, 1, 2, layers);
+        let mut rank = tessera_engine::serve::load_transformer(&path, &shard, |_, _| {})
+            .expect("the rank loads");
+        let error = rank.to_gpu(gpu.clone()).expect_err("refused").to_string();
+        assert!(
+            error.contains(reason) && error.contains("tensor-parallel rank"),
+            "{case}: {error}"
+        );
+        assert!(rank.gpu().is_none());
+    }
+}
+
+fn every_rank_on_the_gpu(_: usize, transformer: &mut Transformer) {
+    on_the_gpu(transformer);
+}
+
+/// The first cases greedily on two ranks of `sharding`, prepared each way
+/// of `prepares`, against the single machine (the margin rule).
+fn on_ranks_with_the_gpu_give_the_single_machines_answers(
+    sharding: Sharding,
+    prepares: &[fn(usize, &mut Transformer)],
+) {
     let path = tessera_testkit::default_model_path();
     let cases: Vec<_> = super::distributed::cases().into_iter().take(3).collect();
     let model = LoadedModel::load(&path, |_, _| {}).expect("loads");
@@ -840,10 +900,10 @@ fn a_pipeline_of_a_gpu_stage_and_a_cpu_stage_gives_the_single_machine_answer() {
         .iter()
         .map(|(_, prompt, _)| greedy_with_margins(&mut single, prompt, 24))
         .collect();
-    for prepare in [first_rank_on_the_gpu, second_rank_on_the_gpu] {
+    for &prepare in prepares {
         let (outputs, followers) = on_prepared_ranks(
             &path,
-            Sharding::Pipeline,
+            sharding,
             2,
             |r| Box::new(r),
             prepare,
@@ -858,7 +918,7 @@ fn a_pipeline_of_a_gpu_stage_and_a_cpu_stage_gives_the_single_machine_answer() {
             },
         );
         for follower in followers {
-            follower.expect("the other stage serves until rank 0 is done");
+            follower.expect("the other rank serves until rank 0 is done");
         }
         for ((name, _, _), (ours, (want, margins))) in
             cases.iter().zip(outputs.iter().zip(&reference))
@@ -866,14 +926,14 @@ fn a_pipeline_of_a_gpu_stage_and_a_cpu_stage_gives_the_single_machine_answer() {
             for (step, (a, b)) in ours.iter().zip(want).enumerate() {
                 if margins[step] < 0.25 {
                     eprintln!(
-                        "{name}: compared {step} steps, then a margin of {:.3}",
+                        "{name} {sharding:?}: compared {step} steps, then a margin of {:.3}",
                         margins[step]
                     );
                     break;
                 }
                 assert_eq!(
                     a, b,
-                    "{name}, step {step}: ours {ours:?}, single machine {want:?}"
+                    "{name} {sharding:?}, step {step}: ours {ours:?}, single machine {want:?}"
                 );
             }
         }

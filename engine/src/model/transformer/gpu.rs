@@ -7,7 +7,9 @@
 //! every RoPE the CPU computes, since the angles come from it) with SwiGLU
 //! or GeGLU MLPs or a mixture of SwiGLU experts (with a shared expert or
 //! not), gated attention, and the Gated DeltaNet layers of the hybrid
-//! Qwens. A tensor-parallel rank stays on the CPU, and says so.
+//! Qwens. A tensor-parallel rank runs its dense attention and MLP layers
+//! there (`gpu_tensor.rs`); experts, linear attention and q/k norms across
+//! heads on such a rank are refused, and stay on the CPU.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -41,7 +43,10 @@ impl Transformer {
             .iter()
             .map(|layer| upload.layer(layer, self.config.variant.activation))
             .collect::<Result<Vec<_>, _>>()?;
-        let head = if self.is_first_stage() && self.is_last_stage() {
+        // A tensor rank's head (its rows of the vocabulary) stays on the
+        // CPU, where the ranks' rows are put together.
+        let whole_model = self.is_first_stage() && self.is_last_stage();
+        let head = if whole_model && self.tensor.is_none() {
             Some(
                 upload.matrix(
                     self.whole_head()
@@ -142,7 +147,9 @@ impl Transformer {
         let cfg = &self.config;
         let refuse = |what: &str| Err(GpuError::Unsupported(what.to_string()));
         if self.tensor.is_some() {
-            return refuse("a tensor-parallel rank (its collectives run on the CPU)");
+            if let Some(what) = self.layers.iter().find_map(tensor_rank_lacks) {
+                return refuse(&format!("{what} on a tensor-parallel rank"));
+            }
         }
         if cfg.head_dim > MAX_HEAD_DIM || !cfg.head_dim.is_multiple_of(2) {
             return refuse(&format!(
@@ -164,6 +171,19 @@ impl Transformer {
             return refuse("a last stage without a final norm");
         }
         Ok(())
+    }
+}
+
+/// What of `layer` a tensor rank on the GPU cannot run yet: its gathers
+/// are those of the dense attention and MLP only.
+fn tensor_rank_lacks(layer: &Layer) -> Option<&'static str> {
+    match (&layer.mixer, &layer.mlp) {
+        (Mixer::Linear { .. }, _) => Some("linear attention"),
+        (_, Mlp::Experts(_)) => Some("a mixture of experts"),
+        (Mixer::Attention(a), _) if a.qk_norm_widths.is_some() => {
+            Some("q and k normed across heads (OLMo 2)")
+        }
+        _ => None,
     }
 }
 

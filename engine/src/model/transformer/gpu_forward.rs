@@ -6,7 +6,7 @@
 //! them, or a pipeline stage's hidden states.
 
 use crate::gpu::deltanet::{Section, StateAt};
-use crate::gpu::matvec::{GpuExperts, GpuMatrix, Input, InputKind};
+use crate::gpu::matvec::{GpuExperts, Input, InputKind};
 use crate::gpu::moe::Routing;
 use crate::gpu::ops::{AttentionShape, Elementwise, RopeShape};
 use crate::gpu::{Gpu, GpuBuffer, GpuError, GpuKv, Step};
@@ -14,7 +14,9 @@ use crate::model::config::{Activation, LayerRope};
 use crate::model::paged::{BLOCK_TOKENS, MAX_STATE_SLOTS};
 use crate::ops::RopeStyle;
 
+use super::gpu_project::project;
 use super::gpu_scratch::GpuScratch;
+use super::gpu_tensor::{Projected, TensorRanks};
 use super::gpu_weights::{
     GpuAttention, GpuFfn, GpuLayer, GpuLinear, GpuMixer, GpuMlp, GpuModel, GpuMoe,
 };
@@ -34,7 +36,12 @@ impl Transformer {
         output: RowOutput,
         step: Pass<'_, 'w>,
     ) -> Result<ForwardOutput<'w>, ForwardError> {
-        let Pass { kv, ws, .. } = step;
+        let Pass {
+            kv,
+            ws,
+            pool,
+            group,
+        } = step;
         let cfg = &self.config;
         let tokens = match &input {
             StageInput::Tokens(t) => t.len(),
@@ -68,12 +75,26 @@ impl Transformer {
         let wanted: usize = spans.iter().map(|s| s.logits).sum();
         let table_words: usize = spans.iter().map(|s| s.table.len()).sum();
         let gpu = &model.gpu;
-        let scratch = GpuScratch::ensure(ws.gpu.take(), gpu, cfg, [tokens, wanted, table_words]);
+        let whole = self
+            .tensor
+            .as_ref()
+            .map_or(0, |t| t.layout.attention.width().max(t.layout.ffn.width()));
+        let sizes = [tokens, wanted, table_words, whole];
+        let scratch = GpuScratch::ensure(ws.gpu.take(), gpu, cfg, sizes);
         self.upload_step(gpu, &scratch, spans, tokens, ws);
         let mut step = gpu.step();
         let n = [tokens, spans.len()];
-        for layer in &model.layers {
-            self.record_layer(&mut step, layer, &scratch, gpu_kv, n)?;
+        let mut tensor = self.tensor.as_ref().map(|t| TensorRanks {
+            layout: &t.layout,
+            group: &mut *group,
+            gathers: &mut ws.gathers,
+        });
+        let recorded = model.layers.iter().try_for_each(|layer| {
+            self.record_layer(&mut step, layer, &scratch, (gpu_kv, tensor.as_mut()), n)
+        });
+        if let Err(error) = recorded {
+            ws.gpu = Some(scratch);
+            return Err(error);
         }
         let rows = Rows {
             tokens,
@@ -83,6 +104,11 @@ impl Transformer {
         let out = self.finish_gpu(model, step, &scratch, rows, ws);
         ws.gpu = Some(scratch);
         out?;
+        // A tensor rank's head is its rows of the vocabulary, on the CPU,
+        // over the normed rows read back (see `Transformer::head`).
+        if self.tensor.is_some() && self.is_last_stage() && wanted > 0 {
+            return self.head(wanted, output, ws, pool, group);
+        }
         self.gpu_output(rows, ws)
     }
 
@@ -149,15 +175,15 @@ impl Transformer {
     }
 
     /// One layer's kernels: attention, then the MLP, each with its norms
-    /// and residual.
+    /// and residual (on a tensor rank, with its gathers).
     fn record_layer(
         &self,
         step: &mut Step<'_>,
         layer: &GpuLayer,
         s: &GpuScratch,
-        kv: &GpuKv,
+        (kv, mut tensor): (&GpuKv, Option<&mut TensorRanks<'_>>),
         [n, span_count]: [usize; 2],
-    ) -> Result<(), GpuError> {
+    ) -> Result<(), ForwardError> {
         let cfg = &self.config;
         let (h, f) = (cfg.hidden, cfg.ffn);
         pre_norm(
@@ -171,6 +197,16 @@ impl Transformer {
         let o_bias = match &layer.mixer {
             GpuMixer::Attention(a) => {
                 self.record_attention(step, a, s, kv, n)?;
+                match tensor.as_deref_mut() {
+                    Some(t) => t.project(step, (&a.wo, &s.attn, Projected::Attention), s, n)?,
+                    None => project(
+                        step,
+                        [&s.attn, &s.xq, &s.xqk],
+                        cfg.q_dim(),
+                        n,
+                        &[(&a.wo, &s.proj)],
+                    )?,
+                }
                 a.o_bias.as_ref()
             }
             GpuMixer::Linear(linear) => {
@@ -199,6 +235,16 @@ impl Transformer {
         let down_bias = match &layer.mlp {
             GpuFfn::Dense(mlp) => {
                 record_mlp(step, mlp, s, [n, h, f])?;
+                match tensor {
+                    Some(t) => t.project(step, (&mlp.down, &s.gate, Projected::Mlp), s, n)?,
+                    None => project(
+                        step,
+                        [&s.gate, &s.xq, &s.xqk],
+                        f,
+                        n,
+                        &[(&mlp.down, &s.proj)],
+                    )?,
+                }
                 mlp.down_bias.as_ref()
             }
             GpuFfn::Experts(moe) => {
@@ -213,11 +259,12 @@ impl Transformer {
             n,
             h,
             cfg.norm_eps,
-        )
+        )?;
+        Ok(())
     }
 
     /// q, k and v from `s.normed`, their biases, norms and rotation, the
-    /// cache write, attention and o_proj into `s.proj`.
+    /// cache write and attention into `s.attn` (o_proj is the caller's).
     fn record_attention(
         &self,
         step: &mut Step<'_>,
@@ -275,6 +322,9 @@ impl Transformer {
             tokens: n,
             heads: cfg.heads,
             kv_heads: cfg.kv_heads,
+            group: self.heads.group,
+            q_first: self.heads.q_first,
+            kv_first: self.heads.kv_first,
             head_dim: hd,
             window: a.window,
             scale: cfg
@@ -290,7 +340,7 @@ impl Transformer {
         if a.output_gate {
             step.elementwise(Elementwise::SigmoidMul, [&s.attn, &s.attn_gate], n * qd, 0)?;
         }
-        project(step, [&s.attn, &s.xq, &s.xqk], qd, n, &[(&a.wo, &s.proj)])
+        Ok(())
     }
 
     /// The step's end: the final norm and head where this shard has them,
@@ -382,36 +432,8 @@ impl Transformer {
     }
 }
 
-/// Each matrix of `products` times the `n` rows of `cols` in `x`, into its
-/// output; `xq` and `xqk` take x's 8-bit blocks (of 32, of 256) once for
-/// those that read them.
-fn project(
-    step: &mut Step<'_>,
-    [x, xq, xqk]: [&GpuBuffer; 3],
-    cols: usize,
-    n: usize,
-    products: &[(&GpuMatrix, &GpuBuffer)],
-) -> Result<(), GpuError> {
-    let takes = |kind| products.iter().any(|(m, _)| m.format.input() == kind);
-    if takes(InputKind::Q8) {
-        step.quantize_q8(x, xq, n, cols)?;
-    }
-    if takes(InputKind::Q8K) {
-        step.quantize_q8k(x, xqk, n, cols)?;
-    }
-    for (matrix, y) in products {
-        let input = match matrix.format.input() {
-            InputKind::F32 => Input::F32(x),
-            InputKind::Q8 => Input::Q8(xq),
-            InputKind::Q8K => Input::Q8K(xqk),
-        };
-        step.matmul(matrix, input, y, n)?;
-    }
-    Ok(())
-}
-
-/// The dense MLP over `s.normed` (`n x h`, `f` intermediate rows) into
-/// `s.proj`, before its down bias.
+/// The dense MLP's activations over `s.normed` (`n x h`, `f` intermediate
+/// rows) into `s.gate` (the down projection is the caller's).
 fn record_mlp(
     step: &mut Step<'_>,
     mlp: &GpuMlp,
@@ -431,14 +453,7 @@ fn record_mlp(
         Activation::Silu => Elementwise::SiluMul,
         Activation::GeluTanh => Elementwise::GeluMul,
     };
-    step.elementwise(act, [&s.gate, &s.up], n * f, 0)?;
-    project(
-        step,
-        [&s.gate, &s.xq, &s.xqk],
-        f,
-        n,
-        &[(&mlp.down, &s.proj)],
-    )
+    step.elementwise(act, [&s.gate, &s.up], n * f, 0)
 }
 
 /// A mixture of experts over `s.normed` (`n x h`) into `s.proj`: the

@@ -57,6 +57,10 @@ pub(crate) struct GpuScratch {
     /// value head)'s beta and decay, the recurrence's output, and the
     /// step's spans (four words each).
     pub(super) linear: LinearScratch,
+    /// A tensor rank's gathered whole rows (the attention's output or the
+    /// MLP's activations) and its own rows of a projection's output.
+    pub(super) tensor_whole: GpuBuffer,
+    pub(super) tensor_part: GpuBuffer,
 }
 
 pub(crate) struct LinearScratch {
@@ -99,7 +103,10 @@ impl LinearScratch {
 }
 
 impl GpuScratch {
-    fn new(gpu: &Gpu, cfg: &ModelConfig, tokens: usize, rows: usize, table_words: usize) -> Self {
+    /// Buffers for `tokens` tokens, `rows` rows of logits, `table_words`
+    /// block-table entries, and (a tensor rank) gathered rows `whole`
+    /// wide.
+    fn new(gpu: &Gpu, cfg: &ModelConfig, [tokens, rows, table_words, whole]: [usize; 4]) -> Self {
         let floats = |label, n: usize| gpu.buffer(label, (n * 4) as u64);
         let pairs = cfg.rotary_dims / 2;
         let shared_ffn = cfg.moe.as_ref().and_then(|m| m.shared_ffn).unwrap_or(0);
@@ -113,7 +120,8 @@ impl GpuScratch {
             .max(cfg.q_dim())
             .max(cfg.ffn)
             .max(shared_ffn)
-            .max(linear_width);
+            .max(linear_width)
+            .max(whole);
         let gated = if cfg.variant.attn_output_gate { 1 } else { 0 };
         // (token, expert) rows, and each one's intermediate width.
         let (experts, routed, expert_ffn) = cfg.moe.as_ref().map_or((0, 0, 0), |m| {
@@ -171,6 +179,8 @@ impl GpuScratch {
             q_gated: floats("q and gates", gated * 2 * tokens * cfg.q_dim()),
             attn_gate: floats("attention gates", gated * tokens * cfg.q_dim()),
             linear: LinearScratch::new(gpu, cfg, tokens),
+            tensor_whole: floats("whole rows", tokens * whole),
+            tensor_part: floats("own rows", if whole > 0 { tokens * cfg.hidden } else { 0 }),
         }
     }
 
@@ -179,20 +189,20 @@ impl GpuScratch {
         held: Option<Self>,
         gpu: &Gpu,
         cfg: &ModelConfig,
-        [tokens, rows, table_words]: [usize; 3],
+        [tokens, rows, table_words, whole]: [usize; 4],
     ) -> Self {
         match held {
             Some(s) if s.tokens >= tokens && s.rows >= rows && s.table_words >= table_words => s,
             held => {
                 let most =
                     |f: fn(&Self) -> usize, n: usize| held.as_ref().map_or(n, |s| f(s).max(n));
-                Self::new(
-                    gpu,
-                    cfg,
+                let sizes = [
                     most(|s| s.tokens, tokens),
                     most(|s| s.rows, rows.max(1)),
                     most(|s| s.table_words, table_words.max(1)),
-                )
+                    whole,
+                ];
+                Self::new(gpu, cfg, sizes)
             }
         }
     }

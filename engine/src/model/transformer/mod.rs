@@ -6,7 +6,9 @@
 mod cache;
 mod gpu;
 mod gpu_forward;
+mod gpu_project;
 mod gpu_scratch;
+mod gpu_tensor;
 mod gpu_weights;
 mod head;
 mod io;
