@@ -9,6 +9,8 @@ pub struct Gpu {
     pub report: AdapterReport,
     /// Whether the matrix products add a row's lanes across a subgroup.
     pub subgroups: bool,
+    /// Whether products of several token rows run over token tiles.
+    pub token_tiles: bool,
     pub(super) device: wgpu::Device,
     pub(super) queue: wgpu::Queue,
     pub(super) kernels: Kernels,
@@ -21,12 +23,11 @@ impl Gpu {
     /// Opens adapter `index` (`None`: the first that is not a software
     /// one, else the first), using subgroups where it has them.
     pub fn open(index: Option<usize>) -> Result<Self, GpuError> {
-        Self::open_with(index, true)
+        Self::open_with(index, GpuOptions::default())
     }
 
-    /// [`Gpu::open`], with subgroups only if `subgroups` and the adapter
-    /// has them in sizes of 8 lanes or more (the tests run both ways).
-    pub fn open_with(index: Option<usize>, subgroups: bool) -> Result<Self, GpuError> {
+    /// [`Gpu::open`] with `options` (the tests run each way).
+    pub fn open_with(index: Option<usize>, options: GpuOptions) -> Result<Self, GpuError> {
         let all = enumerate();
         let chosen = match index {
             Some(index) => index,
@@ -46,7 +47,7 @@ impl Gpu {
             });
         };
         let report = report(chosen, adapter);
-        let subgroups = subgroups
+        let subgroups = options.subgroups
             && adapter.features().contains(wgpu::Features::SUBGROUP)
             && adapter.get_info().subgroup_min_size >= 8;
         let descriptor = wgpu::DeviceDescriptor {
@@ -71,7 +72,7 @@ impl Gpu {
             tracing::error!(%error, "GPU error");
         }));
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let kernels = Kernels::new(&device, subgroups);
+        let kernels = Kernels::new(&device, subgroups, options.token_tiles);
         if let Some(error) = pollster::block_on(scope.pop()) {
             return Err(GpuError::Device {
                 adapter: report.name.clone(),
@@ -87,11 +88,34 @@ impl Gpu {
         Ok(Self {
             report,
             subgroups,
+            token_tiles: kernels.has_tiles(),
             device,
             queue,
             kernels,
             no_routes,
         })
+    }
+}
+
+/// How a device's kernels are compiled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuOptions {
+    /// The matrix products add a row's lanes across a subgroup where the
+    /// adapter has subgroups of 8 lanes or more (else in workgroup
+    /// memory; both give the same bits).
+    pub subgroups: bool,
+    /// Products of several token rows (a prompt, a batch) read each block
+    /// of W once per tile of 8 rows (else once per row; both give the same
+    /// bits).
+    pub token_tiles: bool,
+}
+
+impl Default for GpuOptions {
+    fn default() -> Self {
+        Self {
+            subgroups: true,
+            token_tiles: true,
+        }
     }
 }
 

@@ -81,6 +81,23 @@ impl Kernel {
         Kernel::Recur,
     ];
 
+    /// The matrix products, which are compiled for token tiles too.
+    pub(super) const PRODUCTS: [Kernel; 13] = [
+        Kernel::MatvecF32,
+        Kernel::MatvecQ8_0,
+        Kernel::MatvecQ4_0,
+        Kernel::MatvecQ4_1,
+        Kernel::MatvecF16,
+        Kernel::MatvecBf16,
+        Kernel::MatvecQ5_0,
+        Kernel::MatvecQ5_1,
+        Kernel::MatvecQ4K,
+        Kernel::MatvecQ5K,
+        Kernel::MatvecQ6K,
+        Kernel::MatvecQ2K,
+        Kernel::MatvecQ3K,
+    ];
+
     /// Its WGSL file and entry point.
     fn source(self) -> (&'static str, &'static str) {
         match self {
@@ -150,61 +167,109 @@ const MODULES: [(&str, &[&str]); 10] = [
     ("deltanet", &[include_str!("deltanet.wgsl")]),
 ];
 
-/// The compiled kernels, in [`Kernel::ALL`]'s order.
+/// Product rows of a token tile: each block of W a workgroup reads is
+/// multiplied with this many rows of x (`matvec_common.wgsl`'s `TOKENS`).
+pub(super) const TILE_TOKENS: usize = 8;
+
+/// The compiled kernels, in [`Kernel::ALL`]'s order, and the matrix
+/// products compiled for token tiles where the device takes them.
 pub(super) struct Kernels {
     pipelines: Vec<wgpu::ComputePipeline>,
+    /// [`Kernel::PRODUCTS`] over tiles of [`TILE_TOKENS`] product rows.
+    tiled: Vec<wgpu::ComputePipeline>,
 }
 
 impl Kernels {
     /// The kernels, the products reducing across subgroups if
-    /// `subgroups` (the device must have [`wgpu::Features::SUBGROUP`]).
-    pub(super) fn new(device: &wgpu::Device, subgroups: bool) -> Self {
-        let finish = if subgroups {
-            FINISH_SUBGROUP
-        } else {
-            FINISH_SHARED
-        };
-        let modules: Vec<(&str, wgpu::ShaderModule)> = MODULES
-            .iter()
-            .map(|(name, parts)| {
-                let mut parts = parts.to_vec();
-                if name.starts_with("matvec") {
-                    parts.insert(1, finish);
-                }
-                let source = parts.join("\n");
-                let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                    label: Some(name),
-                    source: wgpu::ShaderSource::Wgsl(source.into()),
-                });
-                (*name, module)
-            })
-            .collect();
+    /// `subgroups` (the device must have [`wgpu::Features::SUBGROUP`]),
+    /// and compiled for token tiles too if `token_tiles`.
+    pub(super) fn new(device: &wgpu::Device, subgroups: bool, token_tiles: bool) -> Self {
+        let modules = compile(device, subgroups, 1);
         let pipelines = Kernel::ALL
             .iter()
-            .map(|kernel| {
-                let (file, entry) = kernel.source();
-                let module = modules
-                    .iter()
-                    .find(|(name, _)| *name == file)
-                    .map(|(_, module)| module);
-                device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                    label: Some(entry),
-                    layout: None,
-                    // Every file is in MODULES.
-                    module: module.unwrap_or(&modules[0].1),
-                    entry_point: Some(entry),
-                    compilation_options: wgpu::PipelineCompilationOptions::default(),
-                    cache: None,
-                })
-            })
+            .map(|kernel| pipeline(device, &modules, *kernel))
             .collect();
-        Self { pipelines }
+        let tiled = if token_tiles {
+            let modules = compile(device, subgroups, TILE_TOKENS);
+            Kernel::PRODUCTS
+                .iter()
+                .map(|kernel| pipeline(device, &modules, *kernel))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Self { pipelines, tiled }
     }
 
-    pub(super) fn get(&self, kernel: Kernel) -> &wgpu::ComputePipeline {
-        // Built in `Kernel::ALL`'s order, which is the variants' order.
-        &self.pipelines[kernel as usize]
+    /// `kernel`'s pipeline, over token tiles if `tiled` (a product, on a
+    /// device whose tiled kernels were compiled: else the plain one).
+    pub(super) fn get(&self, kernel: Kernel, tiled: bool) -> &wgpu::ComputePipeline {
+        let tile = Kernel::PRODUCTS.iter().position(|k| *k == kernel);
+        match tile.and_then(|at| self.tiled.get(at)) {
+            Some(pipeline) if tiled => pipeline,
+            // Built in `Kernel::ALL`'s order, which is the variants' order.
+            _ => &self.pipelines[kernel as usize],
+        }
     }
+
+    /// Whether the products were compiled for token tiles.
+    pub(super) fn has_tiles(&self) -> bool {
+        !self.tiled.is_empty()
+    }
+}
+
+/// Every module of [`MODULES`], the matrix products' with `finish` by
+/// subgroups or not and `tokens` product rows a workgroup (the others
+/// do not depend on it).
+fn compile(
+    device: &wgpu::Device,
+    subgroups: bool,
+    tokens: usize,
+) -> Vec<(&'static str, wgpu::ShaderModule)> {
+    let finish = if subgroups {
+        FINISH_SUBGROUP
+    } else {
+        FINISH_SHARED
+    };
+    let tokens_line = format!("const TOKENS: u32 = {tokens}u;");
+    MODULES
+        .iter()
+        .filter(|(name, _)| tokens == 1 || name.starts_with("matvec"))
+        .map(|(name, parts)| {
+            let mut parts = parts.to_vec();
+            if name.starts_with("matvec") {
+                parts.insert(0, &tokens_line);
+                parts.insert(2, finish);
+            }
+            let source = parts.join("\n");
+            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(name),
+                source: wgpu::ShaderSource::Wgsl(source.into()),
+            });
+            (*name, module)
+        })
+        .collect()
+}
+
+fn pipeline(
+    device: &wgpu::Device,
+    modules: &[(&str, wgpu::ShaderModule)],
+    kernel: Kernel,
+) -> wgpu::ComputePipeline {
+    let (file, entry) = kernel.source();
+    let module = modules
+        .iter()
+        .find(|(name, _)| *name == file)
+        .map(|(_, module)| module);
+    device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(entry),
+        layout: None,
+        // Every kernel's file is compiled.
+        module: module.unwrap_or(&modules[0].1),
+        entry_point: Some(entry),
+        compilation_options: wgpu::PipelineCompilationOptions::default(),
+        cache: None,
+    })
 }
 
 #[cfg(test)]

@@ -1,14 +1,16 @@
 //! The matrix products on the GPU: a weight matrix uploaded once as GGUF
 //! stores it (f32, f16, bf16, the 32-value block formats or the K-quants),
 //! then `y[t] = W x[t]` for each token's vector, 8 rows of one token per
-//! workgroup (`matvec.wgsl`, `matvec_k.wgsl`). The block formats take x
+//! workgroup (`matvec.wgsl`, `matvec_k.wgsl`), or of a tile of 8 tokens
+//! where several go through W together ([`super::GpuOptions`]). The
+//! block formats take x
 //! rounded to 8-bit blocks of 32 ([`Step::quantize_q8`]) and the K-quants
 //! to 8-bit blocks of 256 ([`Step::quantize_q8k`]), as the CPU engine and
 //! llama.cpp do.
 
 use super::device::Gpu;
 use super::error::GpuError;
-use super::kernels::Kernel;
+use super::kernels::{Kernel, TILE_TOKENS};
 use super::step::{grid_for_values, grid_of, params, GpuBuffer, Step};
 
 /// Rows of W per workgroup (matvec_common.wgsl's `ROWS`).
@@ -424,9 +426,14 @@ impl Step<'_> {
                 matrix.cols / 256 * input_rows * Q8K_BLOCK_BYTES,
             ),
         };
+        // A routed product's rows read different experts' rows of W, so
+        // only a plain product shares each block of W across a tile.
+        let tiled = self.gpu.token_tiles && x_per == 0 && products > 1;
+        let per_group = if tiled { TILE_TOKENS } else { 1 };
         let matches = kind == matrix.format.input();
         let too_small = x.bytes() < needed as u64 || y.bytes() < (rows * products * 4) as u64;
-        if !matches || too_small || products > super::step::MAX_GRID as usize {
+        let groups_along_z = products.div_ceil(per_group);
+        if !matches || too_small || groups_along_z > super::step::MAX_GRID as usize {
             return Err(GpuError::Shape(format!(
                 "{products} rows of {kind:?} input through a {:?} {rows} x {} matrix into {} bytes",
                 matrix.format,
@@ -434,7 +441,12 @@ impl Step<'_> {
                 y.bytes()
             )));
         }
-        let shape = params(&[rows as u32, matrix.cols as u32, x_per as u32]);
+        let shape = params(&[
+            rows as u32,
+            matrix.cols as u32,
+            x_per as u32,
+            products as u32,
+        ]);
         let buffers = match input {
             Input::F32(x) => [
                 Some(&matrix.buffer),
@@ -454,11 +466,11 @@ impl Step<'_> {
             ],
         };
         let groups = rows.div_ceil(ROWS_PER_GROUP);
-        self.record(
-            matrix.format.kernel(),
+        self.record_dispatch(
+            (matrix.format.kernel(), tiled),
             shape,
             &buffers,
-            grid_of(groups, products as u32),
+            grid_of(groups, groups_along_z as u32),
         );
         Ok(())
     }

@@ -1,10 +1,16 @@
 // What every matrix-product kernel shares (`matvec.wgsl` and
 // `matvec_k.wgsl` are each compiled after this file). A workgroup of 64
-// threads computes 8 rows of W for one token, 8 threads (lanes) a row,
-// and the row's lanes add their partial sums (`finish`, in workgroup
-// memory or across a subgroup: `finish_*.wgsl`). Token t reads its
-// row of x and writes y[t] (rows values). W is read as GGUF stores it, so
-// blocks of any byte size are read out of u32 words (`word_at`).
+// threads computes 8 rows of W for TOKENS product rows (set before this
+// file: 1 for a vector's product, 8 for a tile of tokens), 8 threads
+// (lanes) a row of W. A lane reads its share of a block of W once and
+// multiplies it with each of the tile's rows of x, so a prompt or a batch
+// reads W once per tile, not once per token; each product row's sum is
+// the single token's, in the same order, so both compilations give the
+// same bits. The row's lanes then add their partial sums (`finish`, in
+// workgroup memory or across a subgroup: `finish_*.wgsl`). Product row z
+// reads its row of x and writes y[z] (rows values). W is read as GGUF
+// stores it, so blocks of any byte size are read out of u32 words
+// (`word_at`).
 //
 // A routed product (a mixture of experts) has W as every expert's matrix
 // one after another, and a product row z per (token, chosen expert): it
@@ -15,7 +21,8 @@ struct Params {
     rows: u32,
     cols: u32,
     x_per: u32,
-    _pad: u32,
+    // Product rows in all.
+    products: u32,
     _rest: array<vec4<u32>, 3>,
 }
 
@@ -66,6 +73,26 @@ fn w_row(z: u32, row: u32) -> u32 {
         return row;
     }
     return routes[2u * z] * shape.rows + row;
+}
+
+// The workgroup's first product row.
+fn first_of(group: vec3<u32>) -> u32 {
+    return group.z * TOKENS;
+}
+
+// Whether the tile starting at `first` has a t-th product row (uniform
+// across the workgroup, so `finish`'s barriers may follow it).
+fn has(first: u32, t: u32) -> bool {
+    return first + t < shape.products;
+}
+
+// Writes each of the tile's product rows (`finish`).
+fn finish_tile(row: u32, first: u32, thread: u32, sums: array<f32, TOKENS>) {
+    for (var t = 0u; t < TOKENS; t = t + 1u) {
+        if (has(first, t)) {
+            finish(row, first + t, thread, sums[t]);
+        }
+    }
 }
 
 // The row of W this thread works on (the grid wraps to y), and its lane.

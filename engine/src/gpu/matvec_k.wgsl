@@ -54,15 +54,24 @@ fn k4_scale(at: u32, k: u32, minimum: bool) -> u32 {
     return low | ((byte_at(at + k - 4u + m) >> 6u) << 4u);
 }
 
+// The word of x's 8-bit blocks of 256 where product row z's block b
+// starts.
+fn xk_block(z: u32, blocks: u32, b: u32) -> u32 {
+    return (x_row(z) * blocks + b) * Q8K_WORDS;
+}
+
+// Each kernel reads its lane's share of a super-block of W once (`bits`
+// and the scales), then takes its product with each of the tile's rows of
+// x.
+
 // Q4_K and Q5_K: `width` bytes a super-block, fifth bits or not.
-fn k4_row(group: vec3<u32>, row: u32, lane: u32, width: u32, fifth: bool) -> f32 {
+fn k4_row(first: u32, row: u32, lane: u32, width: u32, fifth: bool) -> array<f32, TOKENS> {
     let blocks = shape.cols / 256u;
-    var sum = 0.0;
-    var mins = 0.0;
+    var sums: array<f32, TOKENS>;
+    var mins: array<f32, TOKENS>;
     let nibbles_at = select(16u, 48u, fifth);
     for (var b = 0u; b < blocks; b = b + 1u) {
-        let at = (w_row(group.z, row) * blocks + b) * width;
-        let xb = (x_row(group.z) * blocks + b) * Q8K_WORDS;
+        let at = (w_row(first, row) * blocks + b) * width;
         var bits: array<u32, 8>;
         let shift = 4u * (lane % 2u);
         for (var w = 0u; w < 8u; w = w + 1u) {
@@ -72,15 +81,25 @@ fn k4_row(group: vec3<u32>, row: u32, lane: u32, width: u32, fifth: bool) -> f32
                 bits[w] = bits[w] | (((word_at(at + 16u + 4u * w) >> lane) & 0x01010101u) << 4u);
             }
         }
-        let dot = dot16(bits, 0u, xb + 8u * lane) + dot16(bits, 4u, xb + 8u * lane + 4u);
         let scale = i32(k4_scale(at + 4u, lane, false));
         let minimum = i32(k4_scale(at + 4u, lane, true));
-        let x_sum = q8k_sum(xb, 2u * lane) + q8k_sum(xb, 2u * lane + 1u);
-        let dx = q8k_scale(xb);
-        sum = sum + f32(scale * dot) * (f16_at(at) * dx);
-        mins = mins + f32(minimum * x_sum) * (f16_at(at + 2u) * dx);
+        let d = f16_at(at);
+        let dmin = f16_at(at + 2u);
+        for (var t = 0u; t < TOKENS; t = t + 1u) {
+            if (has(first, t)) {
+                let xb = xk_block(first + t, blocks, b);
+                let dot = dot16(bits, 0u, xb + 8u * lane) + dot16(bits, 4u, xb + 8u * lane + 4u);
+                let x_sum = q8k_sum(xb, 2u * lane) + q8k_sum(xb, 2u * lane + 1u);
+                let dx = q8k_scale(xb);
+                sums[t] = sums[t] + f32(scale * dot) * (d * dx);
+                mins[t] = mins[t] + f32(minimum * x_sum) * (dmin * dx);
+            }
+        }
     }
-    return sum - mins;
+    for (var t = 0u; t < TOKENS; t = t + 1u) {
+        sums[t] = sums[t] - mins[t];
+    }
+    return sums;
 }
 
 @compute @workgroup_size(64)
@@ -88,11 +107,12 @@ fn matvec_q4_k(@builtin(workgroup_id) group: vec3<u32>,
                @builtin(num_workgroups) count: vec3<u32>,
                @builtin(local_invocation_index) thread: u32) {
     let row = row_of(group, count, thread);
-    var sum = 0.0;
+    let first = first_of(group);
+    var sums: array<f32, TOKENS>;
     if (row < shape.rows) {
-        sum = k4_row(group, row, thread % LANES, 144u, false);
+        sums = k4_row(first, row, thread % LANES, 144u, false);
     }
-    finish(row, group.z, thread, sum);
+    finish_tile(row, first, thread, sums);
 }
 
 @compute @workgroup_size(64)
@@ -100,11 +120,12 @@ fn matvec_q5_k(@builtin(workgroup_id) group: vec3<u32>,
                @builtin(num_workgroups) count: vec3<u32>,
                @builtin(local_invocation_index) thread: u32) {
     let row = row_of(group, count, thread);
-    var sum = 0.0;
+    let first = first_of(group);
+    var sums: array<f32, TOKENS>;
     if (row < shape.rows) {
-        sum = k4_row(group, row, thread % LANES, 176u, true);
+        sums = k4_row(first, row, thread % LANES, 176u, true);
     }
-    finish(row, group.z, thread, sum);
+    finish_tile(row, first, thread, sums);
 }
 
 fn i8_at(offset: u32) -> i32 {
@@ -116,33 +137,40 @@ fn matvec_q6_k(@builtin(workgroup_id) group: vec3<u32>,
                @builtin(num_workgroups) count: vec3<u32>,
                @builtin(local_invocation_index) thread: u32) {
     let row = row_of(group, count, thread);
+    let first = first_of(group);
     let lane = thread % LANES;
     let blocks = shape.cols / 256u;
-    var sum = 0.0;
+    var sums: array<f32, TOKENS>;
     if (row < shape.rows) {
         // Lane k: values 128 half + 32 quarter + l.
         let half = lane / 4u;
         let quarter = lane % 4u;
         let low_at = 64u * half + 32u * (quarter % 2u);
         let low_shift = 4u * (quarter / 2u);
+        let g = 2u * lane;
         for (var b = 0u; b < blocks; b = b + 1u) {
-            let at = (w_row(group.z, row) * blocks + b) * 210u;
-            let xb = (x_row(group.z) * blocks + b) * Q8K_WORDS;
+            let at = (w_row(first, row) * blocks + b) * 210u;
             var bits: array<u32, 8>;
             for (var w = 0u; w < 8u; w = w + 1u) {
                 let low = (word_at(at + low_at + 4u * w) >> low_shift) & LOW_NIBBLES;
                 let high = (word_at(at + 128u + 32u * half + 4u * w) >> (2u * quarter)) & 0x03030303u;
                 bits[w] = low | (high << 4u);
             }
-            // sum (q - 32) x = sum q x - 32 sum x, per group of 16.
-            let g = 2u * lane;
-            let first = dot16(bits, 0u, xb + 8u * lane) - 32 * q8k_sum(xb, g);
-            let second = dot16(bits, 4u, xb + 8u * lane + 4u) - 32 * q8k_sum(xb, g + 1u);
-            let acc = i8_at(at + 192u + g) * first + i8_at(at + 193u + g) * second;
-            sum = sum + f32(acc) * (f16_at(at + 208u) * q8k_scale(xb));
+            let scales = vec2<i32>(i8_at(at + 192u + g), i8_at(at + 193u + g));
+            let d = f16_at(at + 208u);
+            for (var t = 0u; t < TOKENS; t = t + 1u) {
+                if (has(first, t)) {
+                    let xb = xk_block(first + t, blocks, b);
+                    // sum (q - 32) x = sum q x - 32 sum x, per group of 16.
+                    let one = dot16(bits, 0u, xb + 8u * lane) - 32 * q8k_sum(xb, g);
+                    let two = dot16(bits, 4u, xb + 8u * lane + 4u) - 32 * q8k_sum(xb, g + 1u);
+                    let acc = scales.x * one + scales.y * two;
+                    sums[t] = sums[t] + f32(acc) * (d * q8k_scale(xb));
+                }
+            }
         }
     }
-    finish(row, group.z, thread, sum);
+    finish_tile(row, first, thread, sums);
 }
 
 @compute @workgroup_size(64)
@@ -150,33 +178,43 @@ fn matvec_q2_k(@builtin(workgroup_id) group: vec3<u32>,
                @builtin(num_workgroups) count: vec3<u32>,
                @builtin(local_invocation_index) thread: u32) {
     let row = row_of(group, count, thread);
+    let first = first_of(group);
     let lane = thread % LANES;
     let blocks = shape.cols / 256u;
-    var sum = 0.0;
-    var mins = 0.0;
+    var sums: array<f32, TOKENS>;
+    var mins: array<f32, TOKENS>;
     if (row < shape.rows) {
         let pairs_at = 16u + 32u * (lane / 4u);
         let shift = 2u * (lane % 4u);
+        let g = 2u * lane;
         for (var b = 0u; b < blocks; b = b + 1u) {
-            let at = (w_row(group.z, row) * blocks + b) * 84u;
-            let xb = (x_row(group.z) * blocks + b) * Q8K_WORDS;
+            let at = (w_row(first, row) * blocks + b) * 84u;
             var bits: array<u32, 8>;
             for (var w = 0u; w < 8u; w = w + 1u) {
                 bits[w] = (weights[(at + pairs_at) / 4u + w] >> shift) & 0x03030303u;
             }
-            let g = 2u * lane;
-            let first = byte_at(at + g);
-            let second = byte_at(at + g + 1u);
-            let acc = i32(first & 15u) * dot16(bits, 0u, xb + 8u * lane)
-                + i32(second & 15u) * dot16(bits, 4u, xb + 8u * lane + 4u);
-            let min_acc = i32(first >> 4u) * q8k_sum(xb, g)
-                + i32(second >> 4u) * q8k_sum(xb, g + 1u);
-            let dx = q8k_scale(xb);
-            sum = sum + f32(acc) * (f16_at(at + 80u) * dx);
-            mins = mins + f32(min_acc) * (f16_at(at + 82u) * dx);
+            let one = byte_at(at + g);
+            let two = byte_at(at + g + 1u);
+            let d = f16_at(at + 80u);
+            let dmin = f16_at(at + 82u);
+            for (var t = 0u; t < TOKENS; t = t + 1u) {
+                if (has(first, t)) {
+                    let xb = xk_block(first + t, blocks, b);
+                    let acc = i32(one & 15u) * dot16(bits, 0u, xb + 8u * lane)
+                        + i32(two & 15u) * dot16(bits, 4u, xb + 8u * lane + 4u);
+                    let min_acc = i32(one >> 4u) * q8k_sum(xb, g)
+                        + i32(two >> 4u) * q8k_sum(xb, g + 1u);
+                    let dx = q8k_scale(xb);
+                    sums[t] = sums[t] + f32(acc) * (d * dx);
+                    mins[t] = mins[t] + f32(min_acc) * (dmin * dx);
+                }
+            }
         }
     }
-    finish(row, group.z, thread, sum - mins);
+    for (var t = 0u; t < TOKENS; t = t + 1u) {
+        sums[t] = sums[t] - mins[t];
+    }
+    finish_tile(row, first, thread, sums);
 }
 
 // Scale k of a Q3_K super-block, its 12 packed bytes at `at`, less 32.
@@ -194,30 +232,37 @@ fn matvec_q3_k(@builtin(workgroup_id) group: vec3<u32>,
                @builtin(num_workgroups) count: vec3<u32>,
                @builtin(local_invocation_index) thread: u32) {
     let row = row_of(group, count, thread);
+    let first = first_of(group);
     let lane = thread % LANES;
     let blocks = shape.cols / 256u;
-    var sum = 0.0;
+    var sums: array<f32, TOKENS>;
     if (row < shape.rows) {
         let half = lane / 4u;
         let pair = lane % 4u;
+        let g = 2u * lane;
         for (var b = 0u; b < blocks; b = b + 1u) {
-            let at = (w_row(group.z, row) * blocks + b) * 110u;
-            let xb = (x_row(group.z) * blocks + b) * Q8K_WORDS;
+            let at = (w_row(first, row) * blocks + b) * 110u;
             var bits: array<u32, 8>;
             for (var w = 0u; w < 8u; w = w + 1u) {
                 let low = (word_at(at + 32u + 32u * half + 4u * w) >> (2u * pair)) & 0x03030303u;
                 let third = (word_at(at + 4u * w) >> (4u * half + pair)) & 0x01010101u;
                 bits[w] = low | (third << 2u);
             }
-            // sum (q - 4) x = sum q x - 4 sum x, per group of 16.
-            let g = 2u * lane;
-            let first = dot16(bits, 0u, xb + 8u * lane) - 4 * q8k_sum(xb, g);
-            let second = dot16(bits, 4u, xb + 8u * lane + 4u) - 4 * q8k_sum(xb, g + 1u);
-            let acc = q3_scale(at + 96u, g) * first + q3_scale(at + 96u, g + 1u) * second;
-            sum = sum + f32(acc) * (f16_at(at + 108u) * q8k_scale(xb));
+            let scales = vec2<i32>(q3_scale(at + 96u, g), q3_scale(at + 96u, g + 1u));
+            let d = f16_at(at + 108u);
+            for (var t = 0u; t < TOKENS; t = t + 1u) {
+                if (has(first, t)) {
+                    let xb = xk_block(first + t, blocks, b);
+                    // sum (q - 4) x = sum q x - 4 sum x, per group of 16.
+                    let one = dot16(bits, 0u, xb + 8u * lane) - 4 * q8k_sum(xb, g);
+                    let two = dot16(bits, 4u, xb + 8u * lane + 4u) - 4 * q8k_sum(xb, g + 1u);
+                    let acc = scales.x * one + scales.y * two;
+                    sums[t] = sums[t] + f32(acc) * (d * q8k_scale(xb));
+                }
+            }
         }
     }
-    finish(row, group.z, thread, sum);
+    finish_tile(row, first, thread, sums);
 }
 
 // x's 256-value blocks to 8 bits as llama.cpp's quantize_row_q8_K_ref

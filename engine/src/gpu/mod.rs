@@ -21,7 +21,7 @@ pub mod ops;
 pub mod step;
 
 pub use adapter::{adapters, AdapterKind, AdapterReport};
-pub use device::{adapter_for, DeviceChoice, Gpu};
+pub use device::{adapter_for, DeviceChoice, Gpu, GpuOptions};
 pub use error::GpuError;
 pub use kv::GpuKv;
 pub use step::{GpuBuffer, Step};

@@ -103,6 +103,8 @@ pub struct Step<'g> {
 
 struct Dispatch {
     kernel: Kernel,
+    /// A matrix product over tiles of token rows.
+    tiled: bool,
     /// Binding 0 is the parameters; these are bindings 1, 2, ... (a
     /// `None` is a binding the kernel does not use).
     buffers: Vec<Option<wgpu::Buffer>>,
@@ -149,12 +151,24 @@ impl<'g> Step<'g> {
         buffers: &[Option<&GpuBuffer>],
         grid: [u32; 3],
     ) {
+        self.record_dispatch((kernel, false), params, buffers, grid);
+    }
+
+    /// [`Step::record`], of a matrix product over token tiles if `tiled`.
+    pub(super) fn record_dispatch(
+        &mut self,
+        (kernel, tiled): (Kernel, bool),
+        params: Params,
+        buffers: &[Option<&GpuBuffer>],
+        grid: [u32; 3],
+    ) {
         let align = u64::from(self.gpu.device.limits().min_uniform_buffer_offset_alignment);
         let params_at = (self.params.len() as u64).next_multiple_of(align.max(PARAMS_BYTES));
         self.params.resize(params_at as usize, 0);
         self.params.extend_from_slice(bytemuck::cast_slice(&params));
         self.dispatches.push(Dispatch {
             kernel,
+            tiled,
             buffers: buffers
                 .iter()
                 .map(|b| b.map(|b| b.buffer.clone()))
@@ -194,7 +208,7 @@ impl<'g> Step<'g> {
                 timestamp_writes: None,
             });
             for (dispatch, group) in self.dispatches.iter().zip(&groups) {
-                pass.set_pipeline(self.gpu.kernels.get(dispatch.kernel));
+                pass.set_pipeline(self.gpu.kernels.get(dispatch.kernel, dispatch.tiled));
                 pass.set_bind_group(0, group, &[]);
                 let [x, y, z] = dispatch.grid;
                 pass.dispatch_workgroups(x, y, z);
@@ -231,7 +245,7 @@ impl<'g> Step<'g> {
                 });
             }
         }
-        let pipeline = self.gpu.kernels.get(dispatch.kernel);
+        let pipeline = self.gpu.kernels.get(dispatch.kernel, dispatch.tiled);
         self.gpu
             .device
             .create_bind_group(&wgpu::BindGroupDescriptor {

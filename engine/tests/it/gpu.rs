@@ -222,42 +222,78 @@ fn block_matrices_times_vectors_are_the_cpu_kernels_products() {
 
 /// The matrix products add a row's lanes across a subgroup where the
 /// adapter has subgroups of 8 or more (lavapipe does), else in workgroup
-/// memory: the same pairs in the same order, so the same bits, for every
-/// format.
+/// memory; and they take several token rows a block of W at a time (token
+/// tiles), or one. Each way adds the same values in the same order, so
+/// all four give the same bits, for every format, at a single token, a
+/// whole tile, and two tiles and a part.
 #[test]
-fn subgroup_and_workgroup_sums_give_the_same_bits() {
-    let name = "subgroup_and_workgroup_sums_give_the_same_bits";
-    let Some(with) = gpu_for(name) else {
+fn every_way_of_compiling_the_products_gives_the_same_bits() {
+    let name = "every_way_of_compiling_the_products_gives_the_same_bits";
+    let Some(default) = gpu_for(name) else {
         return;
     };
-    if !with.subgroups {
-        tessera_testkit::not_run_here(name, "the adapter has no subgroups of 8 lanes or more");
-        return;
+    assert!(default.token_tiles, "token tiles are on by default");
+    let mut ways = Vec::new();
+    for subgroups in [true, false] {
+        for token_tiles in [true, false] {
+            let options = gpu::GpuOptions {
+                subgroups,
+                token_tiles,
+            };
+            let gpu = Gpu::open_with(None, options).expect("the adapter opens");
+            assert_eq!(gpu.token_tiles, token_tiles);
+            ways.push((options, gpu));
+        }
     }
-    let without = Gpu::open_with(None, false).expect("the adapter opens");
-    assert!(!without.subgroups);
+    if !default.subgroups {
+        tessera_testkit::not_run_here(
+            "every_way_of_compiling_the_products_gives_the_same_bits (subgroups)",
+            "the adapter has no subgroups of 8 lanes or more",
+        );
+    }
     let mut rng = rand::rngs::StdRng::seed_from_u64(55);
     let mut formats = vec![
         (Format::F32, WeightFormat::F32),
         (Format::F16, WeightFormat::F16),
+        // bf16: its bytes below.
+        (Format::Bf16, WeightFormat::F32),
     ];
     formats.extend(BLOCK_FORMATS);
     for (format, cpu_format) in formats {
-        let (rows, cols, tokens) = (67, 2 * 256, 3);
-        let values: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
-        let bytes = quant::quantize(cpu_format, &values);
-        let x: Vec<f32> = (0..cols * tokens)
-            .map(|_| rng.gen_range(-1.0..1.0))
-            .collect();
-        let product = |gpu: &Gpu| {
-            let matrix = gpu
-                .upload_bytes(format, &bytes, rows, cols)
-                .expect("uploads");
-            gpu.matmul(&matrix, &x, tokens).expect("runs")
-        };
-        let (a, b) = (product(&with), product(&without));
-        let same = a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "{format:?}: {:?} against {:?}", &a[..4], &b[..4]);
+        for tokens in [1, 8, 19] {
+            let (rows, cols) = (67, 2 * 256);
+            let values: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let bytes = if format == Format::Bf16 {
+                let brains: Vec<half::bf16> =
+                    values.iter().map(|v| half::bf16::from_f32(*v)).collect();
+                bytemuck::cast_slice::<_, u8>(&brains).to_vec()
+            } else {
+                quant::quantize(cpu_format, &values)
+            };
+            let x: Vec<f32> = (0..cols * tokens)
+                .map(|_| rng.gen_range(-1.0..1.0))
+                .collect();
+            let product = |gpu: &Gpu| {
+                let matrix = gpu
+                    .upload_bytes(format, &bytes, rows, cols)
+                    .expect("uploads");
+                gpu.matmul(&matrix, &x, tokens).expect("runs")
+            };
+            let (first_way, first) = (ways[0].0, product(&ways[0].1));
+            for (options, gpu) in &ways[1..] {
+                let other = product(gpu);
+                let same = first
+                    .iter()
+                    .zip(&other)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same && first.len() == other.len(),
+                    "{format:?}, {tokens} tokens: {first_way:?} gives {:?}, {options:?} {:?}",
+                    &first[..4],
+                    &other[..4]
+                );
+            }
+        }
     }
 }
 
