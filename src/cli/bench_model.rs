@@ -111,10 +111,50 @@ struct Report {
     time_to_first_token_ms: Spread,
     peak_rss_mb: f64,
     weights_mb: f64,
+    /// The decode figure next to its physical limit, where the CPU runs
+    /// the whole model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bandwidth: Option<Bandwidth>,
     decode_tokens: Vec<u32>,
     decode_text: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     distributed: Option<Distributed>,
+}
+
+/// What a decoded token reads, and how fast memory gives it.
+#[derive(Serialize)]
+struct Bandwidth {
+    /// Bytes of weights a decoded token reads
+    /// (`Transformer::decode_bytes_per_token`).
+    decode_bytes_per_token: u64,
+    /// Those bytes at the median decode speed.
+    decode_gb_per_second: f64,
+    /// The memory read bandwidth of as many threads
+    /// (`memory::read_bandwidth`).
+    read_gb_per_second: f64,
+    /// The decode speed that bandwidth allows.
+    limit_tokens_per_second: f64,
+    /// The median decode speed's share of that limit (above 1 where the
+    /// weights fit in the CPU's caches).
+    share_of_limit: f64,
+}
+
+impl Bandwidth {
+    /// Measures the read bandwidth of `threads` threads; call it after the
+    /// peak RSS is read (it allocates 512 MiB).
+    fn measure(bytes_per_token: usize, decode_tokens_per_second: f64, threads: usize) -> Self {
+        let pool = tessera_engine::threadpool::ThreadPool::new(threads);
+        let read = tessera_engine::memory::read_bandwidth(&pool);
+        let bytes = bytes_per_token as f64;
+        let limit = read / bytes.max(1.0);
+        Self {
+            decode_bytes_per_token: bytes_per_token as u64,
+            decode_gb_per_second: stats::round_to(bytes * decode_tokens_per_second / 1e9, 2),
+            read_gb_per_second: stats::round_to(read / 1e9, 2),
+            limit_tokens_per_second: stats::round_to(limit, 2),
+            share_of_limit: stats::round_to(decode_tokens_per_second / limit, 3),
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -322,6 +362,16 @@ fn measure<'m>(
         }
     }
     let distributed = finish(&mut session)?;
+    let peak_rss = tessera_engine::memory::peak_rss_bytes().unwrap_or(0);
+    let decode_tokens_per_second = spread(decode_tps);
+    let whole_on_cpu = distributed.is_none() && model.transformer.gpu().is_none();
+    let bandwidth = whole_on_cpu.then(|| {
+        Bandwidth::measure(
+            model.transformer.decode_bytes_per_token(),
+            decode_tokens_per_second.spread.median,
+            threads,
+        )
+    });
     let report = Report {
         bench: "model",
         model: model.path.display().to_string(),
@@ -330,11 +380,12 @@ fn measure<'m>(
         runs: args.runs,
         n_gen: args.n_gen,
         n_prefill: args.n_prefill,
-        decode_tokens_per_second: spread(decode_tps),
+        decode_tokens_per_second,
         prefill_tokens_per_second: spread(prefill_tps),
         time_to_first_token_ms: spread(ttft),
-        peak_rss_mb: tessera_engine::memory::peak_rss_bytes().unwrap_or(0) as f64 / 1e6,
+        peak_rss_mb: peak_rss as f64 / 1e6,
         weights_mb: model.transformer.weight_bytes() as f64 / 1e6,
+        bandwidth,
         decode_tokens: tokens,
         decode_text,
         distributed,

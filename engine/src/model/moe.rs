@@ -307,6 +307,17 @@ impl Experts {
         self.router.size_bytes() + experts + shared
     }
 
+    /// Bytes one token reads: the router, its `experts_per_token` experts'
+    /// share of all experts, and the shared expert.
+    pub fn bytes_per_token(&self) -> usize {
+        let experts: usize = match &self.weights {
+            ExpertWeights::Native(w) => w.iter().flatten().map(QMatrix::size_bytes).sum(),
+            ExpertWeights::Other(w) => w.iter().flatten().map(Matrix::size_bytes).sum(),
+        };
+        let routed = experts * self.moe.experts_per_token / self.moe.experts.max(1);
+        self.size_bytes() - experts + routed
+    }
+
     /// Each token's experts and weights, the rows sorted by expert, and
     /// which token each sorted row reads; returns the number of rows.
     fn route_tokens(

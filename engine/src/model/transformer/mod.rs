@@ -116,6 +116,17 @@ impl Layer {
         };
         mixer + self.mlp.size_bytes() + self.norm_bytes()
     }
+
+    /// Bytes of weights one token reads in this layer: all of them but the
+    /// experts it is not routed to.
+    fn bytes_per_token(&self) -> usize {
+        match &self.mlp {
+            Mlp::Dense { .. } => self.size_bytes(),
+            Mlp::Experts(experts) => {
+                self.size_bytes() - experts.size_bytes() + experts.bytes_per_token()
+            }
+        }
+    }
 }
 
 /// A layer's MLP: dense SwiGLU, or a mixture of experts.
@@ -243,6 +254,24 @@ impl Transformer {
             + self.embeddings.as_ref().map_or(0, Matrix::size_bytes)
             + self.output.as_ref().map_or(0, Matrix::size_bytes)
             + self.tensor.as_ref().map_or(0, |t| t.head.size_bytes())
+    }
+
+    /// Bytes of weights a decoded token reads in this shard: every layer's
+    /// (only its experts for a mixture), the LM head where this shard has
+    /// it, one row of the embeddings; not the KV cache, which at a
+    /// benchmark's context is a fraction of a percent of a 1B+ model.
+    pub fn decode_bytes_per_token(&self) -> usize {
+        let layers: usize = self.layers.iter().map(Layer::bytes_per_token).sum();
+        let embedding_row = self
+            .embeddings
+            .as_ref()
+            .map_or(0, |e| e.size_bytes() / self.config.vocab.max(1));
+        let head = match &self.tensor {
+            _ if !self.is_last_stage() => 0,
+            Some(tensor) => tensor.head.size_bytes(),
+            None => self.whole_head().map_or(0, Matrix::size_bytes),
+        };
+        layers + embedding_row + head
     }
 
     /// Whether this shard is one rank of a tensor-parallel group.

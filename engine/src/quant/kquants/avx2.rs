@@ -1,6 +1,6 @@
 use std::arch::x86_64::*;
 
-use super::layout::{k4_scales, mins_dot};
+use super::layout::k4_scales;
 use crate::quant::block::BlockQ8K;
 
 #[inline(always)]
@@ -90,6 +90,7 @@ unsafe fn dotn_q2_k_impl<const N: usize>(
     let mut mins = [0.0f32; N];
     for i in 0..n {
         let w = row.as_ptr().add(i * 84);
+        prefetch_ahead(w, 84);
         let packed = _mm_loadu_si128(w as *const __m128i);
         let scales = _mm_and_si128(packed, nibble);
         let min_scales = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), nibble));
@@ -133,6 +134,7 @@ unsafe fn dotn_q3_k_impl<const N: usize>(
     let mut total = [0.0f32; N];
     for i in 0..n {
         let w = row.as_ptr().add(i * 110);
+        prefetch_ahead(w, 110);
         let unpacked = super::layout::q3_scales(std::slice::from_raw_parts(w.add(96), 12));
         let scales = _mm_loadu_si128(unpacked.as_ptr() as *const __m128i);
         let scales16 = _mm256_cvtepi8_epi16(scales);
@@ -186,6 +188,41 @@ unsafe fn dotn_k4_impl_q5<const N: usize>(
     dotn_k4::<N, true>(row, x, n, out)
 }
 
+/// Bytes ahead of the block being read that [`prefetch_ahead`] asks for.
+const PREFETCH_DISTANCE: usize = 3072;
+
+/// Asks for the cache lines `PREFETCH_DISTANCE` bytes past a block of
+/// `width` bytes at `block`: a decode step streams each row's blocks once,
+/// and computing a block leaves too few loads in flight for the hardware
+/// prefetchers alone. A prefetch never faults, past the end of the
+/// weights too.
+#[inline(always)]
+pub(super) unsafe fn prefetch_ahead(block: *const u8, width: usize) {
+    let ahead = block.wrapping_add(PREFETCH_DISTANCE);
+    let mut line = 0;
+    while line < width {
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
+        line += 64;
+    }
+}
+
+/// `sum_j mins[j] * (bsums[2j] + bsums[2j + 1])`, exact (the minimums'
+/// share of a Q4_K/Q5_K product, `layout::mins_dot`): the eight i16
+/// minimums against the activations' sums by 32.
+#[inline(always)]
+unsafe fn mins_sum(mins: __m128i, bsums: &[i16; 16]) -> i32 {
+    let sums = load(bsums.as_ptr() as *const u8);
+    // Sums by 32 are at most 32 * 127 in magnitude: no i16 wraps.
+    let by_32 = _mm_hadd_epi16(
+        _mm256_castsi256_si128(sums),
+        _mm256_extracti128_si256(sums, 1),
+    );
+    let products = _mm_madd_epi16(mins, by_32);
+    let s = _mm_add_epi32(products, _mm_unpackhi_epi64(products, products));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01));
+    _mm_cvtsi128_si32(s)
+}
+
 /// Chunk `chunk` of a Q4_K (Q5_K with `FIFTH`) super-block: 32 values
 /// from the low nibbles of its 32 bytes, 32 from the high ones, with
 /// their fifth bits (bits `2 chunk` and `2 chunk + 1` of `high`).
@@ -226,6 +263,7 @@ unsafe fn dotn_k4<const N: usize, const FIFTH: bool>(
     let mut mins = [0.0f32; N];
     for i in 0..n {
         let w = row.get_unchecked(i * width..(i + 1) * width);
+        prefetch_ahead(w.as_ptr(), width);
         let (scales, min_scales) = k4_scales(&w[4..16]);
         let nibbles = w.as_ptr().add(if FIFTH { 48 } else { 16 });
         let high = if FIFTH { load(w.as_ptr().add(16)) } else { one };
@@ -242,10 +280,11 @@ unsafe fn dotn_k4<const N: usize, const FIFTH: bool>(
             }
         }
         let (dw, dminw) = (load_f16(w.as_ptr()), load_f16(w.as_ptr().add(2)));
+        let min_scales = _mm_cvtepu8_epi16(_mm_loadl_epi64(min_scales.as_ptr() as *const __m128i));
         for k in 0..N {
             let a = x[k].get_unchecked(i);
             total[k] += (a.d * dw) * hsum_i32(sums[k]) as f32;
-            mins[k] += (a.d * dminw) * mins_dot(&min_scales, &a.bsums) as f32;
+            mins[k] += (a.d * dminw) * mins_sum(min_scales, &a.bsums) as f32;
         }
     }
     for k in 0..N {
@@ -307,6 +346,7 @@ unsafe fn dotn_q6_k_impl<const N: usize>(
     let mut total = [0.0f32; N];
     for i in 0..n {
         let w = row.as_ptr().add(i * 210);
+        prefetch_ahead(w, 210);
         let scales = _mm_loadu_si128(w.add(192) as *const __m128i);
         let scales16 = _mm256_cvtepi8_epi16(scales);
         let mut sums = [_mm256_setzero_si256(); N];

@@ -5,18 +5,32 @@
 use super::super::block::QK_K;
 
 /// The eight 6-bit scales and eight 6-bit minimums of a Q4_K/Q5_K
-/// super-block, from their 12 packed bytes (llama.cpp's `get_scale_min_k4`).
+/// super-block, from their 12 packed bytes (llama.cpp's `get_scale_min_k4`),
+/// four at a time in u32 words: scale j < 4 is the low 6 bits of byte j,
+/// minimum j of byte j + 4; scale and minimum j + 4 take the low and high
+/// nibble of byte j + 8 and, above them, the top 2 bits of bytes j and
+/// j + 4.
 #[inline(always)]
 pub(super) fn k4_scales(q: &[u8]) -> ([u8; 8], [u8; 8]) {
-    let mut scales = [0u8; 8];
-    let mut mins = [0u8; 8];
-    for j in 0..4 {
-        scales[j] = q[j] & 63;
-        mins[j] = q[j + 4] & 63;
-        scales[j + 4] = (q[j + 8] & 0x0F) | ((q[j] >> 6) << 4);
-        mins[j + 4] = (q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4);
-    }
-    (scales, mins)
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const LOW2: u32 = 0x0303_0303;
+    let mut bytes = [0u8; 12];
+    bytes.copy_from_slice(&q[..12]);
+    let word = |i: usize| {
+        u32::from_le_bytes([
+            bytes[4 * i],
+            bytes[4 * i + 1],
+            bytes[4 * i + 2],
+            bytes[4 * i + 3],
+        ])
+    };
+    let (first, second, third) = (word(0), word(1), word(2));
+    let scales_high = (third & LOW4) | (((first >> 6) & LOW2) << 4);
+    let mins_high = ((third >> 4) & LOW4) | (((second >> 6) & LOW2) << 4);
+    let scales = u64::from(first & LOW6) | (u64::from(scales_high) << 32);
+    let mins = u64::from(second & LOW6) | (u64::from(mins_high) << 32);
+    (scales.to_le_bytes(), mins.to_le_bytes())
 }
 
 /// The inverse of [`k4_scales`].
