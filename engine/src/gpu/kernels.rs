@@ -81,22 +81,9 @@ impl Kernel {
         Kernel::Recur,
     ];
 
-    /// The matrix products, which are compiled for token tiles too.
-    pub(super) const PRODUCTS: [Kernel; 13] = [
-        Kernel::MatvecF32,
-        Kernel::MatvecQ8_0,
-        Kernel::MatvecQ4_0,
-        Kernel::MatvecQ4_1,
-        Kernel::MatvecF16,
-        Kernel::MatvecBf16,
-        Kernel::MatvecQ5_0,
-        Kernel::MatvecQ5_1,
-        Kernel::MatvecQ4K,
-        Kernel::MatvecQ5K,
-        Kernel::MatvecQ6K,
-        Kernel::MatvecQ2K,
-        Kernel::MatvecQ3K,
-    ];
+    /// The matrix products, which are compiled for token tiles too: the
+    /// first 13 of [`Kernel::ALL`].
+    pub(super) const PRODUCTS: &'static [Kernel] = Kernel::ALL.as_slice().split_at(13).0;
 
     /// Its WGSL file and entry point.
     fn source(self) -> (&'static str, &'static str) {
@@ -274,6 +261,15 @@ fn pipeline(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_products_compiled_for_token_tiles_are_every_matrix_product() {
+        let products: Vec<super::Kernel> = super::Kernel::ALL
+            .into_iter()
+            .filter(|k| k.source().1.starts_with("matvec_"))
+            .collect();
+        assert_eq!(products, super::Kernel::PRODUCTS);
+    }
+
     #[test]
     fn the_top_kernel_keeps_as_many_candidates_as_the_cpu_reads() {
         let wanted = format!("const TOP: u32 = {}u;", crate::logits::TOP_CANDIDATES);
