@@ -444,4 +444,7 @@ pub mod scalar {
 mod avx512;
 
 #[cfg(target_arch = "x86_64")]
+pub(super) mod tiles;
+
+#[cfg(target_arch = "x86_64")]
 mod avx2;

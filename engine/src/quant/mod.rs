@@ -394,6 +394,21 @@ const ROW_TILE: usize = 16;
 /// Rows per call of an eight-token kernel.
 const EIGHT_TOKEN_ROWS: usize = 64;
 
+/// Rows per call of a tile kernel.
+#[cfg(target_arch = "x86_64")]
+const TILE_ROWS: usize = 32;
+
+/// The fewest tokens that go through a tile kernel (a tile of 16).
+#[cfg(target_arch = "x86_64")]
+const MIN_TILE_TOKENS: usize = 9;
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// This thread's tile of activations, reused from call to call.
+    static TILE: std::cell::RefCell<kquants::tiles::TokenTile> =
+        std::cell::RefCell::new(kquants::tiles::TokenTile::default());
+}
+
 fn matmul_rows(
     w: &QMatrix,
     x: &Activations,
@@ -481,8 +496,64 @@ impl RowJob<'_> {
             ActivationKind::F32 => self.float_rows(&x.f32),
             ActivationKind::Q8_0 => self.quantized_rows(&x.q8_0, kernels::select(self.w.format)),
             ActivationKind::Q8_1 => self.quantized_rows(&x.q8_1, kernels::select(self.w.format)),
-            ActivationKind::Q8K => self.quantized_rows(&x.q8_k, kquants::select(self.w.format)),
+            ActivationKind::Q8K => {
+                // Many tokens go through the tile kernels; the rest (or
+                // all, on CPUs without them) a few at a time.
+                let rest = RowJob {
+                    tokens: self.tiled_rows(&x.q8_k)..self.tokens.end,
+                    range: self.range.clone(),
+                    ..*self
+                };
+                rest.quantized_rows(&x.q8_k, kquants::select(self.w.format))
+            }
         }
+    }
+
+    /// Tokens from the first, 32 or 16 at a time while at least
+    /// [`MIN_TILE_TOKENS`] are left, through the format's tile kernel
+    /// (the last token repeated to fill a tile); returns the first token
+    /// left to the other kernels.
+    fn tiled_rows(&self, blocks: &[BlockQ8K]) -> usize {
+        let mut t = self.tokens.start;
+        #[cfg(target_arch = "x86_64")]
+        if let Some(kernel) = kquants::tiles::select(self.w.format) {
+            use kquants::tiles::LANES;
+            let (w, end) = (self.w, self.tokens.end);
+            let per_row = w.cols / QK_K;
+            let row_of = |t: usize| {
+                let a = self.x_row(t);
+                &blocks[a * per_row..(a + 1) * per_row]
+            };
+            TILE.with_borrow_mut(|tile| {
+                let mut results = [0.0f32; TILE_ROWS * 2 * LANES];
+                while end - t >= MIN_TILE_TOKENS {
+                    let size = if end - t >= 3 * LANES / 2 {
+                        2 * LANES
+                    } else {
+                        LANES
+                    };
+                    let n = (end - t).min(size);
+                    let rows: [&[BlockQ8K]; 2 * LANES] =
+                        std::array::from_fn(|k| row_of(t + k.min(n - 1)));
+                    tile.fill(&rows[..size], per_row);
+                    let mut start = self.range.start;
+                    while start < self.range.end {
+                        let span = start..(start + TILE_ROWS).min(self.range.end);
+                        let results = &mut results[..span.len() * size];
+                        kernel(w.rows_bytes(span.clone()), tile, results);
+                        for k in 0..n {
+                            let out_row = self.out_row(t + k, span.clone());
+                            for (o, lanes) in out_row.iter_mut().zip(results.chunks_exact(size)) {
+                                *o = lanes[k];
+                            }
+                        }
+                        start = span.end;
+                    }
+                    t += n;
+                }
+            });
+        }
+        t
     }
 
     /// The activation row output row `t` reads.
@@ -964,6 +1035,73 @@ mod tests {
         }
     }
 
+    /// The tile kernels (16 and 32 tokens, with and without VNNI) give
+    /// each token the single-token kernel's bits, activations at the
+    /// extremes (every byte -127 or 127) included.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn k_quant_tile_kernels_give_each_tokens_bits() {
+        use kquants::tiles;
+        let test = "quant::k_quant_tile_kernels_give_each_tokens_bits";
+        if !tiles::available() {
+            tessera_testkit::not_run_here(test, "the tile kernels (this CPU lacks AVX-512 BW)");
+            return;
+        }
+        if !tiles::vnni_available() {
+            tessera_testkit::not_run_here(
+                test,
+                "the tile kernels' VNNI variants (no AVX-512 VNNI)",
+            );
+        }
+        let (rows, cols) = (5, 768);
+        let acts: Vec<Vec<BlockQ8K>> = (0..32)
+            .map(|k| {
+                let values = match k {
+                    0 => vec![1.0; cols],
+                    1 => vec![-1.0; cols],
+                    _ => random(cols, 300 + k as u64),
+                };
+                let mut blocks = vec![BlockQ8K::default(); cols / QK_K];
+                kquants::quantize_row_q8k(&values, &mut blocks);
+                blocks
+            })
+            .collect();
+        let mut tested = 0;
+        for format in K_QUANTS {
+            let w = random_blocks(format, rows, cols, 71);
+            let row_bytes = w.len() / rows;
+            let dot = kquants::select(format).dot;
+            for vnni in [false, true] {
+                let Some(kernel) = tiles::variant(format, vnni) else {
+                    continue;
+                };
+                if vnni && !tiles::vnni_available() {
+                    continue;
+                }
+                for size in [tiles::LANES, 2 * tiles::LANES] {
+                    let xs: Vec<&[BlockQ8K]> = acts[..size].iter().map(|a| &a[..]).collect();
+                    let mut tile = tiles::TokenTile::default();
+                    tile.fill(&xs, cols / QK_K);
+                    let mut out = vec![0.0f32; rows * size];
+                    kernel(&w, &tile, &mut out);
+                    for (r, lanes) in out.chunks_exact(size).enumerate() {
+                        let row = &w[r * row_bytes..(r + 1) * row_bytes];
+                        for (k, v) in lanes.iter().enumerate() {
+                            let alone = dot(row, &acts[k]);
+                            assert_eq!(
+                                v.to_bits(),
+                                alone.to_bits(),
+                                "{format:?} vnni {vnni} tile {size} row {r} token {k}: {v} vs {alone}"
+                            );
+                        }
+                    }
+                    tested += 1;
+                }
+            }
+        }
+        assert!(tested >= 4, "Q4_K and Q6_K tiles of 16 and 32 were checked");
+    }
+
     /// Our reading of every K-quant layout is candle's (ggml's) to the bit,
     /// on blocks of any bit pattern.
     #[test]
@@ -1093,17 +1231,18 @@ mod tests {
     #[test]
     fn products_are_the_same_bits_for_any_number_of_tokens() {
         // Batch invariance: a token's outputs never depend on how many
-        // others share the product (1 to 9 tokens, or 16).
+        // others share the product (1 to 9 tokens, or tiles of 16 and 32
+        // with tokens left over).
         let pool = ThreadPool::new(2);
         for format in ALL {
             let (rows, cols) = (21, 512);
             let w = QMatrix::from_bytes(format, rows, cols, random_blocks(format, rows, cols, 11))
                 .unwrap();
-            let x = random(16 * cols, 12);
-            let alone: Vec<Vec<f32>> = (0..16)
+            let x = random(45 * cols, 12);
+            let alone: Vec<Vec<f32>> = (0..45)
                 .map(|t| product(&w, &x[t * cols..(t + 1) * cols], 1, &pool))
                 .collect();
-            for tokens in [1, 2, 3, 4, 5, 6, 7, 8, 9, 16] {
+            for tokens in [1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 23, 45] {
                 let together = product(&w, &x[..tokens * cols], tokens, &pool);
                 for (t, expected) in alone.iter().take(tokens).enumerate() {
                     let got = &together[t * rows..(t + 1) * rows];

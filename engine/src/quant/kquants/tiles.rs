@@ -1,0 +1,460 @@
+//! AVX-512 K-quant kernels over token tiles, for prefills and large
+//! batches. A 512-bit register holds four activation bytes of each of 16
+//! tokens; each four weight bytes are unpacked once, broadcast to all 16
+//! lanes and multiplied with them, and every lane keeps one token's sum,
+//! so no sum crosses lanes and no register is shuffled. A tile is 16 or 32
+//! tokens (one or two registers per group of four values), laid out once
+//! per call ([`TokenTile`]); the weights stay in the file's layout.
+//!
+//! Within a super-block every sum is an exact integer, whichever
+//! instructions form it (`vpdpbusd`, or `vpmaddubsw` with no sum near its
+//! i16 saturation); the f32 products and running sums per super-block are
+//! the single-token kernel's, in the same order, so each token's result is
+//! the format's `dot` bit for bit.
+
+// Loops over rows and registers index several arrays of registers at once.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+use std::sync::OnceLock;
+
+use super::avx2::load_f16;
+use super::layout::k4_scales;
+use crate::quant::block::{BlockQ8K, WeightFormat};
+
+/// Tokens in one register of a tile.
+pub const LANES: usize = 16;
+/// Groups of four values in a super-block.
+const GROUPS: usize = 64;
+
+/// One register's worth of lanes, aligned for whole-line loads.
+#[derive(Clone, Copy, Default)]
+#[repr(C, align(64))]
+struct Lanes([u32; LANES]);
+
+impl Lanes {
+    #[inline(always)]
+    unsafe fn load(&self) -> __m512i {
+        _mm512_load_si512(self.0.as_ptr() as *const __m512i)
+    }
+
+    #[inline(always)]
+    unsafe fn load_ps(&self) -> __m512 {
+        _mm512_load_ps(self.0.as_ptr() as *const f32)
+    }
+}
+
+/// 16 or 32 tokens' Q8_K activations, laid out for the tile kernels: for
+/// super-block `i` and register `z` (tokens `16z..16z+16`),
+#[derive(Default)]
+pub struct TokenTile {
+    registers: usize,
+    blocks: usize,
+    /// values `4g..4g+4`: `qs[(i * 64 + g) * registers + z]`;
+    qs: Vec<Lanes>,
+    /// the sums of sub-blocks `2p` and `2p + 1` of 32 values, as an i16
+    /// pair: `sums_by_32[(i * 4 + p) * registers + z]`;
+    sums_by_32: Vec<Lanes>,
+    /// the sums by 16, `2p` and `2p + 1` as an i16 pair:
+    /// `sums_by_16[(i * 8 + p) * registers + z]`;
+    sums_by_16: Vec<Lanes>,
+    /// the scales, as f32 bits: `d[i * registers + z]`.
+    d: Vec<Lanes>,
+}
+
+/// Two i16 in one lane, `low` in its low half.
+fn pair(low: i16, high: i16) -> u32 {
+    u32::from(low as u16) | (u32::from(high as u16) << 16)
+}
+
+impl TokenTile {
+    /// The tokens this tile holds: 16 or 32.
+    pub fn tokens(&self) -> usize {
+        self.registers * LANES
+    }
+
+    /// Lays out the first `blocks` super-blocks of `rows`, 16 or 32 tokens.
+    pub fn fill(&mut self, rows: &[&[BlockQ8K]], blocks: usize) {
+        assert!(rows.len() == LANES || rows.len() == 2 * LANES);
+        assert!(rows.iter().all(|row| row.len() >= blocks));
+        let registers = rows.len() / LANES;
+        self.registers = registers;
+        self.blocks = blocks;
+        self.qs
+            .resize(blocks * GROUPS * registers, Lanes::default());
+        self.sums_by_32
+            .resize(blocks * 4 * registers, Lanes::default());
+        self.sums_by_16
+            .resize(blocks * 8 * registers, Lanes::default());
+        self.d.resize(blocks * registers, Lanes::default());
+        for (t, row) in rows.iter().enumerate() {
+            let (z, lane) = (t / LANES, t % LANES);
+            for (i, block) in row[..blocks].iter().enumerate() {
+                for (g, four) in block.qs.chunks_exact(4).enumerate() {
+                    let bytes = [four[0] as u8, four[1] as u8, four[2] as u8, four[3] as u8];
+                    self.qs[(i * GROUPS + g) * registers + z].0[lane] = u32::from_le_bytes(bytes);
+                }
+                let sums = &block.bsums;
+                for p in 0..4 {
+                    let low = sums[4 * p].wrapping_add(sums[4 * p + 1]);
+                    let high = sums[4 * p + 2].wrapping_add(sums[4 * p + 3]);
+                    self.sums_by_32[(i * 4 + p) * registers + z].0[lane] = pair(low, high);
+                }
+                for p in 0..8 {
+                    self.sums_by_16[(i * 8 + p) * registers + z].0[lane] =
+                        pair(sums[2 * p], sums[2 * p + 1]);
+                }
+                self.d[i * registers + z].0[lane] = block.d.to_bits();
+            }
+        }
+    }
+}
+
+/// Consecutive weight rows (as many as `out` has room for) against a
+/// tile: `out[r * tile.tokens() + t]`, each the format's `dot` bit for bit.
+pub type TileFn = fn(&[u8], &TokenTile, &mut [f32]);
+
+/// Whether the tile kernels run here (AVX-512 F and BW).
+pub fn available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        crate::quant::kernels::avx2_available()
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+    })
+}
+
+/// Whether their `vpdpbusd` variants run here (AVX-512 VNNI).
+pub fn vnni_available() -> bool {
+    available() && is_x86_feature_detected!("avx512vnni")
+}
+
+/// The fastest tile kernel of `format` on this CPU, if it has one.
+pub fn select(format: WeightFormat) -> Option<TileFn> {
+    if !available() {
+        return None;
+    }
+    variant(format, vnni_available())
+}
+
+/// The tile kernel of `format` with (`vnni`) or without `vpdpbusd`: for
+/// tests to check both where the CPU has both.
+pub fn variant(format: WeightFormat, vnni: bool) -> Option<TileFn> {
+    match (format, vnni) {
+        (WeightFormat::Q4_K, false) => Some(q4_k::<false>),
+        (WeightFormat::Q4_K, true) => Some(q4_k::<true>),
+        (WeightFormat::Q6_K, false) => Some(q6_k::<false>),
+        (WeightFormat::Q6_K, true) => Some(q6_k::<true>),
+        _ => None,
+    }
+}
+
+/// The rows `out` has room for, after checking that `rows` holds them.
+fn row_count(rows: &[u8], tile: &TokenTile, out: &[f32], width: usize) -> usize {
+    let tokens = tile.tokens();
+    assert!(tokens > 0 && out.len().is_multiple_of(tokens));
+    let count = out.len() / tokens;
+    assert!(rows.len() >= count * tile.blocks * width);
+    count
+}
+
+/// One entry point per format and ISA: checks the CPU and the sizes, then
+/// runs `$body::<VNNI, registers>` over the rows under the ISA's features.
+macro_rules! tile_kernel {
+    ($public:ident, $plain:ident, $vnni:ident, $body:ident, $width:expr) => {
+        fn $public<const VNNI: bool>(rows: &[u8], tile: &TokenTile, out: &mut [f32]) {
+            assert!(available() && (!VNNI || vnni_available()));
+            let count = row_count(rows, tile, out, $width);
+            let (rows, out) = (rows.as_ptr(), out.as_mut_ptr());
+            // SAFETY: features checked just above; bounds by `row_count`.
+            unsafe {
+                match (VNNI, tile.registers) {
+                    (false, 1) => $plain::<1>(rows, tile, count, out),
+                    (false, _) => $plain::<2>(rows, tile, count, out),
+                    (true, 1) => $vnni::<1>(rows, tile, count, out),
+                    (true, _) => $vnni::<2>(rows, tile, count, out),
+                }
+            }
+        }
+
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+        unsafe fn $plain<const Z: usize>(
+            rows: *const u8,
+            tile: &TokenTile,
+            n: usize,
+            out: *mut f32,
+        ) {
+            let at = |r: usize| (rows.add(r * tile.blocks * $width), out.add(r * Z * LANES));
+            let mut r = 0;
+            while r + 2 <= n {
+                let ((row_a, out_a), (row_b, out_b)) = (at(r), at(r + 1));
+                $body::<false, Z, 2>([row_a, row_b], tile, [out_a, out_b]);
+                r += 2;
+            }
+            if r < n {
+                let (row, out) = at(r);
+                $body::<false, Z, 1>([row], tile, [out]);
+            }
+        }
+
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+        unsafe fn $vnni<const Z: usize>(
+            rows: *const u8,
+            tile: &TokenTile,
+            n: usize,
+            out: *mut f32,
+        ) {
+            let at = |r: usize| (rows.add(r * tile.blocks * $width), out.add(r * Z * LANES));
+            let mut r = 0;
+            while r + 2 <= n {
+                let ((row_a, out_a), (row_b, out_b)) = (at(r), at(r + 1));
+                $body::<true, Z, 2>([row_a, row_b], tile, [out_a, out_b]);
+                r += 2;
+            }
+            if r < n {
+                let (row, out) = at(r);
+                $body::<true, Z, 1>([row], tile, [out]);
+            }
+        }
+    };
+}
+
+tile_kernel!(q4_k, q4_k_plain, q4_k_vnni, q4_k_row, 144);
+tile_kernel!(q6_k, q6_k_plain, q6_k_vnni, q6_k_row, 210);
+
+/// `acc +` the products of unsigned `weights` and signed `activations`,
+/// by four: i32 lanes with VNNI, i16 lanes (pairs) without.
+#[inline(always)]
+unsafe fn dot_step<const VNNI: bool>(
+    acc: __m512i,
+    weights: __m512i,
+    activations: __m512i,
+) -> __m512i {
+    if VNNI {
+        _mm512_dpbusd_epi32(acc, weights, activations)
+    } else {
+        _mm512_add_epi16(acc, _mm512_maddubs_epi16(weights, activations))
+    }
+}
+
+/// `scale *` the sums of [`dot_step`], as i32 lanes.
+#[inline(always)]
+unsafe fn scaled<const VNNI: bool>(sums: __m512i, scale: i16) -> __m512i {
+    if VNNI {
+        _mm512_mullo_epi32(sums, _mm512_set1_epi32(i32::from(scale)))
+    } else {
+        _mm512_madd_epi16(sums, _mm512_set1_epi16(scale))
+    }
+}
+
+/// `total + (d * dw) * sums`, lane by lane: the single-token kernel's f32
+/// product and sum, rounded in its order.
+#[inline(always)]
+unsafe fn accumulate(total: __m512, d: __m512, dw: f32, sums: __m512i) -> __m512 {
+    let scale = _mm512_mul_ps(d, _mm512_set1_ps(dw));
+    _mm512_add_ps(total, _mm512_mul_ps(scale, _mm512_cvtepi32_ps(sums)))
+}
+
+/// Four weight bytes at `p`, in every lane.
+#[inline(always)]
+unsafe fn broadcast(p: *const u8) -> __m512i {
+    _mm512_set1_epi32(std::ptr::read_unaligned(p as *const i32))
+}
+
+/// `R` Q4_K rows against the tile: each chunk's 32 bytes hold sub-block
+/// `2c` in their low nibbles and `2c + 1` in their high ones. Without
+/// VNNI, eight i16 pair sums of at most 2 * 15 * 127 stay below 2^15.
+#[inline(always)]
+unsafe fn q4_k_row<const VNNI: bool, const Z: usize, const R: usize>(
+    rows: [*const u8; R],
+    tile: &TokenTile,
+    outs: [*mut f32; R],
+) {
+    let mask = _mm512_set1_epi8(0x0F);
+    let mut total = [[_mm512_setzero_ps(); Z]; R];
+    let mut mins = [[_mm512_setzero_ps(); Z]; R];
+    for i in 0..tile.blocks {
+        let w = rows.map(|row| row.add(i * 144));
+        let scales = w.map(|w| k4_scales(std::slice::from_raw_parts(w.add(4), 12)));
+        let qs = tile.qs.as_ptr().add(i * GROUPS * Z);
+        let mut sums = [[_mm512_setzero_si512(); Z]; R];
+        for chunk in 0..4 {
+            let mut low = [[_mm512_setzero_si512(); Z]; R];
+            let mut high = [[_mm512_setzero_si512(); Z]; R];
+            for j in 0..8 {
+                let mut bytes = [_mm512_setzero_si512(); R];
+                for r in 0..R {
+                    bytes[r] = broadcast(w[r].add(16 + 32 * chunk + 4 * j));
+                }
+                for z in 0..Z {
+                    let a = (*qs.add((16 * chunk + j) * Z + z)).load();
+                    let b = (*qs.add((16 * chunk + 8 + j) * Z + z)).load();
+                    for r in 0..R {
+                        let low_values = _mm512_and_si512(bytes[r], mask);
+                        let high_values = _mm512_and_si512(_mm512_srli_epi16(bytes[r], 4), mask);
+                        low[r][z] = dot_step::<VNNI>(low[r][z], low_values, a);
+                        high[r][z] = dot_step::<VNNI>(high[r][z], high_values, b);
+                    }
+                }
+            }
+            for r in 0..R {
+                let (scale_low, scale_high) = (scales[r].0[2 * chunk], scales[r].0[2 * chunk + 1]);
+                for z in 0..Z {
+                    let both = _mm512_add_epi32(
+                        scaled::<VNNI>(low[r][z], scale_low as i16),
+                        scaled::<VNNI>(high[r][z], scale_high as i16),
+                    );
+                    sums[r][z] = _mm512_add_epi32(sums[r][z], both);
+                }
+            }
+        }
+        for r in 0..R {
+            let min_sums = q4_k_min_sums::<Z>(&scales[r].1, tile, i);
+            let (dw, dmin) = (load_f16(w[r]), load_f16(w[r].add(2)));
+            for z in 0..Z {
+                let d = tile.d.get_unchecked(i * Z + z).load_ps();
+                total[r][z] = accumulate(total[r][z], d, dw, sums[r][z]);
+                mins[r][z] = accumulate(mins[r][z], d, dmin, min_sums[z]);
+            }
+        }
+    }
+    for r in 0..R {
+        for z in 0..Z {
+            let result = _mm512_sub_ps(total[r][z], mins[r][z]);
+            _mm512_storeu_ps(outs[r].add(z * LANES), result);
+        }
+    }
+}
+
+/// `sum_j min_j * (sum of sub-block j)` of super-block `i`, exact in i32.
+#[inline(always)]
+unsafe fn q4_k_min_sums<const Z: usize>(
+    min_scales: &[u8; 8],
+    tile: &TokenTile,
+    i: usize,
+) -> [__m512i; Z] {
+    let mut min_sums = [_mm512_setzero_si512(); Z];
+    for p in 0..4 {
+        let m = pair(min_scales[2 * p] as i16, min_scales[2 * p + 1] as i16);
+        let m = _mm512_set1_epi32(m as i32);
+        for (z, min_sum) in min_sums.iter_mut().enumerate() {
+            let by_32 = tile.sums_by_32.get_unchecked((i * 4 + p) * Z + z).load();
+            *min_sum = _mm512_add_epi32(*min_sum, _mm512_madd_epi16(by_32, m));
+        }
+    }
+    min_sums
+}
+
+/// The four quarters' unsigned 6-bit values of bytes `4j..4j+4` of one
+/// Q6_K half: low nibbles of `a` (then `b`), high nibbles of `a` (then
+/// `b`), each with two high bits from `h`.
+#[inline(always)]
+unsafe fn q6_values(a: __m512i, b: __m512i, h: __m512i) -> [__m512i; 4] {
+    let (nibble, top) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
+    [
+        with_top(a, _mm512_slli_epi16(h, 4), nibble, top),
+        with_top(b, _mm512_slli_epi16(h, 2), nibble, top),
+        with_top(_mm512_srli_epi16(a, 4), h, nibble, top),
+        with_top(
+            _mm512_srli_epi16(b, 4),
+            _mm512_srli_epi16(h, 2),
+            nibble,
+            top,
+        ),
+    ]
+}
+
+/// `(low & nibble) | (high & top)`.
+#[inline(always)]
+unsafe fn with_top(low: __m512i, high: __m512i, nibble: __m512i, top: __m512i) -> __m512i {
+    _mm512_or_si512(_mm512_and_si512(low, nibble), _mm512_and_si512(high, top))
+}
+
+/// `R` Q6_K rows against the tile: the unsigned 6-bit values times the
+/// activations, less 32 times the scaled activation sums. Value `32m + l`
+/// of half `h` lies in sub-block (of 16) `8h + 2m + l / 16`. Without VNNI,
+/// two i16 pair sums of at most 2 * 63 * 127 stay below 2^15, so each two
+/// groups of four are scaled.
+#[inline(always)]
+unsafe fn q6_k_row<const VNNI: bool, const Z: usize, const R: usize>(
+    rows: [*const u8; R],
+    tile: &TokenTile,
+    outs: [*mut f32; R],
+) {
+    let mut total = [[_mm512_setzero_ps(); Z]; R];
+    for i in 0..tile.blocks {
+        let w = rows.map(|row| row.add(i * 210));
+        let scale = |r: usize, s: usize| *w[r].add(192 + s) as i8 as i16;
+        let qs = tile.qs.as_ptr().add(i * GROUPS * Z);
+        let mut sums = [[_mm512_setzero_si512(); Z]; R];
+        for r in 0..R {
+            sums[r] = q6_k_offsets::<Z>(w[r], tile, i);
+        }
+        for half in 0..2 {
+            // Per row, quarter and register: the running products of the
+            // current sub-block (without VNNI, of its current two groups).
+            let mut acc = [[[_mm512_setzero_si512(); Z]; 4]; R];
+            for j in 0..8 {
+                let mut values = [[_mm512_setzero_si512(); 4]; R];
+                for r in 0..R {
+                    let (ql, qh) = (w[r].add(64 * half), w[r].add(128 + 32 * half));
+                    values[r] = q6_values(
+                        broadcast(ql.add(4 * j)),
+                        broadcast(ql.add(32 + 4 * j)),
+                        broadcast(qh.add(4 * j)),
+                    );
+                }
+                for m in 0..4 {
+                    for z in 0..Z {
+                        let a = (*qs.add((32 * half + 8 * m + j) * Z + z)).load();
+                        for r in 0..R {
+                            acc[r][m][z] = dot_step::<VNNI>(acc[r][m][z], values[r][m], a);
+                        }
+                    }
+                    let done = if VNNI { j % 4 == 3 } else { j % 2 == 1 };
+                    if done {
+                        for r in 0..R {
+                            let s = scale(r, 8 * half + 2 * m + j / 4);
+                            for z in 0..Z {
+                                let product = scaled::<VNNI>(acc[r][m][z], s);
+                                sums[r][z] = _mm512_add_epi32(sums[r][z], product);
+                                acc[r][m][z] = _mm512_setzero_si512();
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for r in 0..R {
+            let dw = load_f16(w[r].add(208));
+            for z in 0..Z {
+                let d = tile.d.get_unchecked(i * Z + z).load_ps();
+                total[r][z] = accumulate(total[r][z], d, dw, sums[r][z]);
+            }
+        }
+    }
+    for r in 0..R {
+        for z in 0..Z {
+            _mm512_storeu_ps(outs[r].add(z * LANES), total[r][z]);
+        }
+    }
+}
+
+/// The offset of 32 of Q6_K block `w` (super-block `i`) as the start of
+/// its sums: `-32 * sum_s scale_s * bsum_s`, exact.
+#[inline(always)]
+unsafe fn q6_k_offsets<const Z: usize>(w: *const u8, tile: &TokenTile, i: usize) -> [__m512i; Z] {
+    let scale = |s: usize| *w.add(192 + s) as i8 as i16;
+    let mut offset = [_mm512_setzero_si512(); Z];
+    for p in 0..8 {
+        let s = _mm512_set1_epi32(pair(scale(2 * p), scale(2 * p + 1)) as i32);
+        for (z, offset) in offset.iter_mut().enumerate() {
+            let by_16 = tile.sums_by_16.get_unchecked((i * 8 + p) * Z + z).load();
+            *offset = _mm512_add_epi32(*offset, _mm512_madd_epi16(by_16, s));
+        }
+    }
+    for o in offset.iter_mut() {
+        *o = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(*o, 5));
+    }
+    offset
+}
