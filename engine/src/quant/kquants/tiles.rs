@@ -3,8 +3,10 @@
 //! tokens; each four weight bytes are unpacked once, broadcast to all 16
 //! lanes and multiplied with them, and every lane keeps one token's sum,
 //! so no sum crosses lanes and no register is shuffled. A tile is 16 or 32
-//! tokens (one or two registers per group of four values), laid out once
-//! per call ([`TokenTile`]); the weights stay in the file's layout.
+//! tokens (one or two registers per group of four values), or 8 tokens
+//! with eight values each per register (each eight weight bytes broadcast,
+//! each token's two lanes added at the end of a super-block), laid out
+//! once per call ([`TokenTile`]); the weights stay in the file's layout.
 //!
 //! Within a super-block every sum is an exact integer, whichever
 //! instructions form it (`vpdpbusd`, or `vpmaddubsw` with no sum near its
@@ -44,21 +46,23 @@ impl Lanes {
     }
 }
 
-/// 16 or 32 tokens' Q8_K activations, laid out for the tile kernels: for
-/// super-block `i` and register `z` (tokens `16z..16z+16`),
+/// 8, 16 or 32 tokens' Q8_K activations, laid out for the tile kernels.
+/// Each super-block's items (its 64 groups of four values; its four pairs
+/// of sums by 32 and eight pairs of sums by 16, as i16 pairs; its scale)
+/// sit at [`TokenTile::slot`]: with 16 or 32 tokens, one lane per token
+/// in `tokens / 16` registers per item; with 8, two items per register,
+/// token `t` in lanes `2t` (even items) and `2t + 1` (odd ones).
 #[derive(Default)]
 pub struct TokenTile {
-    registers: usize,
+    tokens: usize,
     blocks: usize,
-    /// values `4g..4g+4`: `qs[(i * 64 + g) * registers + z]`;
+    /// Four values of a group per lane.
     qs: Vec<Lanes>,
-    /// the sums of sub-blocks `2p` and `2p + 1` of 32 values, as an i16
-    /// pair: `sums_by_32[(i * 4 + p) * registers + z]`;
+    /// Sub-blocks `2p` and `2p + 1` of 32 values summed, for pair `p`.
     sums_by_32: Vec<Lanes>,
-    /// the sums by 16, `2p` and `2p + 1` as an i16 pair:
-    /// `sums_by_16[(i * 8 + p) * registers + z]`;
+    /// Sums by 16 `2p` and `2p + 1`, for pair `p`.
     sums_by_16: Vec<Lanes>,
-    /// the scales, as f32 bits: `d[i * registers + z]`.
+    /// The scales as f32 bits, one register per super-block and 16 tokens.
     d: Vec<Lanes>,
 }
 
@@ -68,43 +72,55 @@ fn pair(low: i16, high: i16) -> u32 {
 }
 
 impl TokenTile {
-    /// The tokens this tile holds: 16 or 32.
+    /// The tokens this tile holds: 8, 16 or 32.
     pub fn tokens(&self) -> usize {
-        self.registers * LANES
+        self.tokens
     }
 
-    /// Lays out the first `blocks` super-blocks of `rows`, 16 or 32 tokens.
+    /// Where item `item` (of `items` per super-block) of super-block `i`
+    /// of token `t` goes: (register, lane).
+    fn slot(&self, items: usize, i: usize, item: usize, t: usize) -> (usize, usize) {
+        if self.tokens == LANES / 2 {
+            (i * items / 2 + item / 2, 2 * t + item % 2)
+        } else {
+            let registers = self.tokens / LANES;
+            ((i * items + item) * registers + t / LANES, t % LANES)
+        }
+    }
+
+    /// Lays out the first `blocks` super-blocks of `rows`, 8, 16 or 32
+    /// tokens.
     pub fn fill(&mut self, rows: &[&[BlockQ8K]], blocks: usize) {
-        assert!(rows.len() == LANES || rows.len() == 2 * LANES);
+        assert!([LANES / 2, LANES, 2 * LANES].contains(&rows.len()));
         assert!(rows.iter().all(|row| row.len() >= blocks));
-        let registers = rows.len() / LANES;
-        self.registers = registers;
+        self.tokens = rows.len();
         self.blocks = blocks;
-        self.qs
-            .resize(blocks * GROUPS * registers, Lanes::default());
-        self.sums_by_32
-            .resize(blocks * 4 * registers, Lanes::default());
-        self.sums_by_16
-            .resize(blocks * 8 * registers, Lanes::default());
+        // Registers per item of a super-block: tokens / 16 (a half for 8).
+        let per_items = |items: usize| blocks * items * self.tokens / LANES;
+        self.qs.resize(per_items(GROUPS), Lanes::default());
+        self.sums_by_32.resize(per_items(4), Lanes::default());
+        self.sums_by_16.resize(per_items(8), Lanes::default());
+        let registers = self.tokens.div_ceil(LANES);
         self.d.resize(blocks * registers, Lanes::default());
         for (t, row) in rows.iter().enumerate() {
-            let (z, lane) = (t / LANES, t % LANES);
             for (i, block) in row[..blocks].iter().enumerate() {
                 for (g, four) in block.qs.chunks_exact(4).enumerate() {
                     let bytes = [four[0] as u8, four[1] as u8, four[2] as u8, four[3] as u8];
-                    self.qs[(i * GROUPS + g) * registers + z].0[lane] = u32::from_le_bytes(bytes);
+                    let (at, lane) = self.slot(GROUPS, i, g, t);
+                    self.qs[at].0[lane] = u32::from_le_bytes(bytes);
                 }
                 let sums = &block.bsums;
                 for p in 0..4 {
                     let low = sums[4 * p].wrapping_add(sums[4 * p + 1]);
                     let high = sums[4 * p + 2].wrapping_add(sums[4 * p + 3]);
-                    self.sums_by_32[(i * 4 + p) * registers + z].0[lane] = pair(low, high);
+                    let (at, lane) = self.slot(4, i, p, t);
+                    self.sums_by_32[at].0[lane] = pair(low, high);
                 }
                 for p in 0..8 {
-                    self.sums_by_16[(i * 8 + p) * registers + z].0[lane] =
-                        pair(sums[2 * p], sums[2 * p + 1]);
+                    let (at, lane) = self.slot(8, i, p, t);
+                    self.sums_by_16[at].0[lane] = pair(sums[2 * p], sums[2 * p + 1]);
                 }
-                self.d[i * registers + z].0[lane] = block.d.to_bits();
+                self.d[i * registers + t / LANES].0[t % LANES] = block.d.to_bits();
             }
         }
     }
@@ -159,7 +175,9 @@ fn row_count(rows: &[u8], tile: &TokenTile, out: &[f32], width: usize) -> usize 
 }
 
 /// One entry point per format and ISA: checks the CPU and the sizes, then
-/// runs `$body::<VNNI, registers>` over the rows under the ISA's features.
+/// runs `$body::<VNNI, Z, G, R>` over the rows under the ISA's features:
+/// `Z` registers per item, `G` groups of four values per lane (2 for 8
+/// tokens), rows two at a time (`R`).
 macro_rules! tile_kernel {
     ($public:ident, $plain:ident, $vnni:ident, $body:ident, $width:expr) => {
         fn $public<const VNNI: bool>(rows: &[u8], tile: &TokenTile, out: &mut [f32]) {
@@ -168,52 +186,54 @@ macro_rules! tile_kernel {
             let (rows, out) = (rows.as_ptr(), out.as_mut_ptr());
             // SAFETY: features checked just above; bounds by `row_count`.
             unsafe {
-                match (VNNI, tile.registers) {
-                    (false, 1) => $plain::<1>(rows, tile, count, out),
-                    (false, _) => $plain::<2>(rows, tile, count, out),
-                    (true, 1) => $vnni::<1>(rows, tile, count, out),
-                    (true, _) => $vnni::<2>(rows, tile, count, out),
+                match (VNNI, tile.tokens) {
+                    (false, 8) => $plain::<1, 2>(rows, tile, count, out),
+                    (false, 16) => $plain::<1, 1>(rows, tile, count, out),
+                    (false, _) => $plain::<2, 1>(rows, tile, count, out),
+                    (true, 8) => $vnni::<1, 2>(rows, tile, count, out),
+                    (true, 16) => $vnni::<1, 1>(rows, tile, count, out),
+                    (true, _) => $vnni::<2, 1>(rows, tile, count, out),
                 }
             }
         }
 
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-        unsafe fn $plain<const Z: usize>(
+        unsafe fn $plain<const Z: usize, const G: usize>(
             rows: *const u8,
             tile: &TokenTile,
             n: usize,
             out: *mut f32,
         ) {
-            let at = |r: usize| (rows.add(r * tile.blocks * $width), out.add(r * Z * LANES));
+            let at = |r: usize| (rows.add(r * tile.blocks * $width), out.add(r * tile.tokens));
             let mut r = 0;
             while r + 2 <= n {
                 let ((row_a, out_a), (row_b, out_b)) = (at(r), at(r + 1));
-                $body::<false, Z, 2>([row_a, row_b], tile, [out_a, out_b]);
+                $body::<false, Z, G, 2>([row_a, row_b], tile, [out_a, out_b]);
                 r += 2;
             }
             if r < n {
                 let (row, out) = at(r);
-                $body::<false, Z, 1>([row], tile, [out]);
+                $body::<false, Z, G, 1>([row], tile, [out]);
             }
         }
 
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-        unsafe fn $vnni<const Z: usize>(
+        unsafe fn $vnni<const Z: usize, const G: usize>(
             rows: *const u8,
             tile: &TokenTile,
             n: usize,
             out: *mut f32,
         ) {
-            let at = |r: usize| (rows.add(r * tile.blocks * $width), out.add(r * Z * LANES));
+            let at = |r: usize| (rows.add(r * tile.blocks * $width), out.add(r * tile.tokens));
             let mut r = 0;
             while r + 2 <= n {
                 let ((row_a, out_a), (row_b, out_b)) = (at(r), at(r + 1));
-                $body::<true, Z, 2>([row_a, row_b], tile, [out_a, out_b]);
+                $body::<true, Z, G, 2>([row_a, row_b], tile, [out_a, out_b]);
                 r += 2;
             }
             if r < n {
                 let (row, out) = at(r);
-                $body::<true, Z, 1>([row], tile, [out]);
+                $body::<true, Z, G, 1>([row], tile, [out]);
             }
         }
     };
@@ -255,17 +275,55 @@ unsafe fn accumulate(total: __m512, d: __m512, dw: f32, sums: __m512i) -> __m512
     _mm512_add_ps(total, _mm512_mul_ps(scale, _mm512_cvtepi32_ps(sums)))
 }
 
-/// Four weight bytes at `p`, in every lane.
+/// `4G` weight bytes at `p`, in every lane (`G` = 1) or pair of lanes.
 #[inline(always)]
-unsafe fn broadcast(p: *const u8) -> __m512i {
-    _mm512_set1_epi32(std::ptr::read_unaligned(p as *const i32))
+unsafe fn broadcast<const G: usize>(p: *const u8) -> __m512i {
+    if G == 2 {
+        _mm512_set1_epi64(std::ptr::read_unaligned(p as *const i64))
+    } else {
+        _mm512_set1_epi32(std::ptr::read_unaligned(p as *const i32))
+    }
+}
+
+/// The i16 pairs `pairs(k)` (the `k`-th pair of a super-block's items)
+/// for the register that holds pair `at` of each token: the same pair in
+/// every lane (`G` = 1), or pairs `2at` and `2at + 1` alternating.
+#[inline(always)]
+unsafe fn pair_factors<const G: usize>(pairs: impl Fn(usize) -> u32, at: usize) -> __m512i {
+    if G == 2 {
+        let both = u64::from(pairs(2 * at)) | (u64::from(pairs(2 * at + 1)) << 32);
+        _mm512_set1_epi64(both as i64)
+    } else {
+        _mm512_set1_epi32(pairs(at) as i32)
+    }
+}
+
+/// Each token's sum (with `G` = 2, its two lanes added, into lanes 0..8).
+#[inline(always)]
+unsafe fn token_sums<const G: usize>(sums: __m512i) -> __m512i {
+    if G == 2 {
+        let both = _mm512_add_epi32(sums, _mm512_srli_epi64(sums, 32));
+        _mm512_castsi256_si512(_mm512_cvtepi64_epi32(both))
+    } else {
+        sums
+    }
+}
+
+/// Stores a register's token results (8 of them with `G` = 2).
+#[inline(always)]
+unsafe fn store<const G: usize>(out: *mut f32, v: __m512) {
+    if G == 2 {
+        _mm256_storeu_ps(out, _mm512_castps512_ps256(v));
+    } else {
+        _mm512_storeu_ps(out, v);
+    }
 }
 
 /// `R` Q4_K rows against the tile: each chunk's 32 bytes hold sub-block
 /// `2c` in their low nibbles and `2c + 1` in their high ones. Without
 /// VNNI, eight i16 pair sums of at most 2 * 15 * 127 stay below 2^15.
 #[inline(always)]
-unsafe fn q4_k_row<const VNNI: bool, const Z: usize, const R: usize>(
+unsafe fn q4_k_row<const VNNI: bool, const Z: usize, const G: usize, const R: usize>(
     rows: [*const u8; R],
     tile: &TokenTile,
     outs: [*mut f32; R],
@@ -276,19 +334,19 @@ unsafe fn q4_k_row<const VNNI: bool, const Z: usize, const R: usize>(
     for i in 0..tile.blocks {
         let w = rows.map(|row| row.add(i * 144));
         let scales = w.map(|w| k4_scales(std::slice::from_raw_parts(w.add(4), 12)));
-        let qs = tile.qs.as_ptr().add(i * GROUPS * Z);
+        let qs = tile.qs.as_ptr().add(i * GROUPS / G * Z);
         let mut sums = [[_mm512_setzero_si512(); Z]; R];
         for chunk in 0..4 {
             let mut low = [[_mm512_setzero_si512(); Z]; R];
             let mut high = [[_mm512_setzero_si512(); Z]; R];
-            for j in 0..8 {
+            for j in 0..8 / G {
                 let mut bytes = [_mm512_setzero_si512(); R];
                 for r in 0..R {
-                    bytes[r] = broadcast(w[r].add(16 + 32 * chunk + 4 * j));
+                    bytes[r] = broadcast::<G>(w[r].add(16 + 32 * chunk + 4 * G * j));
                 }
                 for z in 0..Z {
-                    let a = (*qs.add((16 * chunk + j) * Z + z)).load();
-                    let b = (*qs.add((16 * chunk + 8 + j) * Z + z)).load();
+                    let a = (*qs.add((16 * chunk / G + j) * Z + z)).load();
+                    let b = (*qs.add(((16 * chunk + 8) / G + j) * Z + z)).load();
                     for r in 0..R {
                         let low_values = _mm512_and_si512(bytes[r], mask);
                         let high_values = _mm512_and_si512(_mm512_srli_epi16(bytes[r], 4), mask);
@@ -309,11 +367,12 @@ unsafe fn q4_k_row<const VNNI: bool, const Z: usize, const R: usize>(
             }
         }
         for r in 0..R {
-            let min_sums = q4_k_min_sums::<Z>(&scales[r].1, tile, i);
+            let min_sums = q4_k_min_sums::<Z, G>(&scales[r].1, tile, i);
             let (dw, dmin) = (load_f16(w[r]), load_f16(w[r].add(2)));
             for z in 0..Z {
                 let d = tile.d.get_unchecked(i * Z + z).load_ps();
-                total[r][z] = accumulate(total[r][z], d, dw, sums[r][z]);
+                let sums = token_sums::<G>(sums[r][z]);
+                total[r][z] = accumulate(total[r][z], d, dw, sums);
                 mins[r][z] = accumulate(mins[r][z], d, dmin, min_sums[z]);
             }
         }
@@ -321,26 +380,33 @@ unsafe fn q4_k_row<const VNNI: bool, const Z: usize, const R: usize>(
     for r in 0..R {
         for z in 0..Z {
             let result = _mm512_sub_ps(total[r][z], mins[r][z]);
-            _mm512_storeu_ps(outs[r].add(z * LANES), result);
+            store::<G>(outs[r].add(z * LANES), result);
         }
     }
 }
 
-/// `sum_j min_j * (sum of sub-block j)` of super-block `i`, exact in i32.
+/// `sum_j min_j * (sum of sub-block j)` of super-block `i`, exact in i32,
+/// per token.
 #[inline(always)]
-unsafe fn q4_k_min_sums<const Z: usize>(
+unsafe fn q4_k_min_sums<const Z: usize, const G: usize>(
     min_scales: &[u8; 8],
     tile: &TokenTile,
     i: usize,
 ) -> [__m512i; Z] {
+    let mins = |p: usize| pair(min_scales[2 * p] as i16, min_scales[2 * p + 1] as i16);
     let mut min_sums = [_mm512_setzero_si512(); Z];
-    for p in 0..4 {
-        let m = pair(min_scales[2 * p] as i16, min_scales[2 * p + 1] as i16);
-        let m = _mm512_set1_epi32(m as i32);
+    for at in 0..4 / G {
+        let m = pair_factors::<G>(mins, at);
         for (z, min_sum) in min_sums.iter_mut().enumerate() {
-            let by_32 = tile.sums_by_32.get_unchecked((i * 4 + p) * Z + z).load();
+            let by_32 = tile
+                .sums_by_32
+                .get_unchecked((i * 4 / G + at) * Z + z)
+                .load();
             *min_sum = _mm512_add_epi32(*min_sum, _mm512_madd_epi16(by_32, m));
         }
+    }
+    for min_sum in min_sums.iter_mut() {
+        *min_sum = token_sums::<G>(*min_sum);
     }
     min_sums
 }
@@ -374,47 +440,49 @@ unsafe fn with_top(low: __m512i, high: __m512i, nibble: __m512i, top: __m512i) -
 /// activations, less 32 times the scaled activation sums. Value `32m + l`
 /// of half `h` lies in sub-block (of 16) `8h + 2m + l / 16`. Without VNNI,
 /// two i16 pair sums of at most 2 * 63 * 127 stay below 2^15, so each two
-/// groups of four are scaled.
+/// steps are scaled.
 #[inline(always)]
-unsafe fn q6_k_row<const VNNI: bool, const Z: usize, const R: usize>(
+unsafe fn q6_k_row<const VNNI: bool, const Z: usize, const G: usize, const R: usize>(
     rows: [*const u8; R],
     tile: &TokenTile,
     outs: [*mut f32; R],
 ) {
     let mut total = [[_mm512_setzero_ps(); Z]; R];
+    // Steps (of 4G values) per sub-block of 16, and per scaling.
+    let steps = 4 / G;
+    let per_scaling = if VNNI { steps } else { 2 };
     for i in 0..tile.blocks {
         let w = rows.map(|row| row.add(i * 210));
         let scale = |r: usize, s: usize| *w[r].add(192 + s) as i8 as i16;
-        let qs = tile.qs.as_ptr().add(i * GROUPS * Z);
+        let qs = tile.qs.as_ptr().add(i * GROUPS / G * Z);
         let mut sums = [[_mm512_setzero_si512(); Z]; R];
         for r in 0..R {
-            sums[r] = q6_k_offsets::<Z>(w[r], tile, i);
+            sums[r] = q6_k_offsets::<Z, G>(w[r], tile, i);
         }
         for half in 0..2 {
             // Per row, quarter and register: the running products of the
-            // current sub-block (without VNNI, of its current two groups).
+            // current sub-block (without VNNI, of its current two steps).
             let mut acc = [[[_mm512_setzero_si512(); Z]; 4]; R];
-            for j in 0..8 {
+            for j in 0..8 / G {
                 let mut values = [[_mm512_setzero_si512(); 4]; R];
                 for r in 0..R {
                     let (ql, qh) = (w[r].add(64 * half), w[r].add(128 + 32 * half));
                     values[r] = q6_values(
-                        broadcast(ql.add(4 * j)),
-                        broadcast(ql.add(32 + 4 * j)),
-                        broadcast(qh.add(4 * j)),
+                        broadcast::<G>(ql.add(4 * G * j)),
+                        broadcast::<G>(ql.add(32 + 4 * G * j)),
+                        broadcast::<G>(qh.add(4 * G * j)),
                     );
                 }
                 for m in 0..4 {
                     for z in 0..Z {
-                        let a = (*qs.add((32 * half + 8 * m + j) * Z + z)).load();
+                        let a = (*qs.add(((32 * half + 8 * m) / G + j) * Z + z)).load();
                         for r in 0..R {
                             acc[r][m][z] = dot_step::<VNNI>(acc[r][m][z], values[r][m], a);
                         }
                     }
-                    let done = if VNNI { j % 4 == 3 } else { j % 2 == 1 };
-                    if done {
+                    if j % per_scaling == per_scaling - 1 {
                         for r in 0..R {
-                            let s = scale(r, 8 * half + 2 * m + j / 4);
+                            let s = scale(r, 8 * half + 2 * m + j / steps);
                             for z in 0..Z {
                                 let product = scaled::<VNNI>(acc[r][m][z], s);
                                 sums[r][z] = _mm512_add_epi32(sums[r][z], product);
@@ -429,27 +497,36 @@ unsafe fn q6_k_row<const VNNI: bool, const Z: usize, const R: usize>(
             let dw = load_f16(w[r].add(208));
             for z in 0..Z {
                 let d = tile.d.get_unchecked(i * Z + z).load_ps();
-                total[r][z] = accumulate(total[r][z], d, dw, sums[r][z]);
+                total[r][z] = accumulate(total[r][z], d, dw, token_sums::<G>(sums[r][z]));
             }
         }
     }
     for r in 0..R {
         for z in 0..Z {
-            _mm512_storeu_ps(outs[r].add(z * LANES), total[r][z]);
+            store::<G>(outs[r].add(z * LANES), total[r][z]);
         }
     }
 }
 
 /// The offset of 32 of Q6_K block `w` (super-block `i`) as the start of
-/// its sums: `-32 * sum_s scale_s * bsum_s`, exact.
+/// its sums: `-32 * sum_s scale_s * bsum_s`, exact (per lane: with `G` =
+/// 2, each token's two lanes add up to it).
 #[inline(always)]
-unsafe fn q6_k_offsets<const Z: usize>(w: *const u8, tile: &TokenTile, i: usize) -> [__m512i; Z] {
+unsafe fn q6_k_offsets<const Z: usize, const G: usize>(
+    w: *const u8,
+    tile: &TokenTile,
+    i: usize,
+) -> [__m512i; Z] {
     let scale = |s: usize| *w.add(192 + s) as i8 as i16;
+    let scales = |p: usize| pair(scale(2 * p), scale(2 * p + 1));
     let mut offset = [_mm512_setzero_si512(); Z];
-    for p in 0..8 {
-        let s = _mm512_set1_epi32(pair(scale(2 * p), scale(2 * p + 1)) as i32);
+    for at in 0..8 / G {
+        let s = pair_factors::<G>(scales, at);
         for (z, offset) in offset.iter_mut().enumerate() {
-            let by_16 = tile.sums_by_16.get_unchecked((i * 8 + p) * Z + z).load();
+            let by_16 = tile
+                .sums_by_16
+                .get_unchecked((i * 8 / G + at) * Z + z)
+                .load();
             *offset = _mm512_add_epi32(*offset, _mm512_madd_epi16(by_16, s));
         }
     }
