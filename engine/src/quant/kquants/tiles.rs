@@ -349,7 +349,13 @@ unsafe fn q4_k_row<const VNNI: bool, const Z: usize, const G: usize, const R: us
                     let b = (*qs.add(((16 * chunk + 8) / G + j) * Z + z)).load();
                     for r in 0..R {
                         let low_values = _mm512_and_si512(bytes[r], mask);
-                        let high_values = _mm512_and_si512(_mm512_srli_epi16(bytes[r], 4), mask);
+                        // With VNNI's i32 sums, the high nibbles in place
+                        // (16 times their value), divided out per sub-block.
+                        let high_values = if VNNI {
+                            _mm512_andnot_si512(mask, bytes[r])
+                        } else {
+                            _mm512_and_si512(_mm512_srli_epi16(bytes[r], 4), mask)
+                        };
                         low[r][z] = dot_step::<VNNI>(low[r][z], low_values, a);
                         high[r][z] = dot_step::<VNNI>(high[r][z], high_values, b);
                     }
@@ -358,9 +364,15 @@ unsafe fn q4_k_row<const VNNI: bool, const Z: usize, const G: usize, const R: us
             for r in 0..R {
                 let (scale_low, scale_high) = (scales[r].0[2 * chunk], scales[r].0[2 * chunk + 1]);
                 for z in 0..Z {
+                    // Exact: with VNNI the high sums are multiples of 16.
+                    let high = if VNNI {
+                        _mm512_srai_epi32(high[r][z], 4)
+                    } else {
+                        high[r][z]
+                    };
                     let both = _mm512_add_epi32(
-                        scaled::<VNNI>(low[r][z], scale_low as i16),
-                        scaled::<VNNI>(high[r][z], scale_high as i16),
+                        q4_k_scaled::<VNNI, G>(low[r][z], scale_low as i16),
+                        q4_k_scaled::<VNNI, G>(high, scale_high as i16),
                     );
                     sums[r][z] = _mm512_add_epi32(sums[r][z], both);
                 }
@@ -382,6 +394,18 @@ unsafe fn q4_k_row<const VNNI: bool, const Z: usize, const G: usize, const R: us
             let result = _mm512_sub_ps(total[r][z], mins[r][z]);
             store::<G>(outs[r].add(z * LANES), result);
         }
+    }
+}
+
+/// [`scaled`] for a Q4_K sub-block's sums. With VNNI and 8 tokens, a
+/// lane's sum (16 values, at most 16 * 15 * 127 in magnitude) fits in its
+/// low i16, so one `vpmaddwd` by `(scale, 0)` multiplies it exactly.
+#[inline(always)]
+unsafe fn q4_k_scaled<const VNNI: bool, const G: usize>(sums: __m512i, scale: i16) -> __m512i {
+    if VNNI && G == 2 {
+        _mm512_madd_epi16(sums, _mm512_set1_epi32(i32::from(scale)))
+    } else {
+        scaled::<VNNI>(sums, scale)
     }
 }
 
