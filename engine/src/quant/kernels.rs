@@ -92,6 +92,7 @@ pub(super) fn x86_kernels<const VNNI: bool>(format: WeightFormat) -> Kernels<Blo
         _ => return scalar_kernels(format),
     };
     let rows = match format {
+        WeightFormat::Q4_0 => Some(avx2::rows_q4_0::<VNNI> as RowsFn),
         WeightFormat::Q4_1 => Some(avx2::rows_q4_1::<VNNI> as RowsFn),
         WeightFormat::Q8_0 => Some(avx2::rows_q8_0::<VNNI> as RowsFn),
         _ => None,

@@ -223,6 +223,52 @@ unsafe fn rows_q4_1_body<const V: bool>(rows: &[u8], x: &[BlockQ8], out: &mut [f
     }
 }
 
+/// Consecutive Q4_0 rows against one activation row (decode), four at a
+/// time as [`rows_q4_1`] does; each row's arithmetic is exactly
+/// [`dot_q4_0`]'s.
+pub fn rows_q4_0<const V: bool>(rows: &[u8], x: &[BlockQ8], out: &mut [f32]) {
+    assert!(rows.len() >= out.len() * x.len() * 18);
+    // SAFETY: `select` hands out `V` only where the CPU has it; bounds by the assert.
+    unsafe {
+        if V {
+            rows_q4_0_vnni(rows, x, out)
+        } else {
+            rows_q4_0_avx2(rows, x, out)
+        }
+    }
+}
+
+two_isas!(rows_q4_0_avx2, rows_q4_0_vnni, rows_q4_0_body, (rows: &[u8], x: &[BlockQ8], out: &mut [f32]));
+
+#[inline(always)]
+unsafe fn rows_q4_0_body<const V: bool>(rows: &[u8], x: &[BlockQ8], out: &mut [f32]) {
+    let width = x.len() * 18;
+    let mut quads = out.chunks_exact_mut(4);
+    let mut w = rows.as_ptr();
+    for quad in &mut quads {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let eight = _mm256_set1_epi8(8);
+        for (i, a) in x.iter().enumerate() {
+            let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+            for (k, acc) in acc.iter_mut().enumerate() {
+                let wb = w.add(k * width + i * 18);
+                _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(4 * width) as *const i8);
+                let d = _mm256_set1_ps(load_f16(wb) * a.d);
+                let q = _mm256_sub_epi8(nibbles(wb.add(2)), eight);
+                *acc = _mm256_fmadd_ps(d, mul_sum_i8::<V>(q, y), *acc);
+            }
+        }
+        for (o, acc) in quad.iter_mut().zip(acc) {
+            *o = hsum(acc);
+        }
+        w = w.add(4 * width);
+    }
+    for o in quads.into_remainder() {
+        *o = dot_q4_0_body::<V>(std::slice::from_raw_parts(w, width), x);
+        w = w.add(width);
+    }
+}
+
 /// Rows `w`, `w + width`, `w + 2 width`, `w + 3 width`.
 #[inline(always)]
 unsafe fn rows4_q4_1_body<const V: bool>(
@@ -272,11 +318,33 @@ pub fn rows_q8_0<const V: bool>(rows: &[u8], x: &[BlockQ8], out: &mut [f32]) {
 
 two_isas!(rows_q8_0_avx2, rows_q8_0_vnni, rows_q8_0_body, (rows: &[u8], x: &[BlockQ8], out: &mut [f32]));
 
+/// Four rows at a time, as [`rows_q4_0_body`]; each row's arithmetic is
+/// exactly [`dot_q8_0`]'s.
 #[inline(always)]
 unsafe fn rows_q8_0_body<const V: bool>(rows: &[u8], x: &[BlockQ8], out: &mut [f32]) {
     let width = x.len() * 34;
-    for (r, o) in out.iter_mut().enumerate() {
-        *o = dot_q8_0_body::<V>(rows.get_unchecked(r * width..(r + 1) * width), x);
+    let mut quads = out.chunks_exact_mut(4);
+    let mut w = rows.as_ptr();
+    for quad in &mut quads {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for (i, a) in x.iter().enumerate() {
+            let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+            for (k, acc) in acc.iter_mut().enumerate() {
+                let wb = w.add(k * width + i * 34);
+                _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(4 * width) as *const i8);
+                let d = _mm256_set1_ps(load_f16(wb) * a.d);
+                let q = _mm256_loadu_si256(wb.add(2) as *const __m256i);
+                *acc = _mm256_fmadd_ps(d, mul_sum_i8::<V>(q, y), *acc);
+            }
+        }
+        for (o, acc) in quad.iter_mut().zip(acc) {
+            *o = hsum(acc);
+        }
+        w = w.add(4 * width);
+    }
+    for o in quads.into_remainder() {
+        *o = dot_q8_0_body::<V>(std::slice::from_raw_parts(w, width), x);
+        w = w.add(width);
     }
 }
 
@@ -330,6 +398,18 @@ pub fn dot_q4_0<const V: bool>(row: &[u8], x: &[BlockQ8]) -> f32 {
 
 two_isas!(dot_q4_0_avx2, dot_q4_0_vnni, dot_q4_0_body, (row: &[u8], x: &[BlockQ8]) -> f32);
 
+/// Bytes ahead of the block being read that [`prefetch_ahead`] asks for.
+const PREFETCH_DISTANCE: usize = 3072;
+
+/// The line `PREFETCH_DISTANCE` bytes after `block`: a decode step streams
+/// each row once, block by block (and the next row lies just after), and
+/// the hardware prefetchers alone keep too few loads in flight. A
+/// prefetch never faults, past the end of the weights too.
+#[inline(always)]
+unsafe fn prefetch_ahead(block: *const u8) {
+    _mm_prefetch::<_MM_HINT_T0>(block.wrapping_add(PREFETCH_DISTANCE) as *const i8);
+}
+
 #[inline(always)]
 unsafe fn dot_q4_0_body<const V: bool>(row: &[u8], x: &[BlockQ8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
@@ -337,6 +417,7 @@ unsafe fn dot_q4_0_body<const V: bool>(row: &[u8], x: &[BlockQ8]) -> f32 {
     let eight = _mm256_set1_epi8(8);
     for (i, a) in x.iter().enumerate() {
         let wb = w.add(i * 18);
+        prefetch_ahead(wb);
         let d = _mm256_set1_ps(load_f16(wb) * a.d);
         let q = _mm256_sub_epi8(nibbles(wb.add(2)), eight);
         let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
@@ -553,6 +634,7 @@ unsafe fn dot_q8_0_body<const V: bool>(row: &[u8], x: &[BlockQ8]) -> f32 {
     let w = row.as_ptr();
     for (i, a) in x.iter().enumerate() {
         let wb = w.add(i * 34);
+        prefetch_ahead(wb);
         let d = _mm256_set1_ps(load_f16(wb) * a.d);
         let q = _mm256_loadu_si256(wb.add(2) as *const __m256i);
         let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
