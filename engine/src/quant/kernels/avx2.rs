@@ -242,19 +242,38 @@ two_isas!(rows_q4_0_avx2, rows_q4_0_vnni, rows_q4_0_body, (rows: &[u8], x: &[Blo
 
 #[inline(always)]
 unsafe fn rows_q4_0_body<const V: bool>(rows: &[u8], x: &[BlockQ8], out: &mut [f32]) {
-    let width = x.len() * 18;
+    rows_signed_body::<V, false>(rows, x, out)
+}
+
+/// Q4_0 (or Q8_0 with `EIGHT_BITS`) rows four at a time: four independent
+/// accumulator chains, one activation load for four rows, and the next
+/// four rows prefetched block by block (the address may lie past the
+/// matrix: a prefetch never faults). Each row's arithmetic is exactly its
+/// `dot`'s.
+#[inline(always)]
+unsafe fn rows_signed_body<const V: bool, const EIGHT_BITS: bool>(
+    rows: &[u8],
+    x: &[BlockQ8],
+    out: &mut [f32],
+) {
+    let block = if EIGHT_BITS { 34 } else { 18 };
+    let width = x.len() * block;
     let mut quads = out.chunks_exact_mut(4);
     let mut w = rows.as_ptr();
+    let eight = _mm256_set1_epi8(8);
     for quad in &mut quads {
         let mut acc = [_mm256_setzero_ps(); 4];
-        let eight = _mm256_set1_epi8(8);
         for (i, a) in x.iter().enumerate() {
             let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
             for (k, acc) in acc.iter_mut().enumerate() {
-                let wb = w.add(k * width + i * 18);
+                let wb = w.add(k * width + i * block);
                 _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(4 * width) as *const i8);
                 let d = _mm256_set1_ps(load_f16(wb) * a.d);
-                let q = _mm256_sub_epi8(nibbles(wb.add(2)), eight);
+                let q = if EIGHT_BITS {
+                    _mm256_loadu_si256(wb.add(2) as *const __m256i)
+                } else {
+                    _mm256_sub_epi8(nibbles(wb.add(2)), eight)
+                };
                 *acc = _mm256_fmadd_ps(d, mul_sum_i8::<V>(q, y), *acc);
             }
         }
@@ -264,7 +283,12 @@ unsafe fn rows_q4_0_body<const V: bool>(rows: &[u8], x: &[BlockQ8], out: &mut [f
         w = w.add(4 * width);
     }
     for o in quads.into_remainder() {
-        *o = dot_q4_0_body::<V>(std::slice::from_raw_parts(w, width), x);
+        let row = std::slice::from_raw_parts(w, width);
+        *o = if EIGHT_BITS {
+            dot_q8_0_body::<V>(row, x)
+        } else {
+            dot_q4_0_body::<V>(row, x)
+        };
         w = w.add(width);
     }
 }
@@ -318,34 +342,10 @@ pub fn rows_q8_0<const V: bool>(rows: &[u8], x: &[BlockQ8], out: &mut [f32]) {
 
 two_isas!(rows_q8_0_avx2, rows_q8_0_vnni, rows_q8_0_body, (rows: &[u8], x: &[BlockQ8], out: &mut [f32]));
 
-/// Four rows at a time, as [`rows_q4_0_body`]; each row's arithmetic is
-/// exactly [`dot_q8_0`]'s.
+/// Four rows at a time, as [`rows_q4_0_body`].
 #[inline(always)]
 unsafe fn rows_q8_0_body<const V: bool>(rows: &[u8], x: &[BlockQ8], out: &mut [f32]) {
-    let width = x.len() * 34;
-    let mut quads = out.chunks_exact_mut(4);
-    let mut w = rows.as_ptr();
-    for quad in &mut quads {
-        let mut acc = [_mm256_setzero_ps(); 4];
-        for (i, a) in x.iter().enumerate() {
-            let y = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
-            for (k, acc) in acc.iter_mut().enumerate() {
-                let wb = w.add(k * width + i * 34);
-                _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(4 * width) as *const i8);
-                let d = _mm256_set1_ps(load_f16(wb) * a.d);
-                let q = _mm256_loadu_si256(wb.add(2) as *const __m256i);
-                *acc = _mm256_fmadd_ps(d, mul_sum_i8::<V>(q, y), *acc);
-            }
-        }
-        for (o, acc) in quad.iter_mut().zip(acc) {
-            *o = hsum(acc);
-        }
-        w = w.add(4 * width);
-    }
-    for o in quads.into_remainder() {
-        *o = dot_q8_0_body::<V>(std::slice::from_raw_parts(w, width), x);
-        w = w.add(width);
-    }
+    rows_signed_body::<V, true>(rows, x, out)
 }
 
 // Q4_0 against four activation rows; see `dot4_q4_1`.

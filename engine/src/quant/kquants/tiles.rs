@@ -179,7 +179,7 @@ fn row_count(rows: &[u8], tile: &TokenTile, out: &[f32], width: usize) -> usize 
 /// `Z` registers per item, `G` groups of four values per lane (2 for 8
 /// tokens), rows two at a time (`R`).
 macro_rules! tile_kernel {
-    ($public:ident, $plain:ident, $vnni:ident, $body:ident, $width:expr) => {
+    ($public:ident, $plain:ident, $vnni:ident, $rows:ident, $body:ident, $width:expr) => {
         fn $public<const VNNI: bool>(rows: &[u8], tile: &TokenTile, out: &mut [f32]) {
             assert!(available() && (!VNNI || vnni_available()));
             let count = row_count(rows, tile, out, $width);
@@ -204,17 +204,7 @@ macro_rules! tile_kernel {
             n: usize,
             out: *mut f32,
         ) {
-            let at = |r: usize| (rows.add(r * tile.blocks * $width), out.add(r * tile.tokens));
-            let mut r = 0;
-            while r + 2 <= n {
-                let ((row_a, out_a), (row_b, out_b)) = (at(r), at(r + 1));
-                $body::<false, Z, G, 2>([row_a, row_b], tile, [out_a, out_b]);
-                r += 2;
-            }
-            if r < n {
-                let (row, out) = at(r);
-                $body::<false, Z, G, 1>([row], tile, [out]);
-            }
+            $rows::<false, Z, G>(rows, tile, n, out)
         }
 
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
@@ -224,23 +214,34 @@ macro_rules! tile_kernel {
             n: usize,
             out: *mut f32,
         ) {
+            $rows::<true, Z, G>(rows, tile, n, out)
+        }
+
+        /// `n` rows, two at a time, the last alone if `n` is odd.
+        #[inline(always)]
+        unsafe fn $rows<const VNNI: bool, const Z: usize, const G: usize>(
+            rows: *const u8,
+            tile: &TokenTile,
+            n: usize,
+            out: *mut f32,
+        ) {
             let at = |r: usize| (rows.add(r * tile.blocks * $width), out.add(r * tile.tokens));
             let mut r = 0;
             while r + 2 <= n {
                 let ((row_a, out_a), (row_b, out_b)) = (at(r), at(r + 1));
-                $body::<true, Z, G, 2>([row_a, row_b], tile, [out_a, out_b]);
+                $body::<VNNI, Z, G, 2>([row_a, row_b], tile, [out_a, out_b]);
                 r += 2;
             }
             if r < n {
                 let (row, out) = at(r);
-                $body::<true, Z, G, 1>([row], tile, [out]);
+                $body::<VNNI, Z, G, 1>([row], tile, [out]);
             }
         }
     };
 }
 
-tile_kernel!(q4_k, q4_k_plain, q4_k_vnni, q4_k_row, 144);
-tile_kernel!(q6_k, q6_k_plain, q6_k_vnni, q6_k_row, 210);
+tile_kernel!(q4_k, q4_k_plain, q4_k_vnni, q4_k_rows, q4_k_row, 144);
+tile_kernel!(q6_k, q6_k_plain, q6_k_vnni, q6_k_rows, q6_k_row, 210);
 
 /// `acc +` the products of unsigned `weights` and signed `activations`,
 /// by four: i32 lanes with VNNI, i16 lanes (pairs) without.
