@@ -5,7 +5,12 @@ are generated and written one at a time, so an 8B file needs no more
 memory than its largest tensor.
 
 Usage: make_bench_model.py SHAPE TOKENIZER.gguf OUT.gguf
-  SHAPE: 1b (Llama-3.2-1B), 3b (Llama-3.2-3B) or 8b (Llama-3.1-8B).
+  SHAPE: 1b (Llama-3.2-1B), 3b (Llama-3.2-3B), 8b (Llama-3.1-8B), or
+  3b-smollm: not random at all, but the default model's own weights
+  carried inside the 3B's matrices (see `carry`), so that a 3B-sized
+  model answers as SmolLM2-135M does: speculative decoding's acceptance
+  needs a model that really echoes its prompt, which random weights never
+  do, while its speed needs the 3B's cost.
 Called by scripts/make-bench-model, which quantizes the result.
 """
 
@@ -20,6 +25,9 @@ SHAPES = {
     "1b": dict(name="Llama-3.2-1B", layers=16, hidden=2048, heads=32, kv_heads=8, ffn=8192, tied=True),
     "3b": dict(name="Llama-3.2-3B", layers=28, hidden=3072, heads=24, kv_heads=8, ffn=8192, tied=True),
     "8b": dict(name="Llama-3.1-8B", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, tied=False),
+    # The 3B's widths with SmolLM2-135M's 30 layers (the 3B has 28), to
+    # carry the small model layer for layer: 7% more weights than the 3B.
+    "3b-smollm": dict(name="Llama-3.2-3B", layers=30, hidden=3072, heads=24, kv_heads=8, ffn=8192, tied=True),
 }
 CONTEXT = 8192
 ROPE_BASE = 500000.0
@@ -82,22 +90,98 @@ def tensors(shape, vocab):
     return out
 
 
+class Carry:
+    """The default model's weights placed inside a wider model's matrices so
+    that the wide model computes exactly the small one's function (up to
+    rounding): every extra row and column is zero, so the residual stream's
+    extra dimensions stay zero and extra heads add nothing.
+    - Each small head's dimensions are the first ones of a wide head; with
+      heads twice as wide, RoPE's pair i turns at base^(-2i/wide), so the
+      base is squared to keep the small model's angles, and queries are
+      scaled by sqrt(wide/small) to keep its 1/sqrt(head_dim) scores.
+    - RMSNorm over the wide width sees the same sum of squares divided by
+      more dimensions: norm weights are scaled by sqrt(small/wide) and eps
+      by small/wide, which gives back the small model's normalized values.
+    """
+
+    def __init__(self, reader, shape):
+        self.reader = reader
+        self.tensors = {t.name: t for t in reader.tensors}
+        field = lambda key: reader.fields[key].contents()
+        self.hidden = field("llama.embedding_length")
+        self.heads = field("llama.attention.head_count")
+        self.kv_heads = field("llama.attention.head_count_kv")
+        self.ffn = field("llama.feed_forward_length")
+        self.head_dim = self.hidden // self.heads
+        self.wide_head_dim = shape["hidden"] // shape["heads"]
+        fits = (
+            field("llama.block_count") == shape["layers"]
+            and self.heads * shape["kv_heads"] == self.kv_heads * shape["heads"]
+            and self.heads <= shape["heads"]
+            and self.wide_head_dim == 2 * self.head_dim
+            and self.ffn <= shape["ffn"]
+        )
+        if not fits:
+            raise SystemExit("the default model does not fit this shape's layers, heads and widths")
+        self.shape = shape
+        self.rope_base = field("llama.rope.freq_base") ** 2
+        self.rms_eps = field("llama.attention.layer_norm_rms_epsilon") * self.hidden / shape["hidden"]
+
+    def small(self, name):
+        t = self.tensors[name]
+        return gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+
+    def head_rows(self, name, heads, scale=1.0):
+        """Each small head's rows at the start of its wide head."""
+        old = self.small(name)
+        new = np.zeros((heads * self.wide_head_dim, self.shape["hidden"]), np.float32)
+        for h in range(old.shape[0] // self.head_dim):
+            rows = old[h * self.head_dim : (h + 1) * self.head_dim]
+            new[h * self.wide_head_dim : h * self.wide_head_dim + self.head_dim, : self.hidden] = rows * scale
+        return new
+
+    def values(self, name, dims):
+        base = name.rsplit(".", 2)[-2] if name.startswith("blk.") else name.split(".")[0]
+        if base in ("attn_norm", "ffn_norm", "output_norm"):
+            new = np.zeros(dims, np.float32)
+            new[: self.hidden] = self.small(name) * np.sqrt(self.hidden / self.shape["hidden"])
+            return new
+        if base == "attn_q":
+            return self.head_rows(name, self.shape["heads"], np.sqrt(self.wide_head_dim / self.head_dim))
+        if base in ("attn_k", "attn_v"):
+            return self.head_rows(name, self.shape["kv_heads"])
+        new = np.zeros(dims, np.float32)
+        old = self.small(name)
+        if base == "attn_output":
+            for h in range(self.heads):
+                at = h * self.wide_head_dim
+                new[: self.hidden, at : at + self.head_dim] = old[:, h * self.head_dim : (h + 1) * self.head_dim]
+        else:
+            # token_embd, ffn_gate, ffn_up, ffn_down: the top-left corner.
+            new[: old.shape[0], : old.shape[1]] = old
+        return new
+
+
 def main():
     if len(sys.argv) != 4 or sys.argv[1] not in SHAPES:
         raise SystemExit(__doc__)
     shape = SHAPES[sys.argv[1]]
     reader = gguf.GGUFReader(sys.argv[2])
+    carry = Carry(reader, shape) if sys.argv[1] == "3b-smollm" else None
     writer = gguf.GGUFWriter(sys.argv[3], "llama")
-    writer.add_name(f"random {shape['name']} shape (speed tests only)")
+    if carry:
+        writer.add_name(f"SmolLM2-135M-Instruct carried in a {shape['name']} shape (speed tests only)")
+    else:
+        writer.add_name(f"random {shape['name']} shape (speed tests only)")
     writer.add_block_count(shape["layers"])
     writer.add_context_length(CONTEXT)
     writer.add_embedding_length(shape["hidden"])
     writer.add_feed_forward_length(shape["ffn"])
     writer.add_head_count(shape["heads"])
     writer.add_head_count_kv(shape["kv_heads"])
-    writer.add_rope_freq_base(ROPE_BASE)
+    writer.add_rope_freq_base(carry.rope_base if carry else ROPE_BASE)
     writer.add_rope_dimension_count(shape["hidden"] // shape["heads"])
-    writer.add_layer_norm_rms_eps(RMS_EPS)
+    writer.add_layer_norm_rms_eps(carry.rms_eps if carry else RMS_EPS)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     vocab = copy_tokenizer(reader, writer)
     writer.add_vocab_size(vocab)
@@ -112,7 +196,10 @@ def main():
     writer.write_ti_data_to_file()
     rng = np.random.default_rng(0)
     for index, (name, dims, norm) in enumerate(plan):
-        if norm:
+        if carry:
+            values = carry.values(name, dims)
+            values = values if norm else values.astype(np.float16)
+        elif norm:
             values = np.ones(dims, dtype=np.float32)
         else:
             values = (rng.standard_normal(dims, dtype=np.float32) * WEIGHT_STD).astype(np.float16)

@@ -398,9 +398,9 @@ const EIGHT_TOKEN_ROWS: usize = 64;
 #[cfg(target_arch = "x86_64")]
 const TILE_ROWS: usize = 32;
 
-/// The fewest tokens that go through a tile kernel (a tile of 8).
+/// The fewest tokens that go through a tile kernel (a tile of 4).
 #[cfg(target_arch = "x86_64")]
-const MIN_TILE_TOKENS: usize = 5;
+const MIN_TILE_TOKENS: usize = 2;
 
 #[cfg(target_arch = "x86_64")]
 thread_local! {
@@ -509,7 +509,7 @@ impl RowJob<'_> {
         }
     }
 
-    /// Tokens from the first, 32, 16 or 8 at a time while at least
+    /// Tokens from the first, 32, 16, 8 or 4 at a time while at least
     /// [`MIN_TILE_TOKENS`] are left, through the format's tile kernel
     /// (the last token repeated to fill a tile); returns the first token
     /// left to the other kernels.
@@ -530,7 +530,8 @@ impl RowJob<'_> {
                     let size = match end - t {
                         left if left >= 3 * LANES / 2 => 2 * LANES,
                         left if left > LANES / 2 => LANES,
-                        _ => LANES / 2,
+                        left if left > LANES / 4 => LANES / 2,
+                        _ => LANES / 4,
                     };
                     let n = (end - t).min(size);
                     let rows: [&[BlockQ8K]; 2 * LANES] =
@@ -1035,7 +1036,7 @@ mod tests {
         }
     }
 
-    /// The tile kernels (8, 16 and 32 tokens, with and without VNNI) give
+    /// The tile kernels (4, 8, 16 and 32 tokens, with and without VNNI) give
     /// each token the single-token kernel's bits, activations at the
     /// extremes (every byte -127 or 127) included.
     #[cfg(target_arch = "x86_64")]
@@ -1078,7 +1079,7 @@ mod tests {
                 if vnni && !tiles::vnni_available() {
                     continue;
                 }
-                for size in [tiles::LANES / 2, tiles::LANES, 2 * tiles::LANES] {
+                for size in tiles::SIZES {
                     let xs: Vec<&[BlockQ8K]> = acts[..size].iter().map(|a| &a[..]).collect();
                     let mut tile = tiles::TokenTile::default();
                     tile.fill(&xs, cols / QK_K);
@@ -1100,8 +1101,8 @@ mod tests {
             }
         }
         assert!(
-            tested >= 6,
-            "Q4_K and Q6_K tiles of 8, 16 and 32 were checked"
+            tested >= 8,
+            "Q4_K and Q6_K tiles of 4, 8, 16 and 32 were checked"
         );
     }
 

@@ -3,10 +3,13 @@
 //! tokens; each four weight bytes are unpacked once, broadcast to all 16
 //! lanes and multiplied with them, and every lane keeps one token's sum,
 //! so no sum crosses lanes and no register is shuffled. A tile is 16 or 32
-//! tokens (one or two registers per group of four values), or 8 tokens
-//! with eight values each per register (each eight weight bytes broadcast,
-//! each token's two lanes added at the end of a super-block), laid out
-//! once per call ([`TokenTile`]); the weights stay in the file's layout.
+//! tokens (one or two registers per group of four values), or 8 or 4
+//! tokens with eight or sixteen values each per register (each eight or
+//! sixteen weight bytes broadcast, each token's two or four lanes added at
+//! the end of a super-block), laid out once per call ([`TokenTile`]); the
+//! weights stay in the file's layout. Tiles of 4 and 8 serve decode steps
+//! of a few sequences and speculative verify steps, which read the weights
+//! once for all their tokens.
 //!
 //! Within a super-block every sum is an exact integer, whichever
 //! instructions form it (`vpdpbusd`, or `vpmaddubsw` with no sum near its
@@ -20,12 +23,14 @@
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
-use super::avx2::load_f16;
+use super::avx2::{load_f16, prefetch_ahead};
 use super::layout::k4_scales;
 use crate::quant::block::{BlockQ8K, WeightFormat};
 
 /// Tokens in one register of a tile.
 pub const LANES: usize = 16;
+/// The tile sizes, in tokens.
+pub const SIZES: [usize; 4] = [LANES / 4, LANES / 2, LANES, 2 * LANES];
 /// Groups of four values in a super-block.
 const GROUPS: usize = 64;
 
@@ -46,12 +51,13 @@ impl Lanes {
     }
 }
 
-/// 8, 16 or 32 tokens' Q8_K activations, laid out for the tile kernels.
-/// Each super-block's items (its 64 groups of four values; its four pairs
-/// of sums by 32 and eight pairs of sums by 16, as i16 pairs; its scale)
-/// sit at [`TokenTile::slot`]: with 16 or 32 tokens, one lane per token
-/// in `tokens / 16` registers per item; with 8, two items per register,
-/// token `t` in lanes `2t` (even items) and `2t + 1` (odd ones).
+/// 4, 8, 16 or 32 tokens' Q8_K activations, laid out for the tile
+/// kernels. Each super-block's items (its 64 groups of four values; its
+/// four pairs of sums by 32 and eight pairs of sums by 16, as i16 pairs;
+/// its scale) sit at [`TokenTile::slot`]: with 16 or 32 tokens, one lane
+/// per token in `tokens / 16` registers per item; with 8 or 4, `G = 16 /
+/// tokens` consecutive items per register, token `t` in lanes `G t` to
+/// `G t + G - 1`.
 #[derive(Default)]
 pub struct TokenTile {
     tokens: usize,
@@ -72,7 +78,7 @@ fn pair(low: i16, high: i16) -> u32 {
 }
 
 impl TokenTile {
-    /// The tokens this tile holds: 8, 16 or 32.
+    /// The tokens this tile holds: 4, 8, 16 or 32.
     pub fn tokens(&self) -> usize {
         self.tokens
     }
@@ -80,22 +86,24 @@ impl TokenTile {
     /// Where item `item` (of `items` per super-block) of super-block `i`
     /// of token `t` goes: (register, lane).
     fn slot(&self, items: usize, i: usize, item: usize, t: usize) -> (usize, usize) {
-        if self.tokens == LANES / 2 {
-            (i * items / 2 + item / 2, 2 * t + item % 2)
+        if self.tokens < LANES {
+            let g = LANES / self.tokens;
+            (i * items / g + item / g, g * t + item % g)
         } else {
             let registers = self.tokens / LANES;
             ((i * items + item) * registers + t / LANES, t % LANES)
         }
     }
 
-    /// Lays out the first `blocks` super-blocks of `rows`, 8, 16 or 32
+    /// Lays out the first `blocks` super-blocks of `rows`, 4, 8, 16 or 32
     /// tokens.
     pub fn fill(&mut self, rows: &[&[BlockQ8K]], blocks: usize) {
-        assert!([LANES / 2, LANES, 2 * LANES].contains(&rows.len()));
+        assert!(SIZES.contains(&rows.len()));
         assert!(rows.iter().all(|row| row.len() >= blocks));
         self.tokens = rows.len();
         self.blocks = blocks;
-        // Registers per item of a super-block: tokens / 16 (a half for 8).
+        // Registers per item of a super-block: tokens / 16 (a fraction
+        // below 16).
         let per_items = |items: usize| blocks * items * self.tokens / LANES;
         self.qs.resize(per_items(GROUPS), Lanes::default());
         self.sums_by_32.resize(per_items(4), Lanes::default());
@@ -176,8 +184,8 @@ fn row_count(rows: &[u8], tile: &TokenTile, out: &[f32], width: usize) -> usize 
 
 /// One entry point per format and ISA: checks the CPU and the sizes, then
 /// runs `$body::<VNNI, Z, G, R>` over the rows under the ISA's features:
-/// `Z` registers per item, `G` groups of four values per lane (2 for 8
-/// tokens), rows two at a time (`R`).
+/// `Z` registers per item, `G` groups of four values per token and
+/// register (2 for 8 tokens, 4 for 4), rows two at a time (`R`).
 macro_rules! tile_kernel {
     ($public:ident, $plain:ident, $vnni:ident, $rows:ident, $body:ident, $width:expr) => {
         fn $public<const VNNI: bool>(rows: &[u8], tile: &TokenTile, out: &mut [f32]) {
@@ -187,9 +195,11 @@ macro_rules! tile_kernel {
             // SAFETY: features checked just above; bounds by `row_count`.
             unsafe {
                 match (VNNI, tile.tokens) {
+                    (false, 4) => $plain::<1, 4>(rows, tile, count, out),
                     (false, 8) => $plain::<1, 2>(rows, tile, count, out),
                     (false, 16) => $plain::<1, 1>(rows, tile, count, out),
                     (false, _) => $plain::<2, 1>(rows, tile, count, out),
+                    (true, 4) => $vnni::<1, 4>(rows, tile, count, out),
                     (true, 8) => $vnni::<1, 2>(rows, tile, count, out),
                     (true, 16) => $vnni::<1, 1>(rows, tile, count, out),
                     (true, _) => $vnni::<2, 1>(rows, tile, count, out),
@@ -276,10 +286,12 @@ unsafe fn accumulate(total: __m512, d: __m512, dw: f32, sums: __m512i) -> __m512
     _mm512_add_ps(total, _mm512_mul_ps(scale, _mm512_cvtepi32_ps(sums)))
 }
 
-/// `4G` weight bytes at `p`, in every lane (`G` = 1) or pair of lanes.
+/// `4G` weight bytes at `p`, in every lane (`G` = 1) or every `G` lanes.
 #[inline(always)]
 unsafe fn broadcast<const G: usize>(p: *const u8) -> __m512i {
-    if G == 2 {
+    if G == 4 {
+        _mm512_broadcast_i32x4(_mm_loadu_si128(p as *const __m128i))
+    } else if G == 2 {
         _mm512_set1_epi64(std::ptr::read_unaligned(p as *const i64))
     } else {
         _mm512_set1_epi32(std::ptr::read_unaligned(p as *const i32))
@@ -288,10 +300,13 @@ unsafe fn broadcast<const G: usize>(p: *const u8) -> __m512i {
 
 /// The i16 pairs `pairs(k)` (the `k`-th pair of a super-block's items)
 /// for the register that holds pair `at` of each token: the same pair in
-/// every lane (`G` = 1), or pairs `2at` and `2at + 1` alternating.
+/// every lane (`G` = 1), or pairs `G at` to `G at + G - 1` in turn.
 #[inline(always)]
 unsafe fn pair_factors<const G: usize>(pairs: impl Fn(usize) -> u32, at: usize) -> __m512i {
-    if G == 2 {
+    if G == 4 {
+        let four = |k: usize| pairs(4 * at + k) as i32;
+        _mm512_broadcast_i32x4(_mm_setr_epi32(four(0), four(1), four(2), four(3)))
+    } else if G == 2 {
         let both = u64::from(pairs(2 * at)) | (u64::from(pairs(2 * at + 1)) << 32);
         _mm512_set1_epi64(both as i64)
     } else {
@@ -299,10 +314,16 @@ unsafe fn pair_factors<const G: usize>(pairs: impl Fn(usize) -> u32, at: usize) 
     }
 }
 
-/// Each token's sum (with `G` = 2, its two lanes added, into lanes 0..8).
+/// Each token's sum (with `G` = 2 or 4, its `G` lanes added, into lanes
+/// 0..16 / G).
 #[inline(always)]
 unsafe fn token_sums<const G: usize>(sums: __m512i) -> __m512i {
-    if G == 2 {
+    if G == 4 {
+        let pairs = _mm512_add_epi32(sums, _mm512_srli_epi64(sums, 32));
+        let fours = _mm512_add_epi32(pairs, _mm512_bsrli_epi128(pairs, 8));
+        let firsts = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+        _mm512_permutexvar_epi32(firsts, fours)
+    } else if G == 2 {
         let both = _mm512_add_epi32(sums, _mm512_srli_epi64(sums, 32));
         _mm512_castsi256_si512(_mm512_cvtepi64_epi32(both))
     } else {
@@ -310,13 +331,30 @@ unsafe fn token_sums<const G: usize>(sums: __m512i) -> __m512i {
     }
 }
 
-/// Stores a register's token results (8 of them with `G` = 2).
+/// Stores a register's token results (16 / G of them).
 #[inline(always)]
 unsafe fn store<const G: usize>(out: *mut f32, v: __m512) {
-    if G == 2 {
+    if G == 4 {
+        _mm_storeu_ps(out, _mm512_castps512_ps128(v));
+    } else if G == 2 {
         _mm256_storeu_ps(out, _mm512_castps512_ps256(v));
     } else {
         _mm512_storeu_ps(out, v);
+    }
+}
+
+/// With 4 or 8 tokens (a decode step's few sequences, a verify step) a
+/// super-block's arithmetic is short enough for memory to bound the
+/// kernel, as a single token's is: the rows' blocks ahead are asked for.
+#[inline(always)]
+unsafe fn prefetch_small_tile<const G: usize, const R: usize>(
+    blocks: [*const u8; R],
+    width: usize,
+) {
+    if G >= 2 {
+        for block in blocks {
+            prefetch_ahead(block, width);
+        }
     }
 }
 
@@ -334,6 +372,7 @@ unsafe fn q4_k_row<const VNNI: bool, const Z: usize, const G: usize, const R: us
     let mut mins = [[_mm512_setzero_ps(); Z]; R];
     for i in 0..tile.blocks {
         let w = rows.map(|row| row.add(i * 144));
+        prefetch_small_tile::<G, R>(w, 144);
         let scales = w.map(|w| k4_scales(std::slice::from_raw_parts(w.add(4), 12)));
         let qs = tile.qs.as_ptr().add(i * GROUPS / G * Z);
         let mut sums = [[_mm512_setzero_si512(); Z]; R];
@@ -398,12 +437,12 @@ unsafe fn q4_k_row<const VNNI: bool, const Z: usize, const G: usize, const R: us
     }
 }
 
-/// [`scaled`] for a Q4_K sub-block's sums. With VNNI and 8 tokens, a
-/// lane's sum (16 values, at most 16 * 15 * 127 in magnitude) fits in its
-/// low i16, so one `vpmaddwd` by `(scale, 0)` multiplies it exactly.
+/// [`scaled`] for a Q4_K sub-block's sums. With VNNI and 8 or 4 tokens, a
+/// lane's sum (16 or 8 values, at most 16 * 15 * 127 in magnitude) fits in
+/// its low i16, so one `vpmaddwd` by `(scale, 0)` multiplies it exactly.
 #[inline(always)]
 unsafe fn q4_k_scaled<const VNNI: bool, const G: usize>(sums: __m512i, scale: i16) -> __m512i {
-    if VNNI && G == 2 {
+    if VNNI && G >= 2 {
         _mm512_madd_epi16(sums, _mm512_set1_epi32(i32::from(scale)))
     } else {
         scaled::<VNNI>(sums, scale)
@@ -465,7 +504,7 @@ unsafe fn with_top(low: __m512i, high: __m512i, nibble: __m512i, top: __m512i) -
 /// activations, less 32 times the scaled activation sums. Value `32m + l`
 /// of half `h` lies in sub-block (of 16) `8h + 2m + l / 16`. Without VNNI,
 /// two i16 pair sums of at most 2 * 63 * 127 stay below 2^15, so each two
-/// steps are scaled.
+/// steps (each one, with 4 tokens: one step is a sub-block) are scaled.
 #[inline(always)]
 unsafe fn q6_k_row<const VNNI: bool, const Z: usize, const G: usize, const R: usize>(
     rows: [*const u8; R],
@@ -475,9 +514,10 @@ unsafe fn q6_k_row<const VNNI: bool, const Z: usize, const G: usize, const R: us
     let mut total = [[_mm512_setzero_ps(); Z]; R];
     // Steps (of 4G values) per sub-block of 16, and per scaling.
     let steps = 4 / G;
-    let per_scaling = if VNNI { steps } else { 2 };
+    let per_scaling = if VNNI { steps } else { steps.min(2) };
     for i in 0..tile.blocks {
         let w = rows.map(|row| row.add(i * 210));
+        prefetch_small_tile::<G, R>(w, 210);
         let scale = |r: usize, s: usize| *w[r].add(192 + s) as i8 as i16;
         let qs = tile.qs.as_ptr().add(i * GROUPS / G * Z);
         let mut sums = [[_mm512_setzero_si512(); Z]; R];
