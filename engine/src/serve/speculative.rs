@@ -140,12 +140,18 @@ pub fn check_draft_vocabulary(
     Ok(())
 }
 
-/// What a step of `tokens` costs, as a line fitted to the steps measured
-/// (seconds = fixed + per_token x tokens), so that a draft's extra tokens
-/// are weighed by what they really add here. Until steps are measured it
-/// assumes an extra token costs a fifth of a one-token step.
+/// What a step of `tokens` costs, so that a draft's extra tokens are
+/// weighed by what they really add here: each size's own smoothed time
+/// where steps of that size were measured, else a line fitted to all the
+/// steps measured (seconds = fixed + per_token x tokens). The kernels make
+/// the true curve a staircase (a tile of 4 or 8 tokens costs the same
+/// however many of its lanes are used), which only the sizes' own times
+/// show. Until steps are measured it assumes an extra token costs a fifth
+/// of a one-token step.
 #[derive(Clone, Debug)]
 pub struct StepCost {
+    /// Smoothed seconds of steps of 1 to `MEASURED_SIZES` tokens.
+    by_size: [Option<f64>; MEASURED_SIZES],
     // Exponentially weighted sums for a least-squares line.
     weight: f64,
     sum_x: f64,
@@ -156,6 +162,10 @@ pub struct StepCost {
 
 /// Share of each new measurement in the fit.
 const COST_DECAY: f64 = 0.98;
+/// Step sizes whose times are kept one by one.
+const MEASURED_SIZES: usize = 64;
+/// Weight of the past in a size's smoothed time.
+const SIZE_DECAY: f64 = 0.8;
 /// The prior line, in units of a one-token step.
 const PRIOR_FIXED: f64 = 0.8;
 const PRIOR_PER_TOKEN: f64 = 0.2;
@@ -163,6 +173,7 @@ const PRIOR_PER_TOKEN: f64 = 0.2;
 impl Default for StepCost {
     fn default() -> Self {
         Self {
+            by_size: [None; MEASURED_SIZES],
             weight: 0.0,
             sum_x: 0.0,
             sum_y: 0.0,
@@ -175,6 +186,11 @@ impl Default for StepCost {
 impl StepCost {
     /// A step of `tokens` took `seconds`.
     pub fn observe(&mut self, tokens: usize, seconds: f64) {
+        if let Some(size) = tokens.checked_sub(1).and_then(|i| self.by_size.get_mut(i)) {
+            *size = Some(size.map_or(seconds, |old| {
+                old * SIZE_DECAY + seconds * (1.0 - SIZE_DECAY)
+            }));
+        }
         let x = tokens as f64;
         self.weight = self.weight * COST_DECAY + 1.0;
         self.sum_x = self.sum_x * COST_DECAY + x;
@@ -210,11 +226,19 @@ impl StepCost {
         Some(fixed + per_token * tokens as f64)
     }
 
-    /// What a step of `base + extra` tokens costs against one of `base`.
+    /// What a step of `base + extra` tokens costs against one of `base`:
+    /// both sizes' measured times where both were measured, else the line.
     pub fn ratio(&self, base: usize, extra: usize) -> f64 {
+        let measured = |tokens: usize| self.by_size.get(tokens.checked_sub(1)?).copied()?;
+        let (base, total) = (base.max(1), base.max(1) + extra);
+        if let (Some(step), Some(with)) = (measured(base), measured(total)) {
+            if step > 0.0 {
+                return with / step;
+            }
+        }
         let (fixed, per_token) = self.line();
         let cost = |tokens: usize| fixed + per_token * tokens as f64;
-        cost(base + extra) / cost(base.max(1))
+        cost(total) / cost(base)
     }
 }
 
@@ -382,6 +406,35 @@ mod tests {
         // 1 token: 12 ms; 5 tokens: 20 ms.
         assert!((cost.ratio(1, 4) - 20.0 / 12.0).abs() < 1e-6);
         assert!((cost.ratio(8, 0) - 1.0).abs() < 1e-12);
+        // Unmeasured sizes on the line: 2 tokens, 14 ms.
+        assert!((cost.ratio(1, 1) - 14.0 / 12.0).abs() < 1e-6);
+    }
+
+    /// Where the kernels make a staircase (4 tokens cost as 2, 5 as 8), the
+    /// sizes' own times win over the line, and drafts stop where a step
+    /// would climb a stair.
+    #[test]
+    fn step_cost_follows_each_measured_size() {
+        let mut cost = StepCost::default();
+        let staircase = |tokens: usize| match tokens {
+            1 => 0.100,
+            2..=4 => 0.150,
+            _ => 0.280,
+        };
+        for _ in 0..20 {
+            for tokens in 1..=5 {
+                cost.observe(tokens, staircase(tokens));
+            }
+        }
+        assert!((cost.ratio(1, 3) - 1.5).abs() < 1e-9);
+        assert!((cost.ratio(1, 4) - 2.8).abs() < 1e-9);
+        // At 0.9 acceptance, three drafts (3.4 tokens for 1.5 steps) beat
+        // four (4.1 tokens for 2.8 steps).
+        let mut length = DraftLength::default();
+        for _ in 0..50 {
+            length.observe(10, 9);
+        }
+        assert_eq!(length.choose(4, 0, |k| cost.ratio(1, k)), 3);
     }
 
     /// The acceptance rule with the engine's own sampler, checked against
